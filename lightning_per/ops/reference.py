@@ -1,0 +1,228 @@
+"""Plain-torch reference of every prioritized-replay op: CPU and CUDA, the test oracle and the fallback.
+
+Pure functions over explicit tensors (no state, no host synchronisation, no Python branch on tensor
+values), so they can be traced, compiled and captured in CUDA graphs. The compiled kernels of
+``ext/`` must return the same values; :mod:`lightning_per.ops.dispatch` checks that once.
+
+Notation follows Schaul et al., "Prioritized Experience Replay", ICLR 2016 (arXiv:1511.05952):
+raw priority ``p_i`` (usually ``|td_i|``), stored value ``(p_i + eps)^alpha`` (TorchRL's convention),
+P(i) = stored_i / sum_k stored_k (eq. 1), IS weight w_i = (N P(i))^-beta normalised by
+max_j w_j (section 3.4), rank-based P(i) ∝ rank(i)^-alpha (section 3.3).
+
+Layout of the priorities ("two-level flat array"): ``leaves`` ``(n_blocks, block)`` float32 holds the
+stored values of slots ``b * block + j`` (0 for empty or padding slots); ``block_sum`` ``(n_blocks,)``
+float64 and ``block_min`` ``(n_blocks,)`` float32 (``+inf`` for blocks with no positive leaf) are
+*recomputed from the leaves* of every touched block, never updated by deltas, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "block_size_for",
+    "sanitize_priority",
+    "transform_priority",
+    "reduce_blocks",
+    "last_write_wins",
+    "stratified_uniforms",
+    "inverse_cdf_search",
+    "two_level_search",
+    "is_weights",
+    "rank_weights",
+]
+
+
+def block_size_for(capacity: int) -> int:
+    """Leaves per block: the power of two nearest above sqrt(capacity) (>= 1).
+
+    Balances the two passes of a draw (a scan over ``capacity / block`` block sums, then a scan of one
+    block per draw): both cost O(sqrt(capacity)).
+    """
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    return 1 << max(0, math.ceil(math.log2(math.sqrt(capacity))))
+
+
+def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, Tensor]:
+    """Replace invalid raw priorities so they never enter the sums; count them.
+
+    Rule (DESIGN.md "Samplers"): a finite value ``>= 0`` is kept; ``-inf`` and negative values clamp
+    to 0 (stored as ``eps^alpha``, the floor); ``+inf`` and NaN clamp to the running maximum raw
+    priority (NaN has no order: treating it as "high" makes the item be revisited soon).
+
+    Args:
+        priority: ``(B,)`` float raw priorities, any device.
+        max_priority: 0-d float tensor on the same device, the running max raw priority (>= 0).
+
+    Returns:
+        ``(clean, n_invalid)``: ``(B,)`` float32 clean priorities, and a 0-d int64 count of replaced
+        values. Both on ``priority.device``; no host sync.
+    """
+    p = priority.to(torch.float32)
+    high = torch.isnan(p) | (p == float("inf"))
+    low = p < 0  # includes -inf
+    clean = torch.where(high, max_priority.to(torch.float32), torch.where(low, torch.zeros_like(p), p))
+    return clean, (high | low).sum()
+
+
+def transform_priority(clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor:
+    """Stored value ``(p + eps)^alpha`` (TorchRL ``PrioritizedSampler``; PER paper eq. 1 numerator).
+
+    The one place where alpha is applied (STYLE.md "Take" 6).
+
+    Args:
+        clean: ``(B,)`` float32 non-negative raw priorities.
+        alpha: exponent, a Python float or a 0-d tensor on ``clean.device`` (graph-safe annealing).
+        eps: small positive constant.
+
+    Returns:
+        ``(B,)`` float32 stored values (> 0 for eps > 0), on ``clean.device``.
+    """
+    return torch.pow(clean.to(torch.float64) + eps, alpha).to(torch.float32)
+
+
+def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum and min-over-positive of each row of leaves.
+
+    Args:
+        rows: ``(K, block)`` float32 stored values (0 = empty slot).
+
+    Returns:
+        ``(sum, min)``: ``(K,)`` float64 sums (accumulated in float64), ``(K,)`` float32 minima over
+        the positive entries (``+inf`` where a row has none).
+    """
+    total = rows.to(torch.float64).sum(dim=1)
+    pos_min = torch.where(rows > 0, rows, torch.full_like(rows, float("inf"))).amin(dim=1)
+    return total, pos_min
+
+
+def last_write_wins(index: Tensor, values: Tensor) -> Tensor:
+    """For each position, the value of the *last* position in the batch holding the same index.
+
+    Writing ``out`` at ``index`` then stores, for a repeated index, the value given last, whatever
+    order the device applies the scatter in (TorchRL's rule, made deterministic on CUDA).
+
+    Args:
+        index: ``(B,)`` int64 slot indices.
+        values: ``(B,)`` values to write.
+
+    Returns:
+        ``(B,)`` values, same dtype and device; ``out[k] = values[max{j : index[j] == index[k]}]``.
+    """
+    n = index.numel()
+    if n <= 1:
+        return values
+    sorted_idx, order = torch.sort(index, stable=True)  # [B], equal indices keep batch order
+    is_last = torch.ones_like(sorted_idx, dtype=torch.bool)
+    is_last[:-1] = sorted_idx[1:] != sorted_idx[:-1]
+    pos = torch.arange(n, device=index.device)
+    big = torch.full_like(pos, n)
+    # position (in sorted order) of the last member of each element's group: reverse cummin
+    end = torch.where(is_last, pos, big).flip(0).cummin(0).values.flip(0)  # [B]
+    winner_sorted = values[order][end]  # [B] in sorted order
+    out = torch.empty_like(values)
+    out[order] = winner_sorted
+    return out
+
+
+def stratified_uniforms(batch_size: int, generator: torch.Generator | None, device: torch.device,
+                        stratified: bool = True) -> Tensor:
+    """Draws in [0, 1): one per equal-mass segment (PER paper, Appendix B.2.1) or i.i.d.
+
+    ``u_j = (j + U_j) / B`` with ``U_j ~ U[0, 1)`` when ``stratified``, else ``u_j = U_j``.
+
+    Args:
+        batch_size: B >= 1.
+        generator: a ``torch.Generator`` on ``device`` (or None for the default one).
+        device: where to draw.
+        stratified: segment draws (default) or plain draws.
+
+    Returns:
+        ``(B,)`` float64 on ``device``.
+    """
+    u = torch.rand(batch_size, generator=generator, device=device, dtype=torch.float64)
+    if stratified:
+        u = (torch.arange(batch_size, device=device, dtype=torch.float64) + u) / batch_size
+    return u
+
+
+def inverse_cdf_search(cdf: Tensor, target: Tensor) -> Tensor:
+    """Smallest ``i`` with ``cdf[i] > target`` (zero-mass entries are never returned), clamped to
+    the last entry.
+
+    Args:
+        cdf: ``(n,)`` float64 inclusive prefix sums (non-decreasing).
+        target: ``(B,)`` float64 values in ``[0, cdf[-1])``.
+
+    Returns:
+        ``(B,)`` int64 indices in ``[0, n)``, on ``cdf.device``.
+    """
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.numel() - 1)
+
+
+def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draw over a two-level flat array: block first, then the leaf inside it.
+
+    Draw ``k`` returns the slot ``i`` with ``C_{i-1} <= u_k * S < C_i`` where ``C`` is the inclusive
+    prefix sum of the leaves and ``S`` their total, so ``P(i) = leaf_i / S`` for every ``u ~ U[0,1)``.
+
+    Args:
+        leaves: ``(n_blocks, block)`` float32 stored values (0 = empty).
+        block_sum: ``(n_blocks,)`` float64 exact row sums of ``leaves``.
+        u: ``(B,)`` float64 in ``[0, 1)``.
+
+    Returns:
+        ``(B,)`` int64 slot indices (``block_id * block + offset``), each with a positive leaf if any
+        leaf is positive. Device of ``leaves``; no host sync.
+    """
+    n_blocks, block = leaves.shape
+    cdf = torch.cumsum(block_sum, 0)  # [n_blocks] float64
+    total = cdf[-1]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # [B] < total
+    blk = inverse_cdf_search(cdf, target)  # [B]
+    offset = (target - (cdf[blk] - block_sum[blk])).clamp_(min=0)  # [B] mass left inside the block
+    row_cdf = torch.cumsum(leaves[blk].to(torch.float64), 1)  # [B, block]
+    row_total = row_cdf[:, -1]
+    offset = torch.minimum(offset, torch.nextafter(row_total, torch.zeros_like(row_total)))
+    j = torch.searchsorted(row_cdf, offset.unsqueeze(1), right=True).squeeze(1).clamp_(max=block - 1)
+    return blk * block + j
+
+
+def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: str = "buffer") -> Tensor:
+    """Importance-sampling weights, PER paper section 3.4.
+
+    ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta``. With ``normalize="buffer"`` the max runs over
+    the filled buffer, which reduces to ``(p_i / p_min)^-beta`` (TorchRL's convention); with
+    ``"batch"`` over the sampled batch only.
+
+    Args:
+        p_sel: ``(B,)`` float32 stored values of the sampled slots (> 0).
+        p_min: 0-d float32, the minimum positive stored value in the buffer.
+        beta: exponent (float or 0-d tensor on the same device).
+        normalize: ``"buffer"`` or ``"batch"``.
+
+    Returns:
+        ``(B,)`` float32 weights in (0, 1].
+    """
+    w = torch.pow(p_sel.to(torch.float64) / p_min.to(torch.float64), -beta)
+    if normalize == "batch":
+        w = w / w.max()
+    elif normalize != "buffer":
+        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
+    return w.to(torch.float32)
+
+
+def rank_weights(capacity: int, alpha: float, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Rank-based priorities ``w_k = k^-alpha`` for ranks ``k = 1..capacity`` (PER paper section 3.3).
+
+    Returns:
+        ``(w, cdf)``: ``(capacity,)`` float64 weights and their inclusive prefix sums; for a buffer
+        holding ``n`` items, ``P(rank k) = w[k-1] / cdf[n-1]``.
+    """
+    k = torch.arange(1, capacity + 1, dtype=torch.float64, device=device)
+    w = k.pow(-float(alpha))
+    return w, torch.cumsum(w, 0)

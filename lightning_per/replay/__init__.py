@@ -1,0 +1,19 @@
+"""TorchRL integration of the GPU-resident replay: storage, samplers, buffer and factory."""
+
+from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, make_replay_buffer
+from lightning_per.replay.errors import EmptyBufferError
+from lightning_per.replay.prioritized import GPUPrioritizedSampler
+from lightning_per.replay.random import GPURandomSampler
+from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
+
+__all__ = [
+    "GPUTensorStorage",
+    "GPURoundRobinWriter",
+    "GPUPrioritizedSampler",
+    "GPURankBasedSampler",
+    "GPURandomSampler",
+    "GPUPrioritizedReplayBuffer",
+    "EmptyBufferError",
+    "make_replay_buffer",
+]

@@ -1,0 +1,64 @@
+"""A sampler's own random generator on its device, derived from the replay buffer's generator.
+
+TorchRL hands every component the buffer's generator (``ReplayBuffer(generator=...)``, ``set_rng``),
+usually a CPU generator. Drawing on the CPU and copying would cost a host round trip per step, so a
+sampler keeps a generator on its own device, seeded from a fingerprint of the buffer generator's
+*state* (never consuming it). The device generator's state travels in the sampler's ``state_dict``;
+when a checkpoint restores the buffer's generator to the state it was derived from, the sampler keeps
+its restored device state, so a resumed run draws exactly the samples the original would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+__all__ = ["DeviceRNGMixin"]
+
+
+def _fingerprint(generator: torch.Generator) -> int:
+    state = generator.get_state()  # CPU ByteTensor, also for CUDA generators: no device sync
+    return int.from_bytes(hashlib.sha256(state.numpy().tobytes()).digest()[:8], "little") >> 1
+
+
+class DeviceRNGMixin:
+    """Gives a sampler ``self.generator`` (a ``torch.Generator`` on ``self._device``)."""
+
+    _device: torch.device
+
+    def _init_rng(self, seed: int | None = None) -> None:
+        self._rng_fingerprint: int | None = None
+        self._buffer_rng: torch.Generator | None = None
+        gen = torch.Generator(device=self._device)
+        if seed is None:
+            # follows torch.manual_seed: draws one int from the default CPU generator (host only)
+            seed = int(torch.randint(0, 2**62, (1,)))
+        gen.manual_seed(seed)
+        self.generator = gen
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self._buffer_rng
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        # TorchRL's Sampler declares ``_rng = None`` at class level and buffers assign it.
+        self._buffer_rng = generator
+        if generator is None or not hasattr(self, "generator"):
+            return
+        fp = _fingerprint(generator)
+        if fp != self._rng_fingerprint:
+            self._rng_fingerprint = fp
+            self.generator.manual_seed(fp)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the device generator directly (reproducible runs without a buffer generator)."""
+        self.generator.manual_seed(int(seed))
+
+    def _rng_state(self) -> dict:
+        return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}
+
+    def _load_rng_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"].cpu())
+        self._rng_fingerprint = state["fingerprint"]

@@ -1,0 +1,157 @@
+"""GPUPrioritizedReplayBuffer and make_replay_buffer: TorchRL replay buffers wired to our storage and
+samplers, so that switching from TorchRL is one import."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer as _TDRB
+
+from lightning_per.replay.errors import check_batch_size
+from lightning_per.replay.prioritized import GPUPrioritizedSampler
+from lightning_per.replay.random import GPURandomSampler
+from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage, default_device
+
+__all__ = ["GPUPrioritizedReplayBuffer", "make_replay_buffer", "BUFFER_SCHEMA_VERSION"]
+
+BUFFER_SCHEMA_VERSION = 1
+_SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler}
+
+
+def _resolve_storage(storage, device: torch.device | None, capacity: int | None) -> GPUTensorStorage:
+    if storage is None:
+        return GPUTensorStorage(capacity or 1000, device=device)
+    if type(storage) is LazyTensorStorage and not storage.initialized:  # TorchRL's: upgrade in place
+        dev = device or (None if storage.device == "auto" else storage.device)
+        return GPUTensorStorage(storage.max_size, device=dev)
+    return storage
+
+
+def _build_sampler(cls, capacity: int, device: torch.device, **kw):
+    """The sampler on ``device``; on CUDA out-of-memory, the same sampler on the CPU (one warning)."""
+    try:
+        return cls(capacity, device=device, **kw) if cls is not GPURandomSampler else cls(device=device, **kw)
+    except torch.OutOfMemoryError:
+        warnings.warn(f"{cls.__name__}: out of memory on {device}; keeping priorities on the CPU",
+                      RuntimeWarning, stacklevel=3)
+        torch.cuda.empty_cache()
+        cpu = torch.device("cpu")
+        return cls(capacity, device=cpu, **kw) if cls is not GPURandomSampler else cls(device=cpu, **kw)
+
+
+class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
+    """TorchRL's :class:`~torchrl.data.TensorDictPrioritizedReplayBuffer` with the replay on the GPU.
+
+    Same keyword arguments as TorchRL's class, plus:
+
+    Args:
+        device: where transitions and priorities live (default CUDA when available, else CPU).
+        sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default) or ``"rank"``
+            (:class:`GPURankBasedSampler`).
+        sampler_kwargs: extra arguments of the sampler (``stratified``, ``weight_normalization``,
+            ``sort_every``, ``backend``, ``seed``).
+
+    A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
+    :class:`GPUTensorStorage` of the same size. ``sample()`` returns a TensorDict ``[B]`` on the device
+    with ``"index"`` ``(B,) int64`` and ``"priority_weight"`` ``(B,) float32``; ``update_priority`` and
+    ``update_tensordict_priority`` work as in TorchRL. ``state_dict`` carries a schema version.
+
+    Raises:
+        ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler).
+    """
+
+    def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
+                 storage=None, device: torch.device | str | None = None, sampler: str = "proportional",
+                 sampler_kwargs: dict[str, Any] | None = None, sampler_device=None, sync: bool = True,
+                 reduction: str = "max", **kwargs) -> None:
+        if not sync:
+            raise ValueError("sync=False is not supported by GPUPrioritizedReplayBuffer")
+        if sampler not in _SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(_SAMPLERS)}, got {sampler!r}")
+        device = torch.device(device) if device is not None else (
+            torch.device(sampler_device) if sampler_device is not None else None)
+        storage = _resolve_storage(storage, device, None)
+        device = device or (torch.device(storage.device) if storage.device != "auto" else default_device())
+        prioritized = _build_sampler(_SAMPLERS[sampler], storage.max_size, device, alpha=alpha, beta=beta,
+                                     eps=eps, reduction=reduction, **(sampler_kwargs or {}))
+        self._sync = True
+        self._prioritized_sampler = None
+        self._prioritized_sampler_write_count = 0
+        kwargs.setdefault("writer", GPURoundRobinWriter())
+        # TorchRL's own __init__ would build its C++-tree sampler: go one level up instead.
+        _TDRB.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["_lightning_per_schema"] = BUFFER_SCHEMA_VERSION
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        version = state_dict.get("_lightning_per_schema", BUFFER_SCHEMA_VERSION)
+        if version > BUFFER_SCHEMA_VERSION:
+            raise ValueError(f"replay checkpoint schema {version} is newer than this code "
+                             f"({BUFFER_SCHEMA_VERSION}); upgrade lightning_per")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "_lightning_per_schema"})
+
+
+class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
+    """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["_lightning_per_schema"] = BUFFER_SCHEMA_VERSION
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "_lightning_per_schema"})
+
+
+def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "proportional",
+                       device: torch.device | str | None = None, alpha: float = 0.6, beta: float = 0.4,
+                       eps: float = 1e-6, generator: torch.Generator | None = None,
+                       priority_key: str = "td_error", fallback: bool = True,
+                       **sampler_kwargs) -> TensorDictReplayBuffer:
+    """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
+
+    Args:
+        capacity: slots (>= 1).
+        batch_size: default batch of ``sample()`` (>= 1).
+        sampler: ``"proportional"``, ``"rank"`` or ``"uniform"``.
+        device: default CUDA when available, else CPU.
+        alpha, beta, eps: PER exponents and offset (ignored by ``"uniform"``).
+        generator: the buffer's ``torch.Generator`` (reproducible draws; see ``set_rng``).
+        priority_key: key of raw priorities read by ``update_tensordict_priority``.
+        fallback: on CUDA OOM at allocation use the CPU (one warning) instead of raising.
+        **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``.
+
+    Returns:
+        :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``/``"rank"``, else a TorchRL
+        ``TensorDictReplayBuffer`` with :class:`GPURandomSampler`. Both sample TensorDicts ``[B]`` on
+        the device with ``"index"``; prioritized ones add ``"priority_weight"``.
+
+    Raises:
+        ValueError: an unknown ``sampler`` or a bad size (named in the message).
+    """
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    check_batch_size(batch_size)
+    device = torch.device(device) if device is not None else default_device()
+    storage = GPUTensorStorage(capacity, device=device, fallback=fallback)
+    if sampler == "uniform":
+        seed = sampler_kwargs.pop("seed", None)
+        if sampler_kwargs:
+            raise ValueError(f"uniform sampler takes no {sorted(sampler_kwargs)}")
+        rb = _GPUUniformReplayBuffer(storage=storage, sampler=_build_sampler(GPURandomSampler, capacity, device,
+                                                                            seed=seed),
+                                     writer=GPURoundRobinWriter(), batch_size=batch_size,
+                                     generator=generator, priority_key=priority_key)
+        return rb
+    if sampler not in _SAMPLERS:
+        raise ValueError(f"sampler must be 'proportional', 'rank' or 'uniform', got {sampler!r}")
+    return GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
+                                      sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
+                                      generator=generator, priority_key=priority_key)

@@ -1,0 +1,71 @@
+"""Input checks shared by the samplers: clear errors naming the argument, raised before any change.
+
+Only host-visible properties are checked here (types, shapes, and the values of *host* tensors);
+reading the values of a device tensor would synchronise, so the samplers neutralise and count bad
+device-side values instead (documented on each method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["EmptyBufferError", "check_batch_size", "check_index_priority"]
+
+
+class EmptyBufferError(ValueError, RuntimeError):
+    """Sampling from a buffer that holds no transition (a ValueError; also a RuntimeError, which is
+    what TorchRL's own samplers raise, so existing handlers keep working)."""
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Raise ValueError unless ``batch_size`` is an int >= 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+
+
+def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor | float,
+                         n_valid: int) -> tuple[Tensor, Tensor]:
+    """Validate and flatten an (index, priority) pair.
+
+    Args:
+        index: integer slots: a tensor of any shape (flattened), an int or a sequence of ints.
+        priority: a tensor with as many elements as ``index``, or a single number / 1-element tensor.
+        n_valid: host int, slots ``[0, n_valid)`` hold data.
+
+    Returns:
+        ``(index, priority)``: ``(B,)`` int64 and ``(B,)`` float32, on their original devices.
+
+    Raises:
+        TypeError: ``index`` is not integer, ``priority`` not numeric.
+        ValueError: ``priority`` has another number of elements than ``index``.
+        IndexError: ``index`` is a host tensor/int with a value outside ``[0, n_valid)``.
+    """
+    if not isinstance(index, Tensor):
+        try:
+            index = torch.as_tensor(index)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"index must be integer slots, got {type(index).__name__}") from err
+    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        raise TypeError(f"index must be an integer tensor, got dtype {index.dtype}")
+    index = index.reshape(-1).to(torch.int64)
+    if not isinstance(priority, Tensor):
+        if isinstance(priority, (bool, str)) or not isinstance(priority, (int, float, Sequence)):
+            raise TypeError(f"priority must be a number or a float tensor, got {type(priority).__name__}")
+        priority = torch.as_tensor(priority, dtype=torch.float32)
+    if priority.dtype == torch.bool or priority.is_complex():
+        raise TypeError(f"priority must be a real tensor, got dtype {priority.dtype}")
+    if priority.numel() == 1 and index.numel() != 1:
+        priority = priority.reshape(()).expand(index.shape)
+    elif priority.numel() != index.numel():
+        raise ValueError(f"priority must have one value per index ({index.numel()}), got shape "
+                         f"{tuple(priority.shape)}")
+    priority = priority.reshape(-1).to(torch.float32)
+    if index.device.type == "cpu" and index.numel():
+        lo, hi = int(index.min()), int(index.max())  # host tensor: no device sync
+        if lo < 0 or hi >= n_valid:
+            raise IndexError(f"index values must lie in [0, {n_valid}) (the filled slots), got range "
+                             f"[{lo}, {hi}]")
+    return index, priority

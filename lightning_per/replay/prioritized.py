@@ -1,0 +1,307 @@
+"""GPUPrioritizedSampler: proportional prioritized replay kept entirely on the storage's device.
+
+Proportional PER (Schaul et al. 2016, arXiv:1511.05952, section 3.3): ``P(i) = p_i^a / sum_k p_k^a``
+with stored value ``(p_i + eps)^alpha`` (TorchRL's convention) and IS weights
+``w_i = (P(i) / min_j P(j))^-beta`` (section 3.4, normalised over the filled buffer, or over the
+batch as an option). Priorities live in a two-level flat array (see :mod:`lightning_per.ops.reference`):
+a draw costs one scan over ``sqrt(N)`` block sums and one over a ``sqrt(N)`` block; an update
+recomputes only the touched blocks *from their leaves* (no float drift, ever).
+
+No method here synchronises with the host: ``len(storage)`` is a host int, every tensor op stays on
+the device, and invalid input that can only be seen on the device is neutralised and counted instead
+of raising (see :meth:`GPUPrioritizedSampler.update_priority`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+from lightning_per.ops import block_size_for, select_backend
+from lightning_per.replay._rng import DeviceRNGMixin
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index_priority
+from lightning_per.replay.storage import default_device
+
+__all__ = ["GPUPrioritizedSampler"]
+
+SAMPLER_SCHEMA_VERSION = 1
+
+
+class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
+    """Proportional prioritized sampler whose priorities, draws and IS weights stay on ``device``.
+
+    A drop-in for :class:`torchrl.data.PrioritizedSampler` (it subclasses it, so TorchRL's
+    ``isinstance`` checks hold) that needs no ``torchrl._torchrl`` extension.
+
+    Args:
+        max_capacity: number of slots N (>= 1), the storage's ``max_size``.
+        alpha: priority exponent (>= 0); settable, exactly (raw priorities are kept).
+        beta: IS-weight exponent (>= 0); settable (e.g. by a TorchRL ``ParameterScheduler``).
+        eps: added to raw priorities before the exponent (> 0 keeps every stored value positive).
+        device: where priorities live; default the CUDA device when available, else CPU.
+        stratified: one draw per equal-mass segment (default) or i.i.d. draws.
+        weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
+        backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
+        seed: seed of the device generator when no buffer generator is set (default: drawn from
+            torch's default CPU generator, so ``torch.manual_seed`` makes runs reproducible).
+
+    Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
+
+    Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums.
+
+    Raises:
+        ValueError: a bad argument (named in the message).
+    """
+
+    def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
+                 device: torch.device | str | None = None, stratified: bool = True,
+                 weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
+                 dtype: torch.dtype = torch.float32, reduction: str = "max") -> None:
+        if not isinstance(max_capacity, int) or max_capacity < 1:
+            raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if not (isinstance(eps, (int, float)) and eps > 0):
+            raise ValueError(f"eps must be a number > 0, got {eps!r}")
+        if weight_normalization not in ("buffer", "batch"):
+            raise ValueError(f"weight_normalization must be 'buffer' or 'batch', got {weight_normalization!r}")
+        if dtype != torch.float32:
+            raise ValueError(f"dtype: priorities are stored in float32 (sums in float64), got {dtype}")
+        self._max_capacity = max_capacity
+        self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
+        self.reduction = reduction
+        self.dtype = dtype
+        self.stratified = stratified
+        self.weight_normalization = weight_normalization
+        self._max_priority_within_buffer = False
+        self._device = default_device() if device is None else torch.device(device)
+        self._ops = select_backend(self._device, backend)
+        self.block = block_size_for(max_capacity + 1)
+        self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
+        self._init_rng(seed)
+        self._init()
+
+    # ------------------------------------------------------------------ state
+    def _init(self) -> None:
+        d, nb, blk = self._device, self.n_blocks, self.block
+        self._raw = torch.zeros(nb * blk, dtype=torch.float32, device=d)  # raw clean priorities
+        self._leaves = torch.zeros(nb, blk, dtype=torch.float32, device=d)  # (p + eps)^alpha
+        self._block_sum = torch.zeros(nb, dtype=torch.float64, device=d)
+        self._block_min = torch.full((nb,), float("inf"), dtype=torch.float32, device=d)
+        self._max_raw = torch.full((), float("-inf"), dtype=torch.float32, device=d)
+        self._n_clamped = torch.zeros((), dtype=torch.int64, device=d)
+        self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
+        self._alpha_t = torch.full((), self._alpha, dtype=torch.float64, device=d)
+        self._beta_t = torch.full((), self._beta, dtype=torch.float64, device=d)
+
+    def _empty(self) -> None:
+        self._init()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
+                f"beta={self._beta}, eps={self._eps}, device={self._device}, block={self.block})")
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def max_size(self) -> int:
+        return self._max_capacity
+
+    @property
+    def alpha(self) -> float:
+        """Priority exponent; setting it re-transforms every stored value exactly, O(N) on the device."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        if not (isinstance(value, (int, float)) and value >= 0):
+            raise ValueError(f"alpha must be a number >= 0, got {value!r}")
+        if float(value) == self._alpha:
+            return
+        self._alpha = float(value)
+        self._alpha_t.fill_(self._alpha)
+        self._rebuild()
+
+    @property
+    def beta(self) -> float:
+        """IS-weight exponent; also held in a device scalar so captured CUDA graphs see new values."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        if not (isinstance(value, (int, float)) and value >= 0):
+            raise ValueError(f"beta must be a number >= 0, got {value!r}")
+        self._beta = float(value)
+        self._beta_t.fill_(self._beta)
+
+    @property
+    def default_priority(self) -> Tensor:
+        """Raw priority given to new items: the running max raw priority (1.0 before any update).
+
+        0-d float32 tensor on :attr:`device` (TorchRL's ``max_priority_within_buffer=False`` rule).
+        """
+        return torch.where(torch.isinf(self._max_raw), torch.ones_like(self._max_raw), self._max_raw)
+
+    @property
+    def clamped_priority_count(self) -> Tensor:
+        """0-d int64 device tensor: priorities received that were NaN, +/-Inf or negative."""
+        return self._n_clamped
+
+    @property
+    def dropped_index_count(self) -> Tensor:
+        """0-d int64 device tensor: device-side indices outside ``[0, len(storage))`` that were ignored."""
+        return self._n_dropped
+
+    # ------------------------------------------------------------------ core
+    def _filled(self, storage) -> int:
+        return len(storage) if storage is not None else self._max_capacity
+
+    def _rebuild(self) -> None:
+        """Recompute every stored value and block reduction from the raw priorities (O(N))."""
+        written = self._leaves.view(-1) > 0  # written slots have stored values > 0 (eps > 0)
+        stored = self._ops.transform_priority(self._raw, self._alpha_t, self._eps)
+        self._leaves.view(-1).copy_(torch.where(written, stored, torch.zeros_like(stored)))
+        self._block_sum, self._block_min = self._ops.reduce_blocks(self._leaves)
+
+    def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
+        """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device)."""
+        ops = self._ops
+        clean, n_bad = ops.sanitize_priority(raw, self.default_priority)
+        ok = (index >= 0) & (index < n_valid)
+        trash = self._max_capacity
+        idx = torch.where(ok, index, torch.full_like(index, trash))  # [B]
+        stored = ops.transform_priority(clean, self._alpha_t, self._eps)
+        stored = torch.where(ok, stored, torch.zeros_like(stored))
+        clean = torch.where(ok, clean, torch.zeros_like(clean))
+        stored = ops.last_write_wins(idx, stored)
+        clean = ops.last_write_wins(idx, clean)
+        self._raw.index_put_((idx,), clean)
+        self._leaves.view(-1).index_put_((idx,), stored)
+        blk = torch.div(idx, self.block, rounding_mode="floor")  # [B]
+        s, m = ops.reduce_blocks(self._leaves[blk])  # [B], [B]; repeated blocks write equal values
+        self._block_sum.index_put_((blk,), s)
+        self._block_min.index_put_((blk,), m)
+        batch_max = torch.where(ok, clean, torch.full_like(clean, float("-inf"))).amax()
+        torch.maximum(self._max_raw, batch_max, out=self._max_raw)
+        self._n_clamped += n_bad
+        self._n_dropped += (~ok).sum()
+
+    @torch.no_grad()
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
+
+        Args:
+            index: ``(B,)`` integer slots (tensor on any device, int or sequence).
+            priority: ``(B,)`` raw priorities, or one number/0-d tensor for all.
+            storage: the buffer's storage (gives the filled length); TorchRL passes it.
+
+        Host-side input (CPU tensors, ints, lists) is fully validated before anything changes.
+        Device-side index values outside ``[0, len(storage))`` are ignored and counted in
+        :attr:`dropped_index_count`; NaN/Inf/negative priorities are clamped (see
+        :func:`lightning_per.ops.sanitize_priority`) and counted in :attr:`clamped_priority_count`.
+
+        Raises:
+            TypeError: non-integer ``index`` or non-numeric ``priority``.
+            ValueError: ``priority`` shape does not match ``index``.
+            IndexError: a host-side index outside ``[0, len(storage))``.
+        """
+        n_valid = self._filled(storage)
+        index, priority = check_index_priority(index, priority, n_valid)
+        index = index.to(self._device, non_blocking=True)
+        priority = priority.to(self._device, non_blocking=True)
+        self._write(index, priority, n_valid)
+
+    def mark_update(self, index, *, storage=None) -> None:
+        """Give slots ``index`` (just written) the default priority (the running max)."""
+        n_valid = self._filled(storage)
+        index, _ = check_index_priority(index, 0.0, n_valid)
+        index = index.to(self._device, non_blocking=True)
+        self._write(index, self.default_priority.expand(index.shape), n_valid)
+
+    def add(self, index) -> None:  # new items get their priority through mark_update
+        return None
+
+    def extend(self, index) -> None:
+        return None
+
+    @torch.no_grad()
+    def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Draw ``batch_size`` slots with probability P(i) and their IS weights.
+
+        Returns:
+            ``(index, {"priority_weight": w})``: ``(B,)`` int64 and ``(B,)`` float32, on :attr:`device`.
+
+        Raises:
+            ValueError: ``batch_size`` is not an int >= 1.
+            EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
+        """
+        check_batch_size(batch_size)
+        if len(storage) == 0:
+            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+        ops = self._ops
+        u = ops.stratified_uniforms(batch_size, self.generator, self._device, self.stratified)  # [B]
+        index = ops.two_level_search(self._leaves, self._block_sum, u)  # [B]
+        p_sel = self._leaves.view(-1)[index]  # [B]
+        weight = ops.is_weights(p_sel, self._block_min.amin(), self._beta_t, self.weight_normalization)
+        return index, {"priority_weight": weight}
+
+    def probabilities(self) -> Tensor:
+        """Exact P(i) of every slot, ``(N,)`` float64 on :attr:`device` (for tests and diagnostics)."""
+        leaves = self._leaves.view(-1)[: self._max_capacity].to(torch.float64)
+        return leaves / self._block_sum.sum()
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_schema_version": SAMPLER_SCHEMA_VERSION,
+            "kind": type(self).__name__,
+            "max_capacity": self._max_capacity,
+            "alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+            "raw": self._raw.clone(), "max_raw": self._max_raw.clone(),
+            "n_clamped": self._n_clamped.clone(), "n_dropped": self._n_dropped.clone(),
+            "written": (self._leaves.view(-1) > 0).clone(),
+            "rng": self._rng_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        version = state_dict.get("_schema_version", 0)
+        if version != SAMPLER_SCHEMA_VERSION:
+            raise ValueError(f"sampler checkpoint schema {version} is not {SAMPLER_SCHEMA_VERSION}")
+        if state_dict["max_capacity"] != self._max_capacity:
+            raise ValueError(f"checkpoint max_capacity {state_dict['max_capacity']} differs from "
+                             f"this sampler's {self._max_capacity}")
+        d = self._device
+        self._eps = state_dict["eps"]
+        self._alpha, self._beta = state_dict["alpha"], state_dict["beta"]
+        self._alpha_t.fill_(self._alpha)
+        self._beta_t.fill_(self._beta)
+        self._raw.copy_(state_dict["raw"].to(d))
+        self._max_raw.copy_(state_dict["max_raw"].to(d))
+        self._n_clamped.copy_(state_dict["n_clamped"].to(d))
+        self._n_dropped.copy_(state_dict["n_dropped"].to(d))
+        self._leaves.view(-1).copy_(state_dict["written"].to(d).to(torch.float32))  # mask, then values
+        self._rebuild()
+        self._load_rng_state(state_dict["rng"])
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Write the state to ``path/sampler.pt`` (whole tensors, atomic rename) + a JSON summary."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), path / "sampler.pt.tmp")
+        os.replace(path / "sampler.pt.tmp", path / "sampler.pt")
+        meta = {"kind": type(self).__name__, "alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+                "max_capacity": self._max_capacity, "_schema_version": SAMPLER_SCHEMA_VERSION}
+        (path / "sampler_metadata.json").write_text(json.dumps(meta))
+
+    def loads(self, path: str | os.PathLike) -> None:
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device,
+                                        weights_only=False))

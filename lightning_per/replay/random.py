@@ -1,0 +1,62 @@
+"""GPURandomSampler: uniform replay drawn on the storage's device from the buffer's generator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchrl.data.replay_buffers.samplers import RandomSampler
+
+from lightning_per.replay._rng import DeviceRNGMixin
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size
+from lightning_per.replay.storage import default_device
+
+__all__ = ["GPURandomSampler"]
+
+
+class GPURandomSampler(DeviceRNGMixin, RandomSampler):
+    """Uniform sampling with replacement: ``P(i) = 1 / len(storage)``, drawn on ``device``.
+
+    Args:
+        device: where the indices are drawn (default CUDA when available, else CPU).
+        seed: device-generator seed when no buffer generator is set.
+
+    ``sample`` returns ``(index (B,) int64 on device, {})`` (no IS weights: they would all be 1).
+    """
+
+    def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None) -> None:
+        super().__init__()
+        self._device = default_device() if device is None else torch.device(device)
+        self._init_rng(seed)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
+        """Raises ValueError for ``batch_size`` < 1 and EmptyBufferError for an empty storage."""
+        check_batch_size(batch_size)
+        n = len(storage)
+        if n == 0:
+            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+        index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
+        return index, {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_schema_version": 1, "rng": self._rng_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._load_rng_state(state_dict["rng"])
+
+    def dumps(self, path) -> None:
+        from pathlib import Path
+        Path(path).mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), Path(path) / "sampler.pt")
+
+    def loads(self, path) -> None:
+        from pathlib import Path
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", weights_only=False))
+
+    def _empty(self) -> None:
+        return None

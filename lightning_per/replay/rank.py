@@ -1,0 +1,114 @@
+"""GPURankBasedSampler: rank-based prioritized replay, P(i) ∝ rank(i)^-alpha, on the device.
+
+Schaul et al. 2016 (arXiv:1511.05952), section 3.3, "rank-based prioritization": items are ranked by
+raw priority (rank 1 = largest), ``P(i) = rank(i)^-alpha / sum_{k=1..n} k^-alpha``. Draws are an
+inverse-CDF search over the fixed prefix sums of ``k^-alpha`` (stratified by default), then a lookup
+of which slot holds each rank. IS weights (section 3.4, normalised by ``min_j P(j)`` = rank n):
+``w_i = (rank(i) / n)^(alpha * beta)``.
+
+The ranking is a stable device sort of the raw priorities (ties: lower slot first), refreshed before a
+draw when priorities changed and ``sort_every`` updates have accumulated (default 1: every update is
+reflected at the next draw).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_per.ops import rank_weights
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size
+from lightning_per.replay.prioritized import GPUPrioritizedSampler
+
+__all__ = ["GPURankBasedSampler"]
+
+
+class GPURankBasedSampler(GPUPrioritizedSampler):
+    """Rank-based prioritized sampler (see module docstring); same contract as
+    :class:`~lightning_per.replay.GPUPrioritizedSampler`, plus:
+
+    Args:
+        sort_every: refresh the ranking after this many priority updates (1 = always exact; larger
+            values trade freshness for speed). Extends always mark the ranking stale.
+
+    Memory: on top of the proportional sampler, ``(N,)`` int64 slot-by-rank and ``(N,)`` float64
+    prefix sums of ``k^-alpha``.
+
+    Raises:
+        ValueError: ``sort_every`` < 1 (and the base class's checks).
+    """
+
+    def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
+                 sort_every: int = 1, **kwargs) -> None:
+        if not isinstance(sort_every, int) or sort_every < 1:
+            raise ValueError(f"sort_every must be an int >= 1, got {sort_every!r}")
+        self.sort_every = sort_every
+        super().__init__(max_capacity, alpha, beta, eps, **kwargs)
+
+    def _init(self) -> None:
+        super()._init()
+        _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)  # [N] float64
+        self._order = torch.arange(self._max_capacity, device=self._device)  # slot holding rank k+1
+        self._pending = 0  # priority updates not yet reflected in _order
+        self._stale = False
+        self._sorted_n = 0
+
+    def _rebuild(self) -> None:
+        super()._rebuild()
+        _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)
+
+    def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
+        super()._write(index, raw, n_valid)
+        self._pending += 1
+
+    def mark_update(self, index, *, storage=None) -> None:
+        super().mark_update(index, storage=storage)
+        self._stale = True
+
+    def _refresh(self, n: int) -> None:
+        written = self._leaves.view(-1)[: self._max_capacity] > 0
+        keys = torch.where(written, self._raw[: self._max_capacity], torch.full_like(self._raw[:1], -1.0))
+        self._order = torch.sort(keys, descending=True, stable=True).indices  # [N]
+        self._pending, self._stale, self._sorted_n = 0, False, n
+
+    @torch.no_grad()
+    def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
+
+        Raises:
+            ValueError: ``batch_size`` is not an int >= 1.
+            EmptyBufferError: the storage is empty.
+        """
+        check_batch_size(batch_size)
+        n = len(storage)
+        if n == 0:
+            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+        if self._stale or n != self._sorted_n or self._pending >= self.sort_every:
+            self._refresh(n)
+        ops = self._ops
+        u = ops.stratified_uniforms(batch_size, self.generator, self._device, self.stratified)  # [B]
+        cdf = self._rank_cdf[:n]
+        k = ops.inverse_cdf_search(cdf, u * cdf[-1])  # [B] zero-based rank
+        index = self._order[k]
+        weight = torch.pow((k + 1).to(torch.float64) / n, self._alpha_t * self._beta_t)
+        if self.weight_normalization == "batch":
+            weight = weight / weight.max()
+        return index, {"priority_weight": weight.to(torch.float32)}
+
+    def probabilities(self, n: int | None = None) -> Tensor:
+        """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
+        n = self._sorted_n if n is None else n
+        self._refresh(n)
+        p = torch.zeros(self._max_capacity, dtype=torch.float64, device=self._device)
+        w = torch.arange(1, n + 1, dtype=torch.float64, device=self._device).pow(-self._alpha)
+        p[self._order[:n]] = w / w.sum()
+        return p
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["sort_every"] = self.sort_every
+        return state
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self._stale = True

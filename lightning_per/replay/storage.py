@@ -1,0 +1,207 @@
+"""GPUTensorStorage: one preallocated ring of transitions on the device, and the writer that fills it.
+
+A :class:`torchrl.data.LazyTensorStorage` whose writes are device-to-device copies with no host
+synchronisation: ``len()`` is a host int advanced by the host-side write cursor (as in the ring
+buffer of the seed design), reads index the whole preallocated tensors (static shapes, so sample
+and read can be captured in a CUDA graph), and a write whose keys, shapes or dtypes differ from the
+stored ones is rejected *before* anything changes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import LazyTensorStorage
+from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
+
+__all__ = ["GPUTensorStorage", "GPURoundRobinWriter", "default_device"]
+
+STORAGE_SCHEMA_VERSION = 1
+
+
+def default_device() -> torch.device:
+    """``cuda`` (the current device) when available, else ``cpu``."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _spec(td: TensorDictBase, skip_batch: int = 1) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
+    return {k: (tuple(v.shape[skip_batch:]), v.dtype)
+            for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+class GPUTensorStorage(LazyTensorStorage):
+    """Ring storage of transitions preallocated on ``device`` at the first write.
+
+    Args:
+        max_size: capacity in transitions (>= 1).
+        device: where the data lives; default ``cuda`` when available, else ``cpu``.
+        fallback: on CUDA out-of-memory at allocation, keep the data on the CPU instead (one
+            :class:`RuntimeWarning`); with ``False`` the OOM error propagates.
+
+    Layout: a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
+    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`.
+
+    Raises:
+        ValueError: ``max_size < 1``.
+        TypeError/ValueError (from :meth:`check_spec`): a write with other keys, shapes or dtypes.
+    """
+
+    def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
+                 ndim: int = 1) -> None:
+        if not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
+        if ndim != 1:
+            raise ValueError(f"GPUTensorStorage is a flat ring: ndim must be 1, got {ndim}")
+        device = default_device() if device is None else torch.device(device)
+        super().__init__(max_size, device=device, ndim=1)
+        self.fallback = fallback
+        self._spec: dict | None = None
+
+    # ------------------------------------------------------------------ allocation
+    def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(f"GPUTensorStorage stores TensorDicts, got {type(data).__name__}")
+        try:
+            self._allocate(data, torch.device(self.device))
+        except torch.OutOfMemoryError:
+            if not self.fallback:
+                raise
+            warnings.warn(f"GPUTensorStorage: out of memory allocating {self.max_size} transitions on "
+                          f"{self.device}; keeping the replay data on the CPU instead", RuntimeWarning,
+                          stacklevel=4)
+            torch.cuda.empty_cache()
+            self.device = torch.device("cpu")
+            self._allocate(data, self.device)
+
+    def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
+        self._storage = TensorDict(
+            {k: torch.zeros((self.max_size, *v.shape), dtype=v.dtype, device=device)
+             for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"},
+            batch_size=[self.max_size], device=device)
+        self._spec = _spec(self._storage)
+        self.initialized = True
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the preallocated transitions (0 before the first write)."""
+        if not self.initialized:
+            return 0
+        return sum(v.numel() * v.element_size() for v in self._storage.values(True, True))
+
+    # ------------------------------------------------------------------ writes
+    def check_spec(self, data: TensorDictBase) -> None:
+        """Raise if a batch ``data`` (batch dim first) cannot be written; changes nothing.
+
+        Raises:
+            TypeError: ``data`` is not a TensorDict, or a key has another dtype.
+            ValueError: other keys, or another per-item shape, than the stored ones.
+        """
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(f"data must be a TensorDict with a leading batch dimension, got "
+                            f"{type(data).__name__}")
+        if self._spec is None:
+            return
+        got = _spec(data.exclude("index") if "index" in data.keys() else data)
+        want = self._spec
+        if set(got) != set(want):
+            missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
+            raise ValueError(f"data keys differ from the stored spec: missing {missing}, unexpected {extra}")
+        for key, (shape, dtype) in want.items():
+            if got[key][0] != shape:
+                raise ValueError(f"data[{key!r}] has per-item shape {got[key][0]}, the storage holds {shape}")
+            if got[key][1] != dtype:
+                raise TypeError(f"data[{key!r}] has dtype {got[key][1]}, the storage holds {dtype}")
+
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None:
+        """Write ``data`` (batch ``[n]``) at slots ``cursor`` (``(n,)`` int64 tensor, range or int).
+
+        A device-to-device copy (``data`` is moved with ``non_blocking=True`` if it is elsewhere).
+        With ``set_cursor`` the host length grows by ``n`` up to ``max_size`` (ring writes).
+        """
+        if isinstance(data, TensorDictBase) and data.batch_dims == 0:
+            data = data.unsqueeze(0)
+            cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
+        self.check_spec(data)
+        if not self.initialized:
+            self._init(data[0])
+        device = torch.device(self.device)
+        if isinstance(cursor, torch.Tensor):
+            cursor = cursor.to(device, non_blocking=True)
+        data = data.to(device, non_blocking=True)
+        if "index" in data.keys():  # the writer tags batches with their slots; the sampler returns it
+            data = data.exclude("index")
+        if set_cursor:
+            self._last_cursor = cursor
+            self._len = min(self._len + data.shape[0], self.max_size)
+        self._storage[cursor] = data
+        self._bump_mutation_revision()
+
+    # ------------------------------------------------------------------ reads
+    def get(self, index):
+        """Transitions at ``index`` (``(B,)`` int64 on :attr:`device`): a TensorDict ``[B]`` on the device.
+
+        Reads the whole preallocated ring (no slicing by the host length), so the shapes are static;
+        indices come from a sampler and lie in ``[0, len(self))``.
+
+        Raises:
+            RuntimeError: nothing was ever written.
+        """
+        if not self.initialized:
+            raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
+        if isinstance(index, torch.Tensor) and index.device != self._storage.device:
+            index = index.to(self._storage.device, non_blocking=True)
+        return self._storage[index]
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["_schema_version"] = STORAGE_SCHEMA_VERSION
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        version = state_dict.get("_schema_version", 0)
+        if version > STORAGE_SCHEMA_VERSION:
+            raise ValueError(f"storage checkpoint schema {version} is newer than this code "
+                             f"({STORAGE_SCHEMA_VERSION}); upgrade lightning_per")
+        stored = state_dict["_storage"]
+        if isinstance(stored, dict) and stored and not self.initialized:
+            item = TensorDict(stored, batch_size=[self.max_size])[0]
+            self._allocate(item, torch.device(self.device))
+        super().load_state_dict(state_dict)
+        if self.initialized:
+            self._spec = _spec(self._storage)
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "storage.pt.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path / "storage.pt")
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Load what :meth:`dumps` wrote (onto this storage's device)."""
+        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=False)
+        self.load_state_dict(state)
+
+
+class GPURoundRobinWriter(TensorDictRoundRobinWriter):
+    """TorchRL's round-robin writer that validates a batch against the storage spec *before* moving
+    its cursor, so a rejected ``extend`` leaves cursor, length, data and priorities unchanged."""
+
+    def extend(self, data):
+        check = getattr(self._storage, "check_spec", None)
+        if check is not None:
+            check(data)
+        return super().extend(data)
+
+    def add(self, data):
+        check = getattr(self._storage, "check_spec", None)
+        if check is not None and isinstance(data, TensorDictBase):
+            check(data.unsqueeze(0))
+        return super().add(data)
