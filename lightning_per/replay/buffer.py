@@ -10,7 +10,7 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer as _TDRB
 
-from lightning_per.replay.errors import check_batch_size
+from lightning_per.replay.errors import check_batch_size, check_index_priority
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -84,6 +84,17 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         kwargs.setdefault("writer", GPURoundRobinWriter())
         # TorchRL's own __init__ would build its C++-tree sampler: go one level up instead.
         _TDRB.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
+
+    def update_priority(self, index, priority) -> None:
+        """Set raw priorities of slots ``index`` (see :meth:`GPUPrioritizedSampler.update_priority`).
+
+        Raises:
+            TypeError, ValueError, IndexError: as the sampler, before anything changes.
+        """
+        if isinstance(index, tuple):
+            raise TypeError("index must be a flat tensor of slots (the storage is 1-D), got a tuple")
+        check_index_priority(index, priority, len(self._storage))
+        self._sampler.update_priority(index, priority, storage=self._storage)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
