@@ -1,0 +1,247 @@
+"""Replay benchmark: one training-step's replay work (sample B + read the batch + update B priorities).
+
+Rows, measured side by side in one process per implementation family:
+  ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
+  ours-graph        the same step captured in one CUDA graph and replayed
+  ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default)
+  ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads)
+  torchrl-per       TorchRL TensorDictPrioritizedReplayBuffer, LazyTensorStorage on the same device
+  torchrl-uniform   TorchRL TensorDictReplayBuffer + RandomSampler
+  bare-gather       torch.randint + index of the raw tensors (the floor)
+plus extend of 64 transitions, host syncs per step (torch.cuda.set_sync_debug_mode("warn")) and
+memory per slot. Transition: observation 51 f32, next_observation 51 f32, action i64, reward f32,
+done bool (421 bytes).
+
+TorchRL's C++ sum tree loads on the GPU machine only from torchrl 0.11.1: run `--family torchrl` in
+that interpreter, `--family ours` in ours, then `--merge a.json b.json` writes the table and plot.
+
+    python benchmarks/replay.py --family ours --out results/ours.json
+    PYTHONPATH=/tmp/anchor python benchmarks/replay.py --family torchrl --out results/torchrl.json
+    python benchmarks/replay.py --merge results/ours.json results/torchrl.json --out results/replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+OBS = 51
+TRANSITION_BYTES = OBS * 4 * 2 + 8 + 4 + 1
+
+
+def batch(n: int, device) -> "TensorDict":  # noqa: F821
+    from tensordict import TensorDict
+
+    return TensorDict({"observation": torch.randn(n, OBS, device=device),
+                       "next_observation": torch.randn(n, OBS, device=device),
+                       "action": torch.randint(0, 45, (n,), device=device),
+                       "reward": torch.randn(n, device=device),
+                       "done": torch.zeros(n, dtype=torch.bool, device=device)}, [n], device=device)
+
+
+def fill(rb, n: int, device) -> None:
+    chunk = 1 << 16
+    for start in range(0, n, chunk):
+        rb.extend(batch(min(chunk, n - start), device))
+
+
+def timed(fn, iters: int, device) -> float:
+    """Mean seconds per call of fn (CUDA events on GPU, perf_counter on CPU), after 10 warm-up calls."""
+    for _ in range(10):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def count_syncs(fn, steps: int, device) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
+
+
+def step_fn(rb, B: int):
+    def step():
+        data = rb.sample(B)
+        rb.update_priority(data["index"], data["reward"].abs() + 0.01)
+    return step
+
+
+def graph_step(rb, B: int, device):
+    """Capture sampler.sample + storage.get + update_priority in one CUDA graph; return replay."""
+    sampler, storage = rb.sampler, rb.storage
+
+    def body():
+        index, info = sampler.sample(storage, B)
+        data = storage.get(index)
+        sampler.update_priority(index, data["reward"].abs() + 0.01, storage=storage)
+        return info["priority_weight"]
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    g.register_generator_state(sampler.generator)
+    with torch.cuda.graph(g):
+        body()
+    return g.replay
+
+
+def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
+    from lightning_per import make_replay_buffer
+
+    rows = []
+    for name, kind, backend in (("ours-eager", "proportional", "reference"),
+                                ("ours-rank-eager", "rank", "reference"),
+                                ("ours-kernels-eager", "proportional", "kernels")):
+        if backend == "kernels" and device.type != "cuda":
+            continue
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend,
+                                generator=torch.Generator().manual_seed(0))
+        fill(rb, N, device)
+        mem = (torch.cuda.memory_allocated(device) - base) / N if device.type == "cuda" else float("nan")
+        step = step_fn(rb, B)
+        ext = batch(64, device)
+        row = {"impl": name, "N": N, "B": B, "step_us": timed(step, iters, device) * 1e6,
+               "syncs_per_step": count_syncs(step, 50, device),
+               "extend64_us": timed(lambda: rb.extend(ext), iters, device) * 1e6,
+               "bytes_per_slot": mem, "transition_bytes": TRANSITION_BYTES}
+        rows.append(row)
+        if device.type == "cuda" and kind == "proportional":
+            replay = graph_step(rb, B, device)
+            rows.append({**row, "impl": name.replace("eager", "graph"),
+                         "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
+        del rb
+    # the floor: uniform indices + gather of the raw tensors
+    data = batch(N, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    flat = {k: v for k, v in data.items()}
+
+    def bare():
+        idx = torch.randint(0, N, (B,), device=device, generator=gen)
+        return [v[idx] for v in flat.values()]
+
+    rows.append({"impl": "bare-gather", "N": N, "B": B, "step_us": timed(bare, iters, device) * 1e6,
+                 "syncs_per_step": count_syncs(bare, 50, device)})
+    return rows
+
+
+def torchrl_rows(N: int, B: int, device, iters: int) -> list[dict]:
+    from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
+
+    rows = []
+    for name in ("torchrl-per", "torchrl-uniform"):
+        if name == "torchrl-per":
+            rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(N, device=device),
+                                                   batch_size=B)
+            step = step_fn(rb, B)
+        else:
+            rb = TensorDictReplayBuffer(storage=LazyTensorStorage(N, device=device), batch_size=B)
+
+            def step(rb=rb):
+                rb.sample(B)
+        fill(rb, N, device)
+        ext = batch(64, device)
+        rows.append({"impl": name, "N": N, "B": B, "step_us": timed(step, iters, device) * 1e6,
+                     "syncs_per_step": count_syncs(step, 50, device),
+                     "extend64_us": timed(lambda: rb.extend(ext), max(iters // 4, 10), device) * 1e6})
+        del rb
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| impl | N | B | step (us) | syncs/step | extend 64 (us) | bytes/slot |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["N"], r["B"], r["impl"])):
+        lines.append(f"| {r['impl']} | {r['N']:.0e} | {r['B']} | {r['step_us']:.1f} | {r.get('syncs_per_step', float('nan')):.2f} "
+                     f"| {r.get('extend64_us', float('nan')):.1f} | {r.get('bytes_per_slot', float('nan')):.1f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Bs = sorted({r["B"] for r in rows})
+    fig, axes = plt.subplots(1, len(Bs), figsize=(5 * len(Bs), 4), squeeze=False)
+    for ax, B in zip(axes[0], Bs):
+        for impl in sorted({r["impl"] for r in rows}):
+            pts = sorted((r["N"], r["step_us"]) for r in rows if r["impl"] == impl and r["B"] == B)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set(xscale="log", yscale="log", xlabel="capacity N", ylabel="us per step (sample+read+update)",
+               title=f"B = {B}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["ours", "torchrl"], default="ours")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", default="1e5,1e6,1e7", help="capacities N, comma-separated")
+    ap.add_argument("--batches", default="32,256,1024", help="batch sizes B, comma-separated")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test on CPU)")
+    ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out (+ .png, .md)")
+    ap.add_argument("--out", default="benchmarks/results/replay.json")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        rows = [r for f in args.merge for r in json.loads(Path(f).read_text())["rows"]]
+    else:
+        device = torch.device(args.device)
+        sizes = [int(float(s)) for s in ("1e3" if args.quick else args.sizes).split(",")]
+        batches = [int(b) for b in ("32" if args.quick else args.batches).split(",")]
+        iters = 5 if args.quick else args.iters
+        fn = ours_rows if args.family == "ours" else torchrl_rows
+        rows = []
+        for N in sizes:
+            for B in batches:
+                rows += fn(N, B, device, iters)
+                print(table([r for r in rows if r["N"] == N and r["B"] == B]), flush=True)
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(table(rows) + "\n")
+    plot(rows, out.with_suffix(".png"))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
