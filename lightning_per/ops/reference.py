@@ -31,6 +31,8 @@ __all__ = [
     "stratified_uniforms",
     "inverse_cdf_search",
     "two_level_search",
+    "two_level_search_with_values",
+    "last_writer",
     "is_weights",
     "rank_weights",
 ]
@@ -63,10 +65,9 @@ def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, T
         values. Both on ``priority.device``; no host sync.
     """
     p = priority.to(torch.float32)
-    high = torch.isnan(p) | (p == float("inf"))
-    low = p < 0  # includes -inf
-    clean = torch.where(high, max_priority.to(torch.float32), torch.where(low, torch.zeros_like(p), p))
-    return clean, (high | low).sum()
+    high = ~(p < float("inf"))  # NaN and +inf
+    clean = torch.where(high, max_priority.to(torch.float32), p.clamp_min(0))  # -inf, negatives -> 0
+    return clean, (high | (p < 0)).sum()
 
 
 def transform_priority(clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor:
@@ -95,8 +96,10 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
         ``(sum, min)``: ``(K,)`` float64 sums (accumulated in float64), ``(K,)`` float32 minima over
         the positive entries (``+inf`` where a row has none).
     """
-    total = rows.to(torch.float64).sum(dim=1)
-    pos_min = torch.where(rows > 0, rows, torch.full_like(rows, float("inf"))).amin(dim=1)
+    # the last element of the float64 inclusive scan: bit-identical to the row total that
+    # two_level_search computes with the same op, so a draw never falls past its block's mass
+    total = torch.cumsum(rows, 1, dtype=torch.float64)[:, -1]
+    pos_min = rows.masked_fill(rows == 0, float("inf")).amin(dim=1)
     return total, pos_min
 
 
@@ -127,6 +130,25 @@ def last_write_wins(index: Tensor, values: Tensor) -> Tensor:
     out = torch.empty_like(values)
     out[order] = winner_sorted
     return out
+
+
+def last_writer(index: Tensor, scratch: Tensor, positions: Tensor) -> Tensor:
+    """Position of the last batch entry writing each entry's slot (O(B), deterministic on CUDA).
+
+    ``scratch`` is a persistent ``(N,)`` int32 buffer whose entries outside ``index`` are never read;
+    one ``scatter_reduce(amax)`` of the batch positions into it, then a gather.
+    Equivalent to :func:`last_write_wins` applied to ``positions``.
+
+    Args:
+        index: ``(B,)`` int64 slots.
+        scratch: ``(N,)`` int32 on the same device (N > max index).
+        positions: ``(B,)`` int32, ``arange(B)``.
+
+    Returns:
+        ``(B,)`` int64 positions ``max{j : index[j] == index[k]}``.
+    """
+    scratch.scatter_reduce_(0, index, positions, reduce="amax", include_self=False)
+    return scratch[index].long()
 
 
 def stratified_uniforms(batch_size: int, generator: torch.Generator | None, device: torch.device,
@@ -179,17 +201,27 @@ def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
         ``(B,)`` int64 slot indices (``block_id * block + offset``), each with a positive leaf if any
         leaf is positive. Device of ``leaves``; no host sync.
     """
-    n_blocks, block = leaves.shape
+    index, _ = two_level_search_with_values(leaves, block_sum, u)
+    return index
+
+
+def two_level_search_with_values(leaves: Tensor, block_sum: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`two_level_search` that also returns the stored values of the drawn slots.
+
+    Returns:
+        ``(index, value)``: ``(B,)`` int64 slots and ``(B,)`` float32 stored values (``leaves`` at them).
+    """
+    block = leaves.shape[1]
     cdf = torch.cumsum(block_sum, 0)  # [n_blocks] float64
-    total = cdf[-1]
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # [B] < total
-    blk = inverse_cdf_search(cdf, target)  # [B]
-    offset = (target - (cdf[blk] - block_sum[blk])).clamp_(min=0)  # [B] mass left inside the block
-    row_cdf = torch.cumsum(leaves[blk].to(torch.float64), 1)  # [B, block]
-    row_total = row_cdf[:, -1]
-    offset = torch.minimum(offset, torch.nextafter(row_total, torch.zeros_like(row_total)))
-    j = torch.searchsorted(row_cdf, offset.unsqueeze(1), right=True).squeeze(1).clamp_(max=block - 1)
-    return blk * block + j
+    # (1 - 2^-40) keeps every target strictly below the total mass despite rounding
+    target = u * (cdf[-1] * (1.0 - 2.0**-40))  # [B]
+    blk = torch.searchsorted(cdf, target, right=True)  # [B] < n_blocks, a block with mass
+    offset = target - (cdf - block_sum)[blk]  # [B] mass left inside the block (may be ~ -1 ulp)
+    rows = leaves[blk]  # [B, block]
+    row_cdf = torch.cumsum(rows, 1, dtype=torch.float64)  # [B, block]; row_cdf[:, -1] == block_sum[blk]
+    offset = torch.minimum(offset, row_cdf[:, -1] * (1.0 - 2.0**-40))
+    j = torch.searchsorted(row_cdf, offset.unsqueeze(1), right=True)  # [B, 1] < block
+    return torch.add(j.squeeze(1), blk, alpha=block), rows.gather(1, j).squeeze(1)
 
 
 def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: str = "buffer") -> Tensor:
@@ -208,12 +240,12 @@ def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: st
     Returns:
         ``(B,)`` float32 weights in (0, 1].
     """
-    w = torch.pow(p_sel.to(torch.float64) / p_min.to(torch.float64), -beta)
+    if normalize not in ("buffer", "batch"):
+        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
+    w = torch.pow(p_sel / p_min, -beta)  # [B] float32 (a 0-d exponent does not promote)
     if normalize == "batch":
         w = w / w.max()
-    elif normalize != "buffer":
-        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
-    return w.to(torch.float32)
+    return w
 
 
 def rank_weights(capacity: int, alpha: float, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:

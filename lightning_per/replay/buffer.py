@@ -85,6 +85,28 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         # TorchRL's own __init__ would build its C++-tree sampler: go one level up instead.
         _TDRB.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
 
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
+        """A batch ``[B]`` on the device with ``"index"`` and ``"priority_weight"`` (TorchRL's keys).
+
+        Without transforms or prefetching this takes a direct path (sampler -> storage gather), which
+        skips TorchRL's generic machinery (locks, collate, info re-packing) on the hot path; otherwise
+        it defers to TorchRL's ``sample``. ``return_info=True`` also returns the info dict.
+        """
+        direct = (not len(self._transform) and not self._prefetch and include_info is None
+                  and self._sample_unit is None)
+        if not direct:
+            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        if batch_size is None:
+            batch_size = self._batch_size
+            if batch_size is None:
+                raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
+        index, info = self._sampler.sample(self._storage, batch_size)
+        data = self._storage.get(index)
+        data.set("index", index)
+        data.set("priority_weight", info["priority_weight"])
+        info["index"] = index
+        return (data, info) if return_info else data
+
     def update_priority(self, index, priority) -> None:
         """Set raw priorities of slots ``index`` (see :meth:`GPUPrioritizedSampler.update_priority`).
 

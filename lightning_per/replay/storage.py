@@ -84,7 +84,14 @@ class GPUTensorStorage(LazyTensorStorage):
              for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"},
             batch_size=[self.max_size], device=device)
         self._spec = _spec(self._storage)
+        self._index_flat()
         self.initialized = True
+
+    def _index_flat(self) -> None:
+        """Cache the leaf tensors for the fast read path (flat, non-nested keys only)."""
+        keys = list(self._storage.keys(include_nested=True, leaves_only=True))
+        self._flat = ({k: self._storage.get(k) for k in keys}
+                      if all(isinstance(k, str) for k in keys) else None)
 
     @property
     def nbytes(self) -> int:
@@ -155,7 +162,12 @@ class GPUTensorStorage(LazyTensorStorage):
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
         if isinstance(index, torch.Tensor) and index.device != self._storage.device:
             index = index.to(self._storage.device, non_blocking=True)
-        return self._storage[index]
+        flat = getattr(self, "_flat", None)
+        if flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
+            return self._storage[index]
+        # one gather per key, and a TensorDict built without re-validating shapes we guarantee
+        return TensorDict._new_unsafe({k: v[index] for k, v in flat.items()},
+                                      batch_size=index.shape, device=self._storage.device)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -175,6 +187,7 @@ class GPUTensorStorage(LazyTensorStorage):
         super().load_state_dict(state_dict)
         if self.initialized:
             self._spec = _spec(self._storage)
+            self._index_flat()
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename)."""
