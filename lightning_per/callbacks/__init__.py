@@ -1,5 +1,37 @@
-"""Lightning callbacks that read device-side metrics without per-step host synchronisations."""
+"""Lightning callbacks that read device-side metrics without per-step host synchronisations.
+
+- :class:`MetricAccumulator`: the device-side running metrics a module keeps (the protocol).
+- :class:`AsyncMetricsCallback`: once an epoch, copies them to the host asynchronously and logs them.
+- :class:`RunArtifactsCallback`: ``summary.json``, a learning-curve PNG and a final line at the end of fit.
+- :class:`AutoModeWandbLogger` / :func:`make_wandb_logger`: W&B offline unless credentials are configured.
+- :class:`AtomicCheckpointIO`: crash-safe local checkpoints.
+- episode-return ring helpers (:mod:`lightning_per.callbacks.episodes`).
+"""
 
 from lightning_per.callbacks.accumulator import MetricAccumulator
+from lightning_per.callbacks.async_metrics import AsyncMetricsCallback, reduce_across_ranks
+from lightning_per.callbacks.checkpoint_io import AtomicCheckpointIO
+from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
+from lightning_per.callbacks.run_artifacts import RunArtifactsCallback, save_learning_curve
+from lightning_per.callbacks.wandb_utils import (
+    AutoModeWandbLogger,
+    make_wandb_logger,
+    read_wandb_history,
+    resolve_wandb_mode,
+)
 
-__all__ = ["MetricAccumulator"]
+__all__ = [
+    "MetricAccumulator",
+    "AsyncMetricsCallback",
+    "RunArtifactsCallback",
+    "AutoModeWandbLogger",
+    "make_wandb_logger",
+    "AtomicCheckpointIO",
+    "read_wandb_history",
+    "resolve_wandb_mode",
+    "reduce_across_ranks",
+    "new_episode_ring",
+    "push_episode_returns",
+    "recent_mean_return",
+    "save_learning_curve",
+]

@@ -51,12 +51,22 @@ class MetricAccumulator:
         self.persistent = tuple(persistent)
         self._slot = {name: i for i, name in enumerate(names)}
         n = len(names)
-        self._is_mean = torch.tensor([k == "mean" for k in names.values()])
-        self._needs_obs = torch.tensor([k != "sum" for k in names.values()])
+        # (M,) bool masks, kept on the accumulator's device so compute() does no host->device copy.
+        self._is_mean = torch.tensor([k == "mean" for k in names.values()], device=device)
+        self._needs_obs = torch.tensor([k != "sum" for k in names.values()], device=device)
+        self._resettable = torch.tensor([k not in self.persistent for k in names], device=device)
+        self._all = torch.ones(len(names), dtype=torch.bool, device=device)
+        inits = [{"max": float("-inf"), "min": float("inf")}.get(k, 0.0) for k in names.values()]
+        self._init = torch.tensor(inits, dtype=torch.float64, device=device)  # (M,) value after reset
         # values: (M,) float64 running value; counts: (M,) float64 number of adds since reset.
         self.values = torch.zeros(n, dtype=torch.float64, device=device)
         self.counts = torch.zeros(n, dtype=torch.float64, device=device)
         self.reset(clear_persistent=True)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled copies own their tensors: torch.multiprocessing (ddp_spawn, DataLoader workers) would
+        # otherwise hand every process the same shared-memory storage, and ranks would add into one sum.
+        self.__dict__.update({k: v.clone() if isinstance(v, Tensor) else v for k, v in state.items()})
 
     @property
     def device(self) -> torch.device:
@@ -66,6 +76,11 @@ class MetricAccumulator:
         """Move the running values to ``device`` (in place); returns self."""
         self.values = self.values.to(device)
         self.counts = self.counts.to(device)
+        self._is_mean = self._is_mean.to(device)
+        self._needs_obs = self._needs_obs.to(device)
+        self._resettable = self._resettable.to(device)
+        self._all = self._all.to(device)
+        self._init = self._init.to(device)
         return self
 
     def add(self, name: str, value: Tensor | float, count: Tensor | float = 1.0) -> None:
@@ -77,50 +92,62 @@ class MetricAccumulator:
                 and ``"sum"`` metrics it is a *sum* of ``count`` observations.
             count: how many observations ``value`` sums (``"mean"`` only); 0-d tensor or number.
         """
-        i = self._slot[name]
+        i = self._slot.get(name)
+        if i is None:
+            raise KeyError(f"metric {name!r} is not declared; declared metrics: {sorted(self._slot)}")
         kind = self.kinds[name]
         # Python numbers stay kernel arguments; tensors are cast on the device (no host round trip).
+        # Only in-place ops on views: ``values[i] = <python float>`` would copy from the host and sync.
         v = value.to(torch.float64) if isinstance(value, Tensor) else float(value)
+        val, cnt = self.values[i], self.counts[i]  # 0-d views
         if kind in ("mean", "sum"):
-            self.values[i] += v
-            self.counts[i] += count.to(torch.float64) if isinstance(count, Tensor) else float(count)
-        elif kind == "max":
-            self.values[i] = torch.clamp(self.values[i], min=v)
-            self.counts[i] += 1
+            val.add_(v)
+            cnt.add_(count.to(torch.float64) if isinstance(count, Tensor) else float(count))
+            return
+        if kind == "max":
+            val.clamp_(min=v)
         elif kind == "min":
-            self.values[i] = torch.clamp(self.values[i], max=v)
-            self.counts[i] += 1
-        else:  # last
-            self.values[i] = v
-            self.counts[i] += 1
+            val.clamp_(max=v)
+        elif isinstance(v, Tensor):  # last
+            val.copy_(v)
+        else:
+            val.fill_(v)
+        cnt.add_(1.0)
+
+    def _compute(self) -> Tensor:
+        out = torch.where(self._is_mean, self.values / self.counts.clamp_min(1), self.values)  # [M]
+        return torch.where(self._needs_obs & (self.counts == 0), torch.full_like(out, float("nan")), out)
 
     def compute(self) -> dict[str, Tensor]:
         """Current values, 0-d float64 tensors on :attr:`device` (copies; safe to keep across resets)."""
-        is_mean = self._is_mean.to(self.device, non_blocking=True)
-        needs_obs = self._needs_obs.to(self.device, non_blocking=True)
-        out = torch.where(is_mean, self.values / self.counts.clamp_min(1), self.values)
-        out = torch.where(needs_obs & (self.counts == 0), torch.full_like(out, float("nan")), out)
+        out = self._compute()
         return {name: out[i] for name, i in self._slot.items()}
 
     def compute_stacked(self) -> tuple[list[str], Tensor]:
-        """(names, values): the values of :meth:`compute` as one ``(M,) float64`` tensor on :attr:`device`."""
-        d = self.compute()
-        names = list(d)
-        return names, torch.stack([d[n] for n in names])
+        """(names, values): :meth:`compute` as one fresh ``(M,) float64`` tensor on :attr:`device`.
+
+        Names are in declaration order. Launches a few kernels; no host sync."""
+        return list(self._slot), self._compute()
 
     def reset(self, clear_persistent: bool = False) -> None:
         """Start a new accumulation window (in place). ``persistent`` metrics keep their value."""
-        for name, i in self._slot.items():
-            if name in self.persistent and not clear_persistent:
-                continue
-            kind = self.kinds[name]
-            init = {"max": float("-inf"), "min": float("inf")}.get(kind, 0.0)
-            self.values[i] = init
-            self.counts[i] = 0
+        # Whole-vector device ops: no per-metric host->device writes (those would sync on CUDA).
+        mask = self._all if clear_persistent else self._resettable  # [M] bool
+        self.values.copy_(torch.where(mask, self._init, self.values))
+        self.counts.masked_fill_(mask, 0.0)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"values": self.values.clone(), "counts": self.counts.clone()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore :meth:`state_dict` output (any device).
+
+        Raises:
+            ValueError: the saved tensors do not hold one value per declared metric.
+        """
+        for key in ("values", "counts"):
+            if tuple(state[key].shape) != tuple(self.values.shape):
+                raise ValueError(f"state[{key!r}] has shape {tuple(state[key].shape)}, expected "
+                                 f"{tuple(self.values.shape)} (one entry per metric: {list(self._slot)})")
         self.values.copy_(state["values"])
         self.counts.copy_(state["counts"])

@@ -1,0 +1,345 @@
+r"""Epoch-level metrics read back from the device without stalling the training loop.
+
+The LightningModule accumulates its metrics in device tensors (``pl_module.metrics``, see
+:class:`~lightning_per.callbacks.MetricAccumulator`). Once an epoch this callback takes a snapshot,
+copies it into pinned host memory on a side CUDA stream and logs it when the copy has landed:
+
+.. code-block:: text
+
+    on_train_epoch_end   compute_stacked() -> (M,) float64 on the device
+                         [DDP: all_gather (W, M) -> reduce per metric, on the device]
+                         side stream waits on the current stream, copy -> pinned host (non_blocking),
+                         record an event, keep the source alive, reset the accumulator
+    next hooks           event.query() (never blocks); when done: history, loggers, progress bar
+    on_train_end /       event.synchronize() for whatever is still in flight (drain)
+    on_exception /
+    state_dict()
+
+At most one host synchronisation per epoch (the drain before a checkpoint, or ``sync_at_epoch_end=True``),
+none inside training steps. CPU modules use a plain copy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks.callback import Callback
+from torch import Tensor
+from typing_extensions import override
+
+__all__ = ["AsyncMetricsCallback", "reduce_across_ranks"]
+
+_STATE_SCHEMA_VERSION = 1
+_RANK_OPS = ("mean", "sum", "max", "min")
+# How a metric of each accumulator reduction is combined across ranks by default.
+_DEFAULT_RANK_OP = {"mean": "mean", "sum": "sum", "max": "max", "min": "min", "last": "mean"}
+
+
+def reduce_across_ranks(gathered: Tensor, ops: Sequence[str]) -> Tensor:
+    """Combine per-rank metric vectors on their device, ignoring NaN (ranks without observations).
+
+    Args:
+        gathered: ``(W, M)`` float tensor, row ``r`` = metrics of rank ``r`` (``strategy.all_gather``).
+        ops: ``M`` names from ``mean, sum, max, min``: how each column is combined. ``mean`` is the
+            unweighted mean over the ranks that have a value.
+
+    Returns:
+        ``(M,)`` tensor (same dtype and device); NaN where every rank is NaN (``sum``: 0).
+
+    Raises:
+        ValueError: ``gathered`` is not 2-D, or ``ops`` has the wrong length or an unknown name.
+    """
+    if gathered.dim() != 2 or gathered.shape[1] != len(ops):
+        raise ValueError(f"gathered must be (W, M={len(ops)}), got shape {tuple(gathered.shape)}")
+    bad = sorted(set(ops) - set(_RANK_OPS))
+    if bad:
+        raise ValueError(f"ops must be from {_RANK_OPS}, got {bad}")
+    nan = torch.isnan(gathered)  # [W, M]
+    n = (~nan).sum(0)  # [M]
+    total = torch.where(nan, 0.0, gathered).sum(0)  # [M]
+    mean = torch.where(n > 0, total / n.clamp_min(1), float("nan"))
+    hi = torch.where(nan, float("-inf"), gathered).amax(0)
+    lo = torch.where(nan, float("inf"), gathered).amin(0)
+    hi = torch.where(n > 0, hi, float("nan"))
+    lo = torch.where(n > 0, lo, float("nan"))
+    code = torch.tensor([_RANK_OPS.index(o) for o in ops], device=gathered.device)
+    return torch.where(code == 0, mean, torch.where(code == 1, total, torch.where(code == 2, hi, lo)))
+
+
+class _Pending:
+    """One snapshot in flight: the pinned host buffer, its completion event and the device source."""
+
+    __slots__ = ("names", "host", "event", "source", "info")
+
+    def __init__(self, names: list[str], host: Tensor, event: Any, source: Tensor | None,
+                 info: dict[str, float]) -> None:
+        self.names, self.host, self.event, self.source, self.info = names, host, event, source, info
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class AsyncMetricsCallback(Callback):
+    r"""Log ``pl_module.metrics`` once per training epoch to every logger, with no per-step host sync.
+
+    Each epoch becomes one history row ``{"epoch", "global_step", "time_s", "epoch_time_s", <metrics>}``
+    (metric values are Python floats; NaN where the metric had no observation), appended to
+    :attr:`history` and sent to ``logger.log_metrics`` of every ``trainer.loggers`` (global rank 0
+    only) under ``prefix + name``. The values also go to the progress bar (host floats, so the bar
+    never reads a device tensor) and to ``trainer.callback_metrics`` (0-d CPU tensors, so
+    ``ModelCheckpoint(monitor="train/...")`` and ``EarlyStopping`` can use them). Because the copy is
+    asynchronous they appear during the next epoch; set ``sync_at_epoch_end=True`` when a monitor must
+    see an epoch's values at that epoch's end (one host sync per epoch).
+
+    Under DDP the snapshot is all-gathered and reduced on the device once per epoch (see
+    :func:`reduce_across_ranks`): by default ``mean``/``last`` metrics are averaged over ranks, ``sum``
+    summed, ``max``/``min`` taken; override per metric with ``rank_ops``.
+
+    Args:
+        prefix: prepended to each metric name for loggers and ``callback_metrics`` (not for the
+            progress bar, which shows short names).
+        step: what ``log_metrics`` receives as ``step``: ``"global_step"`` (optimizer steps at the
+            epoch end) or ``"epoch"`` (the epoch index, 0-based).
+        prog_bar: show every metric (``True``), none (``False``), or the listed names.
+        sync_at_epoch_end: wait for the copy at each epoch end instead of polling at later hooks.
+        rank_ops: metric name -> ``mean|sum|max|min``, how DDP ranks are combined.
+
+    Raises:
+        ValueError: ``step`` or a ``rank_ops`` value is not one of the choices.
+        TypeError: ``prog_bar`` is neither a bool nor a sequence of names; at ``setup``, the module has
+            no ``metrics`` attribute with ``compute()`` and ``reset()``.
+
+    Example::
+
+        trainer = Trainer(callbacks=[AsyncMetricsCallback(prog_bar=["loss", "episode_return"])],
+                          logger=AutoModeWandbLogger(save_dir="runs/x"))
+        trainer.fit(model)  # model.metrics is a MetricAccumulator updated in place every step
+        trainer.callbacks[0].history[-1]["loss"]  # last epoch's mean loss
+    """
+
+    def __init__(
+        self,
+        prefix: str = "train/",
+        step: Literal["global_step", "epoch"] = "global_step",
+        prog_bar: bool | Sequence[str] = True,
+        sync_at_epoch_end: bool = False,
+        rank_ops: dict[str, str] | None = None,
+    ) -> None:
+        if step not in ("global_step", "epoch"):
+            raise ValueError(f"step must be 'global_step' or 'epoch', got {step!r}")
+        if not isinstance(prog_bar, bool) and (
+            isinstance(prog_bar, str) or not all(isinstance(n, str) for n in prog_bar)
+        ):
+            raise TypeError(f"prog_bar must be a bool or a list of metric names, got {prog_bar!r}")
+        rank_ops = dict(rank_ops or {})
+        bad = {k: v for k, v in rank_ops.items() if v not in _RANK_OPS}
+        if bad:
+            raise ValueError(f"rank_ops values must be one of {_RANK_OPS}, got {bad}")
+        self.prefix = str(prefix)
+        self.step = step
+        self.prog_bar = prog_bar if isinstance(prog_bar, bool) else tuple(prog_bar)
+        self.sync_at_epoch_end = bool(sync_at_epoch_end)
+        self.rank_ops = rank_ops
+        self._history: list[dict[str, float]] = []
+        self._pending: list[_Pending] = []
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._t0: float | None = None  # time.monotonic() at the start of this run, minus resumed time
+        self._epoch_t0: float | None = None
+        self._resumed_time_s = 0.0
+        self._trainer: pl.Trainer | None = None  # set between setup and teardown, for flush()
+
+    # ----------------------------------------------------------------------------------- public API
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """One dict per logged epoch, oldest first (a copy). Times in seconds (``time.monotonic``)."""
+        return [dict(row) for row in self._history]
+
+    @property
+    def pending(self) -> int:
+        """Number of snapshots copied but not yet logged."""
+        return len(self._pending)
+
+    def flush(self, trainer: pl.Trainer | None = None) -> None:
+        """Wait for every snapshot in flight (one host sync) and publish it. Safe to call any time.
+
+        Args:
+            trainer: where to publish; defaults to the trainer seen at ``setup`` (none: history only).
+        """
+        trainer = trainer if trainer is not None else self._trainer
+        while self._pending:
+            item = self._pending.pop(0)
+            item.wait()
+            self._publish(item, trainer)
+
+    def poll(self, trainer: pl.Trainer | None = None) -> None:
+        """Publish, in order, the snapshots whose copy has completed; never blocks."""
+        trainer = trainer if trainer is not None else self._trainer
+        while self._pending and self._pending[0].ready():
+            self._publish(self._pending.pop(0), trainer)
+
+    # ---------------------------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Check the module's accumulator (``fit`` only)."""
+        if stage != "fit":
+            return
+        self._trainer = trainer
+        metrics = getattr(pl_module, "metrics", None)
+        if not (callable(getattr(metrics, "compute", None)) and callable(getattr(metrics, "reset", None))):
+            raise TypeError(
+                f"AsyncMetricsCallback needs `pl_module.metrics` with compute() and reset() "
+                f"(e.g. a MetricAccumulator); {type(pl_module).__name__}.metrics is {type(metrics).__name__}"
+            )
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.flush(trainer)
+        self._trainer = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._t0 = time.monotonic() - self._resumed_time_s
+        metrics_device = torch.device(getattr(pl_module.metrics, "device", pl_module.device))
+        if metrics_device.type == "cuda":
+            # Creating a stream and first launches of kernels (CUDA lazy loading) synchronize the device,
+            # unseen by set_sync_debug_mode: pay for them here, once, by one snapshot that is discarded.
+            self._side_stream(metrics_device)
+            self._snapshot(trainer, pl_module).wait()
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_t0 = time.monotonic()
+        self.poll(trainer)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._pending:
+            self.poll(trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.poll(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.poll(trainer)
+        self._pending.append(self._snapshot(trainer, pl_module))
+        pl_module.metrics.reset()
+        if self.sync_at_epoch_end:
+            self.flush(trainer)
+        else:
+            self.poll(trainer)  # CPU snapshots are ready at once; CUDA ones usually publish later
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.flush(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        try:
+            self.flush(trainer)
+        except Exception as err:  # a CUDA error may have poisoned the context; keep the original error
+            warnings.warn(f"AsyncMetricsCallback: dropped {len(self._pending)} unlogged epoch(s): {err}",
+                          stacklevel=2)
+            self._pending.clear()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """History of logged epochs (snapshots in flight are drained first, so none is lost)."""
+        self.flush()
+        return {"version": _STATE_SCHEMA_VERSION, "history": self.history}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; later epochs continue the history and its clock.
+
+        Raises:
+            ValueError: an unknown schema version.
+        """
+        version = state_dict.get("version", _STATE_SCHEMA_VERSION)
+        if version != _STATE_SCHEMA_VERSION:
+            raise ValueError(f"AsyncMetricsCallback state version {version} is not supported "
+                             f"(expected {_STATE_SCHEMA_VERSION})")
+        self._history = [dict(row) for row in state_dict.get("history", [])]
+        self._resumed_time_s = float(self._history[-1].get("time_s", 0.0)) if self._history else 0.0
+
+    # ------------------------------------------------------------------------------------ internals
+    def _snapshot(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> _Pending:
+        """Enqueue the device->host copy of this epoch's metrics; no host sync on CUDA."""
+        metrics = pl_module.metrics
+        if callable(getattr(metrics, "compute_stacked", None)):
+            names, values = metrics.compute_stacked()  # (M,) on the module's device
+        else:
+            d = metrics.compute()
+            names, values = list(d), torch.stack([torch.as_tensor(v).reshape(()) for v in d.values()])
+        names = list(names)
+        values = values.detach().to(torch.float64)
+        if trainer.world_size > 1:
+            kinds = getattr(metrics, "kinds", {})
+            ops = [self.rank_ops.get(n, _DEFAULT_RANK_OP.get(kinds.get(n, "mean"), "mean")) for n in names]
+            values = reduce_across_ranks(trainer.strategy.all_gather(values).reshape(-1, len(names)), ops)
+        now = time.monotonic()
+        info = {
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "time_s": now - (self._t0 if self._t0 is not None else now),
+            "epoch_time_s": now - (self._epoch_t0 if self._epoch_t0 is not None else now),
+        }
+        if values.device.type != "cuda":
+            return _Pending(names, values.to("cpu", copy=True), None, None, info)
+        stream = self._side_stream(values.device)
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        stream.wait_stream(torch.cuda.current_stream(values.device))  # the values are computed there
+        with torch.cuda.stream(stream):
+            host.copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        # ``values`` was allocated on the current stream: holding it until the event completes stops
+        # the caching allocator from handing its memory to new work while the side stream reads it.
+        return _Pending(names, host, event, values, info)
+
+    def _publish(self, item: _Pending, trainer: pl.Trainer | None) -> None:
+        floats = item.host.tolist()
+        item.source = None
+        metrics = dict(zip(item.names, floats))
+        row = {**item.info, **metrics}
+        self._history.append(row)
+        if trainer is None:
+            return
+        logged = {f"{self.prefix}{k}": v for k, v in metrics.items()}
+        logged["epoch"] = item.info["epoch"]
+        if trainer.is_global_zero:
+            step = int(item.info["global_step"] if self.step == "global_step" else item.info["epoch"])
+            for logger in trainer.loggers:
+                logger.log_metrics(logged, step=step)
+                logger.save()
+        # trainer.callback_metrics / progress_bar_metrics are the live dicts behind public properties.
+        trainer.callback_metrics.update(
+            {k: torch.tensor(v, dtype=torch.float64) for k, v in logged.items() if k != "epoch"})
+        if self.prog_bar:
+            names = metrics if self.prog_bar is True else [k for k in self.prog_bar if k in metrics]
+            shown = {k: metrics[k] for k in names}
+            bar = trainer.progress_bar_metrics
+            for k, v in shown.items():  # NaN (no observation this epoch) hides the entry
+                if math.isnan(v):
+                    bar.pop(k, None)
+                else:
+                    bar[k] = v

@@ -1,0 +1,269 @@
+r"""What a finished run leaves behind: ``summary.json``, a learning-curve PNG and one readable line.
+
+Sources (all read at the end of training, where one host sync is fine):
+
+- per-epoch history: the :class:`~lightning_per.callbacks.AsyncMetricsCallback` in ``trainer.callbacks``
+  (flushed first, so the last epoch is included);
+- ``mean_return``: ``pl_module.episode_returns_ring`` / ``episode_returns_count`` (definition in
+  :mod:`lightning_per.callbacks.episodes`), mean of the newest ``window`` finished episodes;
+- ``env_steps`` / ``updates``: the module attribute of that name (int or 0-d tensor) if it exists, else the
+  last epoch's metric of that name; ``updates`` falls back to ``trainer.global_step``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks.callback import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
+from lightning_per.callbacks.episodes import recent_mean_return
+from lightning_per.utils import atomic_write, atomic_write_text
+
+__all__ = ["RunArtifactsCallback", "format_final_line"]
+
+_SUMMARY_SCHEMA_VERSION = 1
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{seconds:.1f}s")
+
+
+def format_final_line(summary: dict[str, Any], path: str | os.PathLike[str]) -> str:
+    """``done: 120 epochs, 98,304 env steps, mean return 487.3 (last 20), 2m13s, 1,530 updates/s -> path``."""
+    parts = [f"{summary.get('status', 'done')}: {summary['epochs']:,} epochs"]
+    if summary.get("env_steps") is not None:
+        parts.append(f"{int(summary['env_steps']):,} env steps")
+    if summary.get("mean_return") is not None:
+        parts.append(f"mean return {summary['mean_return']:.1f} (last {summary['mean_return_episodes']})")
+    parts.append(_duration(summary["wall_time_s"]))
+    if summary.get("updates_per_s") is not None:
+        parts.append(f"{summary['updates_per_s']:,.0f} updates/s")
+    return ", ".join(parts) + f" -> {os.fspath(path)}"
+
+
+def _as_number(value: Any) -> float | int | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/Inf become null (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class RunArtifactsCallback(Callback):
+    r"""At the end of ``fit``, write ``summary.json`` and ``learning_curve.png`` to the run directory.
+
+    ``summary.json`` keys: ``status`` (``done``, ``interrupted``, ``failed``), ``mean_return`` (mean of the
+    newest ``window`` finished episodes; null before any), ``mean_return_episodes``, ``episodes``,
+    ``env_steps``, ``updates``, ``epochs``, ``global_step``, ``wall_time_s`` (seconds of ``fit``, summed
+    over resumed segments, ``time.monotonic``), ``updates_per_s``, ``env_steps_per_s``, ``world_size``,
+    ``device``, ``device_name``, ``finished_at`` (ISO 8601, UTC), ``metrics`` (the last logged epoch's
+    values), ``learning_curve`` (PNG path or null). Non-finite numbers are written as null. Files are written
+    atomically on global rank 0; one line (:func:`format_final_line`) is logged at INFO.
+
+    Args:
+        dirpath: run directory; ``None`` uses ``trainer.default_root_dir``.
+        window: number of newest episodes averaged into ``mean_return``.
+        plot: write the learning-curve PNG (needs an :class:`AsyncMetricsCallback` history).
+        return_key: history metric plotted as the episode return per epoch.
+        loss_key: history metric plotted as the loss per epoch.
+        summary_name: file name of the summary.
+        plot_name: file name of the PNG.
+        verbose: log the final line.
+
+    Raises:
+        ValueError: ``window < 1``, or a file name that is empty or contains a path separator.
+    """
+
+    def __init__(self, dirpath: str | None = None, window: int = 20, plot: bool = True,
+                 return_key: str = "episode_return", loss_key: str = "loss",
+                 summary_name: str = "summary.json", plot_name: str = "learning_curve.png",
+                 verbose: bool = True) -> None:
+        if int(window) < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        for arg, value in (("summary_name", summary_name), ("plot_name", plot_name)):
+            if not value or os.sep in value or (os.altsep and os.altsep in value):
+                raise ValueError(f"{arg} must be a plain file name, got {value!r}")
+        self.dirpath = dirpath
+        self.window = int(window)
+        self.plot = bool(plot)
+        self.return_key, self.loss_key = return_key, loss_key
+        self.summary_name, self.plot_name = summary_name, plot_name
+        self.verbose = bool(verbose)
+        self._elapsed_before_s = 0.0  # wall time of earlier (resumed) segments, seconds
+        self._t0: float | None = None
+        self.summary: dict[str, Any] | None = None  # the last summary written (None before)
+        self.final_line: str | None = None  # the last final line (None before)
+
+    # ---------------------------------------------------------------------------------------- hooks
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._t0 = time.monotonic()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write(trainer, pl_module, status="done", announce=False)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Announced here, after the progress bar has closed, so the line is not overdrawn.
+        if self.verbose and self.final_line is not None and trainer.is_global_zero:
+            rank_zero_info(self.final_line)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        status = "interrupted" if isinstance(exception, KeyboardInterrupt) else "failed"
+        try:
+            self.write(trainer, pl_module, status=status)
+        except Exception as err:  # never mask the original exception
+            warnings.warn(f"RunArtifactsCallback: could not write the run summary: {err}", stacklevel=2)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": _SUMMARY_SCHEMA_VERSION, "wall_time_s": self.wall_time_s()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._elapsed_before_s = float(state_dict.get("wall_time_s", 0.0))
+
+    # ----------------------------------------------------------------------------------- public API
+    def wall_time_s(self) -> float:
+        """Seconds of training so far, including resumed segments."""
+        running = time.monotonic() - self._t0 if self._t0 is not None else 0.0
+        return self._elapsed_before_s + running
+
+    def run_dir(self, trainer: pl.Trainer) -> Path:
+        """Where the files go: ``dirpath`` or ``trainer.default_root_dir``."""
+        return Path(self.dirpath if self.dirpath is not None else trainer.default_root_dir)
+
+    def collect(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                status: str = "done") -> dict[str, Any]:
+        """Build the summary dict (every rank; reads device counters once)."""
+        metrics_cb = next((c for c in trainer.callbacks if isinstance(c, AsyncMetricsCallback)), None)
+        history: list[dict[str, float]] = []
+        if metrics_cb is not None:
+            metrics_cb.flush(trainer)
+            history = metrics_cb.history
+        last = history[-1] if history else {}
+        ring = getattr(pl_module, "episode_returns_ring", None)
+        count = getattr(pl_module, "episode_returns_count", None)
+        mean_return, episodes = None, None
+        if ring is not None and count is not None:
+            episodes = int(count)
+            mean_return = recent_mean_return(ring, episodes, self.window)
+        elif ring is not None:
+            warnings.warn("pl_module has episode_returns_ring but no episode_returns_count; mean_return "
+                          "is not computed (see lightning_per.callbacks.episodes)", stacklevel=2)
+
+        def counter(name: str) -> float | int | None:
+            if hasattr(pl_module, name):
+                return _as_number(getattr(pl_module, name))
+            return _as_number(last.get(name))
+
+        env_steps = counter("env_steps")
+        updates = counter("updates")
+        if updates is None:
+            updates = trainer.global_step
+        wall = self.wall_time_s()
+        device = pl_module.device
+        return _json_safe({
+            "schema_version": _SUMMARY_SCHEMA_VERSION,
+            "status": status,
+            "mean_return": mean_return,
+            "mean_return_episodes": min(self.window, episodes) if episodes is not None else None,
+            "episodes": episodes,
+            "env_steps": env_steps,
+            "updates": updates,
+            "epochs": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "wall_time_s": wall,
+            "updates_per_s": updates / wall if updates is not None and wall > 0 else None,
+            "env_steps_per_s": env_steps / wall if env_steps is not None and wall > 0 else None,
+            "world_size": trainer.world_size,
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "metrics": {k: v for k, v in last.items()},
+            "learning_curve": None,
+        })
+
+    def write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "done",
+              announce: bool = True) -> dict[str, Any]:
+        """Collect the summary; on global rank 0 write the PNG and ``summary.json`` (and log the final line
+        if ``announce`` and ``verbose``). Returns the summary."""
+        summary = self.collect(trainer, pl_module, status)
+        self.summary = summary
+        if not trainer.is_global_zero:
+            return summary
+        run_dir = self.run_dir(trainer)
+        metrics_cb = next((c for c in trainer.callbacks if isinstance(c, AsyncMetricsCallback)), None)
+        if self.plot and metrics_cb is not None and metrics_cb.history:
+            png = run_dir / self.plot_name
+            save_learning_curve(metrics_cb.history, png, self.return_key, self.loss_key)
+            summary["learning_curve"] = str(png)
+        path = run_dir / self.summary_name
+        atomic_write_text(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        self.final_line = format_final_line(summary, path)
+        if announce and self.verbose:
+            rank_zero_info(self.final_line)
+        return summary
+
+
+def save_learning_curve(history: list[dict[str, float]], path: str | os.PathLike[str],
+                        return_key: str = "episode_return", loss_key: str = "loss") -> Path:
+    """Plot ``return_key`` and ``loss_key`` against the epoch (one panel each, those present) to a PNG.
+
+    Uses matplotlib's object API with the Agg canvas (no pyplot, no display). Written atomically.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    panels = [(k, label) for k, label in ((return_key, "episode return (epoch mean)"), (loss_key, "loss"))
+              if any(k in row for row in history)]
+    if not panels:
+        skip = ("epoch", "global_step", "time_s", "epoch_time_s")
+        panels = [(next((k for k in history[0] if k not in skip), "epoch_time_s"), "")]
+    fig = Figure(figsize=(7, 2.6 * len(panels)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (key, label) in zip(axes, panels):
+        xs = [row["epoch"] for row in history if key in row]
+        ys = [row[key] for row in history if key in row]
+        ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, ms=3)
+        ax.set_ylabel(label or key)
+        ax.grid(alpha=0.3)
+        finite = [y for y in ys if math.isfinite(y)]
+        if key == loss_key and finite and min(finite) > 0 and max(finite) / min(finite) > 100:
+            ax.set_yscale("log")
+    axes[-1].set_xlabel("epoch")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    return atomic_write(path, lambda f: fig.savefig(f, format="png"))

@@ -1,0 +1,225 @@
+r"""Weights & Biases without surprises: offline unless an API key is configured, run files under the run dir.
+
+- :func:`resolve_wandb_mode`: the mode a run gets (``WANDB_MODE`` wins; else ``online`` with an API key,
+  ``offline`` without).
+- :class:`AutoModeWandbLogger`: Lightning's ``WandbLogger`` with that choice made at construction, usable
+  from LightningCLI YAML (``logger: {class_path: lightning_per.callbacks.AutoModeWandbLogger, ...}``).
+- :func:`make_wandb_logger`: the same as a function.
+- :func:`read_wandb_history`: the history rows of a local run, read from its ``run-<id>.wandb`` file
+  (works offline; used by the tests). Upload an offline run later with ``wandb sync <run dir>``.
+"""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from lightning.pytorch.loggers import WandbLogger
+from typing_extensions import override
+
+__all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_history", "resolve_wandb_mode",
+           "wandb_api_key_configured"]
+
+_MODES = ("online", "offline", "disabled")
+_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
+def _netrc_paths() -> list[Path]:
+    if os.environ.get("NETRC"):
+        return [Path(os.environ["NETRC"]).expanduser()]
+    return [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+
+
+def wandb_api_key_configured() -> bool:
+    """Whether W&B credentials exist: ``WANDB_API_KEY`` / ``WANDB_IDENTITY_TOKEN_FILE`` in the environment,
+    or a ``.netrc`` entry (``NETRC`` or ``~/.netrc``) with a password for the host of ``WANDB_BASE_URL``
+    (default ``api.wandb.ai``). Reads files only; never contacts a server."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    for path in _netrc_paths():
+        if not path.is_file():
+            continue
+        try:
+            auth = netrc.netrc(str(path)).authenticators(host)
+        except (netrc.NetrcParseError, OSError):
+            continue
+        if auth and auth[2]:
+            return True
+    return False
+
+
+def resolve_wandb_mode(mode: str | None = None) -> Literal["online", "offline", "disabled"]:
+    """The W&B mode to use: ``mode`` if given, else ``WANDB_MODE`` (``WANDB_DISABLED=true`` -> disabled),
+    else ``"online"`` when :func:`wandb_api_key_configured`, else ``"offline"``.
+
+    Raises:
+        ValueError: ``mode`` (or ``WANDB_MODE``) is not one of ``online, offline, disabled``
+            (``dryrun``/``run`` are accepted as their old aliases).
+    """
+    source = "mode"
+    if mode is None and os.environ.get("WANDB_MODE"):
+        mode, source = os.environ["WANDB_MODE"], "WANDB_MODE"
+    if mode is None and os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+        return "disabled"
+    if mode is None:
+        return "online" if wandb_api_key_configured() else "offline"
+    resolved = _MODE_ALIASES.get(mode.strip().lower(), mode.strip().lower())
+    if resolved not in _MODES:
+        raise ValueError(f"{source} must be one of {_MODES}, got {mode!r}")
+    return resolved  # type: ignore[return-value]
+
+
+class AutoModeWandbLogger(WandbLogger):
+    r"""``WandbLogger`` that runs offline unless W&B credentials exist (see :func:`resolve_wandb_mode`).
+
+    The run's files go to ``<save_dir>/wandb/``. Every ``WandbLogger`` argument is accepted (extra
+    ``**kwargs`` go to ``wandb.init``); ``offline=True`` is the same as ``mode="offline"`` but, unlike
+    Lightning's, does not set ``WANDB_MODE`` for the whole process.
+
+    Args:
+        save_dir: run directory (created if missing); the wandb files land in ``save_dir/wandb``.
+            ``None`` means the current directory.
+        project: W&B project.
+        name: display name of the run (``None``: W&B picks one).
+        mode: ``online``, ``offline`` or ``disabled``; ``None`` chooses as described above.
+        finish_on_end: call ``wandb.finish()`` when the Trainer finalizes the logger (end of ``fit``), so
+            the run is complete on disk and a new run can start in the same process. Leave ``False`` if one
+            logger serves several ``Trainer`` calls (fit, then test).
+        **kwargs: the other ``WandbLogger`` / ``wandb.init`` arguments (``version``, ``log_model``,
+            ``tags``...).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+
+    Example (LightningCLI YAML)::
+
+        trainer:
+          logger:
+            class_path: lightning_per.callbacks.AutoModeWandbLogger
+            init_args: {save_dir: runs/cartpole, project: lightning_per, name: dqn-cartpole}
+    """
+
+    def __init__(self, save_dir: str | None = ".", project: str = "lightning_per", name: str | None = None,
+                 mode: Literal["online", "offline", "disabled"] | None = None, finish_on_end: bool = False,
+                 **kwargs: Any) -> None:
+        offline = bool(kwargs.pop("offline", False))
+        # LightningCLI passes every wandb.init parameter it finds, None when unset: None is wandb's own
+        # default, and passing it would override WandbLogger's (e.g. resume="allow").
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        resolved = resolve_wandb_mode("offline" if offline and mode is None else mode)
+        save_dir = os.fspath(save_dir) if save_dir is not None else "."
+        os.makedirs(save_dir, exist_ok=True)
+        super().__init__(name=name, save_dir=save_dir, project=project, mode=resolved, **kwargs)
+        self.mode = resolved
+        self.finish_on_end = bool(finish_on_end)
+
+    @override
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if self.finish_on_end and self._experiment is not None:
+            self._experiment.finish(exit_code=0 if status == "success" else 1)
+            self._experiment = None
+
+
+def make_wandb_logger(save_dir: str | os.PathLike[str], project: str = "lightning_per",
+                      name: str | None = None, **kw: Any) -> AutoModeWandbLogger:
+    """A :class:`AutoModeWandbLogger` (offline without credentials, online with; ``WANDB_MODE`` wins).
+
+    Args:
+        save_dir: run directory; wandb files go to ``save_dir/wandb``.
+        project: W&B project.
+        name: run display name.
+        **kw: ``mode``, ``finish_on_end`` and any ``WandbLogger`` / ``wandb.init`` argument.
+    """
+    return AutoModeWandbLogger(save_dir=os.fspath(save_dir), project=project, name=name, **kw)
+
+
+# ------------------------------------------------------------------------------- offline run reader
+_BLOCK = 32768  # the .wandb file is a LevelDB-style log: 32 KiB blocks of checksummed chunks
+_HEADER = struct.Struct("<4sHB")  # b":W&B", magic 0xBEE1, version 0
+_CHUNK = struct.Struct("<IHB")  # crc32 (zlib, seeded with the type byte), length, type
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _iter_wandb_records(path: Path):
+    data = path.read_bytes()
+    if len(data) < _HEADER.size:  # created but not yet written
+        return
+    ident, magic, version = _HEADER.unpack_from(data, 0)
+    if ident != b":W&B" or magic != 0xBEE1 or version != 0:
+        raise ValueError(f"{path} is not a W&B transaction log (header {data[:7]!r})")
+    off, parts = _HEADER.size, []
+    while off + _CHUNK.size <= len(data):
+        if _BLOCK - off % _BLOCK < _CHUNK.size:  # block trailer too short for a header: padding
+            off += _BLOCK - off % _BLOCK
+            continue
+        crc, length, kind = _CHUNK.unpack_from(data, off)
+        payload = data[off + _CHUNK.size: off + _CHUNK.size + length]
+        if kind == 0 and length == 0 or len(payload) < length:
+            break  # zero padding at the end of a file still being written, or a truncated tail
+        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
+            raise ValueError(f"{path}: checksum mismatch at byte {off}")
+        off += _CHUNK.size + length
+        if kind in (_FULL, _FIRST):
+            parts = [payload]
+        else:
+            parts.append(payload)
+        if kind in (_FULL, _LAST):
+            yield b"".join(parts)
+            parts = []
+
+
+def read_wandb_history(path: str | os.PathLike[str], timeout_s: float = 0.0) -> list[dict[str, Any]]:
+    """The history rows (one per ``wandb.log`` call) of a local W&B run, oldest first.
+
+    ``wandb.finish()`` can return before the W&B service has flushed the run's log to disk (wandb 0.31);
+    with ``timeout_s > 0`` this re-reads the file until the run's exit record is there.
+
+    Args:
+        path: a ``run-<id>.wandb`` file, a run directory containing one (``.../offline-run-*``), or a
+            ``wandb`` directory / a directory above it whose newest run is read.
+        timeout_s: how long to wait, in seconds, for the run to be complete on disk (0: read once).
+
+    Returns:
+        One dict per row: the logged keys with their JSON values, plus W&B's ``_step``, ``_runtime``
+        (seconds) and ``_timestamp`` (seconds since the epoch).
+
+    Raises:
+        FileNotFoundError: no ``.wandb`` file under ``path``.
+        TimeoutError: ``timeout_s > 0`` and the run's exit record did not appear in time.
+        ValueError: the file is not a W&B log or is corrupt.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.rglob("run-*.wandb"), key=lambda f: f.stat().st_mtime)
+        files = [f for f in files if "latest-run" not in f.parts]
+        if not files:
+            raise FileNotFoundError(f"no run-*.wandb file under {p}")
+        p = files[-1]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows, finished = [], False
+        for raw in _iter_wandb_records(p):
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            kind = rec.WhichOneof("record_type")
+            finished = finished or kind == "exit"
+            if kind == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in rec.history.item})
+        if finished or timeout_s <= 0:
+            return rows
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{p}: the run's exit record did not appear within {timeout_s} s "
+                               f"({len(rows)} history rows so far)")
+        time.sleep(0.05)

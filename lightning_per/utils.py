@@ -1,0 +1,106 @@
+"""Small helpers with no Lightning dependency: atomic file writes.
+
+A reader (or a resumed run after a crash) sees either the old file or the complete new one, never a
+partial write: data go to a temporary file in the *same directory*, are flushed and fsync'ed, then
+``os.replace`` renames it over the target (atomic on POSIX and Windows within one filesystem).
+
+``AtomicCheckpointIO`` (the Lightning ``CheckpointIO`` plugin built on :func:`atomic_torch_save`) lives in
+:mod:`lightning_per.callbacks.checkpoint_io` and is re-exported here lazily, so importing this module does
+not import Lightning.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+# AtomicCheckpointIO is also importable from here (lazily, see __getattr__ at the bottom).
+__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text"]
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+    """Call ``write(f)`` on a temporary binary file next to ``path``, then atomically rename it to ``path``.
+
+    Parent directories are created. On any error the temporary file is removed and ``path`` is untouched.
+
+    Args:
+        path: local destination file.
+        write: writes the whole content to the file object it is given.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: ``path`` is a URL (``scheme://``) or an existing directory.
+    """
+    path_str = os.fspath(path)
+    if "://" in path_str:
+        raise ValueError(f"atomic writes need a local path, got {path_str!r}")
+    target = Path(path_str)
+    if target.is_dir():
+        raise ValueError(f"path {path_str!r} is a directory, expected a file path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the rename itself (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(text.encode(encoding)))
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(obj, path)``, atomically: serialised in memory first, so a failing pickle leaves no file.
+
+    Raises:
+        ValueError: ``path`` is a URL or a directory.
+    """
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return atomic_write(path, lambda f: f.write(buf.getbuffer()))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AtomicCheckpointIO":
+        from lightning_per.callbacks.checkpoint_io import AtomicCheckpointIO
+
+        return AtomicCheckpointIO
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
