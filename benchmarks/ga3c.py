@@ -1,0 +1,253 @@
+"""GA3C throughput benchmark on Pong (paper section 4.2 metrics: TPS, PPS, steps/s, FPS, policy lag).
+
+Rows (each measured over ``--seconds`` after ``--warmup`` seconds, one process, sequentially):
+  ale-bare        ale-py's C++ AtariVectorEnv alone, random actions, NA x E envs on all cores (the ceiling)
+  ga3c-static     lightning_per.ga3c under Trainer.fit, fixed (NA, NP, NT) from the config
+  ga3c-dynamic    the same with the dynamic adjustment of (NA, NP, NT) (section 4.2) switched on
+  torchrl-async   TorchRL's AsyncBatchedCollector (process-slot transport, a policy server on the same
+                  device, per-env TorchRL pixel transforms), collection only: steps/s, no training
+
+    python benchmarks/ga3c.py --out benchmarks/results/ga3c.json          # GPU machine, 16 cores
+    python benchmarks/ga3c.py --tiny                                      # CPU smoke test (~1 min)
+
+Writes JSON ``{"meta": ..., "rows": [...]}`` and a Markdown table next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------- rows
+def bench_ale_bare(args) -> dict:
+    import numpy as np
+    from ale_py.vector_env import AtariVectorEnv
+
+    n = args.agents * args.envs_per_agent
+    env = AtariVectorEnv("pong", n, num_threads=os.cpu_count() or 1, frameskip=4, reward_clipping=False,
+                         autoreset_mode="SameStep")
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    end_warm = time.monotonic() + min(args.warmup, 3.0)
+    steps, t0 = 0, None
+    while True:
+        env.step(rng.integers(0, 6, size=n))
+        now = time.monotonic()
+        if t0 is None and now >= end_warm:
+            t0, steps = now, 0
+        elif t0 is not None:
+            steps += n
+            if now - t0 >= args.seconds:
+                break
+    env.close()
+    sps = steps / (time.monotonic() - t0)
+    return {"row": "ale-bare", "envs": n, "steps_per_s": sps, "fps": 4 * sps}
+
+
+def bench_ga3c(args, dynamic: bool) -> dict:
+    import lightning.pytorch as pl
+
+    from lightning_per.ga3c.config import load_config
+    from lightning_per.ga3c.module import GA3C
+    from lightning_per.ga3c.stats import rates
+
+    overrides = dict(agents=args.agents, envs_per_agent=args.envs_per_agent, predictors=args.predictors,
+                     trainers=args.trainers, dynamic_adjustment=dynamic, adjust_warmup_s=args.warmup,
+                     adjust_window_s=args.adjust_window, target_return=None, status_interval_s=10.0,
+                     max_time_s=args.warmup + args.seconds + 60.0, wandb_mode="disabled", device=args.device,
+                     max_agents=max(args.agents, args.max_agents))
+    if args.tiny:
+        overrides.update(train_min_batch_size=20, predict_batch_size=8, torch_threads=1, max_predictors=2,
+                         max_trainers=2)
+    cfg = load_config(args.config, overrides)
+    model = GA3C(cfg)
+    trainer = pl.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, max_epochs=-1,
+                         max_time={"seconds": cfg.max_time_s}, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False,
+                         gradient_clip_val=cfg.grad_clip)
+    window: dict = {}
+
+    def clock():
+        while model.system is None:
+            time.sleep(0.05)
+        time.sleep(args.warmup)
+        window["a"] = model.stats.snapshot()
+        time.sleep(args.seconds)
+        window["b"] = model.stats.snapshot()
+        window["counts"] = model.system.counts().as_tuple() if model.system else None
+        trainer.should_stop = True
+
+    threading.Thread(target=clock, daemon=True).start()
+    trainer.fit(model)
+    r = rates(window["a"], window["b"], cfg.frame_skip)
+    s = model.system_summary
+    return {"row": "ga3c-dynamic" if dynamic else "ga3c-static", "envs": cfg.agents * cfg.envs_per_agent,
+            "steps_per_s": r["steps_per_s"], "fps": r["fps"], "tps": r["tps"], "pps": r["pps"],
+            "policy_lag": r["policy_lag"], "train_batch": r["train_batch"],
+            "predict_batch": r["predict_batch"],
+            "start_counts": [cfg.agents, cfg.predictors, cfg.trainers], "end_counts": window["counts"],
+            "mean_return": s.get("mean_return"), "episodes": s.get("episodes"),
+            "adjustments": s.get("adjustments", [])}
+
+
+class _SamplePolicy(nn.Module):
+    """A3C conv net -> sampled integer action (TorchRL policy for the collector row)."""
+
+    def __init__(self, n_actions: int) -> None:
+        super().__init__()
+        from lightning_per.ga3c.networks import A3CConvNet
+
+        self.net = A3CConvNet(4, n_actions)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.net(pixels)
+        return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+
+
+def _torchrl_policy(n_actions: int, device: str):
+    from tensordict.nn import TensorDictModule
+
+    with torch.device(device):
+        module = _SamplePolicy(n_actions)
+    return TensorDictModule(module, in_keys=["pixels"], out_keys=["action"])
+
+
+def _torchrl_env():
+    """Pong as TorchRL users build it: GymEnv + ToTensorImage, GrayScale, Resize(84), CatFrames(4).
+
+    TorchRL's Resize needs torchvision; without it the same bilinear antialiased resize runs through
+    ``torch.nn.functional.interpolate``.
+    """
+    import ale_py
+    import gymnasium as gym
+    from torchrl.envs import CatFrames, GrayScale, GymEnv, Resize, ToTensorImage, TransformedEnv
+    from torchrl.envs.transforms import Compose, ObservationTransform
+
+    class InterpolateResize(Resize):
+        def __init__(self, size: int) -> None:
+            ObservationTransform.__init__(self, in_keys=["pixels"], out_keys=["pixels"])
+            self.w = self.h = size
+            self.interpolation = "bilinear"
+
+        def _apply_transform(self, obs: torch.Tensor) -> torch.Tensor:
+            if obs.shape[-2:] == (self.w, self.h):
+                return obs
+            lead = obs.shape[:-3]
+            x = obs.reshape(-1, *obs.shape[-3:])
+            x = torch.nn.functional.interpolate(x, size=(self.w, self.h), mode="bilinear", antialias=True)
+            return x.reshape(*lead, *x.shape[-3:])
+
+    try:
+        import torchvision  # noqa: F401
+
+        resize = Resize(84, 84)
+    except ImportError:
+        resize = InterpolateResize(84)
+    gym.register_envs(ale_py)
+    base = GymEnv("ALE/Pong-v5", frameskip=4, repeat_action_probability=0.0, categorical_action_encoding=True)
+    return TransformedEnv(base, Compose(ToTensorImage(from_int=False), GrayScale(), resize,
+                                        CatFrames(N=4, dim=-3)))
+
+
+def bench_torchrl(args) -> dict:
+    from torchrl.collectors import AsyncBatchedCollector
+    from torchrl.modules.inference_server import InferenceDeviceConfig, InferenceServerConfig
+
+    n = args.torchrl_envs
+    collector = AsyncBatchedCollector(
+        create_env_fn=[_torchrl_env] * n, policy_factory=functools.partial(_torchrl_policy, 6, args.device),
+        frames_per_batch=max(64, n * 16), total_frames=-1, env_backend="multiprocessing", transport="auto",
+        server_config=InferenceServerConfig(max_batch_size=n, min_batch_size=1, timeout=0.001),
+        device_config=InferenceDeviceConfig(policy_device=args.device, output_device="cpu",
+                                            storing_device="cpu"))
+    steps, t0, start = 0, None, time.monotonic()
+    try:
+        for batch in collector:
+            now = time.monotonic()
+            if t0 is None:
+                if now - start >= args.warmup:
+                    t0, steps = now, 0
+                continue
+            steps += batch.numel()
+            if now - t0 >= args.seconds:
+                break
+    finally:
+        collector.shutdown()
+    sps = steps / (time.monotonic() - t0)
+    return {"row": "torchrl-async", "envs": n, "steps_per_s": sps, "fps": 4 * sps}
+
+
+# ----------------------------------------------------------------------------------------- main
+def _table(rows: list[dict]) -> str:
+    cols = ["row", "envs", "steps_per_s", "fps", "tps", "pps", "policy_lag", "train_batch", "end_counts"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append("" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "configs/ga3c_pong.yaml"))
+    ap.add_argument("--rows", default="ale-bare,ga3c-static,ga3c-dynamic,torchrl-async")
+    ap.add_argument("--seconds", type=float, default=60.0, help="measurement window per row, s")
+    ap.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring, s")
+    ap.add_argument("--adjust-window", type=float, default=10.0, help="dynamic adjustment window, s")
+    ap.add_argument("--agents", type=int, default=16)
+    ap.add_argument("--max-agents", type=int, default=32)
+    ap.add_argument("--envs-per-agent", type=int, default=16)
+    ap.add_argument("--predictors", type=int, default=2)
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--torchrl-envs", type=int, default=16)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ga3c.json"))
+    args = ap.parse_args()
+    if args.tiny:
+        args.seconds, args.warmup, args.adjust_window = 6.0, 4.0, 2.0
+        args.agents, args.max_agents, args.envs_per_agent = 2, 3, 2
+        args.predictors = args.trainers = 1
+        args.torchrl_envs = 2
+        args.device = "cpu"
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    rows = []
+    for name in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        fn = {"ale-bare": bench_ale_bare, "ga3c-static": functools.partial(bench_ga3c, dynamic=False),
+              "ga3c-dynamic": functools.partial(bench_ga3c, dynamic=True),
+              "torchrl-async": bench_torchrl}[name]
+        try:
+            row = fn(args)
+        except Exception as err:  # one failing row must not lose the others
+            row = {"row": name, "error": f"{type(err).__name__}: {err}"}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "adjustments"}), flush=True)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    meta = {"device": args.device, "device_name": name,
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "seconds": args.seconds,
+            "warmup": args.warmup, "config": args.config, "tiny": args.tiny,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(_table(rows) + "\n")
+    print(_table(rows))
+
+
+if __name__ == "__main__":
+    main()

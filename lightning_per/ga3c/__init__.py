@@ -1,0 +1,36 @@
+"""GA3C: hybrid CPU/GPU asynchronous advantage actor-critic (Babaeizadeh et al., ICLR 2017,
+arXiv:1611.06256), trained through Lightning.
+
+Agents (CPU processes) -> prediction requests (shared-memory flags + a semaphore) -> predictor
+threads (batched forward on the model device) -> actions back through shared memory; finished
+rollouts (flags + a semaphore) -> trainer threads (merge rollouts into batches) ->
+``GA3C.training_step`` under ``Trainer.fit``. See ``module.py`` for how
+the trainer threads meet Lightning's optimisation loop.
+
+Names are imported lazily (PEP 562): agent processes import the NumPy-only submodules of this
+package and must not pay for torch or Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "DynamicAdjuster", "RMSpropTF", "a3c_loss", "load_config",
+           "nstep_returns", "make_network", "TerminalRewardEnv"]
+
+_WHERE = {
+    "GA3C": "module", "GA3CConfig": "config", "load_config": "config", "GA3CSystem": "system",
+    "DynamicAdjuster": "adjust", "RMSpropTF": "optim", "a3c_loss": "loss", "nstep_returns": "returns",
+    "make_network": "networks", "TerminalRewardEnv": "envs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

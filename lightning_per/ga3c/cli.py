@@ -1,0 +1,169 @@
+"""``lightning-per ga3c``: train GA3C from a YAML config (``lightning_per.cli`` dispatches here).
+
+Usage::
+
+    lightning-per ga3c --config configs/ga3c_cartpole.yaml
+    lightning-per ga3c --config configs/ga3c_pong.yaml --agents 16 --dynamic_adjustment true
+    lightning-per ga3c --help                 # every field of GA3CConfig with its documentation
+
+Every field of :class:`~lightning_per.ga3c.config.GA3CConfig` is also a ``--field value`` option
+(values parsed as YAML: ``--reward_clip null``, ``--hidden_sizes [64,64]``); options override the
+file. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
+``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
+``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``wall_time_s``...),
+``learning_curve.png`` and the W&B files (when ``wandb_mode`` is not ``disabled``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run", "parse_config", "build_parser"]
+
+log = logging.getLogger("lightning_per.ga3c")
+_UNSET = object()
+
+
+def _yaml_value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ga3c`` argument parser: ``--config`` plus one ``--<field>`` per config field."""
+    from lightning_per.ga3c.config import GA3CConfig, field_docs
+
+    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML file of GA3CConfig fields")
+    defaults = GA3CConfig().to_dict()
+    for name, doc in field_docs().items():
+        parser.add_argument(f"--{name}", default=_UNSET, type=_yaml_value, metavar="VALUE",
+                            help=f"{doc} (default: {defaults[name]!r})".replace("%", "%%"))
+    return parser
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def run(cfg) -> dict[str, Any]:
+    """Train with :class:`~lightning_per.ga3c.GA3C` under ``Trainer.fit`` and write the run directory.
+
+    Returns:
+        The summary written to ``summary.json`` (also on interruption; then re-raises).
+    """
+    import lightning.pytorch as pl
+    import torch
+    import yaml
+
+    from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
+    from lightning_per.ga3c.module import GA3C
+    from lightning_per.utils import atomic_write_text
+
+    _setup_logging()
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.run_dir) / f"{cfg.run_name}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    pl.seed_everything(cfg.seed, verbose=False)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    model = GA3C(cfg)
+    logger: Any = False
+    if cfg.wandb_mode != "disabled":
+        logger = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
+                                   finish_on_end=True)
+        logger.log_hyperparams(cfg.to_dict())
+    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window)
+    trainer = pl.Trainer(
+        accelerator="gpu" if cuda else "cpu", devices=1, max_epochs=-1, max_steps=cfg.max_updates,
+        max_time=datetime.timedelta(seconds=cfg.max_time_s), logger=logger,
+        callbacks=[AsyncMetricsCallback(prog_bar=False), artifacts], gradient_clip_val=cfg.grad_clip,
+        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
+    log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
+             model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")
+    summary: dict[str, Any] = {}
+    try:
+        trainer.fit(model)
+    finally:
+        try:
+            model.shutdown()
+        finally:
+            summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
+            atomic_write_text(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2) + "\n")
+            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s, "
+                     "%.1f s -> %s", _fmt(summary.get("mean_return")), summary.get("episodes"),
+                     summary.get("tps") or 0.0, summary.get("pps") or 0.0, summary.get("steps_per_s") or 0.0,
+                     _fmt(summary.get("policy_lag_mean")), summary.get("wall_time_s") or 0.0,
+                     run_dir / "summary.json")
+    return summary
+
+
+def _fmt(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # same clean shutdown as Ctrl-C
+
+
+def parse_config(argv: Sequence[str]):
+    """The validated :class:`~lightning_per.ga3c.config.GA3CConfig` of a ``ga3c`` command line.
+
+    Raises:
+        ValueError: an unknown field or a bad value (the message names the field).
+    """
+    from lightning_per.ga3c.config import load_config
+
+    ns = build_parser().parse_args(list(argv))
+    overrides = {k: v for k, v in vars(ns).items() if k != "config" and v is not _UNSET}
+    return load_config(ns.config, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lightning-per ga3c``. Returns the exit status (0 on success).
+
+    Raises:
+        ValueError: a bad config value (the message names the field).
+    """
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm) if in_main else None
+    try:
+        run(cfg)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

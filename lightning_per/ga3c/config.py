@@ -1,0 +1,282 @@
+"""GA3C configuration: one typed, documented, validated dataclass, read from YAML.
+
+Why a dataclass and not LightningCLI: a GA3C run configures processes, threads, queues and shared
+memory as much as it configures the LightningModule and the Trainer, and the dynamic adjustment
+changes several of those knobs at run time. One flat dataclass keeps every knob named, typed,
+documented (the attribute docstrings below) and validated in one place (STYLE.md "Take" 10,
+"Avoid" 5), and the CLI (:mod:`lightning_per.ga3c.cli`) derives its ``--field value`` overrides from
+the same fields, so YAML, command line and code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GA3CConfig", "load_config"]
+
+_OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam")
+_NETWORKS = ("auto", "mlp", "conv")
+_BACKENDS = ("gym", "ale_vector")
+_REDUCTIONS = ("mean", "sum")
+_DEVICES = ("auto", "cpu", "cuda")
+_WANDB = ("disabled", "offline", "online")
+
+
+@dataclass
+class GA3CConfig:
+    """Every knob of a GA3C run (Babaeizadeh et al., ICLR 2017, arXiv:1611.06256).
+
+    Paper names: NA = ``agents``, NP = ``predictors``, NT = ``trainers`` (section 4.1), t_max =
+    ``t_max`` (section 3.2), beta = ``beta`` (entropy weight, eq. of section 3.2).
+
+    Raises (from :meth:`validate`, called by :func:`load_config` and :class:`~lightning_per.ga3c.GA3C`):
+        ValueError: a value out of range; the message names the field and the allowed range.
+    """
+
+    # --- environment -----------------------------------------------------------------------------
+    env: str = "CartPole-v1"
+    """Gymnasium id (``ALE/Pong-v5``; ``module:Id`` imports the module first)."""
+    env_backend: str = "gym"
+    """``gym``: ``envs_per_agent`` ``gym.make`` envs stepped in turn (Atari ids get AtariPreprocessing +
+    frame stack); ``ale_vector``: ale-py's C++ vector env (grayscale/resize/stack natively)."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``gym.make`` / ``AtariVectorEnv`` (e.g. ``frameskip: 4``)."""
+    frame_skip: int = 1
+    """Frames per agent step, only for reporting FPS = steps/s x frame_skip (paper section 4.2)."""
+    atari_frame_stack: int = 4
+    """Frames stacked per Atari observation (84x84 grayscale each)."""
+    envs_per_agent: int = 1
+    """Environments stepped in lockstep by one agent process (one prediction request carries all)."""
+
+    # --- GA3C system (section 4.1) ---------------------------------------------------------------
+    agents: int = 4
+    """NA: initial number of agent processes."""
+    predictors: int = 1
+    """NP: initial number of predictor threads."""
+    trainers: int = 1
+    """NT: initial number of trainer threads (they assemble batches; see module.py)."""
+    max_agents: int = 16
+    """Upper bound of NA (shared memory is sized for it; also the dynamic adjustment's bound)."""
+    max_predictors: int = 4
+    """Upper bound of NP under dynamic adjustment."""
+    max_trainers: int = 4
+    """Upper bound of NT under dynamic adjustment."""
+    rollout_slots: int = 2
+    """Rollout buffers per agent (>= 2: one being filled, one awaiting its bootstrap value). More
+    slots let an agent run ahead of the trainers, i.e. more policy lag."""
+    predict_batch_size: int = 128
+    """Most prediction requests (agents) merged into one forward pass."""
+    train_min_batch_size: int = 40
+    """Transitions merged by a trainer before a batch is handed to ``training_step`` (maintainers
+    of NVlabs/GA3C recommend 20-40)."""
+    batch_queue_size: int = 2
+    """Assembled batches waiting for ``training_step`` (back-pressure on trainers and agents)."""
+
+    # --- returns and loss (section 3.2) ----------------------------------------------------------
+    t_max: int = 5
+    """Steps per rollout; returns are n-step, bootstrapped from V at the rollout end."""
+    gamma: float = 0.99
+    """Discount factor, in (0, 1]."""
+    reward_clip: float | None = None
+    """Rewards used for training are clipped to [-reward_clip, reward_clip]; None: no clipping.
+    Reported episode returns are always unclipped."""
+    beta: float = 0.01
+    """Entropy bonus weight (beta)."""
+    value_coef: float = 1.0
+    """Weight of the value loss 0.5 (R - V)^2 (the reference weighs both losses 1)."""
+    log_epsilon: float = 1e-6
+    """LOG_EPSILON: probabilities are clamped to >= this inside the log (policy lag underflow)."""
+    loss_reduction: str = "mean"
+    """``mean`` over the batch, or ``sum`` as the reference."""
+
+    # --- network and optimiser -------------------------------------------------------------------
+    network: str = "auto"
+    """``mlp`` for vector observations, ``conv`` for the A3C Atari net, ``auto`` picks by rank."""
+    hidden_sizes: list = field(default_factory=lambda: [128, 128])
+    """MLP hidden layer widths."""
+    optimizer: str = "rmsprop_tf"
+    """``rmsprop_tf`` (TF semantics: eps inside the sqrt, square average starts at 1), ``rmsprop``
+    (torch), ``adam``."""
+    lr: float = 3e-4
+    """Learning rate."""
+    rmsprop_alpha: float = 0.99
+    """RMSProp decay of the square average."""
+    rmsprop_eps: float = 0.1
+    """RMSProp epsilon (GA3C uses 0.1)."""
+    grad_clip: float | None = None
+    """Gradient norm clip (Lightning ``gradient_clip_val``); None: off, as in the paper."""
+
+    # --- dynamic adjustment (section 4.2) --------------------------------------------------------
+    dynamic_adjustment: bool = False
+    """Random-walk (NA, NP, NT) and keep a change only if TPS did not drop."""
+    adjust_warmup_s: float = 10.0
+    """Seconds before the first adjustment."""
+    adjust_window_s: float = 20.0
+    """Seconds each configuration is measured for."""
+
+    # --- run length and outputs ------------------------------------------------------------------
+    updates_per_epoch: int = 200
+    """Optimizer steps per Lightning epoch (metrics are logged once an epoch)."""
+    max_time_s: float = 180.0
+    """Wall-clock budget of ``Trainer.fit`` in seconds."""
+    max_updates: int = -1
+    """Optimizer steps budget (-1: unlimited)."""
+    target_return: float | None = None
+    """Stop once the mean of the last ``return_window`` episode returns reaches it; None: never."""
+    return_window: int = 20
+    """Episodes averaged for ``mean_return``."""
+    device: str = "auto"
+    """Model device for predictors and training: ``auto`` (cuda if available), ``cpu``, ``cuda``."""
+    torch_threads: int = 1
+    """``torch.set_num_threads`` of the learner process (predictor/trainer/learner threads)."""
+    seed: int = 0
+    """Seed of the network init, the agents' environments and the adjustment's random walk."""
+    run_dir: str = "runs/ga3c"
+    """Parent directory; each run writes to ``run_dir/<name>-<timestamp>/``."""
+    run_name: str = "ga3c"
+    """Run name (directory prefix, W&B name)."""
+    wandb_mode: str = "disabled"
+    """W&B logging: ``disabled``, ``offline`` or ``online``."""
+    wandb_project: str = "lightning_per"
+    """W&B project."""
+    status_interval_s: float = 5.0
+    """Seconds between console status lines (0: none)."""
+
+    def validate(self) -> GA3CConfig:
+        """Check every field; returns self. Raises ValueError naming the field and the allowed range."""
+        for name in ("frame_skip", "atari_frame_stack", "envs_per_agent", "agents", "predictors",
+                     "trainers", "max_agents", "max_predictors", "max_trainers", "predict_batch_size",
+                     "train_min_batch_size", "batch_queue_size", "t_max", "updates_per_epoch",
+                     "torch_threads", "return_window"):
+            _check_int(self, name, low=1)
+        _check_int(self, "rollout_slots", low=2)
+        _check_int(self, "max_updates", low=-1)
+        _check_int(self, "seed", low=0)
+        for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),
+                             ("trainers", "max_trainers")):
+            if getattr(self, count) > getattr(self, bound):
+                raise ValueError(f"{count}={getattr(self, count)} must be <= {bound}={getattr(self, bound)}")
+        _check_float(self, "gamma", low=0.0, high=1.0, low_open=True)
+        _check_float(self, "beta", low=0.0)
+        _check_float(self, "value_coef", low=0.0)
+        _check_float(self, "log_epsilon", low=0.0, high=0.5, low_open=True)
+        _check_float(self, "lr", low=0.0, low_open=True)
+        _check_float(self, "rmsprop_alpha", low=0.0, high=1.0, high_open=True)
+        _check_float(self, "rmsprop_eps", low=0.0, low_open=True)
+        _check_float(self, "adjust_warmup_s", low=0.0)
+        _check_float(self, "adjust_window_s", low=0.0, low_open=True)
+        _check_float(self, "max_time_s", low=0.0, low_open=True)
+        _check_float(self, "status_interval_s", low=0.0)
+        for name in ("reward_clip", "grad_clip"):
+            if getattr(self, name) is not None:
+                _check_float(self, name, low=0.0, low_open=True)
+        if self.target_return is not None:
+            _check_float(self, "target_return")
+        for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
+                              ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
+                              ("device", _DEVICES), ("wandb_mode", _WANDB)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.env, str) or not self.env:
+            raise ValueError(f"env must be a non-empty Gymnasium id, got {self.env!r}")
+        if not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs must be a mapping, got {type(self.env_kwargs).__name__}")
+        if (not isinstance(self.hidden_sizes, (list, tuple)) or not self.hidden_sizes
+                or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
+                           for h in self.hidden_sizes)):
+            raise ValueError(f"hidden_sizes must be a non-empty list of ints >= 1, got {self.hidden_sizes!r}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping of every field (logged as hyper-parameters)."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(cfg: GA3CConfig, name: str, low: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_float(cfg: GA3CConfig, name: str, low: float = -math.inf, high: float = math.inf,
+                 low_open: bool = False, high_open: bool = False) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    below = value <= low if low_open else value < low
+    above = value >= high if high_open else value > high
+    if below or above:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value!r}")
+
+
+def field_types() -> dict[str, Any]:
+    """``field name -> resolved type annotation`` of :class:`GA3CConfig` (used by the CLI)."""
+    hints = typing.get_type_hints(GA3CConfig)
+    return {f.name: hints[f.name] for f in fields(GA3CConfig)}
+
+
+def field_docs() -> dict[str, str]:
+    """``field name -> attribute docstring`` of :class:`GA3CConfig` (the CLI's ``--help``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(GA3CConfig)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """YAML gives ints (``lr: 1``) or, for ``1e-3`` (YAML 1.1), strings where floats are meant; accept
+    those, leave anything else to :meth:`GA3CConfig.validate`."""
+    args = typing.get_args(annotation)
+    if annotation is float or (float in args and value is not None):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+    return value
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GA3CConfig:
+    """Build and validate a :class:`GA3CConfig` from a YAML mapping plus overrides.
+
+    Args:
+        path: YAML file whose top level maps field names to values (None: defaults only).
+        overrides: field values applied after the file (e.g. from the command line).
+
+    Raises:
+        ValueError: an unknown field name, a file that is not a mapping, or a value out of range.
+    """
+    import yaml  # local: only the CLI and tests read files
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        with open(path) as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config {str(path)!r} must be a mapping of field names, "
+                             f"got {type(loaded).__name__}")
+        values.update(loaded)
+    values.update(overrides or {})
+    types = field_types()
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise ValueError(f"unknown GA3C config field(s) {unknown}; known fields: {sorted(types)}")
+    cfg = GA3CConfig(**{k: _coerce(k, v, types[k]) for k, v in values.items()})
+    return cfg.validate()

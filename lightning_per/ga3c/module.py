@@ -1,0 +1,315 @@
+r"""The GA3C actor-critic LightningModule: trainer threads feed ``training_step`` under ``Trainer.fit``.
+
+How GA3C's trainers meet Lightning's single optimisation loop
+-------------------------------------------------------------
+In the paper (section 4.1) NT trainer threads each dequeue experience and run an update on the
+GPU. Lightning owns exactly one optimisation loop, so here the roles are split:
+
+.. code-block:: text
+
+    agents --(ready flags)-----> NT trainer threads: copy rollouts out of shared memory, merge
+                                 them into batches of >= train_min_batch_size transitions, pin
+                                 --(bounded batch queue)--> train_dataloader (an IterableDataset)
+                                 --> Lightning moves the batch to the device (non_blocking)
+                                 --> GA3C.training_step: loss, backward, optimizer step
+
+Trainer threads therefore do all the per-batch host work (claim, gather, concatenate, pin) in
+parallel, and the updates themselves are serialised, which is what one GPU does anyway
+(the reference's trainers contend for the same device). TPS is the rate of optimizer steps; NT
+(dynamically adjusted) controls how fast batches are assembled. The bounded batch queue and the
+per-agent rollout slots give back-pressure, which bounds the policy lag.
+
+Predictor threads call :meth:`GA3C.act` on the live parameters while ``training_step`` updates
+them (as the reference does); each sample is tagged with :attr:`GA3C.policy_version` (optimizer
+steps so far) at prediction time and the lag (updates between prediction and training) is
+reported from host numbers only.
+
+Why not TorchRL's ``AsyncBatchedCollector`` / ``InferenceServer``: the collector has a fixed set of
+environment workers (GA3C changes NA at run time) and returns single transitions to the driver,
+whereas GA3C agents emit n-step rollouts with returns bootstrapped from the predictor's V; the
+server runs one serving loop (GA3C changes NP) and copies every request into its own transport,
+whereas here a request is an index into the rollout buffer the trainer reads again. The
+collector is a row of ``benchmarks/ga3c.py`` instead.
+
+Metrics: device-side :attr:`GA3C.metrics` (a :class:`~lightning_per.callbacks.MetricAccumulator`),
+logged once an epoch by :class:`~lightning_per.callbacks.AsyncMetricsCallback`; host rates (TPS,
+PPS, steps/s, FPS), NA/NP/NT, queue sizes and episode returns are folded in at the epoch's last
+step as Python numbers (no device reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_per.callbacks import MetricAccumulator, new_episode_ring
+from lightning_per.ga3c.config import GA3CConfig
+from lightning_per.ga3c.envs import probe_env
+from lightning_per.ga3c.loss import a3c_loss
+from lightning_per.ga3c.networks import make_network
+from lightning_per.ga3c.optim import RMSpropTF
+from lightning_per.ga3c.stats import Stats, rates
+from lightning_per.ga3c.system import GA3CSystem
+
+__all__ = ["GA3C"]
+
+log = logging.getLogger("lightning_per.ga3c")
+_RING = 100
+_METRICS = {
+    "loss": "mean", "policy_loss": "mean", "value_loss": "mean", "entropy": "mean", "advantage": "mean",
+    "batch_size": "mean", "policy_lag": "mean", "episode_return": "mean", "mean_return": "last",
+    "tps": "last", "pps": "last", "steps_per_s": "last", "fps": "last", "predict_batch": "last",
+    "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
+    "batch_queue": "last", "env_steps": "last", "updates": "last", "episodes": "last",
+}
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _BatchStream(IterableDataset):
+    """``updates_per_epoch`` batches from the trainer threads per epoch; ends early (and asks the
+    Trainer to stop) once the GA3C system stops."""
+
+    def __init__(self, module: GA3C) -> None:
+        self.module = module
+
+    def __iter__(self):
+        m = self.module
+        if m.system is None:
+            raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
+        for _ in range(m.cfg.updates_per_epoch):
+            # Lightning's max_time is checked at batch ends: a stalled pipeline must end the run too.
+            left = m.cfg.max_time_s - (time.monotonic() - m.stats.t0)
+            batch = m.system.get_batch(timeout=max(left, 0.0) + 10.0)
+            if batch is None:
+                m.publish_host_state()
+                m.trainer.should_stop = True
+                return
+            yield batch
+
+
+class _SystemGuard(Callback):
+    """Stops the agents when ``fit`` fails or is interrupted (Lightning calls no module hook then)."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        pl_module.shutdown()
+
+
+class GA3C(pl.LightningModule):
+    """GA3C actor-critic (Babaeizadeh et al., ICLR 2017) trained with ``Trainer.fit``.
+
+    Args:
+        config: the run configuration (defaults: CartPole).
+        **overrides: field values replacing those of ``config``.
+
+    Batches (from the trainer threads): ``obs`` (N, *obs_shape) uint8/float32, ``action`` (N,) int64,
+    ``ret`` (N,) float32 n-step returns, ``version`` (N,) int64 policy versions, on the module's
+    device after Lightning's transfer; plus host numbers ``size`` (N) and ``version_mean``.
+
+    Raises:
+        ValueError: a configuration value out of range (named), or an environment without a
+            discrete action space.
+    """
+
+    def __init__(self, config: GA3CConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        cfg = dataclasses.replace(config or GA3CConfig(), **overrides).validate()
+        self.cfg = cfg
+        self.save_hyperparameters(cfg.to_dict())
+        self.env_spec = {"env": cfg.env, "backend": cfg.env_backend, "kwargs": dict(cfg.env_kwargs),
+                         "frame_stack": cfg.atari_frame_stack}
+        obs_shape, obs_dtype, n_actions = probe_env(self.env_spec)
+        self.obs_shape, self.obs_dtype, self.n_actions = obs_shape, str(obs_dtype), n_actions
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            self.net = make_network(cfg.network, obs_shape, n_actions, cfg.hidden_sizes)
+        self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates", "episodes"))
+        ring, count = new_episode_ring(_RING)
+        self.register_buffer("episode_returns_ring", ring)
+        self.register_buffer("episode_returns_count", count)
+        self.policy_version = 0  # optimizer steps so far (host int, read by predictor threads)
+        self.stats = Stats()
+        self.system: GA3CSystem | None = None
+        self.time_to_target_s: float | None = None
+        self._ring_synced = -1
+        self._epoch_snap = self.stats.snapshot()
+        self._epoch_episodes = 0
+        self._wall_end: float | None = None
+        self.system_summary: dict[str, Any] = {}
+
+    # ---- policy (predictor threads) --------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Sample a ~ pi(.|s) and V(s).
+
+        obs (N, *obs_shape) on the module device -> (action (N,) int64, value (N,) float), same device.
+        """
+        logits, value = self.net(obs)  # [N, A], [N]
+        action = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1).squeeze(1)  # [N]
+        return action, value
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.net(obs)
+
+    # ---- host counters read by RunArtifactsCallback ------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return self.stats.snapshot().steps
+
+    @property
+    def updates(self) -> int:
+        return self.policy_version
+
+    # ---- Lightning hooks -----------------------------------------------------------------------
+    def configure_optimizers(self):
+        c = self.cfg
+        if c.optimizer == "rmsprop_tf":
+            return RMSpropTF(self.parameters(), lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps)
+        if c.optimizer == "rmsprop":
+            return torch.optim.RMSprop(self.parameters(), lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps)
+        return torch.optim.Adam(self.parameters(), lr=c.lr)
+
+    def configure_callbacks(self):
+        return [_SystemGuard()]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_BatchStream(self), batch_size=None, collate_fn=_identity)
+
+    def on_fit_start(self) -> None:
+        torch.set_num_threads(self.cfg.torch_threads)
+        self.metrics.to(self.device)
+        self.stats = Stats()
+        self._epoch_snap = self.stats.snapshot()
+        self.system = GA3CSystem(self.cfg, self.env_spec, self.obs_shape, self.obs_dtype, self.act,
+                                 lambda: self.policy_version, self.device, self.stats)
+        self.system.start()
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        c = self.cfg
+        logits, value = self.net(batch["obs"])  # [N, A], [N]
+        loss, parts = a3c_loss(logits, value, batch["action"], batch["ret"], beta=c.beta,
+                               value_coef=c.value_coef, log_epsilon=c.log_epsilon, reduction=c.loss_reduction)
+        self._lag = self.policy_version - batch["version_mean"]  # host float: no device read
+        m = self.metrics
+        m.add("loss", loss.detach())
+        for name, value_ in parts.items():
+            m.add(name, value_)
+        m.add("batch_size", batch["size"])
+        m.add("policy_lag", self._lag)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
+        self.policy_version += 1
+        self.stats.add_update(batch["size"], self._lag)
+        c = self.cfg
+        if c.target_return is not None and self.time_to_target_s is None:
+            recent = self.stats.recent_returns(c.return_window)
+            if len(recent) >= c.return_window and sum(recent) / len(recent) >= c.target_return:
+                self.time_to_target_s = time.monotonic() - self.stats.t0
+                log.info("mean return of the last %d episodes reached %.2f after %.1f s and %d updates: "
+                         "stopping", c.return_window, sum(recent) / len(recent), self.time_to_target_s,
+                         self.policy_version)
+                self.trainer.should_stop = True
+        if 0 < c.max_updates <= self.policy_version:
+            self.trainer.should_stop = True
+        if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
+            self.publish_host_state()
+
+    def on_train_end(self) -> None:
+        # Before Lightning's strategy teardown, which moves the model back to the CPU while
+        # predictor threads would still be using it (on_fit_end comes after that).
+        self.shutdown()
+
+    def on_fit_end(self) -> None:
+        self.shutdown()
+
+    def teardown(self, stage: str) -> None:
+        self.shutdown()
+
+    # ---- host state -> device metrics / episode ring ----------------------------------------
+    def publish_host_state(self) -> None:
+        """Fold host counters into :attr:`metrics` and the episode ring (Python numbers and one
+        pinned non-blocking copy: no device synchronisation)."""
+        if self.system is None:
+            return
+        snap = self.stats.snapshot()
+        r = rates(self._epoch_snap, snap, self.cfg.frame_skip)
+        m = self.metrics
+        for name in ("tps", "pps", "steps_per_s", "fps", "predict_batch"):
+            m.add(name, r[name])
+        counts = self.system.counts()
+        m.add("na", counts.agents)
+        m.add("np", counts.predictors)
+        m.add("nt", counts.trainers)
+        for name, size in self.system.queue_sizes().items():
+            m.add(name, size)
+        new = snap.episodes - self._epoch_snap.episodes
+        if new > 0:
+            recent = self.stats.recent_returns(new)
+            m.add("episode_return", sum(recent), count=len(recent))
+            m.add("mean_return", self.stats.mean_return(self.cfg.return_window))
+        m.add("env_steps", snap.steps)
+        m.add("updates", snap.updates)
+        m.add("episodes", snap.episodes)
+        self._epoch_snap = snap
+        self._sync_ring(snap.episodes)
+
+    def _sync_ring(self, total: int) -> None:
+        if total == self._ring_synced:
+            return
+        recent = self.stats.recent_returns(min(total, _RING))
+        host = torch.full((_RING,), float("nan"), dtype=torch.float32)
+        start = total - len(recent)
+        for j, ret in enumerate(recent):
+            host[(start + j) % _RING] = ret
+        if self.episode_returns_ring.device.type == "cuda":
+            host = host.pin_memory()
+        self.episode_returns_ring.copy_(host, non_blocking=True)
+        self.episode_returns_count.fill_(total)
+        self._ring_synced = total
+
+    def shutdown(self) -> None:
+        """Stop agents, predictors and trainers (within 5 s) and record the run's host summary. Idempotent."""
+        if self.system is None:
+            return
+        system, self.system = self.system, None
+        counts = system.counts()
+        system.close()
+        self.system_summary = self._summarise(system, counts.as_tuple())
+        if system.error is not None:
+            raise RuntimeError(f"GA3C system failed: {system.error}") from system.error
+
+    def _summarise(self, system: GA3CSystem, counts: tuple[int, int, int]) -> dict[str, Any]:
+        snap = self.stats.snapshot()
+        wall = max(snap.t - self.stats.t0, 1e-9)
+        c = self.cfg
+        return {
+            "mean_return": self.stats.mean_return(c.return_window) if snap.episodes else None,
+            "mean_return_episodes": min(c.return_window, snap.episodes),
+            "episodes": snap.episodes,
+            "tps": snap.updates / wall,
+            "pps": snap.predictions / wall,
+            "steps_per_s": snap.steps / wall,
+            "fps": snap.steps * c.frame_skip / wall,
+            "policy_lag_mean": snap.lag_sum / snap.updates if snap.updates else None,
+            "wall_time_s": wall,
+            "env_steps": snap.steps,
+            "updates": snap.updates,
+            "predictions": snap.predictions,
+            "time_to_target_s": self.time_to_target_s,
+            "target_return": c.target_return,
+            "final_counts": {"agents": counts[0], "predictors": counts[1], "trainers": counts[2]},
+            "agents_replaced": system.replaced,
+            "adjustments": system.adjuster.history if system.adjuster is not None else [],
+        }

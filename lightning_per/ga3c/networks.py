@@ -1,0 +1,91 @@
+"""Policy/value networks: one trunk, two heads (A3C, Mnih et al. 2016; GA3C section 3.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["MLPActorCritic", "A3CConvNet", "make_network"]
+
+
+class MLPActorCritic(nn.Module):
+    """MLP trunk (ReLU) with a policy-logits head and a value head, for vector observations.
+
+    Args:
+        obs_dim: flattened observation size.
+        n_actions: number of discrete actions A.
+        hidden_sizes: widths of the hidden layers.
+
+    Input (N, *obs_shape) float; outputs ``(logits (N, A), value (N,))`` on the input's device.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden_sizes: Sequence[int] = (128, 128)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for h in hidden_sizes:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        self.trunk = nn.Sequential(*layers)
+        self.policy = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1)
+        nn.init.orthogonal_(self.policy.weight, gain=0.01)  # near-uniform initial policy
+        nn.init.zeros_(self.policy.bias)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.trunk(obs.flatten(1).float())  # [N, H]
+        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+
+
+class A3CConvNet(nn.Module):
+    """The A3C / GA3C Atari net: conv 16x8x8 stride 4, conv 32x4x4 stride 2, FC 256 (ReLU).
+
+    Args:
+        in_channels: stacked frames C (4).
+        n_actions: number of discrete actions A.
+        image_size: square input side (84).
+
+    Input (N, C, 84, 84) uint8 pixels (scaled by 1/255 here, on the model's device) or float;
+    outputs ``(logits (N, A), value (N,))``.
+    """
+
+    def __init__(self, in_channels: int, n_actions: int, image_size: int = 84) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.trunk(torch.zeros(1, in_channels, image_size, image_size)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, 256), nn.ReLU())
+        self.policy = nn.Linear(256, n_actions)
+        self.value = nn.Linear(256, 1)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs  # [N, C, H, W]
+        h = self.fc(self.trunk(x))  # [N, 256]
+        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+
+
+def make_network(kind: str, obs_shape: Sequence[int], n_actions: int,
+                 hidden_sizes: Sequence[int] = (128, 128)) -> nn.Module:
+    """``conv`` for (C, H, W) image observations, ``mlp`` otherwise; ``auto`` picks by rank.
+
+    Raises:
+        ValueError: ``conv`` with an observation that is not (C, H, H), or an unknown kind.
+    """
+    if kind == "auto":
+        kind = "conv" if len(obs_shape) == 3 else "mlp"
+    if kind == "mlp":
+        obs_dim = 1
+        for d in obs_shape:
+            obs_dim *= int(d)
+        return MLPActorCritic(obs_dim, n_actions, hidden_sizes)
+    if kind == "conv":
+        if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:
+            raise ValueError(f"network='conv' needs (C, H, H) observations, got {tuple(obs_shape)}")
+        return A3CConvNet(int(obs_shape[0]), n_actions, int(obs_shape[1]))
+    raise ValueError(f"network must be 'auto', 'mlp' or 'conv', got {kind!r}")

@@ -1,0 +1,397 @@
+"""The GA3C runtime of the learner process: shared buffers, agents, predictors, trainers.
+
+Lifecycle: :meth:`GA3CSystem.start` allocates the shared rollout buffers, starts NP predictor
+threads, NT trainer threads, NA agent processes (``spawn``, see :mod:`._agent_boot`), a supervisor
+thread (replaces dead agents, prints the status line) and, if configured, the dynamic adjustment.
+:meth:`GA3CSystem.close` (idempotent; also registered with ``atexit``) stops everything within
+``timeout`` seconds: it raises the stop flag that agents poll every step and every 0.1 s of
+waiting, joins threads, joins agents and terminates/kills those that did not exit in time, drops
+the named semaphores and unlinks the shared memory.
+
+Agent indices have *incarnations*: a replaced agent gets the same rows of the shared buffers
+(flags cleared), a new incarnation number and fresh semaphores; work claimed from the previous
+incarnation is answered on the old semaphores or dropped, so a dead agent cannot wake or corrupt its
+successor. Agents hold no lock shared with anyone (see :mod:`.shared`), so killing one at any
+moment cannot stall the others.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import queue
+import runpy
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_per.ga3c.adjust import Counts, DynamicAdjuster
+from lightning_per.ga3c.config import GA3CConfig
+from lightning_per.ga3c.shared import SharedRollouts, make_layout
+from lightning_per.ga3c.stats import Stats, rates
+from lightning_per.ga3c.workers import PredictorThread, TrainerThread
+
+__all__ = ["GA3CSystem"]
+
+log = logging.getLogger("lightning_per.ga3c")
+_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_boot.py")
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_main_reimport():
+    """Hide ``__main__``'s file/spec while a spawn child is launched.
+
+    ``spawn`` re-runs the parent's main script in the child (``multiprocessing.spawn.
+    get_preparation_data``); for the ``lightning-per`` console script that imports the whole
+    package with torch and Lightning. Agents need nothing from ``__main__``.
+    """
+    main = sys.modules.get("__main__")
+    with _MAIN_LOCK:
+        if main is None:
+            yield
+            return
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+@dataclass
+class _Agent:
+    incarnation: int
+    process: Any
+    response_sem: Any
+    free_sem: Any
+    retiring: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+class GA3CSystem:
+    """Agents, predictors and trainers around one policy (see the module docstring).
+
+    Args:
+        cfg: validated configuration.
+        env_spec: environment spec dict (:func:`~lightning_per.ga3c.envs.make_env_group`).
+        obs_shape: one observation's shape; obs_dtype: ``uint8`` or ``float32``.
+        policy: ``policy(obs) -> (action, value)``: obs (N, *obs_shape) on ``device``; action (N,)
+            int64 sampled from pi, value (N,) float V(s), both on ``device``. Called from predictor
+            threads under ``torch.no_grad``.
+        version_fn: returns the current policy version (optimizer steps so far; host int).
+        device: the model device.
+        stats: counters to update (a new :class:`Stats` if None).
+    """
+
+    def __init__(self, cfg: GA3CConfig, env_spec: dict, obs_shape: tuple[int, ...], obs_dtype: str,
+                 policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                 version_fn: Callable[[], int], device: torch.device, stats: Stats | None = None) -> None:
+        self.cfg = cfg.validate()
+        self.env_spec = dict(env_spec, num_envs=cfg.envs_per_agent)
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), str(obs_dtype)
+        self.policy, self.version_fn, self.device = policy, version_fn, torch.device(device)
+        self.stats = stats or Stats()
+        self.ctx = mp.get_context("spawn")
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.replaced = 0
+        self._lock = threading.RLock()
+        self._agents: list[_Agent | None] = [None] * cfg.max_agents
+        self._incarnations = 0
+        self._predictors: list[PredictorThread] = []
+        self._trainers: list[TrainerThread] = []
+        self._deaths: deque[float] = deque()
+        self._claim_requests_lock = threading.Lock()
+        self._claim_rollouts_lock = threading.Lock()
+        self.adjuster: DynamicAdjuster | None = None
+        self.shared: SharedRollouts | None = None
+        self._supervisor: threading.Thread | None = None
+        self.pred_sem = self.train_sem = None
+        self._closed = False
+
+    # ---- buffers: row arithmetic and the torch views predictors/trainers use -----------------
+    def row(self, index: int, slot: int, t: int) -> int:
+        """Flat row of (agent, slot, step) in the ``*_rows`` views."""
+        return (index * self.cfg.rollout_slots + slot) * self.cfg.t_max + t
+
+    def _map_buffers(self) -> None:
+        c, e = self.cfg, self.cfg.envs_per_agent
+        layout = make_layout(c.max_agents, c.rollout_slots, c.t_max, e, self.obs_shape, self.obs_dtype)
+        self.shared = SharedRollouts.create(layout)
+        s = self.shared
+        rows = c.max_agents * c.rollout_slots * c.t_max
+        self.obs_rows = torch.from_numpy(s.obs).view(rows, e, *self.obs_shape)  # [R, E, *obs] host, shared
+        self.action_rows = torch.from_numpy(s.actions).view(rows, e)  # [R, E] int64
+        self.value_rows = torch.from_numpy(s.values).view(rows, e)  # [R, E] float32
+        self.version_rows = torch.from_numpy(s.versions).view(rows)  # [R] int64
+        self._returns = torch.from_numpy(s.returns)  # [A, S, T, E] float32
+
+    # ---- called by predictor / trainer threads ---------------------------------------------
+    def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[_Agent]]:
+        """Take up to ``limit`` pending prediction requests.
+
+        Returns ``(rows, agents)``: (B,) int64 flat rows (:meth:`row`) of the requested steps and the
+        handles of the agents to answer (B may be 0). Requests of vacated indices are dropped.
+        """
+        sh = self.shared
+        with self._claim_requests_lock:
+            idx = np.flatnonzero(sh.pending.copy())[:limit]  # [B]; copy: agents write concurrently
+            if idx.size == 0:
+                return torch.empty(0, dtype=torch.int64), []
+            sh.pending[idx] = 0
+            slots, steps = sh.req_slot[idx], sh.req_t[idx]
+        agents, rows = [], []
+        for i, slot, t in zip(idx.tolist(), slots.tolist(), steps.tolist()):
+            agent = self._agents[i]
+            if agent is not None:
+                agents.append(agent)
+                rows.append(self.row(i, slot, t))
+        return torch.tensor(rows, dtype=torch.int64), agents
+
+    def claim_rollouts(self, limit: int) -> list[tuple[int, _Agent, int]]:
+        """Take up to ``limit`` finished rollouts: ``[(agent index, agent handle, slot)]``."""
+        sh = self.shared
+        with self._claim_rollouts_lock:
+            ii, ss = np.nonzero(sh.ready.copy())  # copy: agents write concurrently
+            ii, ss = ii[:limit], ss[:limit]
+            sh.ready[ii, ss] = 0
+        pairs = zip(ii.tolist(), ss.tolist())
+        return [(i, self._agents[i], s) for i, s in pairs if self._agents[i] is not None]
+
+    def take_rollout(self, index: int, agent: _Agent, slot: int) -> dict[str, torch.Tensor] | None:
+        """Copy a claimed rollout out of shared memory and free its slot.
+
+        Returns ``{"obs": (T*E, *obs), "action": (T*E,) int64, "ret": (T*E,) float32,
+        "version": (T*E,) int64}`` host tensors (time-major), or None if the agent was replaced.
+        """
+        c, sh = self.cfg, self.shared
+        n_ep = int(sh.ep_count[index, slot])
+        episodes = list(zip(sh.ep_return[index, slot, :n_ep].tolist(),
+                            sh.ep_length[index, slot, :n_ep].tolist()))
+        self.stats.add_rollout(c.t_max * c.envs_per_agent, episodes)
+        r0 = self.row(index, slot, 0)
+        part = {
+            "obs": self.obs_rows[r0:r0 + c.t_max].flatten(0, 1).clone(),
+            "action": self.action_rows[r0:r0 + c.t_max].flatten().clone(),
+            "ret": self._returns[index, slot].flatten().clone(),
+            "version": self.version_rows[r0:r0 + c.t_max].repeat_interleave(c.envs_per_agent),
+        }
+        if self._agents[index] is not agent:  # replaced meanwhile: the copy may be torn
+            return None
+        sh.busy[index, slot] = 0
+        agent.free_sem.release()
+        return part
+
+    def get_batch(self, timeout: float | None = None) -> dict | None:
+        """Next training batch (see :func:`~lightning_per.ga3c.workers._merge`).
+
+        Returns None once stopping, or after ``timeout`` seconds (None: no limit) without a batch.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.stopping.is_set():
+            try:
+                return self.batch_q.get(timeout=0.1)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        """Record a fatal error and stop the run (training sees ``get_batch() is None``)."""
+        if self.error is None:
+            self.error = error
+        self.stopping.set()
+
+    # ---- agents ------------------------------------------------------------------------------
+    def _spawn_agent(self, index: int) -> None:
+        c = self.cfg
+        self._incarnations += 1
+        inc = self._incarnations
+        sh = self.shared
+        sh.pending[index] = 0
+        sh.ready[index] = 0
+        sh.busy[index] = 0
+        sh.flags[index] = 0
+        resp, free = self.ctx.Semaphore(0), self.ctx.Semaphore(c.rollout_slots)
+        kwargs = dict(index=index, env_spec=self.env_spec, layout=sh.layout, shm_name=sh.name,
+                      pred_sem=self.pred_sem, train_sem=self.train_sem, response_sem=resp, free_sem=free,
+                      gamma=c.gamma, reward_clip=c.reward_clip, parent_pid=os.getpid(),
+                      seed=c.seed + 10_007 * inc)
+        proc = self.ctx.Process(target=runpy.run_path, args=(_BOOT,), name=f"ga3c-agent-{index}", daemon=True,
+                                kwargs={"init_globals": {"GA3C_AGENT_KWARGS": kwargs},
+                                        "run_name": "__ga3c_agent__"})
+        self._agents[index] = _Agent(inc, proc, resp, free)
+        with _no_main_reimport():
+            proc.start()
+
+    def _active_agents(self) -> list[int]:
+        return [i for i, a in enumerate(self._agents) if a is not None and not a.retiring]
+
+    def _set_agents(self, n: int) -> None:
+        active = self._active_agents()
+        for index in range(self.cfg.max_agents):
+            if len(active) >= n:
+                break
+            if self._agents[index] is None:
+                self._spawn_agent(index)
+                active.append(index)
+        for index in sorted(active, reverse=True)[: max(0, len(active) - n)]:
+            self._agents[index].retiring = True
+            self.shared.flags[index] = 1
+
+    def _supervise(self) -> None:
+        """Reap retired agents, replace dead ones, print the status line."""
+        last_status, snap = time.monotonic(), self.stats.snapshot()
+        while not self.stopping.wait(0.2):
+            with self._lock:
+                for index, agent in enumerate(self._agents):
+                    if agent is None or agent.process.is_alive():
+                        continue
+                    agent.process.join(0)
+                    if agent.retiring:
+                        self._agents[index] = None
+                        continue
+                    self._replace(index, agent.process.exitcode)
+            every = self.cfg.status_interval_s
+            if every > 0 and time.monotonic() - last_status >= every:
+                new = self.stats.snapshot()
+                log.info(self.status_line(snap, new))
+                last_status, snap = time.monotonic(), new
+
+    def _replace(self, index: int, exitcode: int | None) -> None:
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > 30.0:
+            self._deaths.popleft()
+        if len(self._deaths) > max(10, 2 * self.cfg.max_agents):
+            self.fail(RuntimeError(f"{len(self._deaths)} GA3C agents died within 30 s (last exit code "
+                                   f"{exitcode}); check the environment ({self.env_spec['env']!r})"))
+            return
+        log.warning("GA3C agent %d died (exit code %s); starting a replacement", index, exitcode)
+        self.replaced += 1
+        self._spawn_agent(index)
+
+    # ---- predictor / trainer threads ---------------------------------------------------------
+    def _set_threads(self, threads: list, n: int, cls, prefix: str) -> None:
+        while len(threads) < n:
+            th = cls(self, name=f"ga3c-{prefix}-{len(threads)}")
+            threads.append(th)
+            th.start()
+        while len(threads) > n:
+            threads.pop().stop_event.set()
+
+    # ---- counts (NA, NP, NT) ------------------------------------------------------------------
+    def counts(self) -> Counts:
+        with self._lock:
+            return Counts(len(self._active_agents()), len(self._predictors), len(self._trainers))
+
+    def set_counts(self, counts: Counts) -> None:
+        """Start or stop agents/threads to reach ``counts`` (bounded by the configured maxima)."""
+        with self._lock:
+            if self.stopping.is_set():
+                return
+            self._set_threads(self._predictors, counts.predictors, PredictorThread, "predictor")
+            self._set_threads(self._trainers, counts.trainers, TrainerThread, "trainer")
+            self._set_agents(counts.agents)
+
+    def _measure_tps(self) -> float | None:
+        a = self.stats.snapshot()
+        if self.stopping.wait(self.cfg.adjust_window_s):
+            return None
+        return rates(a, self.stats.snapshot())["tps"]
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> GA3CSystem:
+        """Allocate buffers and semaphores, start threads and agents. Returns self."""
+        c = self.cfg
+        self._map_buffers()
+        self.pred_sem, self.train_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
+        self.batch_q: queue.Queue = queue.Queue(maxsize=c.batch_queue_size)
+        atexit.register(self.close)
+        self.set_counts(Counts(c.agents, c.predictors, c.trainers))
+        self._supervisor = threading.Thread(target=self._supervise, name="ga3c-supervisor", daemon=True)
+        self._supervisor.start()
+        if c.dynamic_adjustment:
+            self.adjuster = DynamicAdjuster(
+                self.counts, self.set_counts, self._measure_tps,
+                Counts(c.max_agents, c.max_predictors, c.max_trainers), warmup_s=c.adjust_warmup_s,
+                wait=lambda s: not self.stopping.wait(s), seed=c.seed)
+            self.adjuster.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every agent and thread within ``timeout`` seconds and free the shared memory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.stopping.set()
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        if self.shared is not None:
+            self.shared.flags[-1] = 1
+        if self.adjuster is not None:
+            self.adjuster.stop(timeout=0.5)
+        for th in [self._supervisor, *self._predictors, *self._trainers]:
+            if th is not None:
+                th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
+        procs = [a.process for a in self._agents if a is not None and a.process.pid is not None]
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic() - 1.0))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(max(0.0, min(0.3, deadline - time.monotonic() - 0.5)))
+            if p.is_alive():
+                p.kill()
+                p.join(0.2)
+        self.pred_sem = self.train_sem = None  # drop the last references: named semaphores unlink now
+        self._agents = [None] * self.cfg.max_agents
+        for name in ("obs_rows", "action_rows", "value_rows", "version_rows", "_returns"):
+            self.__dict__.pop(name, None)
+        if self.shared is not None:
+            self.shared.close()
+        atexit.unregister(self.close)
+        killed = sum(p.exitcode is not None and p.exitcode < 0 for p in procs)
+        log.info("GA3C system stopped in %.2f s (%d agent processes, %d terminated)", time.monotonic() - t0,
+                 len(procs), killed)
+
+    def __enter__(self) -> GA3CSystem:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def status_line(self, a, b) -> str:
+        """Console status (like the reference's): rates between snapshots, counts, lag and queue sizes."""
+        r = rates(a, b, self.cfg.frame_skip)
+        n = self.counts()
+        q = self.queue_sizes()
+        return (f"[Time {b.t - self.stats.t0:7.1f}s] [Episodes {b.episodes} mean{self.cfg.return_window} "
+                f"{self.stats.mean_return(self.cfg.return_window):8.2f}] "
+                f"[TPS {r['tps']:6.1f} PPS {r['pps']:8.1f} steps/s {r['steps_per_s']:8.1f}] "
+                f"[NA {n.agents} NP {n.predictors} NT {n.trainers}] "
+                f"[lag {r['policy_lag']:5.2f}] [queues P {q['pred_queue']} T {q['train_queue']} "
+                f"B {q['batch_queue']}]")
+
+    def queue_sizes(self) -> dict[str, int]:
+        """Pending prediction requests, finished rollouts waiting for a trainer, assembled batches."""
+        sh = self.shared
+        if sh is None or self._closed:
+            return {"pred_queue": 0, "train_queue": 0, "batch_queue": 0}
+        return {"pred_queue": int(sh.pending.sum()), "train_queue": int(sh.ready.sum()),
+                "batch_queue": self.batch_q.qsize()}

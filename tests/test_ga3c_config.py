@@ -1,0 +1,67 @@
+"""GA3C configuration: YAML files, CLI overrides, and ValueErrors that name the bad field."""
+
+from pathlib import Path
+
+import pytest
+
+from lightning_per.ga3c.cli import build_parser, parse_config
+from lightning_per.ga3c.config import GA3CConfig, field_docs, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["ga3c_cartpole.yaml", "ga3c_pong.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(ROOT / "configs" / name)
+    assert cfg.validate() is cfg
+
+
+@pytest.mark.parametrize("field, value", [
+    ("agents", 0), ("agents", 2.5), ("predictors", 0), ("trainers", -1), ("t_max", 0), ("gamma", 0.0),
+    ("gamma", 1.5), ("lr", 0.0), ("lr", float("nan")), ("beta", -0.1), ("log_epsilon", 0.0),
+    ("rollout_slots", 1), ("train_min_batch_size", 0), ("optimizer", "sgd"), ("loss_reduction", "max"),
+    ("env_backend", "ray"), ("device", "tpu"), ("reward_clip", 0.0), ("rmsprop_eps", 0.0),
+    ("max_time_s", 0.0), ("adjust_window_s", 0.0), ("hidden_sizes", []), ("envs_per_agent", True),
+    ("wandb_mode", "maybe"), ("env", ""),
+])
+def test_bad_values_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        GA3CConfig(**{field: value}).validate()
+
+
+def test_count_above_its_maximum():
+    with pytest.raises(ValueError, match="agents"):
+        GA3CConfig(agents=9, max_agents=8).validate()
+
+
+def test_unknown_field_is_rejected(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("agents: 2\nagnets: 3\n")
+    with pytest.raises(ValueError, match="agnets"):
+        load_config(path)
+
+
+def test_yaml_numbers_are_coerced(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\ngamma: 1\nreward_clip: 1\n")  # YAML 1.1 reads 1e-3 as a string
+    cfg = load_config(path)
+    assert cfg.lr == 1e-3 and cfg.gamma == 1.0 and cfg.reward_clip == 1.0
+
+
+def test_cli_overrides_take_precedence():
+    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "3",
+                        "--reward_clip", "null", "--hidden_sizes", "[32, 32]", "--lr", "2e-3"])
+    assert cfg.agents == 3 and cfg.reward_clip is None and cfg.hidden_sizes == [32, 32] and cfg.lr == 2e-3
+    assert cfg.env == "CartPole-v1"  # from the file
+    assert "--beta" in build_parser().format_help()
+
+
+def test_cli_bad_value_raises():
+    from lightning_per.ga3c.cli import main
+
+    with pytest.raises(ValueError, match="t_max"):
+        main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--t_max", "0"])
+
+
+def test_every_field_is_documented():
+    assert set(field_docs()) == set(GA3CConfig().to_dict())

@@ -1,0 +1,158 @@
+"""GA3C runtime without Lightning: shutdown within 5 s with nothing left behind, dead agents replaced,
+agents that never load torch/CUDA."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from lightning_per.ga3c.config import GA3CConfig
+from lightning_per.ga3c.envs import probe_env
+from lightning_per.ga3c.system import GA3CSystem
+
+SPEC = {"env": "CartPole-v1", "backend": "gym", "kwargs": {}, "frame_stack": 4}
+
+
+def _random_policy(obs):
+    n = obs.shape[0]
+    return torch.randint(0, 2, (n,)), torch.zeros(n)
+
+
+def _system(**kw):
+    cfg = GA3CConfig(**{"agents": 2, "envs_per_agent": 2, "status_interval_s": 0, **kw})
+    shape, dtype, _ = probe_env({**SPEC, "num_envs": 1})
+    return GA3CSystem(cfg, SPEC, shape, str(dtype), _random_policy, lambda: 0, torch.device("cpu"))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _sem_names(system):
+    sems = [system.pred_sem, system.train_sem]
+    for agent in system._agents:
+        if agent is not None:
+            sems += [agent.response_sem, agent.free_sem]
+    return [s._semlock.name for s in sems if getattr(s._semlock, "name", None)]
+
+
+def _wait_batches(system, n, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    got = 0
+    while got < n and time.monotonic() < deadline:
+        got += system.get_batch(timeout=max(0.0, deadline - time.monotonic())) is not None
+    return got
+
+
+def test_batches_have_the_documented_layout():
+    system = _system(train_min_batch_size=20, t_max=5).start()
+    try:
+        assert _wait_batches(system, 1) == 1
+        batch = system.get_batch()
+        n = batch["size"]
+        assert n >= 20 and n % 10 == 0  # whole rollouts of T=5 steps x E=2 envs
+        assert batch["obs"].shape == (n, 4) and batch["obs"].dtype == torch.float32
+        assert batch["action"].shape == (n,) and batch["action"].dtype == torch.int64
+        assert batch["ret"].shape == (n,) and batch["version"].shape == (n,)
+        assert batch["ret"].abs().max() <= 1.0 / (1 - 0.99) + 1e-3  # CartPole rewards are 1, V = 0 here
+    finally:
+        system.close()
+
+
+def test_close_stops_everything_within_5_s_and_frees_shared_memory():
+    system = _system(agents=3, predictors=2, trainers=2).start()
+    assert _wait_batches(system, 2) == 2
+    pids = [a.process.pid for a in system._agents if a is not None]
+    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    shm_path = f"/dev/shm/{system.shared.name}"
+    sems = _sem_names(system)
+    assert os.path.exists(shm_path) and sems
+    threads = [*system._predictors, *system._trainers]
+    t0 = time.monotonic()
+    system.close()
+    assert time.monotonic() - t0 < 5.0
+    assert not any(_alive(p) for p in pids)
+    assert not any(th.is_alive() for th in threads)
+    assert not os.path.exists(shm_path)
+    import gc
+
+    gc.collect()
+    assert not [s for s in sems if os.path.exists(f"/dev/shm/sem.{s.lstrip('/')}")]
+    system.close()  # idempotent
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.013, 0.031])  # kill at different moments of the agent loop
+def test_dead_agent_is_replaced_and_training_data_keeps_flowing(delay):
+    system = _system(agents=2).start()
+    try:
+        assert _wait_batches(system, 1) == 1
+        time.sleep(delay)
+        victim = system._agents[0]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and (system._agents[0] is victim or system.replaced == 0):
+            time.sleep(0.05)
+        assert system.replaced == 1
+        assert system._agents[0].incarnation != victim.incarnation
+        assert system.counts().agents == 2
+        survivor_steps = system.stats.snapshot().steps
+        assert _wait_batches(system, 5) == 5  # a kill at any moment must not stall the other agent
+        assert system.stats.snapshot().steps > survivor_steps
+    finally:
+        system.close()
+
+
+def test_killed_agents_never_stall_the_survivors():
+    """Repeated kills at random moments (the reference's queues could deadlock on this)."""
+    import random
+
+    rng = random.Random(0)
+    system = _system(agents=3).start()
+    try:
+        assert _wait_batches(system, 1) == 1
+        for _ in range(4):
+            victim = system._agents[rng.randrange(3)]
+            time.sleep(rng.random() * 0.05)
+            os.kill(victim.process.pid, signal.SIGKILL)
+            assert _wait_batches(system, 2, timeout=15.0) == 2
+        t0 = time.monotonic()
+        while system.replaced < 1 and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        assert system.replaced >= 1
+    finally:
+        system.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_agents_never_load_torch():
+    system = _system(agents=1).start()
+    try:
+        assert _wait_batches(system, 1) == 1
+        pid = system._agents[0].process.pid
+        with open(f"/proc/{pid}/maps") as fh:
+            maps = fh.read()
+        assert "numpy" in maps  # sanity: we are looking at a live agent
+        assert "libtorch" not in maps and "libcuda" not in maps and "libcudart" not in maps
+    finally:
+        system.close()
+
+
+def test_counts_change_at_run_time():
+    from lightning_per.ga3c.adjust import Counts
+
+    system = _system(agents=1, max_agents=4).start()
+    try:
+        system.set_counts(Counts(3, 2, 2))
+        assert system.counts() == Counts(3, 2, 2)
+        assert _wait_batches(system, 2) == 2
+        system.set_counts(Counts(1, 1, 1))
+        assert system.counts() == Counts(1, 1, 1)
+        assert _wait_batches(system, 2) == 2  # the remaining agent still feeds the trainers
+    finally:
+        system.close()
