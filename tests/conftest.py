@@ -1,7 +1,15 @@
 """Shared fixtures: the devices every contract test runs on, and the `gpu` marker's skip rule."""
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # No GPU: the compiled ext/ kernels are tested on CPU through Triton's interpreter
+    # (tests/test_ext_kernels.py). It must be chosen before triton is first imported, and
+    # `import lightning_per` imports triton (through torchrl), so it is chosen here.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

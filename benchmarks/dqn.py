@@ -1,0 +1,308 @@
+"""DQN update benchmark: updates/s of the seed-sized Q-network (51 -> 256 -> 256 -> 45, B = 256).
+
+One update = sample B from a prioritized replay of N transitions -> double-DQN n-step target ->
+IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Rows:
+
+  ours-eager     lightning_per replay (GPUPrioritizedSampler, proportional) + the DQN learner step, eager
+  ours-graph     the same update captured in one CUDA graph (lightning_per.dqn.graph.CapturedUpdate,
+                 scope "full": sampling and the priority update inside the graph)           [CUDA only]
+  torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
+                 same device) + the same learner step
+  dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
+                 configured replay ratio included; graph mode on CUDA): updates/s of the second epoch and
+                 host synchronisations per step counted with torch.cuda.set_sync_debug_mode("warn") from
+                 the start to the end of that epoch (epoch-end hooks excluded)
+
+Every row reports updates/s, microseconds per update and host syncs per update (CUDA only; counted with
+``torch.cuda.set_sync_debug_mode("warn")``).
+
+    python benchmarks/dqn.py --out benchmarks/results/dqn.json          # GPU machine
+    python benchmarks/dqn.py --tiny --out /tmp/dqn.json                 # CPU smoke test (~1 min)
+    python benchmarks/dqn.py --family torchrl --out b.json              # TorchRL row in its own interpreter
+    python benchmarks/dqn.py --merge a.json b.json --out dqn.json       # one table from both
+
+On the GPU machine TorchRL 0.14's C++ sum tree does not load against torch 2.11; run the torchrl family
+with torchrl 0.11.1 (see ../shared/tools/device-wheels.sh --anchor) and merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+# --------------------------------------------------------------------------------------- pieces
+def make_net(obs: int, hidden: list[int], actions: int) -> nn.Module:
+    layers, width = [], obs
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(*layers, nn.Linear(width, actions))
+
+
+def load_learner_step():
+    """lightning_per's learner step; an identical inline copy where our package does not import
+    (the torchrl family may run with an older torchrl)."""
+    try:
+        from lightning_per.dqn.learner import learner_step
+        return learner_step
+    except Exception:  # noqa: BLE001
+        def learner_step(q_net, target_net, optimizer, b, *, double_dqn=True, huber_delta=1.0,
+                         grad_clip_norm=10.0, backward=None):
+            n = b["action"].shape[0]
+            q_both = q_net(torch.cat((b["observation"], b["next_observation"])))
+            q_taken = q_both[:n].gather(1, b["action"].long().unsqueeze(1)).squeeze(1)
+            with torch.no_grad():
+                nt = target_net(b["next_observation"])
+                a = q_both[n:].argmax(-1, keepdim=True)
+                y = b["reward"] + b["discount"] * nt.gather(-1, a).squeeze(-1)
+            loss = (b["weight"] * F.huber_loss(q_taken, y, reduction="none", delta=huber_delta)).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)
+            optimizer.step()
+            return {"loss": loss.detach(), "td": (y - q_taken).detach(), "q": q_taken.detach(),
+                    "weight": b["weight"]}
+        return learner_step
+
+
+def transitions(n: int, obs: int, actions: int, device):
+    from tensordict import TensorDict
+
+    return TensorDict({"observation": torch.randn(n, obs, device=device),
+                       "action": torch.randint(0, actions, (n,), device=device),
+                       "reward": torch.randn(n, device=device),
+                       "discount": torch.full((n,), 0.99 ** 3, device=device),
+                       "next_observation": torch.randn(n, obs, device=device)}, [n], device=device)
+
+
+def fill(rb, n: int, obs: int, actions: int, device) -> None:
+    for start in range(0, n, 1 << 15):
+        rb.extend(transitions(min(1 << 15, n - start), obs, actions, device))
+
+
+def inputs_of(batch, weight):
+    return {"observation": batch["observation"], "next_observation": batch["next_observation"],
+            "action": batch["action"], "reward": batch["reward"], "discount": batch["discount"],
+            "weight": weight.to(torch.float32)}
+
+
+def timed(fn, iters: int, device) -> float:
+    """Seconds per call (CUDA events on GPU, perf_counter on CPU) after 10 warm-up calls."""
+    for _ in range(10):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def count_syncs(fn, steps: int, device) -> float | None:
+    """Host synchronisations per call of ``fn`` (CUDA only, ``set_sync_debug_mode("warn")``)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
+
+
+def row(name: str, seconds: float, syncs, **extra) -> dict:
+    return {"impl": name, "updates_per_s": 1.0 / seconds, "update_us": seconds * 1e6,
+            "syncs_per_update": syncs,
+            **extra}
+
+
+# ------------------------------------------------------------------------------------------ rows
+def replay_rows(family: str, a, device) -> list[dict]:
+    learner_step = load_learner_step()
+    torch.manual_seed(0)
+    q = make_net(a.obs, a.hidden, a.actions).to(device)
+    tgt = copy.deepcopy(q).requires_grad_(False)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-4, fused=True, capturable=device.type == "cuda")
+    rows = []
+    if family == "ours":
+        from lightning_per import make_replay_buffer
+        from lightning_per.dqn.graph import CapturedUpdate
+
+        rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
+        fill(rb, a.capacity, a.obs, a.actions, device)
+
+        def eager():
+            batch = rb.sample()
+            opt.zero_grad(set_to_none=True)
+            out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
+            rb.update_priority(batch["index"], out["td"].abs())
+
+        rows.append(row("ours-eager", timed(eager, a.iters, device), count_syncs(eager, 50, device)))
+        if device.type == "cuda":
+            sampler, storage = rb.sampler, rb.storage
+
+            def body(_):
+                index, info = sampler.sample(storage, a.batch)
+                out = learner_step(q, tgt, opt, inputs_of(storage.get(index), info["priority_weight"]))
+                sampler.update_priority(index, out["td"].abs(), storage=None)
+                return out
+
+            graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator])
+            rows.append(row("ours-graph", timed(graph, a.iters * 4, device), count_syncs(graph, 200, device)))
+    else:
+        from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
+        storage = LazyTensorStorage(a.capacity, device=device)
+        rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=storage, batch_size=a.batch)
+        fill(rb, a.capacity, a.obs, a.actions, device)
+
+        def eager():
+            batch = rb.sample()
+            opt.zero_grad(set_to_none=True)
+            out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
+            rb.update_priority(batch["index"], out["td"].abs())
+
+        rows.append(row("torchrl-eager", timed(eager, a.iters, device), count_syncs(eager, 50, device)))
+    for r in rows:
+        r.update(N=a.capacity, B=a.batch, net=f"{a.obs}-{'-'.join(map(str, a.hidden))}-{a.actions}")
+    return rows
+
+
+def fit_row(a, device) -> dict:
+    """The DQN module under Trainer.fit; epoch 0 warms up (and captures), epoch 1 is measured."""
+    import lightning.pytorch as pl
+
+    from lightning_per.callbacks import AsyncMetricsCallback
+    from lightning_per.dqn import DQN, ReplayConfig
+    from lightning_per.envs import EnvConfig
+
+    class Probe(pl.Callback):
+        def __init__(self):
+            self.t0 = self.t1 = None
+            self.caught: list = []
+            self._ctx = None
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    self._ctx = warnings.catch_warnings(record=True)
+                    self.caught = self._ctx.__enter__()
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                self.t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):  # runs before the module's epoch-end hook
+            if trainer.current_epoch == 1:
+                if device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode(0)
+                    self._ctx.__exit__(None, None, None)
+                    torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+
+    env = EnvConfig(backend="torch", num_envs=a.fit_envs)
+    model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
+                warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
+                replay_ratio=a.replay_ratio, compile=device.type == "cuda")
+    probe = Probe()
+    trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_epochs=2,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[probe, AsyncMetricsCallback(prog_bar=False)])
+    trainer.fit(model)
+    seconds = (probe.t1 - probe.t0) / a.fit_steps
+    syncs = None
+    if device.type == "cuda":
+        syncs = sum("synchroniz" in str(w.message) for w in probe.caught) / a.fit_steps
+    return row("dqn-fit", seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
+               env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps)
+
+
+# ------------------------------------------------------------------------------------------ output
+def table(rows: list[dict]) -> str:
+    lines = ["| impl | net | N | B | updates/s | us/update | syncs/update |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        syncs = "n/a" if r.get("syncs_per_update") is None else f"{r['syncs_per_update']:.2f}"
+        lines.append(f"| {r['impl']} | {r.get('net', '')} | {r.get('N', '')} | {r.get('B', '')} | "
+                     f"{r['updates_per_s']:,.0f} | {r['update_us']:.1f} | {syncs} |")
+    by = {r["impl"]: r["updates_per_s"] for r in rows}
+    if "ours-graph" in by and "torchrl-eager" in by:
+        lines.append(f"\nours-graph / torchrl-eager: {by['ours-graph'] / by['torchrl-eager']:.1f}x")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, rows: list[dict], meta: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table(rows))
+    print(table(rows))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["all", "ours", "torchrl"], default="all")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--capacity", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--obs", type=int, default=51)
+    ap.add_argument("--actions", type=int, default=45)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--fit-steps", type=int, default=1000, help="updates in the measured dqn-fit epoch")
+    ap.add_argument("--fit-envs", type=int, default=64)
+    ap.add_argument("--replay-ratio", type=float, default=0.25)
+    ap.add_argument("--no-fit", action="store_true", help="skip the dqn-fit row")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke test")
+    ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out")
+    ap.add_argument("--out", default="benchmarks/results/dqn.json")
+    a = ap.parse_args(argv)
+    if a.merge:
+        rows = [r for f in a.merge for r in json.loads(Path(f).read_text())["rows"]]
+        write(Path(a.out), rows, {"merged": a.merge})
+        return 0
+    if a.tiny:
+        a.capacity, a.batch, a.hidden, a.iters, a.fit_steps, a.fit_envs = 2048, 32, [32, 32], 20, 20, 4
+    torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    meta = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else platform.processor() or "cpu", "torch": torch.__version__, "args": vars(a)}
+    rows: list[dict] = []
+    for family in (("ours", "torchrl") if a.family == "all" else (a.family,)):
+        try:
+            rows += replay_rows(family, a, device)
+        except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree missing for this torch
+            print(f"{family}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
+    if a.family in ("all", "ours") and not a.no_fit:
+        rows.append(fit_row(a, device))
+    write(Path(a.out), rows, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

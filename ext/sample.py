@@ -1,0 +1,353 @@
+"""Fused proportional sampling: stratified draw -> two-level inverse CDF -> leaf -> IS weight, one launch.
+
+Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the two-level flat array of
+:mod:`lightning_per.ops.reference` (``leaves`` ``(n_blocks, block)`` float32, ``block_sum``
+``(n_blocks,)`` float64), with ``c = 1 - 2^-40`` (:data:`SHRINK`):
+
+1. ``u_k = (k + U_k) / B`` (stratified, PER paper App. B.2.1; on CUDA computed as ``(k + U_k) * (1/B)``,
+   as torch divides by a host scalar) or ``u_k = U_k``; float64.
+2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` its
+   last value, target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
+   block_sum_b)``.
+3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves, total ``R``; ``j`` = the first leaf with
+   ``D_j > min(r, R c)``; ``index = b * block + j``, ``p = leaves[b, j]``.
+4. IS weight (PER section 3.4, buffer normalisation), float32 like the reference:
+   ``w_k = powf(p / min_b block_min_b, float32(-beta))``.
+
+These are the float64 formulas of ``reference.two_level_search_with_values`` and
+``reference.is_weights``, so given the same uniforms the kernel returns the reference's index:
+bit-for-bit whenever the prefix sums are exact (e.g. integer-valued priorities, where a tie
+``t == C_b`` goes to the *next* slot of positive mass, ``searchsorted(right=True)``). With general
+floats the scans round differently (Triton's tree vs torch's scan order, errors ~sqrt(n) ulp of the
+total), which moves a draw only when ``t`` lies that close to a slot boundary: probability about
+``N sqrt(n_blocks) 1e-16`` per draw (~3e-9 at N = 1e6).
+
+Positive-mass rule (a refinement of the reference, documented): "first position with ``C > t``"
+is taken among positions of positive mass; if rounding leaves none, the last positive position;
+an all-zero input gives the last slot. With exact sums this is ``searchsorted(right=True)``; it
+differs only where the reference would return a zero-mass slot (``r`` rounded ~1 ulp below 0, or an
+all-zero buffer, where the reference indexes out of range).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import wrap_triton
+
+from ._common import (
+    MAX_BLOCK,
+    MAX_BLOCKS,
+    MAX_CHUNK,
+    SHRINK,
+    check_device,
+    chunk_for,
+    compiling,
+    expect,
+    f64_bits,
+    f64_from_bits,
+    powf,
+    register_op,
+    remember_validated,
+    scalar_arg,
+    validated,
+    warps_for,
+)
+
+__all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights"]
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _chunk(ptr, start, n, carry, live, CHUNK: tl.constexpr):
+    """Chunk ``[start, start+CHUNK)`` of the masses ``ptr[0:n]``: offsets, validity, float64 values
+    and their inclusive prefix sums continued from ``carry``."""
+    offs = start + tl.arange(0, CHUNK)
+    valid = (offs < n) & live
+    x = tl.load(ptr + offs, mask=valid, other=0.0).to(tl.float64)
+    cdf = tl.cumsum(x, 0) + carry
+    return offs, valid, x, cdf
+
+
+@triton.jit
+def scan_total(ptr, n, CHUNK: tl.constexpr):
+    """Last inclusive prefix sum of ``ptr[0:n]`` in float64, chunk by chunk (the search's total)."""
+    carry = tl.zeros([], tl.float64)
+    for start in range(0, n, CHUNK):
+        offs, valid, x, cdf = _chunk(ptr, start, n, carry, n > 0, CHUNK)
+        carry = tl.max(tl.where(valid, cdf, 0.0), 0)
+    return carry
+
+
+@triton.jit
+def _pick(offs, valid, x, cdf, target, n):
+    """First position with positive mass and ``cdf > target`` (``n`` if none) with its cdf and mass;
+    the last position with positive mass (``-1`` if none) with its cdf and mass."""
+    pos = valid & (x > 0)
+    hit = pos & (cdf > target)
+    i_hit = tl.min(tl.where(hit, offs, n), 0)
+    c_hit = tl.sum(tl.where(offs == i_hit, cdf, 0.0), 0)
+    x_hit = tl.sum(tl.where(offs == i_hit, x, 0.0), 0)
+    i_last = tl.max(tl.where(pos, offs, -1), 0)
+    c_last = tl.sum(tl.where(offs == i_last, cdf, 0.0), 0)
+    x_last = tl.sum(tl.where(offs == i_last, x, 0.0), 0)
+    return i_hit, c_hit, x_hit, i_last, c_last, x_last
+
+
+@triton.jit
+def _locate(ptr, n, value, shrink, IS_FRACTION: tl.constexpr, CHUNK: tl.constexpr, ONE: tl.constexpr):
+    """Inverse CDF over the ``n`` masses at ``ptr`` (float32 or float64, scanned in float64).
+
+    ``S`` = scanned total; target ``t = value * (S * shrink)`` if ``IS_FRACTION`` else
+    ``min(value, S * shrink)``. Returns ``(pos, C_pos, x_pos, t)``: int32 position (module docstring
+    rule), its inclusive prefix sum, its mass (float64, exact), and ``t``. ``ONE`` (``n <= CHUNK``):
+    one load and one scan; else two passes (total, then search; chunks after the hit load nothing).
+    """
+    if ONE:
+        offs, valid, x, cdf = _chunk(ptr, 0, n, 0.0, n > 0, CHUNK)
+        total = tl.max(tl.where(valid, cdf, 0.0), 0)
+    else:
+        total = scan_total(ptr, n, CHUNK)
+    scaled = total * shrink
+    if IS_FRACTION:
+        # min(): value < 1 so a no-op, but it keeps t a rounded product (no FMA into r = t - ...)
+        target = tl.minimum(value * scaled, scaled)
+    else:
+        target = tl.minimum(value, scaled)
+    if ONE:
+        found, c_found, x_found, last, c_last, x_last = _pick(offs, valid, x, cdf, target, n)
+    else:
+        found = n
+        c_found = tl.zeros([], tl.float64)
+        x_found = tl.zeros([], tl.float64)
+        last = n * 0 - 1
+        c_last = tl.zeros([], tl.float64)
+        x_last = tl.zeros([], tl.float64)
+        carry = tl.zeros([], tl.float64)
+        for start in range(0, n, CHUNK):
+            offs, valid, x, cdf = _chunk(ptr, start, n, carry, found == n, CHUNK)
+            i_hit, c_hit, x_hit, i_last, c_l, x_l = _pick(offs, valid, x, cdf, target, n)
+            take = (found == n) & (i_hit < n)
+            c_found = tl.where(take, c_hit, c_found)
+            x_found = tl.where(take, x_hit, x_found)
+            found = tl.where(take, i_hit, found)
+            c_last = tl.where(i_last >= 0, c_l, c_last)
+            x_last = tl.where(i_last >= 0, x_l, x_last)
+            last = tl.where(i_last >= 0, i_last, last)
+            carry = tl.max(tl.where(valid, cdf, 0.0), 0)
+    has_hit = found < n
+    has_last = last >= 0
+    pos = tl.where(has_hit, found, tl.where(has_last, last, n - 1))
+    c_pos = tl.where(has_hit, c_found, tl.where(has_last, c_last, total))
+    x_pos = tl.where(has_hit, x_found, tl.where(has_last, x_last, 0.0))  # no positive mass: all zero
+    return pos, c_pos, x_pos, target
+
+
+@triton.jit
+def _min_all(ptr, n, CHUNK: tl.constexpr):
+    """``min(ptr[0:n])`` of float32 values (``+inf`` for n == 0)."""
+    acc = tl.full([], float("inf"), tl.float32)
+    for start in range(0, n, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        acc = tl.minimum(acc, tl.min(tl.load(ptr + offs, mask=offs < n, other=float("inf")), 0))
+    return acc
+
+
+@triton.jit
+def _beta(beta_ptr, beta_bits, BETA_FROM_PTR: tl.constexpr):
+    if BETA_FROM_PTR:
+        beta = tl.load(beta_ptr).to(tl.float64)
+    else:
+        beta = f64_from_bits(beta_bits)
+    return beta
+
+
+@triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
+def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
+                   n_blocks, block, inv_bits, shrink_bits,
+                   STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr,
+                   BETA_FROM_PTR: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
+                   ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
+    k = tl.program_id(0)
+    u = tl.load(u_ptr + k)  # float64
+    if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
+        p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
+    if STRATIFIED:
+        if RECIP:
+            u = (k.to(tl.float64) + u) * f64_from_bits(inv_bits)
+        else:
+            u = (k.to(tl.float64) + u) / tl.num_programs(0).to(tl.float64)
+    shrink = f64_from_bits(shrink_bits)
+    blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, True, NB_CHUNK, NB_ONE)
+    r = target - (c_blk - s_blk)  # mass left inside block blk (s_blk = block_sum[blk])
+    row = blk.to(tl.int64) * block
+    j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, False, ROW_CHUNK, ROW_ONE)
+    p = x_j.to(tl.float32)  # = leaves[blk, j], exactly
+    tl.store(index_ptr + k, row + j)
+    tl.store(psel_ptr + k, p)
+    if WEIGHTS:
+        neg_beta = (-_beta(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
+        tl.store(w_ptr + k, powf(tl.math.div_rn(p, p_min), neg_beta))
+
+
+@triton.jit(do_not_specialize=["n", "beta_bits"])
+def _is_weight_kernel(p_ptr, pmin_ptr, beta_ptr, beta_bits, w_ptr, n,
+                      BETA_FROM_PTR: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    p = tl.load(p_ptr + offs, mask=m, other=1.0)
+    neg_beta = (-_beta(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
+    w = powf(tl.math.div_rn(p, tl.load(pmin_ptr)), neg_beta)
+    tl.store(w_ptr + offs, w, mask=m)
+
+
+# --------------------------------------------------------------------------------------- launchers
+def check_levels(leaves: Tensor, block_sum: Tensor) -> None:
+    """Validate a two-level array: ``leaves`` ``(n_blocks, block)`` float32 (CUDA), ``block_sum``
+    ``(n_blocks,)`` float64 on the same device; both dimensions within the kernel limits."""
+    expect(leaves, "leaves", torch.float32, ndim=2)
+    check_device(leaves, "leaves")
+    n_blocks, block = leaves.shape
+    if not (1 <= block <= MAX_BLOCK and 1 <= n_blocks <= MAX_BLOCKS):
+        raise ValueError(f"leaves shape {tuple(leaves.shape)} outside the kernel limits: block in "
+                         f"[1, {MAX_BLOCK}], n_blocks in [1, {MAX_BLOCKS}]")
+    expect(block_sum, "block_sum", torch.float64, (n_blocks,), device=leaves.device)
+
+
+def _check_u(u: Tensor, device: torch.device) -> None:
+    expect(u, "u", torch.float64, ndim=1, device=device)
+    if u.numel() < 1:
+        raise ValueError("u must hold at least one draw (B >= 1)")
+
+
+def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
+                   beta: Tensor | None, beta_value: float, stratified: bool,
+                   max_chunk: int = MAX_CHUNK) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch ``_sample_kernel``: ``(index (B,) int64, p_sel (B,) float32, w (B,) float32 or (0,))``."""
+    n_blocks, block = leaves.shape
+    n = u.numel()
+    leaves, block_sum, u = leaves.contiguous(), block_sum.contiguous(), u.contiguous()
+    index = torch.empty(n, dtype=torch.int64, device=u.device)
+    p_sel = torch.empty(n, dtype=torch.float32, device=u.device)
+    weights = block_min is not None
+    w = torch.empty(n if weights else 0, dtype=torch.float32, device=u.device)
+    nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
+    wrap_triton(_sample_kernel)[(n,)](
+        leaves, block_sum, block_min.contiguous() if weights else p_sel, u,
+        beta if beta is not None else u, f64_bits(beta_value), index, p_sel, w if weights else p_sel,
+        n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
+        STRATIFIED=bool(stratified), RECIP=u.is_cuda, WEIGHTS=weights,
+        BETA_FROM_PTR=beta is not None, NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk,
+        ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk, num_warps=warps_for(max(nb_chunk, row_chunk)))
+    return index, p_sel, w
+
+
+@register_op("sample_proportional")
+def _sample_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
+               beta: Tensor | None, beta_value: float, stratified: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified)
+
+
+def _launch_is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value: float) -> Tensor:
+    n = p_sel.numel()
+    w = torch.empty(n, dtype=torch.float32, device=p_sel.device)
+    p_min = p_min if p_min.dtype == torch.float32 else p_min.to(torch.float32)
+    wrap_triton(_is_weight_kernel)[(triton.cdiv(n, 1024),)](
+        p_sel.contiguous(), p_min, beta if beta is not None else p_min, f64_bits(beta_value), w, n,
+        BETA_FROM_PTR=beta is not None, BLOCK=1024)
+    return w
+
+
+@register_op("is_weights")
+def _is_weights_op(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value: float) -> Tensor:
+    return _launch_is_weights(p_sel, p_min, beta, beta_value)
+
+
+def _sample(leaves, block_sum, block_min, u, beta, beta_value, stratified):
+    if compiling():
+        return torch.ops.lightning_per.sample_proportional(leaves, block_sum, block_min, u, beta, beta_value,
+                                                           bool(stratified))
+    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified)
+
+
+# ------------------------------------------------------------------------------------ public ops
+def two_level_search_with_values(leaves: Tensor, block_sum: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Compiled ``reference.two_level_search_with_values`` (one launch; module docstring, steps 2-3).
+
+    Args:
+        leaves: ``(n_blocks, block)`` float32 stored values (0 = empty), CUDA.
+        block_sum: ``(n_blocks,)`` float64 row sums of ``leaves``.
+        u: ``(B,)`` float64 draws in ``[0, 1)``.
+
+    Returns:
+        ``(index, value)``: ``(B,)`` int64 slots ``b * block + j`` and ``(B,)`` float32 ``leaves`` there.
+
+    Raises:
+        ValueError/TypeError: shapes, dtypes, devices, or ``block > MAX_BLOCK``, ``n_blocks > MAX_BLOCKS``.
+    """
+    if not validated((leaves, block_sum)):
+        check_levels(leaves, block_sum)
+        remember_validated((leaves, block_sum))
+    _check_u(u, leaves.device)
+    index, p_sel, _ = _sample(leaves, block_sum, None, u, None, 0.0, False)
+    return index, p_sel
+
+
+def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
+    """Compiled ``reference.two_level_search``: ``(B,)`` int64 slots (see
+    :func:`two_level_search_with_values`)."""
+    return two_level_search_with_values(leaves, block_sum, u)[0]
+
+
+def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+                        beta: Tensor | float, stratified: bool = True,
+                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+    """Fused proportional draw ``(index, w)`` from i.i.d. uniforms ``u`` (module docstring, steps 1-4).
+
+    Equals ``ext.composite.sample_proportional`` (the sampler's reference sequence:
+    ``stratified_uniforms`` -> ``two_level_search_with_values`` -> ``is_weights(p, block_min.amin())``).
+
+    Args:
+        leaves: ``(n_blocks, block)`` float32; block_sum: ``(n_blocks,)`` float64; block_min:
+            ``(n_blocks,)`` float32 minimum positive leaf per block (``+inf`` if none).
+        u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1.
+        beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).
+        stratified: one draw per equal-mass segment.
+        normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
+
+    Returns:
+        ``index`` ``(B,)`` int64 and ``w`` ``(B,)`` float32 in ``(0, 1]``, on ``leaves.device``.
+    """
+    state = (leaves, block_sum, block_min)
+    if not validated(state):
+        check_levels(leaves, block_sum)
+        expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
+        remember_validated(state)
+    _check_u(u, leaves.device)
+    if normalize not in ("buffer", "batch"):
+        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
+    beta_t, beta_v = scalar_arg(beta, "beta", leaves.device)
+    index, _, w = _sample(leaves, block_sum, block_min, u, beta_t, beta_v, stratified)
+    return index, (w / w.max() if normalize == "batch" else w)
+
+
+def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: str = "buffer") -> Tensor:
+    """Compiled ``reference.is_weights``: ``w = (p_sel / p_min)^-beta`` in float32, normalised by the
+    buffer (as is) or by the batch max. ``p_sel`` ``(B,)`` float32, ``p_min`` 1-element; ``(B,)`` float32."""
+    expect(p_sel, "p_sel", torch.float32, ndim=1)
+    check_device(p_sel, "p_sel")
+    if normalize not in ("buffer", "batch"):
+        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
+    if not isinstance(p_min, Tensor) or p_min.numel() != 1:
+        raise ValueError("p_min must be a 1-element tensor")
+    expect(p_min, "p_min", device=p_sel.device)
+    beta_t, beta_v = scalar_arg(beta, "beta", p_sel.device)
+    if p_sel.numel() == 0:
+        return torch.empty_like(p_sel)
+    if compiling():
+        w = torch.ops.lightning_per.is_weights(p_sel, p_min, beta_t, beta_v)
+    else:
+        w = _launch_is_weights(p_sel, p_min, beta_t, beta_v)
+    return w / w.max() if normalize == "batch" else w

@@ -1,0 +1,163 @@
+"""One-time self-check of the compiled ops against :mod:`lightning_per.ops.reference` (and the
+reference compositions of :mod:`.composite`) on small random inputs; run by :func:`make_backend`.
+
+Indices, counts and integer-valued sums must match exactly (integer-valued priorities make every
+float64 prefix sum exact, so ties ``u S == C_i`` are exercised too); float values to ``rtol`` 1e-6
+(float32) / 1e-12 (float64), which allows a last-ulp difference between libdevice and the host's
+``pow`` under the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_per.ops import reference
+
+from . import composite
+
+__all__ = ["self_check", "make_levels", "boundary_uniforms", "fresh_state"]
+
+
+def make_levels(capacity: int, device: torch.device, generator: torch.Generator, integer: bool = True,
+                zero_fraction: float = 0.25) -> tuple[Tensor, Tensor, Tensor]:
+    """A sampler-shaped two-level array for ``capacity`` slots (+1 trash slot, padding 0).
+
+    Returns:
+        ``(leaves (n_blocks, block) float32, block_sum (n_blocks,) float64, block_min (n_blocks,) float32)``,
+        sums/minima from ``reference.reduce_blocks``; leaves in {0, 1, 2, 3} if ``integer``.
+    """
+    block = reference.block_size_for(capacity + 1)
+    n_blocks = -(-(capacity + 1) // block)
+    flat = torch.zeros(n_blocks * block, dtype=torch.float32)
+    if integer:
+        vals = torch.randint(1, 4, (capacity,), generator=generator).float()
+    else:
+        vals = torch.rand(capacity, generator=generator) * 10 + 1e-3
+    vals[torch.rand(capacity, generator=generator) < zero_fraction] = 0
+    flat[:capacity] = vals
+    leaves = flat.view(n_blocks, block).to(device)
+    block_sum, block_min = reference.reduce_blocks(leaves)
+    return leaves, block_sum, block_min
+
+
+def boundary_uniforms(block_sum: Tensor, n_random: int, generator: torch.Generator,
+                      n_bound: int = 24) -> Tensor:
+    """``n_random`` uniforms plus ``m / S`` for integers ``m < S`` (at most ``n_bound``, evenly spread):
+    draws that land exactly on slot boundaries when the masses are integers. ``(B,)`` float64."""
+    total = float(block_sum.sum())
+    steps = torch.linspace(0, max(total - 1, 0), min(n_bound, max(int(total), 1))).floor()
+    u = torch.cat([torch.rand(n_random, generator=generator, dtype=torch.float64), steps.double() / total])
+    return u.to(block_sum.device)
+
+
+def fresh_state(leaves: Tensor) -> dict:
+    """Sampler-like mutable state around ``leaves`` (copied): raw, sums, minima, max, counters."""
+    d = leaves.device
+    leaves = leaves.clone()
+    block_sum, block_min = (t.contiguous() for t in reference.reduce_blocks(leaves))  # sums: a strided view
+    return {"raw_store": leaves.reshape(-1).clone(), "leaves": leaves, "block_sum": block_sum,
+            "block_min": block_min, "max_raw": torch.full((), float("-inf"), device=d),
+            "n_clamped": torch.zeros((), dtype=torch.int64, device=d),
+            "n_dropped": torch.zeros((), dtype=torch.int64, device=d)}
+
+
+def _equal(name: str, got: Tensor, want: Tensor) -> None:
+    if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
+        raise RuntimeError(f"self-check failed: {name} differs from the reference "
+                           f"(got {got.cpu().tolist()[:8]}..., want {want.cpu().tolist()[:8]}...)")
+
+
+def _close(name: str, got: Tensor, want: Tensor, rtol: float) -> None:
+    if got.shape != want.shape or got.dtype != want.dtype or not torch.allclose(
+            got.cpu(), want.cpu(), rtol=rtol, atol=0.0, equal_nan=True):
+        raise RuntimeError(f"self-check failed: {name} differs from the reference beyond rtol={rtol}")
+
+
+def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
+    beta = torch.tensor(0.4, dtype=torch.float64, device=device)
+    for capacity in (5, 37):
+        leaves, bs, bm = make_levels(capacity, device, gen)
+        u = boundary_uniforms(bs, 4, gen, n_bound=12)
+        got, want = ops.two_level_search_with_values(leaves, bs, u), reference.two_level_search_with_values(
+            leaves, bs, u)
+        _equal(f"two_level_search_with_values[{capacity}].index", got[0], want[0])
+        _equal(f"two_level_search_with_values[{capacity}].value", got[1], want[1])
+        for normalize in ("buffer", "batch"):
+            (gi, gw), (wi, ww) = (f(leaves, bs, bm, u[:6], beta, True, normalize)
+                                  for f in (ops.sample_proportional, composite.sample_proportional))
+            _equal(f"sample_proportional[{normalize}].index", gi, wi)
+            _close(f"sample_proportional[{normalize}].weight", gw, ww, 1e-6)
+        p_min = bm.amin()
+        _close("is_weights", ops.is_weights(want[1], p_min, beta), reference.is_weights(want[1], p_min, beta),
+               1e-6)
+
+
+def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None:
+    raw = torch.tensor([0.5, float("nan"), float("inf"), -float("inf"), -2.0, 0.0, 3.0, 1e30], device=device)
+    mp = torch.tensor(7.0, device=device)
+    for i, (g, w) in enumerate(zip(ops.sanitize_priority(raw, mp), reference.sanitize_priority(raw, mp))):
+        _equal(f"sanitize_priority[{i}]", g, w)
+    clean = torch.rand(33, generator=gen).to(device) * 5
+    for alpha in (0.6, torch.tensor(0.6, dtype=torch.float64, device=device), 0.0):
+        _close("transform_priority", ops.transform_priority(clean, alpha, 1e-6),
+               reference.transform_priority(clean, alpha, 1e-6), 1e-6)
+    rows = make_levels(70, device, gen, integer=False)[0]
+    for i, (g, w) in enumerate(zip(ops.reduce_blocks(rows), reference.reduce_blocks(rows))):
+        _close(f"reduce_blocks[{i}]", g, w, 1e-12)
+    index = torch.randint(0, 6, (40,), generator=gen).to(device)
+    values = torch.rand(40, generator=gen, dtype=torch.float64).to(device)
+    _equal("last_write_wins", ops.last_write_wins(index, values), reference.last_write_wins(index, values))
+    if hasattr(reference, "last_writer"):
+        pos = torch.arange(40, dtype=torch.int32, device=device)
+        scratch = torch.zeros(8, dtype=torch.int32, device=device)
+        _equal("last_writer", ops.last_writer(index, scratch.clone(), pos),
+               reference.last_writer(index, scratch, pos))
+
+
+def _check_write(ops, device: torch.device, gen: torch.Generator) -> None:
+    capacity, n_valid = 37, 30
+    leaves = make_levels(capacity, device, gen, integer=False)[0]
+    got, want = fresh_state(leaves), fresh_state(leaves)
+    alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
+    for _ in range(2):
+        index = torch.randint(-2, capacity + 2, (24,), generator=gen)
+        index[:6] = index[6:12]  # clashing duplicates
+        prio = torch.rand(24, generator=gen) * 4
+        prio[3], prio[7], prio[11] = float("nan"), -1.0, float("inf")
+        index, prio = index.to(device), prio.to(device)
+        ops.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha,
+                             eps=1e-6)
+        composite.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
+                                   alpha=alpha, eps=1e-6)
+    for key in ("raw_store", "leaves", "block_min", "max_raw"):
+        _close(f"write_priorities.{key}", got[key], want[key], 1e-6)
+    _close("write_priorities.block_sum", got["block_sum"], want["block_sum"], 1e-12)
+    _equal("write_priorities.n_clamped", got["n_clamped"], want["n_clamped"])
+    _equal("write_priorities.n_dropped", got["n_dropped"], want["n_dropped"])
+
+
+def _check_rank(ops, device: torch.device, gen: torch.Generator) -> None:
+    _, cdf = reference.rank_weights(50, 0.7, device)
+    order = torch.randperm(50, generator=gen).to(device)
+    u = torch.rand(20, generator=gen, dtype=torch.float64).to(device)
+    alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
+    beta = torch.tensor(0.5, dtype=torch.float64, device=device)
+    for normalize in ("buffer", "batch"):
+        (gi, gw), (wi, ww) = (f(u, cdf, order, 41, alpha, beta, True, normalize)
+                              for f in (ops.rank_sample, composite.rank_sample))
+        _equal(f"rank_sample[{normalize}].index", gi, wi)
+        _close(f"rank_sample[{normalize}].weight", gw, ww, 1e-6)
+
+
+def self_check(ops, device: torch.device, seed: int = 0) -> None:
+    """Run every compiled op of ``ops`` on ``device`` against the reference.
+
+    Raises:
+        RuntimeError: naming the first op whose result differs.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    _check_search(ops, device, gen)
+    _check_priority_ops(ops, device, gen)
+    _check_write(ops, device, gen)
+    _check_rank(ops, device, gen)

@@ -1,0 +1,234 @@
+"""Fused priority update: the sampler's whole ``_write`` in two launches, with no O(N) pass.
+
+``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``ext.composite.write_priorities``):
+
+* ``_scatter_kernel`` (grid ``ceil(B / 64)``), per entry ``k``: ``clean, bad = sanitize(p_k, default)``
+  with ``default = max_raw`` (1 while no priority was seen), ``ok = 0 <= index_k < n_valid``, rejected
+  entries go to the ``trash`` slot with value 0, ``stored = (clean + eps)^alpha``; entry ``k`` writes
+  ``raw[idx_k] = clean_k`` and ``leaves[idx_k] = stored_k`` only if no later entry holds the same slot
+  (**last write wins**, deterministic: pairwise comparisons, no atomics); per-program partials of
+  ``max(clean over ok)``, ``#bad`` and ``#rejected``.
+* ``_refresh_kernel`` (grid ``B``): the first entry of each touched block recomputes that block's
+  ``block_sum`` (float64 scan total) and ``block_min`` (min of non-zero leaves) *from the leaves*
+  (never by deltas: no drift); program 0 folds the partials into ``max_raw``, ``n_clamped`` and
+  ``n_dropped``. Traffic O(B * block) = O(B sqrt(N)).
+
+Batches above ``MAX_QUADRATIC`` (extends of many items) take an O(B) variant: a store then an
+``atomic_max`` of ``k`` into a scratch ``(N,)`` int32 at ``idx_k`` leave there the last writer of each
+slot, touched blocks are flagged in a zeroed ``(n_blocks,)`` int32, and the refresh runs one program
+per block (5 launches).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import wrap_triton
+
+from ._common import (
+    MAX_CHUNK,
+    chunk_for,
+    compiling,
+    expect,
+    f64_bits,
+    f64_from_bits,
+    register_op,
+    remember_validated,
+    scalar_arg,
+    validated,
+    warps_for,
+)
+from .blocks import BB, MAX_QUADRATIC, row_stats
+from .priority import exponent, sanitize, transform
+from .sample import check_levels
+
+__all__ = ["write_priorities"]
+
+
+@triton.jit
+def _slots(index_ptr, offs, m, n_valid, trash):
+    """Target slot of each entry: ``index`` if in ``[0, n_valid)``, else ``trash``; and the ok mask."""
+    index = tl.load(index_ptr + offs, mask=m, other=0).to(tl.int64)
+    ok = (index >= 0) & (index < n_valid)
+    return tl.where(ok, index, trash), ok
+
+
+@triton.jit(do_not_specialize=["n", "n_valid", "trash"])
+def _claim_kernel(index_ptr, scratch_ptr, n, n_valid, trash, ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    idx, ok = _slots(index_ptr, offs, m, n_valid, trash)
+    if ATOMIC:  # scratch[idx] already holds one writer of idx from this batch: the max is the last
+        tl.atomic_max(scratch_ptr + idx, offs, mask=m)
+    else:
+        tl.store(scratch_ptr + idx, offs, mask=m)
+
+
+@triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
+def _scatter_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, maxraw_ptr, alpha_ptr, alpha_bits, eps_bits,
+                    idx_out_ptr, scratch_ptr, flags_ptr, pmax_ptr, pbad_ptr, pdrop_ptr, n, n_valid, trash,
+                    block,
+                    ALPHA_FROM_PTR: tl.constexpr, QUADRATIC: tl.constexpr, BB: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BB + tl.arange(0, BB)
+    m = offs < n
+    idx, ok = _slots(index_ptr, offs, m, n_valid, trash)
+    mr = tl.load(maxraw_ptr)
+    clean, bad = sanitize(tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32),
+                          tl.where(tl.abs(mr) == float("inf"), 1.0, mr))
+    clean = tl.where(ok, clean, 0.0)
+    alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
+    stored = tl.where(ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
+    if QUADRATIC:
+        n_later = tl.zeros([BB], tl.int32)
+        for start in range(pid * BB, n, BB):  # entries before this program's cannot be later ones
+            jo = start + tl.arange(0, BB)
+            jidx, _ = _slots(index_ptr, jo, jo < n, n_valid, trash)
+            same = (idx[:, None] == jidx[None, :]) & (jo[None, :] > offs[:, None]) & (jo < n)[None, :]
+            n_later += tl.sum(same.to(tl.int32), 1)
+        win = m & (n_later == 0)
+        tl.store(idx_out_ptr + offs, idx, mask=m)
+    else:
+        win = m & (tl.load(scratch_ptr + idx, mask=m, other=-1) == offs)
+        tl.store(flags_ptr + idx // block, 1, mask=m)
+    tl.store(raw_ptr + idx, clean, mask=win)
+    tl.store(leaves_ptr + idx, stored, mask=win)
+    tl.store(pmax_ptr + pid, tl.max(tl.where(m & ok, clean, float("-inf")), 0))
+    tl.store(pbad_ptr + pid, tl.sum((m & bad).to(tl.int64), 0))
+    tl.store(pdrop_ptr + pid, tl.sum((m & ~ok).to(tl.int64), 0))
+
+
+@triton.jit(do_not_specialize=["n", "block", "n_parts"])
+def _refresh_kernel(idx_ptr, flags_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_ptr, nclamp_ptr, ndrop_ptr,
+                    pmax_ptr, pbad_ptr, pdrop_ptr, n, block, n_parts,
+                    BY_FLAG: tl.constexpr, ROW_CHUNK: tl.constexpr, DUP_CHUNK: tl.constexpr):
+    k = tl.program_id(0)
+    if BY_FLAG:  # one program per block
+        blk = k.to(tl.int64)
+        todo = tl.load(flags_ptr + k) != 0
+    else:  # one program per entry: the first entry of each block refreshes it
+        blk = tl.load(idx_ptr + k) // block
+        n_before = tl.zeros([], tl.int32)
+        for start in range(0, k, DUP_CHUNK):
+            jo = start + tl.arange(0, DUP_CHUNK)
+            jm = jo < k
+            same = jm & ((tl.load(idx_ptr + jo, mask=jm, other=0) // block) == blk)
+            n_before += tl.sum(same.to(tl.int32), 0)
+        todo = n_before == 0
+    if todo:
+        s, low = row_stats(leaves_ptr + blk * block, block, ROW_CHUNK)
+        tl.store(bsum_ptr + blk, s)
+        tl.store(bmin_ptr + blk, low)
+    if k == 0:
+        gmax = tl.full([], float("-inf"), tl.float32)
+        bad = tl.zeros([], tl.int64)
+        drop = tl.zeros([], tl.int64)
+        for start in range(0, n_parts, DUP_CHUNK):
+            po = start + tl.arange(0, DUP_CHUNK)
+            pm = po < n_parts
+            gmax = tl.maximum(gmax, tl.max(tl.load(pmax_ptr + po, mask=pm, other=float("-inf")), 0))
+            bad += tl.sum(tl.load(pbad_ptr + po, mask=pm, other=0), 0)
+            drop += tl.sum(tl.load(pdrop_ptr + po, mask=pm, other=0), 0)
+        tl.store(maxraw_ptr, tl.maximum(tl.load(maxraw_ptr), gmax))
+        tl.store(nclamp_ptr, tl.load(nclamp_ptr) + bad)
+        tl.store(ndrop_ptr, tl.load(ndrop_ptr) + drop)
+
+
+def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
+                  n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float, eps: float,
+                  max_chunk: int = MAX_CHUNK, max_quadratic: int = MAX_QUADRATIC) -> None:
+    n = index.numel()
+    if n == 0:
+        return
+    nb, block = leaves.shape
+    dev = index.device
+    parts = triton.cdiv(n, BB)
+    quadratic = n <= max_quadratic
+    idx = torch.empty(n, dtype=torch.int64, device=dev)  # target slot per entry
+    pmax = torch.empty(parts, dtype=torch.float32, device=dev)  # per-program max(clean), #bad, #rejected
+    pbad = torch.empty(parts, dtype=torch.int64, device=dev)
+    pdrop = torch.empty(parts, dtype=torch.int64, device=dev)
+    if quadratic:
+        scratch = flags = pmax  # unused
+    else:
+        scratch = torch.empty(nb * block, dtype=torch.int32, device=dev)
+        flags = torch.zeros(nb, dtype=torch.int32, device=dev)
+        for atomic in (False, True):
+            wrap_triton(_claim_kernel)[(triton.cdiv(n, 1024),)](index, scratch, n, n_valid, trash,
+                                                                 ATOMIC=atomic, BLOCK=1024)
+    wrap_triton(_scatter_kernel)[(parts,)](
+        index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
+        f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop, n, n_valid, trash,
+        block,
+        ALPHA_FROM_PTR=alpha is not None, QUADRATIC=quadratic, BB=BB, num_warps=4)
+    row_chunk = chunk_for(block, max_chunk)
+    wrap_triton(_refresh_kernel)[(n if quadratic else nb,)](
+        idx, flags, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, pmax, pbad, pdrop, n, block,
+        parts, BY_FLAG=not quadratic, ROW_CHUNK=row_chunk, DUP_CHUNK=1024, num_warps=warps_for(row_chunk))
+
+
+@register_op("write_priorities", mutates_args=("raw_store", "leaves", "block_sum", "block_min", "max_raw",
+                                               "n_clamped", "n_dropped"))
+def _write_op(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
+              n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int, trash: int,
+              alpha: Tensor | None, alpha_value: float, eps: float) -> None:
+    _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
+                  n_valid, trash, alpha, alpha_value, eps)
+
+
+def _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
+                 n_valid, trash) -> None:
+    state = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped)
+    nb, block = leaves.shape
+    dev = leaves.device
+    if not validated(state):  # a sampler's persistent tensors: checked once
+        check_levels(leaves, block_sum)
+        expect(raw_store, "raw_store", torch.float32, (nb * block,), device=dev)
+        expect(block_min, "block_min", torch.float32, (nb,), device=dev)
+        expect(max_raw, "max_raw", torch.float32, (), device=dev)
+        expect(n_clamped, "n_clamped", torch.int64, (), device=dev)
+        expect(n_dropped, "n_dropped", torch.int64, (), device=dev)
+        if not (raw_store.is_contiguous() and leaves.is_contiguous() and block_sum.is_contiguous()
+                and block_min.is_contiguous()):
+            raise ValueError("raw_store, leaves, block_sum and block_min must be contiguous "
+                             "(they are updated in place)")
+        remember_validated(state)
+    expect(index, "index", torch.int64, ndim=1, device=dev)
+    expect(priority, "priority", shape=index.shape, device=dev)
+    if not priority.is_floating_point():
+        raise TypeError(f"priority must be a float tensor, got {priority.dtype}")
+    if not (0 <= n_valid <= trash < nb * block):
+        raise ValueError(f"need 0 <= n_valid ({n_valid}) <= trash ({trash}) < n_blocks * block "
+                         f"({nb * block})")
+
+
+def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
+                     n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
+                     trash: int, alpha: Tensor | float, eps: float) -> None:
+    """Store raw priorities at slots, in place (module docstring); no host synchronisation.
+
+    Args:
+        raw_store: ``(n_blocks * block,)`` float32 clean raw priorities (updated).
+        leaves: ``(n_blocks, block)`` float32 stored values ``(p + eps)^alpha`` (updated).
+        block_sum: ``(n_blocks,)`` float64, block_min: ``(n_blocks,)`` float32 (touched blocks recomputed).
+        max_raw: 0-d float32 running max raw priority (``-inf`` before any); n_clamped, n_dropped: 0-d
+            int64 counters (updated).
+        index: ``(B,)`` int64 slots; entries outside ``[0, n_valid)`` go to ``trash`` (value 0), counted.
+        priority: ``(B,)`` float raw priorities; NaN/Inf/negative are clamped and counted.
+        n_valid: filled slots (host int); trash: the always-empty slot (host int, ``n_valid <= trash``).
+        alpha: exponent, float or 0-d float tensor on the device; eps: added before the exponent.
+
+    Raises:
+        ValueError/TypeError: a shape, dtype, device or range that does not fit (named).
+    """
+    _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
+                 n_valid, trash)
+    alpha_t, alpha_v = scalar_arg(alpha, "alpha", leaves.device)
+    args = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index.contiguous(),
+            priority.contiguous(), int(n_valid), int(trash), alpha_t, alpha_v, float(eps))
+    if compiling():
+        torch.ops.lightning_per.write_priorities(*args)
+    else:
+        _launch_write(*args)

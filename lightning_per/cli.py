@@ -1,0 +1,130 @@
+"""``lightning-per``: the command line of the project (LightningCLI).
+
+Usage::
+
+    lightning-per fit --config configs/dqn_cartpole.yaml            # train the DQN
+    lightning-per fit --config configs/dqn_cartpole.yaml --ckpt_path runs/dqn_cartpole/checkpoints/last.ckpt
+    lightning-per fit --print_config                                  # every knob with its default
+    lightning-per ga3c ...                                            # GA3C (lightning_per.ga3c.cli)
+
+Defaults added to every ``fit`` (each replaceable in YAML under ``trainer:``): a W&B logger that runs
+offline without credentials (:class:`~lightning_per.callbacks.AutoModeWandbLogger`), the
+:class:`~lightning_per.callbacks.AsyncMetricsCallback` (epoch-level metrics without per-step syncs),
+the :class:`~lightning_per.callbacks.RunArtifactsCallback` (``summary.json``, learning-curve PNG, final
+line), a ``ModelCheckpoint`` saving ``last.ckpt`` every epoch, and atomic checkpoint writes
+(:class:`~lightning_per.callbacks.AtomicCheckpointIO`). A ``save_dir``/``dirpath`` left null in those
+means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` for checkpoints).
+``--torch_num_threads`` (default 1) sets torch's intra-op CPU threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_per.dqn import DQN
+
+__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS"]
+
+_CB = "lightning_per.callbacks."
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "default_root_dir": "runs/dqn",
+    "max_epochs": 1000,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+    "enable_model_summary": False,
+    "logger": {"class_path": _CB + "AutoModeWandbLogger",
+               "init_args": {"save_dir": None, "project": "lightning_per", "finish_on_end": True}},
+    "callbacks": [
+        {"class_path": _CB + "AsyncMetricsCallback",
+         "init_args": {"prog_bar": ["loss", "q_mean", "episode_return", "epsilon", "env_steps"]}},
+        {"class_path": _CB + "RunArtifactsCallback"},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"dirpath": None, "save_last": True, "save_top_k": 0, "every_n_epochs": 1}},
+    ],
+    "plugins": [{"class_path": _CB + "AtomicCheckpointIO"}],
+}
+
+
+def _class_name(cfg: Any) -> str:
+    if isinstance(cfg, dict) or hasattr(cfg, "get"):
+        return str(cfg.get("class_path", ""))
+    return type(cfg).__name__
+
+
+class LightningPerCLI(LightningCLI):
+    """LightningCLI for :class:`~lightning_per.dqn.DQN` that fills run-directory paths left null."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.set_defaults({f"trainer.{k}": v for k, v in TRAINER_DEFAULTS.items()})
+        parser.add_argument("--torch_num_threads", type=int | None, default=1,
+                            help="torch.set_num_threads for this process (intra-op CPU threads; small "
+                                 "networks run fastest with 1, and env stepping shares the cores). "
+                                 "null leaves torch's default.")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        if cfg is None:
+            return
+        threads = cfg.get("torch_num_threads")
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"torch_num_threads must be >= 1 or null, got {threads}")
+            torch.set_num_threads(threads)
+        trainer = cfg["trainer"]
+        root = trainer.get("default_root_dir") or os.getcwd()
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            if _class_name(logger).endswith("WandbLogger"):
+                args = logger.get("init_args")
+                if args is not None and args.get("save_dir") in (None, "."):
+                    args["save_dir"] = root
+        for cb in trainer.get("callbacks") or []:
+            if _class_name(cb).endswith("ModelCheckpoint"):
+                args = cb.get("init_args")
+                if args is not None and args.get("dirpath") is None:
+                    args["dirpath"] = os.path.join(root, "checkpoints")
+
+
+def _cheap_cuda_check_without_gpu() -> None:
+    """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` when imported (fork safety). Without a GPU
+    torch then asks NVML again on every ``torch.cuda.is_available()``, which ``torch.optim.Adam.step``
+    calls each step: ~0.5 ms per update on a CPU machine. With no GPU visible there is nothing a fork
+    could poison, so use the runtime check, whose answer is cached."""
+    if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and not torch.cuda.is_available():
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"
+
+
+def cli_main(args: Sequence[str] | None = None, run: bool = True) -> LightningPerCLI:
+    """Build (and with ``run=True`` run) the DQN CLI on ``args`` (default ``sys.argv[1:]``)."""
+    _cheap_cuda_check_without_gpu()
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
+                            category=Warning)
+    return LightningPerCLI(DQN, seed_everything_default=0,
+                           save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
+                           run=run, auto_configure_optimizers=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``lightning-per``: ``ga3c ...`` goes to ``lightning_per.ga3c.cli:main``
+    (when that module exists), anything else to the LightningCLI (``fit``, ``validate``...)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "ga3c":
+        if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
+            raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
+        return importlib.import_module("lightning_per.ga3c.cli").main(args[1:]) or 0
+    cli_main(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,383 @@
+"""The DQN LightningModule: prioritized replay on the learner's device, no host sync per step.
+
+One training step = collect ``1 / replay_ratio`` env steps (on average) -> extend the buffer ->
+sample -> double-DQN n-step target -> IS-weighted Huber loss -> backward -> clip -> Adam step ->
+priority update -> target-network update -> in-place metric accumulation. An epoch is
+``updates_per_epoch`` such steps, fed by a *sized* dataset of step indices (an unsized iterable
+would make Lightning prefetch, i.e. sample from stale priorities).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_per import make_replay_buffer
+from lightning_per.callbacks.accumulator import MetricAccumulator
+from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
+from lightning_per.dqn.collector import NStepCollector
+from lightning_per.dqn.config import ReplayConfig, check_range
+from lightning_per.dqn.graph import CapturedUpdate
+from lightning_per.dqn.learner import learner_step
+from lightning_per.dqn.networks import make_q_network
+from lightning_per.dqn.targets import hard_update, linear_schedule, polyak_update
+from lightning_per.envs import EnvConfig, make_env
+
+__all__ = ["DQN", "StepIndices"]
+
+_STATE_VERSION = 1
+_RING = 100  # episode returns kept for RunArtifactsCallback (it reads the last 20)
+_METRICS = {"loss": "mean", "td_abs_mean": "mean", "td_abs_max": "max", "q_mean": "mean",
+            "is_weight_mean": "mean", "episode_return": "mean", "episode_length": "mean",
+            "env_steps": "last", "updates": "last", "clamped_priorities": "last", "epsilon": "last",
+            "beta": "last"}
+
+
+class StepIndices(Dataset):
+    """A sized dataset ``0 .. n-1``: one item per gradient update of an epoch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class DQN(LightningModule):
+    """Deep Q-learning (Mnih et al. 2015) with double-DQN targets (van Hasselt et al. 2016,
+    arXiv:1509.06461), n-step returns, a dueling head option (Wang et al. 2016, arXiv:1511.06581)
+    and prioritized replay (Schaul et al. 2016, arXiv:1511.05952) kept on the learner's device.
+
+    Args:
+        env: environment (see :class:`lightning_per.envs.EnvConfig`).
+        replay: replay buffer and IS-exponent schedule (see :class:`lightning_per.dqn.ReplayConfig`).
+        network: ``mlp`` for state vectors, ``nature_cnn`` for stacked frames (Mnih et al. 2015).
+        hidden_sizes: MLP widths (for ``nature_cnn``, the last one is the fully connected width).
+        dueling: dueling head ``Q = V + A - mean A``.
+        gamma: discount factor in [0, 1].
+        n_step: return horizon n >= 1 (targets bootstrap after n steps).
+        double_dqn: choose the bootstrap action with the online network (double DQN).
+        lr: Adam learning rate.
+        adam_eps: Adam epsilon.
+        huber_delta: Huber loss threshold (1 = error clipping of Mnih et al.).
+        grad_clip_norm: clip the global gradient L2 norm to this value; None disables.
+        target_update_interval: hard copy online -> target every this many updates (``target_tau`` None).
+        target_tau: Polyak factor tau in (0, 1]: ``target <- (1-tau) target + tau online`` every update.
+        epsilon_start: exploration probability at env step 0.
+        epsilon_end: exploration probability after ``epsilon_decay_steps`` env steps.
+        epsilon_decay_steps: env steps of the linear epsilon decay.
+        warmup_steps: env steps with uniformly random actions before the first update.
+        replay_ratio: gradient updates per env step (0.25 = one update per 4 env steps).
+        updates_per_epoch: gradient updates per Lightning epoch (metrics are logged once per epoch).
+        max_env_steps: stop training once this many env steps were taken (None: no limit).
+        target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
+            this value (None: never); one host read per epoch.
+        seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r).
+        compile: capture the learner update in a CUDA graph (CUDA only; see ``dqn/graph.py``).
+        checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
+            run draws the same samples; False keeps checkpoints small (resume warms up again).
+
+    Raises:
+        ValueError: any argument out of range, naming it.
+    """
+
+    def __init__(self, env: EnvConfig | None = None, replay: ReplayConfig | None = None,
+                 network: Literal["mlp", "nature_cnn"] = "mlp", hidden_sizes: Sequence[int] = (256, 256),
+                 dueling: bool = False, gamma: float = 0.99, n_step: int = 3, double_dqn: bool = True,
+                 lr: float = 5e-4, adam_eps: float = 1e-8, huber_delta: float = 1.0,
+                 grad_clip_norm: float | None = 10.0, target_update_interval: int = 500,
+                 target_tau: float | None = None, epsilon_start: float = 1.0, epsilon_end: float = 0.01,
+                 epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
+                 updates_per_epoch: int = 500, max_env_steps: int | None = None,
+                 target_return: float | None = None, seed: int = 0, compile: bool = False,
+                 checkpoint_replay: bool = True) -> None:
+        super().__init__()
+        env = EnvConfig(**env) if isinstance(env, dict) else (env or EnvConfig())
+        replay = ReplayConfig(**replay) if isinstance(replay, dict) else (replay or ReplayConfig())
+        env.validate()
+        replay.validate()
+        _validate(locals())
+        self.save_hyperparameters(ignore=["env", "replay"])
+        self.hparams["env"], self.hparams["replay"] = asdict(env), asdict(replay)
+        self.env_config, self.replay_config = env, replay
+        self.automatic_optimization = False
+
+        obs_shape, self.n_actions = _probe_env(env)
+        self.q_net = make_q_network(network, obs_shape, self.n_actions, list(hidden_sizes), dueling)
+        self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
+        # the same Parameter objects for the whole run (.to() moves their data in place)
+        self._params = (list(self.target_net.parameters()), list(self.q_net.parameters()))
+        self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates"))
+        ring, count = new_episode_ring(_RING)  # (100,) float32 NaN / () int64, see callbacks.episodes
+        self.register_buffer("episode_returns_ring", ring)
+        self.register_buffer("episode_returns_count", count)
+        self.collector: NStepCollector | None = None
+        self.rb = None
+        self._replay_rng: torch.Generator | None = None
+        self._captured: CapturedUpdate | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self.env_steps = 0  # host counters: deterministic, never read from the device
+        self.updates = 0
+        self._credit = 0.0
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str) -> None:
+        if self.collector is not None:
+            return
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        if self.hparams.compile and device.type != "cuda":
+            raise ValueError(f"compile=True captures the update in a CUDA graph and needs a CUDA device; "
+                             f"this run is on {device}. Set model.compile=false (or use a GPU).")
+        self.build_runtime(device)
+
+    def build_runtime(self, device: torch.device | str) -> None:
+        """Create the env, collector, replay buffer and device-side metrics on ``device``."""
+        device = torch.device(device)
+        seed = self.hparams.seed + 1000 * self.global_rank
+        env_device = device if self.env_config.backend == "torch" else torch.device("cpu")
+        env = make_env(self.env_config, env_device, seed=seed)
+        self.collector = NStepCollector(env, self.hparams.n_step, self.hparams.gamma, self.n_actions, device,
+                                        seed=seed + 1)
+        self._replay_rng = torch.Generator()  # the buffer derives its device generator from this one
+        self._replay_rng.manual_seed(seed + 2)
+        r = self.replay_config
+        self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
+                                     alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng)
+        self.metrics.to(device)
+        if self._pending_state is not None:
+            self._load_dqn_state(self._pending_state)
+            self._pending_state = None
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StepIndices(self.hparams.updates_per_epoch), batch_size=None, shuffle=False)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        # fused: one kernel for all parameters (CPU and CUDA); capturable: step counters on the device
+        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr, eps=self.hparams.adam_eps,
+                                fused=True, capturable=bool(self.hparams.compile))
+
+    def forward(self, observation: Tensor) -> Tensor:
+        """Action values ``(B, A) float32`` of ``observation (B, *obs_shape)`` (online network)."""
+        return self.q_net(observation)
+
+    # ------------------------------------------------------------------ collection
+    def on_train_start(self) -> None:
+        batch = self.replay_config.batch_size
+        while self.env_steps < self.hparams.warmup_steps or len(self.rb) < batch:
+            self._collect(random=True)
+
+    def _collect(self, random: bool = False) -> None:
+        """One vector step: ``num_envs`` env steps into the buffer, episode stats into the metrics."""
+        h = self.hparams
+        eps = 1.0 if random else linear_schedule(h.epsilon_start, h.epsilon_end, h.epsilon_decay_steps,
+                                                 self.env_steps)
+        out = self.collector.step(None if random else self.q_net, eps)
+        self.env_steps += self.collector.num_envs
+        if out.transitions is not None:
+            self.rb.extend(out.transitions)
+        n_done = out.done.sum()
+        self.metrics.add("episode_return", out.episode_return.sum(), count=n_done)
+        self.metrics.add("episode_length", out.episode_length.sum(), count=n_done)
+        self.metrics.add("epsilon", eps)
+        ring, count = self.episode_returns_ring, self.episode_returns_count
+        push_episode_returns(ring, count, out.episode_return.to(ring.device), out.done.to(ring.device))
+
+    # ------------------------------------------------------------------ learning
+    def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None) -> dict[str, Tensor]:
+        """:func:`~lightning_per.dqn.learner.learner_step` with this module's networks and settings."""
+        h = self.hparams
+        return learner_step(self.q_net, self.target_net, optimizer, b, double_dqn=h.double_dqn,
+                            huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, backward=backward)
+
+    def training_step(self, step: int, batch_idx: int) -> Tensor:
+        self._credit += 1.0 / self.hparams.replay_ratio
+        while self._credit >= self.collector.num_envs:
+            self._collect()
+            self._credit -= self.collector.num_envs
+        if self.hparams.compile and self._graph_scope() == "full":
+            if self._captured is None:
+                params = list(self.q_net.parameters())
+                self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, params,
+                                                generators=[self.rb.sampler.generator])
+            out = self._captured()
+            _count_optimizer_step(self.optimizers())
+        else:
+            batch = self.rb.sample()
+            out = self._update(_batch_inputs(batch, batch.get("priority_weight", None)))
+            if self.replay_config.sampler != "uniform":
+                self.rb.update_priority(batch["index"], out["td"].abs())
+        self._after_update(out)
+        return out["loss"]
+
+    def _graph_scope(self) -> str:
+        """``full`` when the sampler can be captured with the update (ours, proportional, on CUDA)."""
+        gen = getattr(self.rb.sampler, "generator", None)
+        on_cuda = isinstance(gen, torch.Generator) and gen.device.type == "cuda"
+        return "full" if self.replay_config.sampler == "proportional" and on_cuda else "learner"
+
+    def _full_update(self, _: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Sample -> batch -> learner step -> priority update, on the device (the captured body)."""
+        rb = self.rb
+        index, info = rb.sampler.sample(rb.storage, self.replay_config.batch_size)  # [B], {[B]}
+        b = _batch_inputs(rb.storage.get(index), info["priority_weight"])
+        out = self._learner_step(b, optimizer=self.optimizers().optimizer)
+        rb.sampler.update_priority(index, out["td"].abs(), storage=None)  # indices come from the sampler
+        return out
+
+    def _update(self, b: dict[str, Tensor]) -> dict[str, Tensor]:
+        opt = self.optimizers()
+        if not self.hparams.compile:
+            opt.zero_grad(set_to_none=True)
+            return self._learner_step(b, backward=self.manual_backward, optimizer=opt)
+        if self._captured is None:
+            raw = opt.optimizer
+            self._captured = CapturedUpdate(lambda x: self._learner_step(x, optimizer=raw), b, raw,
+                                            list(self.q_net.parameters()))
+        out = self._captured(b)
+        _count_optimizer_step(opt)
+        return out
+
+    def _after_update(self, out: dict[str, Tensor]) -> None:
+        h, r = self.hparams, self.replay_config
+        self.updates += 1
+        if h.target_tau is not None:
+            polyak_update(*self._params, h.target_tau)
+        elif self.updates % h.target_update_interval == 0:
+            hard_update(*self._params)
+        td_abs = out["td"].abs()
+        m = self.metrics
+        m.add("loss", out["loss"])
+        m.add("td_abs_mean", td_abs.mean())
+        m.add("td_abs_max", td_abs.max())
+        m.add("q_mean", out["q"].mean())
+        m.add("is_weight_mean", out["weight"].mean())
+        m.add("env_steps", self.env_steps)
+        m.add("updates", self.updates)
+        if r.sampler != "uniform":
+            beta = linear_schedule(r.beta, r.beta_end, r.beta_anneal_updates, self.updates)
+            self.rb.sampler.beta = beta
+            m.add("beta", beta)
+            clamped = getattr(self.rb.sampler, "clamped_priority_count", None)
+            if isinstance(clamped, Tensor):
+                m.add("clamped_priorities", clamped)
+        if h.max_env_steps is not None and self.env_steps >= h.max_env_steps:
+            self.trainer.should_stop = True
+
+    def on_train_epoch_end(self) -> None:
+        target = self.hparams.target_return
+        if target is None:
+            return
+        mean = recent_mean_return(self.episode_returns_ring, self.episode_returns_count, 20)  # one host read
+        solved = mean is not None and int(self.episode_returns_count) >= 20 and mean >= target
+        if solved:
+            rank_zero_info(f"target_return={target} reached (mean of the last 20 episodes) after "
+                           f"{self.env_steps} env steps and {self.updates} updates: stopping.")
+            self.trainer.should_stop = True
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = {
+            "version": _STATE_VERSION, "env_steps": self.env_steps, "updates": self.updates,
+            "credit": self._credit,
+            "metrics": self.metrics.state_dict(), "torch_rng": torch.get_rng_state(),
+            "collector": self.collector.state_dict() if self.collector is not None else None,
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        if self.hparams.checkpoint_replay and self.rb is not None:
+            state["replay"] = self.rb.state_dict()
+            state["replay_rng"] = self._replay_rng.get_state()
+        checkpoint["dqn_state"] = state
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("dqn_state")
+        if state is None:
+            warnings.warn("checkpoint has no 'dqn_state': replay, counters and RNG start fresh", stacklevel=2)
+            return
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"dqn_state version {state.get('version')!r} is not supported "
+                             f"(this code reads version {_STATE_VERSION})")
+        if self.collector is None:  # e.g. DQN.load_from_checkpoint: applied by build_runtime()
+            self._pending_state = state
+            return
+        self._load_dqn_state(state)
+
+    def _load_dqn_state(self, state: dict[str, Any]) -> None:
+        self.env_steps, self.updates, self._credit = state["env_steps"], state["updates"], state["credit"]
+        self.metrics.load_state_dict(state["metrics"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if state["collector"] is not None:
+            self.collector.load_state_dict(state["collector"])
+        if "replay" in state:
+            self.rb.load_state_dict(state["replay"])
+            self._replay_rng.set_state(state["replay_rng"])
+        elif self.hparams.warmup_steps > 0:
+            warnings.warn("checkpoint has no replay buffer (checkpoint_replay=False): it refills during a "
+                          "new warm-up", stacklevel=2)
+
+
+def _count_optimizer_step(opt) -> None:
+    """Graph mode steps the raw optimizer inside the CUDA graph, past Lightning's optimizer wrapper:
+    report the step to Lightning's progress tracking (``trainer.global_step``) through the wrapper's
+    step hooks, which is all that ``LightningOptimizer.step`` adds around ``optimizer.step``."""
+    for hook in ("_on_before_step", "_on_after_step"):
+        fn = getattr(opt, hook, None)
+        if fn is not None:
+            fn()
+
+
+def _batch_inputs(batch, weight: Tensor | None) -> dict[str, Tensor]:
+    """The learner's inputs from a replay TensorDict ``[B]`` (IS weights default to ones)."""
+    reward = batch["reward"]
+    return {"observation": batch["observation"], "next_observation": batch["next_observation"],
+            "action": batch["action"], "reward": reward, "discount": batch["discount"],
+            "weight": torch.ones_like(reward) if weight is None else weight.to(torch.float32)}
+
+
+def _probe_env(env: EnvConfig) -> tuple[tuple[int, ...], int]:
+    """(observation shape without batch dims, number of actions) from a one-member env on the CPU."""
+    probe = make_env(replace(env, num_envs=1, vectorization="sync"), "cpu")
+    try:
+        obs_shape = tuple(probe.observation_spec["observation"].shape[1:])
+        n_actions = int(probe.action_spec.space.n)
+    finally:
+        probe.close()
+    return obs_shape, n_actions
+
+
+def _validate(a: dict[str, Any]) -> None:
+    """Range checks of the DQN arguments (ValueError naming the argument)."""
+    check_range("gamma", a["gamma"], low=0.0, high=1.0)
+    check_range("n_step", a["n_step"], low=1)
+    check_range("lr", a["lr"], low=0.0, low_open=True)
+    check_range("adam_eps", a["adam_eps"], low=0.0, low_open=True)
+    check_range("huber_delta", a["huber_delta"], low=0.0, low_open=True)
+    check_range("grad_clip_norm", a["grad_clip_norm"], low=0.0, low_open=True, allow_none=True)
+    check_range("target_update_interval", a["target_update_interval"], low=1)
+    check_range("target_tau", a["target_tau"], low=0.0, high=1.0, low_open=True, allow_none=True)
+    check_range("epsilon_start", a["epsilon_start"], low=0.0, high=1.0)
+    check_range("epsilon_end", a["epsilon_end"], low=0.0, high=1.0)
+    check_range("epsilon_decay_steps", a["epsilon_decay_steps"], low=0)
+    check_range("warmup_steps", a["warmup_steps"], low=0)
+    check_range("replay_ratio", a["replay_ratio"], low=0.0, low_open=True)
+    check_range("updates_per_epoch", a["updates_per_epoch"], low=1)
+    check_range("max_env_steps", a["max_env_steps"], low=1, allow_none=True)
+    if a["network"] not in ("mlp", "nature_cnn"):
+        raise ValueError(f"network must be 'mlp' or 'nature_cnn', got {a['network']!r}")
+    if len(a["hidden_sizes"]) == 0 or any(int(w) < 1 for w in a["hidden_sizes"]):
+        raise ValueError(f"hidden_sizes must be a non-empty list of positive widths, "
+                         f"got {list(a['hidden_sizes'])}")

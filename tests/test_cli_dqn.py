@@ -1,0 +1,115 @@
+"""The ``lightning-per fit`` command end to end, with tiny sizes (each run a few seconds on 2 cores)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch import Trainer
+
+from lightning_per import cli
+from lightning_per.callbacks import read_wandb_history
+from lightning_per.dqn import DQN, ReplayConfig
+from lightning_per.envs import EnvConfig
+
+TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
+        "--model.hidden_sizes=[16, 16]", "--model.warmup_steps=64", "--model.updates_per_epoch=20",
+        "--trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture(autouse=True)
+def _offline_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def _fit(run_dir: Path, *extra: str, epochs: int = 3, logger: bool = False):
+    args = ["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"), *TINY,
+            f"--trainer.default_root_dir={run_dir}", f"--trainer.max_epochs={epochs}"]
+    if not logger:
+        args.append("--trainer.logger=false")
+    return cli.cli_main([*args, *extra])
+
+
+def test_fit_writes_checkpoint_summary_plot_and_one_wandb_row_per_epoch(tmp_path):
+    run = _fit(tmp_path, epochs=3, logger=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "done"
+    assert summary["updates"] == 60 and summary["epochs"] == 3
+    assert summary["env_steps"] >= 64 and summary["world_size"] == 1 and summary["device"] == "cpu"
+    assert math.isfinite(summary["metrics"]["loss"])
+    assert summary["updates_per_s"] > 0
+    assert (tmp_path / "learning_curve.png").stat().st_size > 0
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert "dqn_state" in ckpt and "replay" in ckpt["dqn_state"]
+    rows = [r for r in read_wandb_history(tmp_path / "wandb", timeout_s=60) if "train/loss" in r]
+    assert len(rows) == 3
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+    assert run.model.env_steps == summary["env_steps"]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    full = _fit(tmp_path / "full", epochs=4)
+    _fit(tmp_path / "part", epochs=2)
+    resumed = _fit(tmp_path / "part", "--ckpt_path", str(tmp_path / "part" / "checkpoints" / "last.ckpt"),
+                   epochs=4)
+    assert (resumed.model.env_steps, resumed.model.updates) == (full.model.env_steps, full.model.updates)
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=f"{name} differs after resume")
+    torch.testing.assert_close(full.model.rb.sample()["index"], resumed.model.rb.sample()["index"])
+
+
+def test_torch_env_backend_runs_through_the_cli(tmp_path):
+    run = _fit(tmp_path, "--model.env.backend=torch", "--model.n_step=1", "--model.double_dqn=false",
+               "--model.dueling=true", "--model.target_tau=0.01", epochs=1)
+    assert run.model.updates == 20
+    assert (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("arg, match", [
+    ("--model.n_step=0", "n_step"),
+    ("--model.gamma=1.5", "gamma"),
+    ("--model.replay.batch_size=5000", "replay.batch_size"),
+    ("--model.env.num_envs=0", "env.num_envs"),
+    ("--torch_num_threads=0", "torch_num_threads"),
+])
+def test_bad_config_values_raise_value_errors_naming_the_argument(tmp_path, arg, match):
+    with pytest.raises(ValueError, match=match):
+        _fit(tmp_path, arg, epochs=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
+def test_graph_mode_on_cpu_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="CUDA"):
+        _fit(tmp_path, "--model.compile=true", epochs=1)
+
+
+def test_main_dispatches_ga3c_to_its_own_cli(monkeypatch):
+    calls = []
+    fake = types.ModuleType("lightning_per.ga3c.cli")
+    fake.__spec__ = importlib.machinery.ModuleSpec("lightning_per.ga3c.cli", None)
+    fake.main = lambda argv: calls.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "lightning_per.ga3c.cli", fake)
+    assert cli.main(["ga3c", "--config", "x.yaml"]) == 0
+    assert calls == [["--config", "x.yaml"]]
+
+
+@pytest.mark.parametrize("name", ["dqn_cartpole.yaml", "dqn_cartpole_gpu.yaml", "dqn_pong.yaml"])
+def test_shipped_configs_build_the_model_and_name_real_trainer_arguments(name):
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "configs" / name).read_text())
+    assert set(cfg["trainer"]) <= set(inspect.signature(Trainer.__init__).parameters)
+    model = dict(cfg["model"])
+    env = EnvConfig(**model.pop("env"))
+    if env.backend == "ale" and importlib.util.find_spec("ale_py") is None:
+        pytest.skip("needs ale_py")
+    DQN(env=env, replay=ReplayConfig(**model.pop("replay")), **model)

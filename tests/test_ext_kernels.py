@@ -1,0 +1,277 @@
+"""Compiled replay kernels (``ext/``, package ``lightning_per.ext``) against the reference ops.
+
+Runs the kernels on CUDA when available (tests marked ``gpu``), else on CPU tensors through Triton's
+interpreter (sizes kept small: ~12 s). The interpreter must be chosen before ``triton`` is first
+imported (``import lightning_per`` imports it through torchrl), so ``conftest.py`` sets
+``TRITON_INTERPRET=1`` on machines without CUDA; when the file runs alone this module sets it too.
+If triton was imported without it, the CPU cases are skipped. GPU-only checks (large N, drift, CUDA
+graphs, sync-free) live in ``test_ext_kernels_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
+
+triton = pytest.importorskip("triton")
+import lightning_per.ext as ext  # noqa: E402
+from lightning_per.ext import _common, blocks, composite, priority, rank, sample, update  # noqa: E402
+from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
+from lightning_per.ops import dispatch, reference  # noqa: E402
+
+if CUDA:
+    KDEVS = [pytest.param("cuda", marks=pytest.mark.gpu)]
+elif _common.INTERPRET and isinstance(triton.language.cumsum, InterpretedFunction):
+    KDEVS = ["cpu"]
+else:  # triton (or the kernels) imported earlier in this process without the interpreter
+    KDEVS = [pytest.param("cpu", marks=pytest.mark.skip(
+        reason="triton was imported without TRITON_INTERPRET=1 (see conftest.py)"))]
+
+
+@pytest.fixture(params=KDEVS)
+def kdev(request):
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+class _Len:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+# ---------------------------------------------------------------------------------------- search
+@pytest.mark.parametrize("capacity,max_chunk", [(7, 4096), (33, 4)])
+def test_two_level_search_same_index_as_reference_with_ties(kdev, gen, capacity, max_chunk):
+    """Integer masses make every prefix sum exact: boundary draws (u S == C_i) must resolve alike."""
+    leaves, bs, _ = make_levels(capacity, kdev, gen)
+    u = boundary_uniforms(bs, 4, gen, n_bound=16 if max_chunk > 4 else 8)
+    index, value, _ = sample._launch_sample(leaves, bs, None, u, None, 0.0, False, max_chunk=max_chunk)
+    want_index, want_value = reference.two_level_search_with_values(leaves, bs, u)
+    torch.testing.assert_close(index, want_index, rtol=0, atol=0)
+    torch.testing.assert_close(value, want_value, rtol=0, atol=0)
+    assert (value > 0).all()  # never a zero-mass slot
+
+
+def test_two_level_search_float_masses_and_public_wrapper(kdev, gen):
+    leaves, bs, _ = make_levels(50, kdev, gen, integer=False)
+    u = torch.rand(8, generator=gen, dtype=torch.float64).to(kdev)
+    torch.testing.assert_close(ext.sample.two_level_search(leaves, bs, u),
+                               reference.two_level_search(leaves, bs, u))
+
+
+@pytest.mark.parametrize("normalize", ["buffer", "batch"])
+@pytest.mark.parametrize("stratified", [True, False])
+def test_sample_proportional_matches_composite(kdev, gen, normalize, stratified):
+    leaves, bs, bm = make_levels(30, kdev, gen)
+    u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
+    beta = torch.tensor(0.7, dtype=torch.float64, device=kdev) if stratified else 0.4  # tensor or float
+    index, w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    want_index, want_w = composite.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    torch.testing.assert_close(index, want_index, rtol=0, atol=0)
+    torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
+    assert w.dtype == torch.float32 and (w <= 1).all()
+
+
+def test_all_zero_masses_give_the_last_slot_not_out_of_range(kdev):
+    leaves = torch.zeros(3, 4, device=kdev)
+    bs = torch.zeros(3, dtype=torch.float64, device=kdev)
+    u = torch.tensor([0.0, 0.5], dtype=torch.float64, device=kdev)
+    assert sample.two_level_search(leaves, bs, u).tolist() == [11, 11]
+
+
+# ---------------------------------------------------------------------------------------- update
+@pytest.mark.parametrize("max_chunk,max_quadratic", [(4096, 4096), (4, 4096), (4096, 8)])
+def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, max_quadratic):
+    """Duplicated slots with clashing values (last wins), NaN/Inf/negative priorities, rejected slots."""
+    capacity, n_valid = 45, 40
+    leaves = make_levels(capacity, kdev, gen, integer=False)[0]
+    got, want = fresh_state(leaves), fresh_state(leaves)
+    for alpha in (0.6, torch.tensor(0.5, dtype=torch.float64, device=kdev)):
+        index = torch.randint(-3, capacity + 3, (20,), generator=gen)
+        index[:8] = index[8:16].flip(0)  # clashes, in both orders
+        prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
+        prio[2], prio[9], prio[13], prio[17] = float("nan"), float("inf"), -float("inf"), -0.5
+        index, prio = index.to(kdev), prio.to(kdev)
+        args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha, eps=1e-6)
+        update._launch_write(*got.values(), index, prio, n_valid, capacity,
+                             *_common.scalar_arg(alpha, "alpha", kdev), 1e-6, max_chunk=max_chunk,
+                             max_quadratic=max_quadratic)
+        composite.write_priorities(**want, **args)
+    for key in ("raw_store", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+    assert got["n_clamped"].item() == want["n_clamped"].item() == 8
+    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
+    assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
+
+
+def test_write_priorities_public_op_and_validation(kdev, gen):
+    leaves = make_levels(20, kdev, gen)[0]
+    st = fresh_state(leaves)
+    index = torch.tensor([3, 3, 5], device=kdev)
+    prio = torch.tensor([1.0, 2.0, 4.0], device=kdev)
+    update.write_priorities(**st, index=index, priority=prio, n_valid=20, trash=20, alpha=1.0, eps=0.0)
+    assert st["raw_store"][3].item() == 2.0 and st["leaves"].view(-1)[5].item() == 4.0
+    assert st["max_raw"].item() == 4.0  # max over every accepted value, the overwritten 1.0 included
+    with pytest.raises(ValueError, match="priority must have 3 elements"):
+        update.write_priorities(**st, index=index, priority=torch.ones(2, device=kdev), n_valid=20, trash=20,
+                                alpha=1.0, eps=0.0)
+    with pytest.raises(ValueError, match="n_valid"):
+        update.write_priorities(**st, index=index, priority=torch.ones(3, device=kdev), n_valid=21, trash=20,
+                                alpha=1.0, eps=0.0)
+
+
+# ------------------------------------------------------------------------------- per-op kernels
+def test_priority_ops_match_reference(kdev, gen):
+    raw = torch.tensor([0.5, float("nan"), float("inf"), -float("inf"), -2.0, 0.0, 3.0], device=kdev)
+    mp = torch.tensor(7.0, device=kdev)
+    clean, n_bad = priority.sanitize_priority(raw, mp)
+    want_clean, want_bad = reference.sanitize_priority(raw, mp)
+    torch.testing.assert_close(clean, want_clean)
+    assert n_bad.item() == want_bad.item() == 4
+    c = torch.rand(50, generator=gen).to(kdev) * 3
+    for alpha in (0.0, 0.6, torch.tensor(0.8, dtype=torch.float64, device=kdev)):
+        torch.testing.assert_close(priority.transform_priority(c, alpha, 1e-8),
+                                   reference.transform_priority(c, alpha, 1e-8), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("max_chunk", [4096, 4])
+def test_reduce_blocks_matches_reference(kdev, gen, max_chunk):
+    rows = make_levels(150, kdev, gen, integer=False)[0]  # block 16, zeros and padding
+    total, low = blocks._launch_reduce(rows, max_chunk=max_chunk)
+    want_total, want_low = reference.reduce_blocks(rows)
+    torch.testing.assert_close(total, want_total, rtol=1e-12, atol=0)
+    torch.testing.assert_close(low, want_low, rtol=0, atol=0)
+
+
+def test_last_writer_and_last_write_wins(kdev, gen):
+    index = torch.randint(0, 9, (100,), generator=gen).to(kdev)  # two programs of 64
+    values = torch.rand(100, generator=gen, dtype=torch.float64).to(kdev)
+    torch.testing.assert_close(blocks.last_write_wins(index, values),
+                               reference.last_write_wins(index, values))
+    pos = torch.arange(100, dtype=torch.int32, device=kdev)
+    got = blocks.last_writer(index, torch.zeros(9, dtype=torch.int32, device=kdev), pos)
+    assert got.dtype == torch.int64
+    torch.testing.assert_close(got, reference.last_write_wins(index, pos.long()))
+
+
+def test_is_weights_matches_reference(kdev, gen):
+    p = torch.rand(40, generator=gen).to(kdev) + 0.1
+    for beta in (0.5, torch.tensor(0.4, dtype=torch.float64, device=kdev)):
+        for normalize in ("buffer", "batch"):
+            torch.testing.assert_close(sample.is_weights(p, p.min(), beta, normalize),
+                                       reference.is_weights(p, p.min(), beta, normalize), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("normalize", ["buffer", "batch"])
+def test_rank_sample_matches_composite(kdev, gen, normalize):
+    _, cdf = reference.rank_weights(300, 0.7, kdev)
+    order = torch.randperm(300, generator=gen).to(kdev)
+    u = torch.cat([torch.rand(40, generator=gen, dtype=torch.float64), torch.tensor([0.0, 0.5])]).to(kdev)
+    alpha, beta = (torch.tensor(v, dtype=torch.float64, device=kdev) for v in (0.7, 0.5))
+    for n in (1, 257, 300):
+        index, w = rank.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
+        want_index, want_w = composite.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
+        torch.testing.assert_close(index, want_index, rtol=0, atol=0)
+        torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
+
+
+def test_launchers_raise_with_the_limit(kdev):
+    u = torch.rand(4, dtype=torch.float64, device=kdev)
+    wide = torch.zeros(1, _common.MAX_BLOCK + 1, device=kdev)
+    with pytest.raises(ValueError, match=f"block in \\[1, {_common.MAX_BLOCK}\\]"):
+        sample.two_level_search(wide, torch.zeros(1, dtype=torch.float64, device=kdev), u)
+    leaves = torch.ones(2, 4, device=kdev)
+    with pytest.raises(TypeError, match="block_sum must be torch.float64"):
+        sample.two_level_search(leaves, torch.ones(2, device=kdev), u)
+    with pytest.raises(ValueError, match="block_sum must have 2 elements"):
+        sample.two_level_search(leaves, torch.ones(3, dtype=torch.float64, device=kdev), u)
+    with pytest.raises(ValueError, match="B >= 1"):
+        sample.two_level_search(leaves, torch.ones(2, dtype=torch.float64, device=kdev), u[:0])
+    with pytest.raises(ValueError, match="n must lie in"):
+        rank.rank_sample(u, torch.ones(3, dtype=torch.float64, device=kdev), torch.arange(3, device=kdev), 4,
+                         0.5, 0.5)
+
+
+# ------------------------------------------------------------------------- backend and samplers
+def test_make_backend_exposes_reference_names_and_passes_self_check(kdev):
+    backend = dispatch.select_backend(kdev, "kernels")  # make_backend + self-check, cached per device
+    for name in reference.__all__:
+        assert callable(getattr(backend, name)), name
+    assert backend.two_level_search_with_values is sample.two_level_search_with_values
+    assert backend.block_size_for is reference.block_size_for  # delegated
+    assert set(ext.FUSED_OPS) <= set(backend.COMPILED)
+
+
+@pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])
+def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback allowed here
+        fast = cls(45, 0.6, 0.4, device=kdev, backend="kernels", seed=3)
+    slow = cls(45, 0.6, 0.4, device=kdev, backend="reference", seed=3)
+    assert fast._ops is not reference and "two_level_search_with_values" in fast._ops.COMPILED
+    storage = _Len(40)
+    for s in (fast, slow):
+        s.mark_update(torch.arange(40), storage=storage)
+    for _ in range(2):
+        (i_fast, info_fast), (i_slow, info_slow) = fast.sample(storage, 8), slow.sample(storage, 8)
+        torch.testing.assert_close(i_fast, i_slow, rtol=0, atol=0)
+        torch.testing.assert_close(info_fast["priority_weight"], info_slow["priority_weight"], rtol=1e-6,
+                                   atol=0)
+        td = torch.rand(8, generator=torch.Generator().manual_seed(int(i_fast[0]))).to(kdev) * 3
+        fast.update_priority(i_fast, td, storage=storage)
+        slow.update_priority(i_slow, td, storage=storage)
+    torch.testing.assert_close(fast._leaves, slow._leaves, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast._block_sum, slow._block_sum, rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------------------------------- fallback
+def _select_with_failure(monkeypatch, device):
+    def boom(device):
+        raise RuntimeError("forced self-check failure")
+
+    monkeypatch.setattr(dispatch, "_CHECKED", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    monkeypatch.setattr(ext, "make_backend", boom)
+    monkeypatch.setattr(dispatch, "load_ext", lambda: ext)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = dispatch.select_backend(device, "kernels")
+        second = dispatch.select_backend(device, "kernels")
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    return first, second, runtime
+
+
+def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
+    """CPU-only check of the dispatcher path: select_backend(cuda, 'kernels') with a failing build."""
+    first, second, runtime = _select_with_failure(monkeypatch, torch.device("cuda"))
+    assert first is reference and second is reference
+    assert len(runtime) == 1 and "forced self-check failure" in str(runtime[0].message)
+
+
+def test_missing_ext_falls_back_with_one_warning(monkeypatch):
+    monkeypatch.setattr(dispatch, "_CHECKED", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    monkeypatch.setattr(dispatch, "load_ext", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backends = [dispatch.select_backend(torch.device("cuda:0"), "kernels") for _ in range(2)]
+    assert backends == [reference, reference]
+    assert sum(issubclass(w.category, RuntimeWarning) for w in caught) == 1

@@ -1,0 +1,299 @@
+"""GPU-only checks of the compiled replay kernels (``ext/``): same indices as the reference up to
+N = 1e6 (and 1e8 when memory allows), no drift after 10^6 updates, CUDA-graph capture and replay,
+no host synchronisation over 1000 steps, torch.compile, and the forced-failure fallback.
+
+    pytest -m gpu tests/test_ext_kernels.py tests/test_ext_kernels_gpu.py
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+triton = pytest.importorskip("triton")
+
+import lightning_per.ext as ext  # noqa: E402
+from lightning_per.ext import composite, rank, sample, update  # noqa: E402
+from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
+
+from lightning_per import GPUPrioritizedSampler  # noqa: E402
+from lightning_per.ops import dispatch, reference  # noqa: E402
+
+F64 = torch.float64
+
+
+class _Len:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def _levels(capacity: int, integer: bool, seed: int):
+    """Sampler-shaped ``(leaves, block_sum, block_min)`` built on the GPU (+1 trash slot, 25 % zeros)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(seed)
+    block = reference.block_size_for(capacity + 1)
+    n_blocks = -(-(capacity + 1) // block)
+    flat = torch.zeros(n_blocks * block, device=dev)
+    if integer:
+        flat[:capacity] = torch.randint(1, 4, (capacity,), device=dev, generator=g).float()
+    else:
+        flat[:capacity] = torch.rand(capacity, device=dev, generator=g) * 10 + 1e-3
+    flat[:capacity][torch.rand(capacity, device=dev, generator=g) < 0.25] = 0
+    leaves = flat.view(n_blocks, block)
+    block_sum, block_min = (t.contiguous() for t in reference.reduce_blocks(leaves))
+    return leaves, block_sum, block_min
+
+
+@pytest.mark.parametrize("capacity", [7, 33, 1000, 1_000_000, 999_999])
+@pytest.mark.parametrize("integer", [True, False])
+def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
+    leaves, bs, bm = _levels(capacity, integer, seed=capacity)
+    g = torch.Generator().manual_seed(capacity)
+    u = torch.rand(4096, generator=g, dtype=F64).cuda()
+    if integer:  # exact sums: boundary draws u S == C_i must resolve alike
+        u = torch.cat([u, boundary_uniforms(bs, 0, g)])
+    index, value = sample.two_level_search_with_values(leaves, bs, u)
+    want_index, want_value = reference.two_level_search_with_values(leaves, bs, u)
+    assert torch.equal(index, want_index), f"{(index != want_index).sum().item()} of {u.numel()} draws differ"
+    assert torch.equal(value, want_value) and (value > 0).all()
+    beta = torch.tensor(0.4, dtype=F64, device="cuda")
+    for normalize in ("buffer", "batch"):
+        got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
+        want = composite.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("capacity", [1001, 1_000_000])
+def test_sampler_kernels_backend_tracks_reference_backend(capacity):
+    storage = _Len(capacity)
+    fast = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=7)
+    slow = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="reference", seed=7)
+    assert "two_level_search_with_values" in fast._ops.COMPILED
+    td = torch.rand(capacity, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0)) * 5
+    for s in (fast, slow):
+        for start in range(0, capacity, 1 << 16):  # the per-op _write gathers (B, block) rows: chunk it
+            s.mark_update(torch.arange(start, min(capacity, start + (1 << 16))), storage=storage)
+    for _ in range(20):
+        (i_f, info_f), (i_s, info_s) = fast.sample(storage, 256), slow.sample(storage, 256)
+        assert torch.equal(i_f, i_s)
+        torch.testing.assert_close(info_f["priority_weight"], info_s["priority_weight"], rtol=1e-6, atol=0)
+        fast.update_priority(i_f, td[i_f], storage=storage)
+        slow.update_priority(i_s, td[i_s], storage=storage)
+    torch.testing.assert_close(fast._leaves, slow._leaves, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast._block_sum, slow._block_sum, rtol=1e-12, atol=0)
+
+
+ALPHA, EPS = 0.6, 1e-6
+
+
+def _written_state(capacity: int, seed: int):
+    """Every slot written: raw priorities in [0, 10), stored values ``(raw + EPS)^ALPHA``."""
+    leaves = _levels(capacity, integer=False, seed=seed)[0]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    raw = torch.zeros(leaves.numel(), device="cuda")
+    raw[:capacity] = torch.rand(capacity, device="cuda", generator=g) * 10
+    leaves.view(-1)[:capacity] = reference.transform_priority(raw[:capacity], ALPHA, EPS)
+    st = fresh_state(leaves)
+    st["raw_store"].copy_(raw)
+    return st
+
+
+def test_block_sums_equal_float64_recompute_after_1e6_updates():
+    capacity, batch, steps = 1_000_003, 1000, 1000
+    st = _written_state(capacity, seed=1)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    alpha = torch.tensor(ALPHA, dtype=F64, device="cuda")
+    for _ in range(steps):  # 10^6 updates over 6 orders of magnitude, with duplicates
+        index = torch.randint(0, capacity, (batch,), device="cuda", generator=g)
+        prio = torch.rand(batch, device="cuda", generator=g).pow(8) * 1e3
+        update.write_priorities(**st, index=index, priority=prio, n_valid=capacity, trash=capacity,
+                                alpha=alpha, eps=EPS)
+    exact = st["leaves"].double().sum(1)
+    rel = ((st["block_sum"] - exact).abs() / exact.clamp_min(1e-300)).max().item()
+    assert rel < 1e-6, rel
+    assert abs(st["block_sum"].sum().item() / exact.sum().item() - 1) < 1e-6
+    low = st["leaves"].masked_fill(st["leaves"] == 0, float("inf")).amin(1)
+    assert torch.equal(st["block_min"], low)
+    stored = reference.transform_priority(st["raw_store"][:capacity], alpha, EPS)
+    torch.testing.assert_close(st["leaves"].view(-1)[:capacity], stored, rtol=1e-6, atol=0)
+
+
+def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
+    if u is None:
+        u = torch.rand(batch, generator=gen, device="cuda", dtype=F64)
+    index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
+    update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity, trash=capacity,
+                            alpha=alpha, eps=1e-6)
+    out["index"], out["w"] = index, w
+
+
+def test_fused_step_captured_in_cuda_graph_replays_like_eager():
+    capacity, batch, steps = 100_003, 256, 20
+    st = _written_state(capacity, seed=3)
+    td = torch.rand(capacity, device="cuda")
+    beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, ALPHA))
+    uniforms = torch.rand(steps, batch, device="cuda", dtype=F64)
+    u_static = uniforms[0].clone()
+    out = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    start = {k: v.clone() for k, v in st.items()}
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            _fused_step(st, td, beta, alpha, capacity, batch, None, out, u_static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _fused_step(st, td, beta, alpha, capacity, batch, None, out, u_static)
+    for k, v in start.items():
+        st[k].copy_(v)
+    seen = []
+    for i in range(steps):
+        u_static.copy_(uniforms[i])
+        graph.replay()
+        seen.append((out["index"].clone(), out["w"].clone()))
+    after_graph = {k: v.clone() for k, v in st.items()}
+    for k, v in start.items():  # the same steps eagerly, from the same state
+        st[k].copy_(v)
+    for i in range(steps):
+        eager = {}
+        _fused_step(st, td, beta, alpha, capacity, batch, None, eager, uniforms[i])
+        assert torch.equal(eager["index"], seen[i][0]) and torch.equal(eager["w"], seen[i][1])
+    for k in st:
+        assert torch.equal(st[k], after_graph[k]), k
+    assert len(torch.cat([s[0] for s in seen]).unique()) > 1000
+
+
+def test_sampler_with_kernels_captured_in_cuda_graph():
+    capacity = 4096
+    sampler = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=0)
+    storage = _Len(capacity)
+    sampler.mark_update(torch.arange(capacity), storage=storage)
+    td = torch.rand(capacity, device="cuda")
+    static = {}
+
+    def step():
+        index, info = sampler.sample(storage, 256)
+        sampler.update_priority(index, td[index] + 0.01, storage=storage)
+        static["index"] = index
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    graph.register_generator_state(sampler.generator)
+    with torch.cuda.graph(graph):
+        step()
+    seen = set()
+    for _ in range(20):
+        graph.replay()
+        seen.update(static["index"].cpu().tolist())
+    idx = torch.tensor(sorted(seen), device="cuda")
+    torch.testing.assert_close(sampler._raw[idx], td[idx] + 0.01)
+    exact = sampler._leaves.double().sum(1)
+    torch.testing.assert_close(sampler._block_sum, exact, rtol=1e-12, atol=0)
+
+
+def test_no_host_sync_over_1000_steps():
+    capacity, batch = 100_000, 256
+    sampler = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=0)
+    storage = _Len(capacity)
+    sampler.mark_update(torch.arange(capacity), storage=storage)
+    st = _written_state(capacity, seed=5)
+    td = torch.rand(capacity, device="cuda")
+    beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, 0.6))
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    _, r_cdf = reference.rank_weights(capacity, 0.6, "cuda")
+    order = torch.randperm(capacity, device="cuda")
+
+    def step():
+        index, info = sampler.sample(storage, batch)
+        sampler.update_priority(index, info["priority_weight"] + 0.01, storage=storage)
+        _fused_step(st, td, beta, alpha, capacity, batch, gen, {})
+        rank.rank_sample(torch.rand(batch, device="cuda", dtype=F64, generator=gen), r_cdf, order, capacity,
+                         alpha, beta)
+
+    for _ in range(3):  # JIT compilation happens here
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(1000):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+def test_capacity_1e8_works():
+    free, _ = torch.cuda.mem_get_info()
+    if free < 8 << 30:
+        pytest.skip(f"needs 8 GB free, {free / 2**30:.1f} GB available")
+    capacity = 100_000_000
+    leaves, bs, bm = _levels(capacity, integer=True, seed=8)
+    g = torch.Generator().manual_seed(9)
+    u = torch.cat([torch.rand(512, generator=g, dtype=F64).cuda(), boundary_uniforms(bs, 0, g)])
+    index, value = sample.two_level_search_with_values(leaves, bs, u)
+    want_index, want_value = reference.two_level_search_with_values(leaves, bs, u)
+    assert torch.equal(index, want_index) and torch.equal(value, want_value)
+    st = fresh_state(leaves)
+    del leaves, bs, bm
+    g = torch.Generator(device="cuda").manual_seed(1)
+    idx = torch.randint(0, capacity, (256,), device="cuda", generator=g)
+    update.write_priorities(**st, index=idx, priority=torch.full((256,), 2.0, device="cuda"),
+                            n_valid=capacity, trash=capacity, alpha=1.0, eps=0.0)
+    blk = idx // st["leaves"].shape[1]
+    torch.testing.assert_close(st["block_sum"][blk], st["leaves"][blk].double().sum(1), rtol=1e-12, atol=0)
+    assert (st["leaves"].view(-1)[idx] == 2.0).all()
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    capacity, batch = 10_007, 128
+    beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, 0.6))
+    td = torch.rand(capacity, device="cuda")
+
+    def run(step_fn):
+        st = _written_state(capacity, seed=10)
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        u = torch.rand(4, batch, generator=gen, device="cuda", dtype=F64)
+        outs = [step_fn(st, u[i]) for i in range(4)]
+        return st, outs
+
+    def step(st, u):
+        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
+        update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity,
+                                trash=capacity, alpha=alpha, eps=1e-6)
+        return index, w
+
+    st_e, outs_e = run(step)
+    st_c, outs_c = run(torch.compile(step, fullgraph=True))
+    for (ie, we), (ic, wc) in zip(outs_e, outs_c):
+        assert torch.equal(ie, ic) and torch.equal(we, wc)
+    for k in st_e:
+        assert torch.equal(st_e[k], st_c[k]), k
+
+
+def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
+    def boom(device):
+        raise RuntimeError("forced self-check failure")
+
+    monkeypatch.setattr(dispatch, "_CHECKED", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    monkeypatch.setattr(ext, "make_backend", boom)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = [dispatch.select_backend(torch.device("cuda"), "kernels") for _ in range(2)]
+        sampler = GPUPrioritizedSampler(64, 0.6, 0.4, device="cuda", backend="kernels")
+    assert chosen == [reference, reference] and sampler._ops is reference
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(runtime) == 1 and "forced self-check failure" in str(runtime[0].message)
