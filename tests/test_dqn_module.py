@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import types
 
 import pytest
 import torch
@@ -143,3 +144,34 @@ def test_uniform_sampler_uses_unit_weights():
     m = _module(replay=ReplayConfig(capacity=512, batch_size=16, sampler="uniform"))
     m.training_step(0, 0)
     assert m.metrics.compute()["is_weight_mean"].item() == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile_, sampler, check_syncs", [
+    (True, "proportional", True),  # whole update in one CUDA graph
+    (False, "proportional", True),  # eager, still no host sync
+    (True, "uniform", False),  # learner-only graph, eager sampling
+])
+def test_cuda_training_steps_without_host_syncs(compile_, sampler, check_syncs):
+    m = DQN(env=EnvConfig(backend="torch", num_envs=8), hidden_sizes=(64, 64), warmup_steps=256,
+            replay=ReplayConfig(capacity=4096, batch_size=64, sampler=sampler), compile=compile_,
+            target_tau=0.01)
+    m.to("cuda")
+    m.build_runtime("cuda")
+    opt = m.configure_optimizers()
+    m.optimizers = lambda: types.SimpleNamespace(optimizer=opt, zero_grad=opt.zero_grad, step=opt.step)
+    m.manual_backward = lambda loss: loss.backward()
+    m.on_train_start()
+    for i in range(5):  # capture, lazy CUDA module loading
+        m.training_step(i, i)
+    before = [p.clone() for p in m.q_net.parameters()]
+    torch.cuda.synchronize()
+    if check_syncs:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses = [m.training_step(i, i).clone() for i in range(50)]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(torch.stack(losses)).all()
+    assert any(not torch.equal(a, b) for a, b in zip(before, m.q_net.parameters()))
+    assert m.updates == 55 and int(m.episode_returns_count) > 0

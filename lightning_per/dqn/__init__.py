@@ -2,6 +2,7 @@
 
 from lightning_per.dqn.collector import NStepCollector, StepOutput
 from lightning_per.dqn.config import ReplayConfig
+from lightning_per.dqn.learner import learner_step
 from lightning_per.dqn.module import DQN, StepIndices
 from lightning_per.dqn.networks import QNetwork, make_q_network
 from lightning_per.dqn.targets import (
@@ -14,5 +15,5 @@ from lightning_per.dqn.targets import (
 )
 
 __all__ = ["DQN", "NStepCollector", "QNetwork", "ReplayConfig", "StepIndices", "StepOutput", "dqn_target",
-           "hard_update", "linear_schedule", "make_q_network", "n_step_return", "polyak_update",
-           "weighted_huber_loss"]
+           "hard_update", "learner_step", "linear_schedule", "make_q_network", "n_step_return",
+           "polyak_update", "weighted_huber_loss"]
