@@ -267,3 +267,19 @@ def test_constructor_arguments_are_validated():
         make_replay_buffer(4, 0, device="cpu")
     with pytest.raises(ValueError, match="max_size"):
         GPUTensorStorage(0, device="cpu")
+
+
+def test_nested_keys_survive_a_state_dict_round_trip(device):
+    """('next', 'observation') must come back nested, and the restored buffer must accept extends."""
+    def nested(n, start=0):
+        td = transitions(n, start)
+        td["next"] = TensorDict({"observation": td["observation"] + 1}, [n])
+        return td
+
+    rb = make("proportional", device)
+    rb.extend(nested(5))
+    fresh = make("proportional", device)
+    fresh.load_state_dict(rb.state_dict())
+    fresh.extend(nested(3, start=5))
+    got = fresh.storage.get(torch.arange(8, device=device))
+    np.testing.assert_array_equal(got["next", "observation"][:, 0].cpu().numpy(), np.arange(8) + 1)

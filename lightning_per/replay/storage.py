@@ -182,7 +182,9 @@ class GPUTensorStorage(LazyTensorStorage):
                              f"({STORAGE_SCHEMA_VERSION}); upgrade lightning_per")
         stored = state_dict["_storage"]
         if isinstance(stored, dict) and stored and not self.initialized:
-            item = TensorDict(stored, batch_size=[self.max_size])[0]
+            # TensorDict.state_dict flattens nested keys with "."; rebuild the nesting first
+            flat = {k: v for k, v in stored.items() if k != "__batch_size" and k != "__device"}
+            item = TensorDict(flat, batch_size=[self.max_size]).unflatten_keys(".")[0]
             self._allocate(item, torch.device(self.device))
         super().load_state_dict(state_dict)
         if self.initialized:
