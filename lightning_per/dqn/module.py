@@ -10,6 +10,7 @@ would make Lightning prefetch, i.e. sample from stale priorities).
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -17,9 +18,10 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
@@ -31,8 +33,9 @@ from lightning_per.dqn.learner import learner_step
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.targets import hard_update, linear_schedule, polyak_update
 from lightning_per.envs import EnvConfig, make_env
+from lightning_per.utils import atomic_torch_save
 
-__all__ = ["DQN", "StepIndices"]
+__all__ = ["DQN", "StepIndices", "replay_shard_path"]
 
 _STATE_VERSION = 1
 _RING = 100  # episode returns kept for RunArtifactsCallback (it reads the last 20)
@@ -53,6 +56,20 @@ class StepIndices(Dataset):
 
     def __getitem__(self, i: int) -> int:
         return i
+
+
+def replay_shard_path(ckpt_path: str | os.PathLike[str], rank: int) -> str:
+    """Where rank ``rank`` keeps its replay shard (and per-rank state) of a DDP checkpoint."""
+    return f"{os.fspath(ckpt_path)}.rank{rank}.replay.pt"
+
+
+class _WholeEpochPerRank(DistributedSampler):
+    """``0 .. n-1`` in order on *every* rank. Being a ``DistributedSampler``, Lightning does not replace it
+    with one that splits the indices across ranks: under DDP each rank runs ``updates_per_epoch`` updates
+    an epoch (equal counts on every rank; the global batch is ``world_size * batch_size``)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=False)
 
 
 class DQN(LightningModule):
@@ -88,6 +105,10 @@ class DQN(LightningModule):
         compile: capture the learner update in a CUDA graph (CUDA only; see ``dqn/graph.py``).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
             run draws the same samples; False keeps checkpoints small (resume warms up again).
+            Under DDP each rank writes its own shard next to the checkpoint (see ``notes/ddp.md``).
+        sigterm_check_interval: under DDP, Lightning (>= 2.6) broadcasts a SIGTERM flag from rank 0 and
+            reads it on the host (``.item()``) before *every* training step; this runs that check only
+            every this many steps (0: once per epoch, at its first step; 1: Lightning's default).
 
     Raises:
         ValueError: any argument out of range, naming it.
@@ -102,7 +123,7 @@ class DQN(LightningModule):
                  epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
                  updates_per_epoch: int = 500, max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
-                 checkpoint_replay: bool = True) -> None:
+                 checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else (env or EnvConfig())
         replay = ReplayConfig(**replay) if isinstance(replay, dict) else (replay or ReplayConfig())
@@ -128,6 +149,7 @@ class DQN(LightningModule):
         self._replay_rng: torch.Generator | None = None
         self._captured: CapturedUpdate | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
         self.env_steps = 0  # host counters: deterministic, never read from the device
         self.updates = 0
         self._credit = 0.0
@@ -140,7 +162,62 @@ class DQN(LightningModule):
         if self.hparams.compile and device.type != "cuda":
             raise ValueError(f"compile=True captures the update in a CUDA graph and needs a CUDA device; "
                              f"this run is on {device}. Set model.compile=false (or use a GPU).")
+        if self._trainer is not None and self.trainer.world_size > 1:
+            self._setup_ddp()
         self.build_runtime(device)
+
+    def _setup_ddp(self) -> None:
+        """Per-rank runtime under DDP (called from :meth:`setup`, before Lightning wraps the module).
+
+        - The episode ring is a registered buffer (checkpointed) but per rank: DDP's default
+          ``broadcast_buffers=True`` would overwrite it with rank 0's copy at every step (a broadcast
+          per step, too), so it is turned off unless the strategy was given that argument explicitly.
+        - Every rank writes its own state (replay shard, collector, RNG) next to each checkpoint:
+          ``strategy.save_checkpoint`` runs on every rank (only rank 0 writes the checkpoint itself).
+        - Lightning's per-step SIGTERM broadcast is bounded to every ``sigterm_check_interval`` steps.
+        """
+        h, strategy = self.hparams, self.trainer.strategy
+        if h.compile:
+            raise ValueError("compile=True steps the raw optimizer inside a CUDA graph, past DDP's gradient "
+                             "all-reduce; it is not supported with world_size > 1 yet. Set model.compile=false.")
+        if isinstance(strategy, DDPStrategy):
+            strategy._ddp_kwargs.setdefault("broadcast_buffers", False)
+        if not getattr(strategy, "_lightning_per_shards", False):
+            save, remove = strategy.save_checkpoint, strategy.remove_checkpoint
+
+            def save_checkpoint(checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+                if self._shard_state is not None and "dqn_state" in checkpoint:
+                    atomic_torch_save(self._shard_state, replay_shard_path(filepath, self.global_rank))
+                    self._shard_state = None
+                save(checkpoint, filepath, storage_options=storage_options)
+
+            def remove_checkpoint(filepath) -> None:
+                remove(filepath)
+                if strategy.is_global_zero:
+                    for r in range(self.trainer.world_size):
+                        try:
+                            os.remove(replay_shard_path(filepath, r))
+                        except (FileNotFoundError, TypeError):
+                            pass
+
+            strategy.save_checkpoint, strategy.remove_checkpoint = save_checkpoint, remove_checkpoint
+            strategy._lightning_per_shards = True
+        self._bound_sigterm_broadcast()
+
+    def _bound_sigterm_broadcast(self) -> None:
+        every = self.hparams.sigterm_check_interval or self.hparams.updates_per_epoch
+        loop = self.trainer.fit_loop.epoch_loop
+        original = getattr(type(loop), "_broadcast_sigterm_tensor", None)
+        if every == 1 or original is None or "_broadcast_sigterm_tensor" in vars(loop):
+            return
+        calls = [0]  # every rank calls it once per step, so all ranks broadcast on the same steps
+
+        def bounded() -> None:
+            if calls[0] % every == 0:
+                original(loop)
+            calls[0] += 1
+
+        loop._broadcast_sigterm_tensor = bounded
 
     def build_runtime(self, device: torch.device | str) -> None:
         """Create the env, collector, replay buffer and device-side metrics on ``device``."""
@@ -161,7 +238,8 @@ class DQN(LightningModule):
             self._pending_state = None
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(StepIndices(self.hparams.updates_per_epoch), batch_size=None, shuffle=False)
+        steps = StepIndices(self.hparams.updates_per_epoch)
+        return DataLoader(steps, batch_size=None, sampler=_WholeEpochPerRank(steps))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # fused: one kernel for all parameters (CPU and CUDA); capturable: step counters on the device
@@ -279,8 +357,18 @@ class DQN(LightningModule):
         target = self.hparams.target_return
         if target is None:
             return
-        mean = recent_mean_return(self.episode_returns_ring, self.episode_returns_count, 20)  # one host read
-        solved = mean is not None and int(self.episode_returns_count) >= 20 and mean >= target
+        ring, count = self.episode_returns_ring, self.episode_returns_count
+        mean = recent_mean_return(ring, count, 20)  # one host read
+        if self.trainer.world_size > 1:
+            # every rank must take the same decision (a rank that stops alone hangs the others): the mean
+            # over ranks of each rank's last-20 mean, once every rank has 20 episodes (one all_reduce)
+            ok = mean is not None and int(count) >= 20
+            local = torch.tensor([mean if ok else 0.0, float(ok)], dtype=torch.float64, device=ring.device)
+            total = self.trainer.strategy.reduce(local, reduce_op="sum").tolist()
+            solved = total[1] == self.trainer.world_size and total[0] / self.trainer.world_size >= target
+            mean = total[0] / self.trainer.world_size
+        else:
+            solved = mean is not None and int(count) >= 20 and mean >= target
         if solved:
             rank_zero_info(f"target_return={target} reached (mean of the last 20 episodes) after "
                            f"{self.env_steps} env steps and {self.updates} updates: stopping.")
@@ -299,6 +387,13 @@ class DQN(LightningModule):
         if self.hparams.checkpoint_replay and self.rb is not None:
             state["replay"] = self.rb.state_dict()
             state["replay_rng"] = self._replay_rng.get_state()
+        world_size = self.trainer.world_size if self._trainer is not None else 1
+        if world_size > 1:
+            # each rank's state goes to <ckpt>.rank{r}.replay.pt (written by the strategy hook of
+            # _setup_ddp); the checkpoint keeps rank 0's state without the replay (load_from_checkpoint)
+            self._shard_state = state
+            state = {k: v for k, v in state.items() if k not in ("replay", "replay_rng")}
+            state["shards"] = world_size
         checkpoint["dqn_state"] = state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -309,6 +404,18 @@ class DQN(LightningModule):
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"dqn_state version {state.get('version')!r} is not supported "
                              f"(this code reads version {_STATE_VERSION})")
+        shards = state.get("shards")
+        if shards is not None:
+            world_size = self.trainer.world_size if self._trainer is not None else 1
+            path = self.trainer.ckpt_path if self._trainer is not None else None
+            if path is not None and world_size == shards:
+                state = torch.load(replay_shard_path(path, self.global_rank), weights_only=False)
+            elif path is not None and world_size > 1:
+                raise ValueError(f"checkpoint {path} was written by {shards} DDP ranks (one replay shard "
+                                 f"each); resume it with {shards} devices, not {world_size}")
+            else:
+                warnings.warn(f"checkpoint holds {shards} DDP replay shards next to it; using rank 0's "
+                              "counters and RNG without a replay buffer", stacklevel=2)
         if self.collector is None:  # e.g. DQN.load_from_checkpoint: applied by build_runtime()
             self._pending_state = state
             return
@@ -376,6 +483,7 @@ def _validate(a: dict[str, Any]) -> None:
     check_range("replay_ratio", a["replay_ratio"], low=0.0, low_open=True)
     check_range("updates_per_epoch", a["updates_per_epoch"], low=1)
     check_range("max_env_steps", a["max_env_steps"], low=1, allow_none=True)
+    check_range("sigterm_check_interval", a["sigterm_check_interval"], low=0)
     if a["network"] not in ("mlp", "nature_cnn"):
         raise ValueError(f"network must be 'mlp' or 'nature_cnn', got {a['network']!r}")
     if len(a["hidden_sizes"]) == 0 or any(int(w) < 1 for w in a["hidden_sizes"]):

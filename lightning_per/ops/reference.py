@@ -35,6 +35,9 @@ __all__ = [
     "last_writer",
     "is_weights",
     "rank_weights",
+    "sample_proportional",
+    "write_priorities",
+    "rank_sample",
 ]
 
 
@@ -98,7 +101,7 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
     """
     # the last element of the float64 inclusive scan: bit-identical to the row total that
     # two_level_search computes with the same op, so a draw never falls past its block's mass
-    total = torch.cumsum(rows, 1, dtype=torch.float64)[:, -1]
+    total = torch.cumsum(rows, 1, dtype=torch.float64)[:, -1].contiguous()
     pos_min = rows.masked_fill(rows == 0, float("inf")).amin(dim=1)
     return total, pos_min
 
@@ -258,3 +261,77 @@ def rank_weights(capacity: int, alpha: float, device: torch.device | str = "cpu"
     k = torch.arange(1, capacity + 1, dtype=torch.float64, device=device)
     w = k.pow(-float(alpha))
     return w, torch.cumsum(w, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-step ops: what a sampler calls once per sample / update. The compiled backend replaces each
+# with one or two fused kernels (ext/); these compositions are their oracle and fallback.
+# ---------------------------------------------------------------------------------------------
+
+
+def _stratify(u: Tensor, stratified: bool) -> Tensor:
+    n = u.numel()
+    return (torch.arange(n, device=u.device, dtype=torch.float64) + u) / n if stratified else u
+
+
+def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | float,
+                        stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+    """Proportional draw from i.i.d. uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
+
+    ``u' = (arange(B) + u) / B`` if ``stratified``; ``index, p = two_level_search_with_values(leaves,
+    block_sum, u')``; ``w = is_weights(p, block_min.amin(), beta, normalize)``.
+    """
+    index, p_sel = two_level_search_with_values(leaves, block_sum, _stratify(u, stratified))
+    return index, is_weights(p_sel, block_min.amin(), beta, normalize)
+
+
+def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
+                     n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
+                     trash: int, alpha: Tensor | float, eps: float) -> None:
+    """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
+    running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
+    transform, last write wins, recompute the touched blocks from their leaves, fold the counters."""
+    default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
+    clean, n_bad = sanitize_priority(priority, default)  # [B] float32
+    ok = (index >= 0) & (index < n_valid)  # [B]
+    idx = index.where(ok, trash)  # [B]
+    clean = clean.where(ok, 0.0)
+    stored = transform_priority(clean, alpha, eps).where(ok, 0.0)  # [B]
+    last = last_write_wins(idx, torch.arange(idx.numel(), device=idx.device))  # [B]
+    raw_store.index_put_((idx,), clean[last])
+    leaves.view(-1).index_put_((idx,), stored[last])
+    if idx.numel() * leaves.shape[1] >= leaves.numel():  # large batch (a fill): one O(N) pass is cheaper
+        s, m = reduce_blocks(leaves)
+        block_sum.copy_(s)
+        block_min.copy_(m)
+    else:
+        blk = torch.div(idx, leaves.shape[1], rounding_mode="floor")  # [B]
+        s, m = reduce_blocks(leaves[blk])  # repeated blocks write equal values
+        block_sum.index_put_((blk,), s)
+        block_min.index_put_((blk,), m)
+    torch.maximum(max_raw, clean.where(ok, float("-inf")).amax(), out=max_raw)
+    n_clamped += n_bad
+    n_dropped += idx.numel() - ok.sum()
+
+
+def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
+                beta: Tensor | float,
+                stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+    """Rank-based draw (PER section 3.3) from i.i.d. uniforms ``u`` ``(B,)`` float64.
+
+    ``k = searchsorted(cdf[:n], u' * cdf[n-1], right)`` (zero-based rank), ``index = order[k]``,
+    ``w = ((k + 1) / n)^(alpha beta)`` in float64 (normalised by the batch max for ``"batch"``).
+
+    Args:
+        rank_cdf: ``(N,)`` float64 prefix sums of ``k^-alpha``; order: ``(N,)`` int64 slot of each rank;
+        n: ranked items (host int, ``1 <= n <= N``).
+
+    Returns:
+        ``(index (B,) int64, w (B,) float32)``.
+    """
+    cdf = rank_cdf[:n]
+    k = inverse_cdf_search(cdf, _stratify(u, stratified) * cdf[-1])  # [B]
+    weight = torch.pow((k + 1).to(torch.float64) / n, alpha * beta)
+    if normalize == "batch":
+        weight = weight / weight.max()
+    return order[k], weight.to(torch.float32)

@@ -84,7 +84,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._device = default_device() if device is None else torch.device(device)
         self._ops = select_backend(self._device, backend)
         self.block = block_size_for(max_capacity + 1)
-        self._block_shift = self.block.bit_length() - 1  # block is a power of two
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
         self._init_rng(seed)
         self._init()
@@ -101,8 +100,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
         self._alpha_t = torch.full((), self._alpha, dtype=torch.float32, device=d)
         self._beta_t = torch.full((), self._beta, dtype=torch.float32, device=d)
-        self._scratch = torch.zeros(nb * blk, dtype=torch.int32, device=d)  # last-writer positions
-        self._positions: dict[int, Tensor] = {}
 
     def _empty(self) -> None:
         self._init()
@@ -176,26 +173,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._block_sum, self._block_min = self._ops.reduce_blocks(self._leaves)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device)."""
-        ops = self._ops
-        clean, n_bad = ops.sanitize_priority(raw, self.default_priority)  # [B] float32
-        ok = (index >= 0) & (index < n_valid)  # [B] bool
-        idx = index.where(ok, self._max_capacity)  # [B]; rejected entries go to the trash slot
-        clean = clean.where(ok, 0.0)
-        stored = ops.transform_priority(clean, self._alpha_t, self._eps).where(ok, 0.0)  # trash stays 0
-        pos = self._positions.get(idx.numel())
-        if pos is None:
-            pos = self._positions[idx.numel()] = torch.arange(idx.numel(), dtype=torch.int32, device=idx.device)
-        last = ops.last_writer(idx, self._scratch, pos)  # [B] repeated slots: the last value wins
-        self._raw.index_put_((idx,), clean[last])
-        self._leaves.view(-1).index_put_((idx,), stored[last])
-        blk = idx >> self._block_shift  # [B]
-        s, m = ops.reduce_blocks(self._leaves[blk])  # [B], [B]; repeated blocks write equal values
-        self._block_sum.index_put_((blk,), s)
-        self._block_min.index_put_((blk,), m)
-        torch.maximum(self._max_raw, clean.where(ok, float("-inf")).amax(), out=self._max_raw)
-        self._n_clamped += n_bad
-        self._n_dropped += idx.numel() - ok.sum()
+        """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device).
+
+        One whole-step op (:func:`lightning_per.ops.reference.write_priorities` or its fused kernel):
+        sanitize, reject slots outside ``[0, n_valid)`` to the trash slot, ``(p + eps)^alpha``, last
+        write wins, touched block sums/minima recomputed from their leaves, counters folded in.
+        """
+        self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
+                                   self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
+                                   self._alpha_t, self._eps)
 
     @torch.no_grad()
     def update_priority(self, index, priority, *, storage=None) -> None:
@@ -249,10 +235,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         check_batch_size(batch_size)
         if len(storage) == 0:
             raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
-        ops = self._ops
-        u = ops.stratified_uniforms(batch_size, self.generator, self._device, self.stratified)  # [B]
-        index, p_sel = ops.two_level_search_with_values(self._leaves, self._block_sum, u)  # [B], [B]
-        weight = ops.is_weights(p_sel, self._block_min.amin(), self._beta_t, self.weight_normalization)
+        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
+        index, weight = self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u,
+                                                      self._beta_t, self.stratified, self.weight_normalization)
         return index, {"priority_weight": weight}
 
     def probabilities(self) -> Tensor:

@@ -85,15 +85,10 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
             raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
         if self._stale or n != self._sorted_n or self._pending >= self.sort_every:
             self._refresh(n)
-        ops = self._ops
-        u = ops.stratified_uniforms(batch_size, self.generator, self._device, self.stratified)  # [B]
-        cdf = self._rank_cdf[:n]
-        k = ops.inverse_cdf_search(cdf, u * cdf[-1])  # [B] zero-based rank
-        index = self._order[k]
-        weight = torch.pow((k + 1).to(torch.float64) / n, self._alpha_t * self._beta_t)
-        if self.weight_normalization == "batch":
-            weight = weight / weight.max()
-        return index, {"priority_weight": weight.to(torch.float32)}
+        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
+        index, weight = self._ops.rank_sample(u, self._rank_cdf, self._order, n, self._alpha_t, self._beta_t,
+                                              self.stratified, self.weight_normalization)
+        return index, {"priority_weight": weight}
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""

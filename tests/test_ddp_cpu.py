@@ -1,0 +1,75 @@
+"""The DQN under Lightning DDP on the CPU: 2 processes, gloo, launched by ``--trainer.strategy=ddp``
+(tiny sizes; each run ~30 s on 2 cores, most of it process start-up). See ``notes/ddp.md``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_per.dqn import module as dqn_module
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parents[1]
+TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
+        "--model.hidden_sizes=[16, 16]", "--model.warmup_steps=64", "--model.updates_per_epoch=20",
+        "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+
+
+def _fit(run_dir: Path, *extra: str, epochs: int) -> dict[int, dict]:
+    args = [sys.executable, str(ROOT / "tests" / "_ddp_dqn_script.py"), "fit",
+            "--config", str(ROOT / "configs" / "dqn_cartpole.yaml"), *TINY, *DDP,
+            f"--trainer.default_root_dir={run_dir}", f"--trainer.max_epochs={epochs}", *extra]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run(args, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return {r: torch.load(run_dir / f"rank{r}.pt", weights_only=False) for r in range(2)}
+
+
+def _assert_ranks_consistent(ranks: dict[int, dict], updates: int) -> None:
+    # equal update counts, identical weights (DDP all-reduced the gradients), distinct experience
+    assert ranks[0]["updates"] == ranks[1]["updates"] == ranks[0]["global_step"] == updates
+    assert ranks[0]["env_steps"] == ranks[1]["env_steps"]
+    for name, p in ranks[0]["params"].items():
+        torch.testing.assert_close(p, ranks[1]["params"][name], rtol=0, atol=0, msg=name)
+    assert not torch.equal(ranks[0]["ring"].nan_to_num(), ranks[1]["ring"].nan_to_num())
+
+
+def test_two_rank_gloo_fit_through_the_cli(tmp_path):
+    run = tmp_path / "run"
+    ranks = _fit(run, epochs=2)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["world_size"] == 2
+    assert summary["updates"] == 40 and summary["epochs"] == 2  # 20 updates per epoch on *each* rank
+    assert math.isfinite(summary["metrics"]["loss"])
+    _assert_ranks_consistent(ranks, updates=40)
+
+
+def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
+    run = tmp_path / "run"
+    _fit(run, epochs=2)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)["dqn_state"]
+    assert state["shards"] == 2 and "replay" not in state
+    shards = [torch.load(dqn_module.replay_shard_path(ckpt, r), weights_only=False) for r in range(2)]
+    assert all("replay" in s and s["updates"] == 40 for s in shards)
+    paths = [Path(dqn_module.replay_shard_path(ckpt, r)) for r in range(2)]
+    assert paths[0].read_bytes() != paths[1].read_bytes()  # each rank's own experience (seeds + 1000 r)
+    ranks = _fit(run, f"--ckpt_path={ckpt}", epochs=4)
+    _assert_ranks_consistent(ranks, updates=80)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 4 and math.isfinite(summary["metrics"]["loss"])
+    # each rank continued from its own shard: counters from it, and no second warm-up (which an empty
+    # replay would need before its first sample): exactly 2 epochs x 20 updates x 4 env steps more
+    for r in range(2):
+        assert ranks[r]["env_steps"] == shards[r]["env_steps"] + 2 * 20 * 4
+        assert ranks[r]["replay_len"] > 0
