@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _harness import capture, count_syncs, timed  # noqa: F401
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,41 +99,6 @@ def inputs_of(batch, weight):
     return {"observation": batch["observation"], "next_observation": batch["next_observation"],
             "action": batch["action"], "reward": batch["reward"], "discount": batch["discount"],
             "weight": weight.to(torch.float32)}
-
-
-def timed(fn, iters: int, device) -> float:
-    """Seconds per call (CUDA events on GPU, perf_counter on CPU) after 10 warm-up calls."""
-    for _ in range(10):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
-
-
-def count_syncs(fn, steps: int, device) -> float | None:
-    """Host synchronisations per call of ``fn`` (CUDA only, ``set_sync_debug_mode("warn")``)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(steps):
-                fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
 def row(name: str, seconds: float, syncs, **extra) -> dict:

@@ -25,17 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import warnings
 from pathlib import Path
 
 import torch
+from _harness import capture, count_syncs, timed
 
 OBS = 51
 TRANSITION_BYTES = OBS * 4 * 2 + 8 + 4 + 1
 
 
-def batch(n: int, device) -> "TensorDict":  # noqa: F821
+def batch(n: int, device) -> TensorDict:  # noqa: F821
     from tensordict import TensorDict
 
     return TensorDict({"observation": torch.randn(n, OBS, device=device),
@@ -49,40 +48,6 @@ def fill(rb, n: int, device) -> None:
     chunk = 1 << 16
     for start in range(0, n, chunk):
         rb.extend(batch(min(chunk, n - start), device))
-
-
-def timed(fn, iters: int, device) -> float:
-    """Mean seconds per call of fn (CUDA events on GPU, perf_counter on CPU), after 10 warm-up calls."""
-    for _ in range(10):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
-
-
-def count_syncs(fn, steps: int, device) -> float:
-    if device.type != "cuda":
-        return float("nan")
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(steps):
-                fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
 def step_fn(rb, B: int):
@@ -102,17 +67,7 @@ def graph_step(rb, B: int, device):
         sampler.update_priority(index, data["reward"].abs() + 0.01, storage=storage)
         return info["priority_weight"]
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            body()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    g.register_generator_state(sampler.generator)
-    with torch.cuda.graph(g):
-        body()
-    return g.replay
+    return capture(body, [sampler.generator])
 
 
 def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
@@ -135,7 +90,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
         ext = batch(64, device)
         row = {"impl": name, "N": N, "B": B, "step_us": timed(step, iters, device) * 1e6,
                "syncs_per_step": count_syncs(step, 50, device),
-               "extend64_us": timed(lambda: rb.extend(ext), iters, device) * 1e6,
+               "extend64_us": timed(lambda rb=rb, ext=ext: rb.extend(ext), iters, device) * 1e6,
                "bytes_per_slot": mem, "transition_bytes": TRANSITION_BYTES}
         rows.append(row)
         if device.type == "cuda" and kind == "proportional":
@@ -175,16 +130,23 @@ def torchrl_rows(N: int, B: int, device, iters: int) -> list[dict]:
         ext = batch(64, device)
         rows.append({"impl": name, "N": N, "B": B, "step_us": timed(step, iters, device) * 1e6,
                      "syncs_per_step": count_syncs(step, 50, device),
-                     "extend64_us": timed(lambda: rb.extend(ext), max(iters // 4, 10), device) * 1e6})
+                     "extend64_us": timed(lambda rb=rb, ext=ext: rb.extend(ext),
+                                                    max(iters // 4, 10), device) * 1e6})
         del rb
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| impl | N | B | step (us) | syncs/step | extend 64 (us) | bytes/slot |", "|---|---|---|---|---|---|---|"]
+    def num(r, key, fmt):
+        value = r.get(key)
+        return format(float("nan") if value is None else value, fmt)
+
+    lines = ["| impl | N | B | step (us) | syncs/step | extend 64 (us) | bytes/slot |",
+             "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["N"], r["B"], r["impl"])):
-        lines.append(f"| {r['impl']} | {r['N']:.0e} | {r['B']} | {r['step_us']:.1f} | {r.get('syncs_per_step', float('nan')):.2f} "
-                     f"| {r.get('extend64_us', float('nan')):.1f} | {r.get('bytes_per_slot', float('nan')):.1f} |")
+        lines.append(f"| {r['impl']} | {r['N']:.0e} | {r['B']} | {r['step_us']:.1f} "
+                     f"| {num(r, 'syncs_per_step', '.2f')} | {num(r, 'extend64_us', '.1f')} "
+                     f"| {num(r, 'bytes_per_slot', '.1f')} |")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ import sys
 import warnings
 
 import torch
+from _harness import capture, timed
 
 #: Peak HBM bandwidth in GB/s by device-name substring (vendor figures).
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
@@ -59,40 +60,8 @@ def peak_gbps(device: torch.device) -> float:
 
 
 def timed_us(fn, iters: int, device: torch.device) -> float:
-    """Mean microseconds per call (CUDA events around ``iters`` calls after 10 warm-up calls)."""
-    import time
-
-    for _ in range(10):
-        fn()
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t0) / iters * 1e6
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
-def capture(fn, generators=()):
-    """Capture ``fn`` in one CUDA graph (after 3 side-stream warm-ups); return its ``replay``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    for gen in generators:
-        graph.register_generator_state(gen)
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """Mean microseconds per call (see _harness.timed)."""
+    return timed(fn, iters, device) * 1e6
 
 
 def _filled_sampler(cls, N: int, device: torch.device, backend: str):

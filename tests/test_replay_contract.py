@@ -19,7 +19,6 @@ from lightning_per import (
     GPUTensorStorage,
     make_replay_buffer,
 )
-from lightning_per.replay import EmptyBufferError
 
 SAMPLERS = ["proportional", "rank", "uniform"]
 PRIORITIZED = ["proportional", "rank"]

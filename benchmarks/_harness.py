@@ -1,0 +1,65 @@
+"""Timing helpers shared by the benchmarks: CUDA-event timing, host-sync counting, CUDA-graph capture."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+__all__ = ["timed", "count_syncs", "capture"]
+
+
+def timed(fn, iters: int, device) -> float:
+    """Mean seconds per call of ``fn`` (CUDA events on GPU, perf_counter on CPU), after 10 warm-up calls."""
+    device = torch.device(device)
+    for _ in range(10):
+        fn()
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def count_syncs(fn, steps: int, device) -> float | None:
+    """Host synchronisations per call of ``fn`` (``torch.cuda.set_sync_debug_mode("warn")``); None on CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
+
+
+def capture(fn, generators=()):
+    """Capture ``fn`` in one CUDA graph (after 3 side-stream warm-ups); return its ``replay``.
+
+    ``generators``: custom ``torch.Generator`` objects ``fn`` draws from (registered with the graph).
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    for gen in generators:
+        graph.register_generator_state(gen)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
