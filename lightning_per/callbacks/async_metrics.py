@@ -317,7 +317,7 @@ class AsyncMetricsCallback(Callback):
         return _Pending(names, host, event, values, info)
 
     def _publish(self, item: _Pending, trainer: pl.Trainer | None) -> None:
-        floats = item.host.tolist()
+        floats = item.host.tolist()  # sync-ok: pinned host buffer, its copy event has completed
         item.source = None
         metrics = dict(zip(item.names, floats))
         row = {**item.info, **metrics}

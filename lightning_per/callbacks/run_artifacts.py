@@ -60,7 +60,7 @@ def _as_number(value: Any) -> float | int | None:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().item()
+        value = value.detach().cpu().item()  # sync-ok: once, at train end (summary.json)
     if isinstance(value, float) and math.isnan(value):
         return None
     return int(value) if float(value).is_integer() else float(value)

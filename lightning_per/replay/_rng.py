@@ -19,7 +19,8 @@ __all__ = ["DeviceRNGMixin"]
 
 def _fingerprint(generator: torch.Generator) -> int:
     state = generator.get_state()  # CPU ByteTensor, also for CUDA generators: no device sync
-    return int.from_bytes(hashlib.sha256(state.numpy().tobytes()).digest()[:8], "little") >> 1
+    digest = hashlib.sha256(state.numpy().tobytes()).digest()  # sync-ok: get_state() is a CPU tensor
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class DeviceRNGMixin:
@@ -60,5 +61,5 @@ class DeviceRNGMixin:
         return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}
 
     def _load_rng_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"].cpu())
+        self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
         self._rng_fingerprint = state["fingerprint"]

@@ -10,7 +10,7 @@ import torch
 from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer as _TDRB
 
-from lightning_per.replay.errors import check_batch_size, check_index_priority
+from lightning_per.replay.errors import check_batch_size
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -115,8 +115,7 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         """
         if isinstance(index, tuple):
             raise TypeError("index must be a flat tensor of slots (the storage is 1-D), got a tuple")
-        check_index_priority(index, priority, len(self._storage))
-        self._sampler.update_priority(index, priority, storage=self._storage)
+        self._sampler.update_priority(index, priority, storage=self._storage)  # validates first
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
