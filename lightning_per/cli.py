@@ -48,7 +48,10 @@ TRAINER_DEFAULTS: dict[str, Any] = {
          "init_args": {"prog_bar": ["loss", "q_mean", "episode_return", "epsilon", "env_steps"]}},
         {"class_path": _CB + "RunArtifactsCallback"},
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": None, "save_last": True, "save_top_k": 0, "every_n_epochs": 1}},
+         # one file, overwritten at every epoch end: `last.ckpt` survives a crash or Ctrl-C (with
+         # save_top_k=0, Lightning 2.6 writes save_last only at the end of training)
+         "init_args": {"dirpath": None, "filename": "last", "save_top_k": 1, "save_last": False,
+                       "every_n_epochs": 1, "enable_version_counter": False}},
     ],
     "plugins": [{"class_path": _CB + "AtomicCheckpointIO"}],
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import inspect
@@ -17,6 +18,7 @@ import yaml
 from lightning.pytorch import Trainer
 
 from lightning_per import cli
+
 from lightning_per.callbacks import read_wandb_history
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
@@ -67,6 +69,15 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=f"{name} differs after resume")
     torch.testing.assert_close(full.model.rb.sample()["index"], resumed.model.rb.sample()["index"])
+
+
+def test_interrupted_run_leaves_the_last_epochs_checkpoint(tmp_path):
+    """Ctrl-C in epoch 3 leaves checkpoints/last.ckpt of epoch 2 (written at that epoch's end)."""
+    with contextlib.suppress(SystemExit, KeyboardInterrupt):
+        _fit(tmp_path, "--trainer.callbacks+=_interrupt_cb.InterruptAt", "--trainer.callbacks.epoch=2", epochs=5)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["epoch"] == 1 and ckpt["global_step"] == 40  # epochs 0 and 1 done, 20 updates each
+    assert not (tmp_path / "checkpoints" / "last-v1.ckpt").exists()
 
 
 def test_torch_env_backend_runs_through_the_cli(tmp_path):
