@@ -282,3 +282,14 @@ def test_nested_keys_survive_a_state_dict_round_trip(device):
     fresh.extend(nested(3, start=5))
     got = fresh.storage.get(torch.arange(8, device=device))
     np.testing.assert_array_equal(got["next", "observation"][:, 0].cpu().numpy(), np.arange(8) + 1)
+
+
+@pytest.mark.parametrize("kind", SAMPLERS)
+def test_empty_extend_changes_nothing(kind, device):
+    rb = make(kind, device)
+    rb.extend(transitions(4))
+    rb.extend(transitions(0))
+    assert len(rb) == 4
+    assert ((rb.sample()["index"] >= 0) & (rb.sample()["index"] < 4)).all()
+    if kind == "proportional":  # four items at the default priority: uniform
+        np.testing.assert_allclose(rb.sampler.probabilities().cpu().numpy()[:4], 0.25)

@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ga3c`` argument parser: ``--config`` plus one ``--<field>`` per config field."""
     from lightning_per.ga3c.config import GA3CConfig, field_docs
 
-    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # the help texts state each field's default themselves (the parser's own default is a sentinel)
+    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="YAML file of GA3CConfig fields")
     defaults = GA3CConfig().to_dict()
     for name, doc in field_docs().items():

@@ -179,6 +179,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         sanitize, reject slots outside ``[0, n_valid)`` to the trash slot, ``(p + eps)^alpha``, last
         write wins, touched block sums/minima recomputed from their leaves, counters folded in.
         """
+        if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
+            return
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
                                    self._alpha_t, self._eps)

@@ -92,7 +92,8 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
-        n = self._sorted_n if n is None else n
+        if n is None:  # the written slots
+            n = int((self._leaves.view(-1)[: self._max_capacity] > 0).sum())  # sync-ok: diagnostics only
         self._refresh(n)
         p = torch.zeros(self._max_capacity, dtype=torch.float64, device=self._device)
         w = torch.arange(1, n + 1, dtype=torch.float64, device=self._device).pow(-self._alpha)
