@@ -18,7 +18,6 @@ import yaml
 from lightning.pytorch import Trainer
 
 from lightning_per import cli
-
 from lightning_per.callbacks import read_wandb_history
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
