@@ -97,6 +97,21 @@ class LightningPerCLI(LightningCLI):
                     args["dirpath"] = os.path.join(root, "checkpoints")
 
 
+    def __init__(self, *args, friendly_errors: bool = False, **kwargs) -> None:
+        self.friendly_errors = friendly_errors
+        super().__init__(*args, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        """Build model, trainer, callbacks. With ``friendly_errors`` (the console command), a bad value
+        (a ValueError naming the argument) becomes a short command-line error, exit status 2."""
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
+                raise
+            self.parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
+
+
 def _cheap_cuda_check_without_gpu() -> None:
     """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` when imported (fork safety). Without a GPU
     torch then asks NVML again on every ``torch.cuda.is_available()``, which ``torch.optim.Adam.step``
@@ -106,15 +121,19 @@ def _cheap_cuda_check_without_gpu() -> None:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"
 
 
-def cli_main(args: Sequence[str] | None = None, run: bool = True) -> LightningPerCLI:
-    """Build (and with ``run=True`` run) the DQN CLI on ``args`` (default ``sys.argv[1:]``)."""
+def cli_main(args: Sequence[str] | None = None, run: bool = True,
+             friendly_errors: bool = False) -> LightningPerCLI:
+    """Build (and with ``run=True`` run) the DQN CLI on ``args`` (default ``sys.argv[1:]``).
+
+    ``friendly_errors``: report a bad configuration value as a one-line error and exit with status 2
+    (what the console command does) instead of raising the ValueError."""
     _cheap_cuda_check_without_gpu()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)
     return LightningPerCLI(DQN, seed_everything_default=0,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
-                           run=run, auto_configure_optimizers=False)
+                           run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
             raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
         return importlib.import_module("lightning_per.ga3c.cli").main(args[1:]) or 0
-    cli_main(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
+    cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
     return 0
 
 

@@ -98,6 +98,15 @@ def test_bad_config_values_raise_value_errors_naming_the_argument(tmp_path, arg,
         _fit(tmp_path, arg, epochs=1)
 
 
+def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", "--model.gamma=2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "gamma" in err and "Traceback" not in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_graph_mode_on_cpu_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):
