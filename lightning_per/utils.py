@@ -12,6 +12,7 @@ not import Lightning.
 from __future__ import annotations
 
 import io
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 # AtomicCheckpointIO is also importable from here (lazily, see __getattr__ at the bottom).
-__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "json_safe"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
@@ -104,3 +105,15 @@ def __getattr__(name: str) -> Any:
 
         return AtomicCheckpointIO
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +/-Inf) replaced by None, recursively through dicts,
+    lists and tuples: JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

@@ -29,7 +29,7 @@ from typing_extensions import override
 
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
 from lightning_per.callbacks.episodes import recent_mean_return
-from lightning_per.utils import atomic_write, atomic_write_text
+from lightning_per.utils import atomic_write, atomic_write_text, json_safe
 
 __all__ = ["RunArtifactsCallback", "format_final_line"]
 
@@ -64,17 +64,6 @@ def _as_number(value: Any) -> float | int | None:
     if isinstance(value, float) and math.isnan(value):
         return None
     return int(value) if float(value).is_integer() else float(value)
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN/Inf become null (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 class RunArtifactsCallback(Callback):
@@ -194,7 +183,7 @@ class RunArtifactsCallback(Callback):
             updates = trainer.global_step
         wall = self.wall_time_s()
         device = pl_module.device
-        return _json_safe({
+        return json_safe({
             "schema_version": _SUMMARY_SCHEMA_VERSION,
             "status": status,
             "mean_return": mean_return,

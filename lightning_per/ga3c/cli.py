@@ -75,7 +75,7 @@ def run(cfg) -> dict[str, Any]:
 
     from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
     from lightning_per.ga3c.module import GA3C
-    from lightning_per.utils import atomic_write_text
+    from lightning_per.utils import atomic_write_text, json_safe
 
     _setup_logging()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -108,7 +108,7 @@ def run(cfg) -> dict[str, Any]:
             model.shutdown()
         finally:
             summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
-            atomic_write_text(run_dir / "summary.json", json.dumps(_json_safe(summary), indent=2) + "\n")
+            atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
             log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s, "
                      "%.1f s -> %s", _fmt(summary.get("mean_return")), summary.get("episodes"),
                      summary.get("tps") or 0.0, summary.get("pps") or 0.0, summary.get("steps_per_s") or 0.0,
@@ -119,16 +119,6 @@ def run(cfg) -> dict[str, Any]:
 
 def _fmt(x: Any) -> str:
     return "n/a" if x is None else f"{x:.2f}"
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _sigterm(signum, frame) -> None:
