@@ -170,7 +170,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         written = self._leaves.view(-1) > 0  # written slots have stored values > 0 (eps > 0)
         stored = self._ops.transform_priority(self._raw, self._alpha_t, self._eps)
         self._leaves.view(-1).copy_(torch.where(written, stored, torch.zeros_like(stored)))
-        self._block_sum, self._block_min = self._ops.reduce_blocks(self._leaves)
+        s, m = self._ops.reduce_blocks(self._leaves)
+        self._block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
+        self._block_min.copy_(m)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
         """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device).

@@ -55,7 +55,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
 
     def _rebuild(self) -> None:
         super()._rebuild()
-        _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)
+        self._rank_cdf.copy_(rank_weights(self._max_capacity, self._alpha, self._device)[1])  # in place
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
         super()._write(index, raw, n_valid)
