@@ -293,3 +293,18 @@ def test_empty_extend_changes_nothing(kind, device):
     assert ((rb.sample()["index"] >= 0) & (rb.sample()["index"] < 4)).all()
     if kind == "proportional":  # four items at the default priority: uniform
         np.testing.assert_allclose(rb.sampler.probabilities().cpu().numpy()[:4], 0.25)
+
+
+@pytest.mark.parametrize("kind", PRIORITIZED)
+def test_alpha_change_updates_state_in_place(kind, device):
+    """A CUDA graph captured before an alpha change keeps reading the sampler's tensors: they must be
+    updated in place, not replaced."""
+    rb = make(kind, device, alpha=0.5)
+    rb.extend(transitions(6))
+    s = rb.sampler
+    tensors = [s._leaves, s._block_sum, s._block_min, s._raw] + ([s._rank_cdf] if kind == "rank" else [])
+    before = [t.data_ptr() for t in tensors]
+    s.alpha = 0.9
+    assert [t.data_ptr() for t in tensors] == before
+    fresh = [s._leaves, s._block_sum, s._block_min, s._raw] + ([s._rank_cdf] if kind == "rank" else [])
+    assert all(a is b for a, b in zip(tensors, fresh))
