@@ -175,8 +175,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["ours", "torchrl"], default="ours")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--sizes", default="1e5,1e6,1e7", help="capacities N, comma-separated")
-    ap.add_argument("--batches", default="32,256,1024", help="batch sizes B, comma-separated")
+    ap.add_argument("--sizes", default=None,
+                    help="capacities N, comma-separated (default 1e5,1e6,1e7 on CUDA, 1e4,1e5 on CPU)")
+    ap.add_argument("--batches", default=None,
+                    help="batch sizes B, comma-separated (default 32,256,1024 on CUDA, 32,256 on CPU)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test on CPU)")
     ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out (+ .png, .md)")
@@ -188,8 +190,11 @@ def main(argv=None) -> int:
         rows = [r for f in args.merge for r in json.loads(Path(f).read_text())["rows"]]
     else:
         device = torch.device(args.device)
-        sizes = [int(float(s)) for s in ("1e3" if args.quick else args.sizes).split(",")]
-        batches = [int(b) for b in ("32" if args.quick else args.batches).split(",")]
+        cuda = device.type == "cuda"
+        sizes = args.sizes or ("1e5,1e6,1e7" if cuda else "1e4,1e5")
+        batches = args.batches or ("32,256,1024" if cuda else "32,256")
+        sizes = [int(float(s)) for s in ("1e3" if args.quick else sizes).split(",")]
+        batches = [int(b) for b in ("32" if args.quick else batches).split(",")]
         iters = 5 if args.quick else args.iters
         fn = ours_rows if args.family == "ours" else torchrl_rows
         rows = []
