@@ -95,6 +95,16 @@ def fill(rb, n: int, obs: int, actions: int, device) -> None:
         rb.extend(transitions(min(1 << 15, n - start), obs, actions, device))
 
 
+def eager_step(rb, learner_step, q, tgt, opt):
+    """One eager PER update through a TorchRL-style prioritized buffer (ours or TorchRL's)."""
+    def step():
+        batch = rb.sample()
+        opt.zero_grad(set_to_none=True)
+        out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
+        rb.update_priority(batch["index"], out["td"].abs())
+    return step
+
+
 def inputs_of(batch, weight):
     return {"observation": batch["observation"], "next_observation": batch["next_observation"],
             "action": batch["action"], "reward": batch["reward"], "discount": batch["discount"],
@@ -122,12 +132,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
         rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
         fill(rb, a.capacity, a.obs, a.actions, device)
 
-        def eager():
-            batch = rb.sample()
-            opt.zero_grad(set_to_none=True)
-            out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
-            rb.update_priority(batch["index"], out["td"].abs())
-
+        eager = eager_step(rb, learner_step, q, tgt, opt)
         rows.append(row("ours-eager", timed(eager, a.iters, device), count_syncs(eager, 50, device)))
         if device.type == "cuda":
             sampler, storage = rb.sampler, rb.storage
@@ -147,12 +152,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
         rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=storage, batch_size=a.batch)
         fill(rb, a.capacity, a.obs, a.actions, device)
 
-        def eager():
-            batch = rb.sample()
-            opt.zero_grad(set_to_none=True)
-            out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
-            rb.update_priority(batch["index"], out["td"].abs())
-
+        eager = eager_step(rb, learner_step, q, tgt, opt)
         rows.append(row("torchrl-eager", timed(eager, a.iters, device), count_syncs(eager, 50, device)))
     for r in rows:
         r.update(N=a.capacity, B=a.batch, net=f"{a.obs}-{'-'.join(map(str, a.hidden))}-{a.actions}")

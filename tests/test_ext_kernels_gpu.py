@@ -16,6 +16,7 @@ pytestmark = pytest.mark.gpu
 triton = pytest.importorskip("triton")
 
 import lightning_per.ext as ext  # noqa: E402
+from _cuda_graph import capture  # noqa: E402
 from lightning_per.ext import composite, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
 
@@ -184,16 +185,7 @@ def test_sampler_with_kernels_captured_in_cuda_graph():
         sampler.update_priority(index, td[index] + 0.01, storage=storage)
         static["index"] = index
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    graph.register_generator_state(sampler.generator)
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step, [sampler.generator])
     seen = set()
     for _ in range(20):
         graph.replay()

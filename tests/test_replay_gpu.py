@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _cuda_graph import capture
 from tensordict import TensorDict
 
 from lightning_per import GPUTensorStorage, make_replay_buffer
@@ -45,8 +46,6 @@ def test_sample_and_update_capture_in_cuda_graph(kind):
     rb.extend(_batch(4096, dev))
     sampler, storage = rb.sampler, rb.storage
     td_src = torch.rand(4096, device=dev)
-    graph = torch.cuda.CUDAGraph()
-    graph.register_generator_state(sampler.generator)
     static = {}
 
     def step():
@@ -54,14 +53,7 @@ def test_sample_and_update_capture_in_cuda_graph(kind):
         sampler.update_priority(index, td_src[index] + 0.01, storage=storage)
         static["index"], static["w"] = index, info["priority_weight"]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step, [sampler.generator])
     seen = set()
     for _ in range(20):
         graph.replay()
