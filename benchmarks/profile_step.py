@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also run cProfile over the sampler step (Python time per function, tottime)")
     a = ap.parse_args(argv)
     from lightning_per import make_replay_buffer
 
@@ -73,6 +75,19 @@ def main(argv=None) -> int:
             print(head)
             print(table)
             report += [head, table]
+        if a.cprofile:
+            import cProfile
+            import io
+            import pstats
+
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(200):
+                sampler_step()
+            pr.disable()
+            text = io.StringIO()
+            pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(30)
+            report += [f"== {backend}: cProfile of 200 sampler steps", text.getvalue()]
     if a.out:
         Path(a.out).write_text("\n".join(report) + "\n")
     return 0

@@ -11,6 +11,12 @@ if not torch.cuda.is_available():
     # `import lightning_per` imports triton (through torchrl), so it is chosen here.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `lightning_per.ext` is the top-level ext/ folder: an installed package maps it (pyproject's
+# package-dir); a source checkout on PYTHONPATH (the GPU machine) registers it through the loader.
+from lightning_per.ops.dispatch import load_ext  # noqa: E402
+
+load_ext()
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
