@@ -1,8 +1,8 @@
 """Compiled prioritized-replay kernels (Triton), installed as ``lightning_per.ext``.
 
 Layout (STYLE.md "Take" 3: kernel -> launcher -> public op): each module holds private ``@triton.jit``
-kernels, launchers that validate and pick chunk sizes, ``torch.library.triton_op`` registrations
-(``torch.ops.lightning_per.*``: traceable by ``torch.compile``, capturable in CUDA graphs) and the public
+kernels, launchers that validate and pick chunk sizes, ``torch.library.custom_op`` registrations
+(``torch.ops.lightning_per.*``: opaque calls under ``torch.compile``, capturable in CUDA graphs) and the public
 functions, which launch directly in eager mode (no dispatcher overhead) and call the registered op
 while ``torch.compile`` traces.
 

@@ -67,6 +67,17 @@ def warps_for(chunk: int) -> int:
     return 4 if chunk <= 2048 else 8
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``a == b``, with an index-less CUDA device standing for the current one (``cuda`` == ``cuda:0``)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.index == b.index:
+        return True
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
 def check_device(t: Tensor, name: str) -> None:
     """Raise ValueError unless ``t`` lives where these kernels run (CUDA, or CPU under the interpreter)."""
     if not (t.is_cuda or INTERPRET):
@@ -79,7 +90,7 @@ def expect(t, name: str, dtype: torch.dtype | None = None, shape: tuple | None =
     """Cheap check that ``t`` is a tensor of ``dtype``, ``shape`` (or ``ndim`` dimensions) on ``device``
     (each optional); on failure raise the specific TypeError/ValueError naming ``name``."""
     if (isinstance(t, Tensor) and (dtype is None or t.dtype == dtype) and (shape is None or t.shape == shape)
-            and (ndim is None or t.dim() == ndim) and (device is None or t.device == device)):
+            and (ndim is None or t.dim() == ndim) and (device is None or same_device(t.device, device))):
         return
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -129,7 +140,7 @@ def scalar_arg(value: Tensor | float, name: str, device: torch.device) -> tuple[
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a number or a 1-element tensor, got shape {tuple(value.shape)}")
-        if value.device != device:
+        if not same_device(value.device, device):
             raise ValueError(f"{name} must be on {device}, got {value.device}")
         return value, 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -137,17 +148,28 @@ def scalar_arg(value: Tensor | float, name: str, device: torch.device) -> tuple[
     return None, float(value)
 
 
-def register_op(name: str, mutates_args: tuple[str, ...] | str = ()):
-    """``torch.library.triton_op`` under ``lightning_per::name``, tolerant of a second import."""
+def register_op(name: str, mutates_args: tuple[str, ...] | str = (), fake=None):
+    """Register ``fn`` as the opaque custom op ``lightning_per::name`` (``torch.library.custom_op``),
+    tolerant of a second import.
+
+    Opaque on purpose: ``torch.compile`` (and Inductor) treat the op as one call with the shapes given by
+    ``fake`` (a function of the same arguments returning empty outputs: ``torch.empty`` of the right
+    shape, dtype and device) instead of tracing into the Triton source, which Inductor's kernel-mutation
+    analysis of torch 2.11 cannot follow for our int64-bit-pattern scalars. Inside a CUDA graph the op
+    runs its kernels as in eager mode.
+    """
     qualname = f"{OPS_NAMESPACE}::{name}"
 
     def decorate(fn):
         try:
-            return torch.library.triton_op(qualname, mutates_args=mutates_args)(fn)
+            op = torch.library.custom_op(qualname, mutates_args=mutates_args)(fn)
         except RuntimeError as err:  # already registered by an earlier import of this package
             if "already" not in str(err).lower() and "duplicate" not in str(err).lower():
                 raise
             return getattr(getattr(torch.ops, OPS_NAMESPACE), name)
+        if fake is not None:
+            op.register_fake(fake)
+        return op
 
     return decorate
 

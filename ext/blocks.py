@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from lightning_per.ops import reference
 
@@ -70,12 +69,14 @@ def _launch_reduce(rows: Tensor, max_chunk: int = MAX_CHUNK) -> tuple[Tensor, Te
     low = torch.empty(k, dtype=torch.float32, device=rows.device)
     if k:
         chunk = chunk_for(block, max_chunk)
-        wrap_triton(_reduce_rows_kernel)[(k,)](rows.contiguous(), total, low, block, CHUNK=chunk,
+        _reduce_rows_kernel[(k,)](rows.contiguous(), total, low, block, CHUNK=chunk,
                                                num_warps=warps_for(chunk))
     return total, low
 
 
-@register_op("reduce_blocks")
+@register_op("reduce_blocks", fake=lambda rows: (
+    torch.empty(rows.shape[0], dtype=torch.float64, device=rows.device),
+    torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)))
 def _reduce_op(rows: Tensor) -> tuple[Tensor, Tensor]:
     return _launch_reduce(rows)
 
@@ -84,12 +85,13 @@ def _launch_last(index: Tensor, values: Tensor, out_dtype: torch.dtype | None = 
     n = index.numel()
     out = torch.empty(n, dtype=out_dtype or values.dtype, device=values.device)
     if n:
-        wrap_triton(_last_writer_kernel)[(triton.cdiv(n, BB),)](
+        _last_writer_kernel[(triton.cdiv(n, BB),)](
             index.contiguous(), values.contiguous(), out, n, BB=BB)
     return out
 
 
-@register_op("last_write_wins")
+@register_op("last_write_wins", fake=lambda index, values: torch.empty(index.numel(), dtype=values.dtype,
+                                                                      device=values.device))
 def _last_op(index: Tensor, values: Tensor) -> Tensor:
     return _launch_last(index, values)
 

@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from ._common import check_device, compiling, expect, f64_bits, f64_from_bits, powf, register_op, scalar_arg
 
@@ -76,12 +75,14 @@ def _launch_sanitize(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, Te
     n = priority.numel()
     clean = torch.empty(n, dtype=torch.float32, device=priority.device)
     count = torch.empty((), dtype=torch.int64, device=priority.device)
-    wrap_triton(_sanitize_kernel)[(1,)](priority.contiguous(), max_priority, clean, count, n,
+    _sanitize_kernel[(1,)](priority.contiguous(), max_priority, clean, count, n,
                                         BLOCK=1024)
     return clean, count
 
 
-@register_op("sanitize_priority")
+@register_op("sanitize_priority", fake=lambda priority, max_priority: (
+    torch.empty(priority.numel(), dtype=torch.float32, device=priority.device),
+    torch.empty((), dtype=torch.int64, device=priority.device)))
 def _sanitize_op(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, Tensor]:
     return _launch_sanitize(priority, max_priority)
 
@@ -90,13 +91,14 @@ def _launch_transform(clean: Tensor, alpha: Tensor | None, alpha_value: float, e
     n = clean.numel()
     out = torch.empty(n, dtype=torch.float32, device=clean.device)
     if n:
-        wrap_triton(_transform_kernel)[(triton.cdiv(n, 1024),)](
+        _transform_kernel[(triton.cdiv(n, 1024),)](
             clean.contiguous(), out, alpha if alpha is not None else out, f64_bits(alpha_value),
             f64_bits(eps), n, ALPHA_FROM_PTR=alpha is not None, BLOCK=1024)
     return out
 
 
-@register_op("transform_priority")
+@register_op("transform_priority", fake=lambda clean, alpha, alpha_value, eps: torch.empty(
+    clean.numel(), dtype=torch.float32, device=clean.device))
 def _transform_op(clean: Tensor, alpha: Tensor | None, alpha_value: float, eps: float) -> Tensor:
     return _launch_transform(clean, alpha, alpha_value, eps)
 

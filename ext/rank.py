@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from ._common import check_device, compiling, expect, f64_bits, f64_from_bits, powf, register_op, scalar_arg
 
@@ -70,14 +69,16 @@ def _launch_rank(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tens
     index = torch.empty(b, dtype=torch.int64, device=u.device)
     w = torch.empty(b, dtype=torch.float64 if weight_f64 else torch.float32, device=u.device)
     from_ptr = alpha is not None
-    wrap_triton(_rank_kernel)[(triton.cdiv(b, _BLOCK),)](
+    _rank_kernel[(triton.cdiv(b, _BLOCK),)](
         u.contiguous(), rank_cdf, order, alpha if from_ptr else u, beta if from_ptr else u,
         f64_bits(ab_value), index, w, b, n, int(n).bit_length(), f64_bits(1.0 / b), f64_bits(1.0 / n),
         STRATIFIED=bool(stratified), RECIP=u.is_cuda, AB_FROM_PTR=from_ptr, BLOCK=_BLOCK)
     return index, w
 
 
-@register_op("rank_sample")
+@register_op("rank_sample", fake=lambda u, rank_cdf, order, n, alpha, beta, ab_value, stratified, weight_f64: (
+    torch.empty(u.numel(), dtype=torch.int64, device=u.device),
+    torch.empty(u.numel(), dtype=torch.float64 if weight_f64 else torch.float32, device=u.device)))
 def _rank_op(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | None, beta: Tensor | None,
              ab_value: float, stratified: bool, weight_f64: bool) -> tuple[Tensor, Tensor]:
     return _launch_rank(u, rank_cdf, order, n, alpha, beta, ab_value, stratified, weight_f64)

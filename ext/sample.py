@@ -35,7 +35,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from ._common import (
     MAX_BLOCK,
@@ -234,7 +233,7 @@ def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, 
     weights = block_min is not None
     w = torch.empty(n if weights else 0, dtype=torch.float32, device=u.device)
     nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
-    wrap_triton(_sample_kernel)[(n,)](
+    _sample_kernel[(n,)](
         leaves, block_sum, block_min.contiguous() if weights else p_sel, u,
         beta if beta is not None else u, f64_bits(beta_value), index, p_sel, w if weights else p_sel,
         n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
@@ -244,7 +243,10 @@ def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, 
     return index, p_sel, w
 
 
-@register_op("sample_proportional")
+@register_op("sample_proportional", fake=lambda leaves, block_sum, block_min, u, beta, beta_value, stratified: (
+    torch.empty(u.numel(), dtype=torch.int64, device=u.device),
+    torch.empty(u.numel(), dtype=torch.float32, device=u.device),
+    torch.empty(u.numel() if block_min is not None else 0, dtype=torch.float32, device=u.device)))
 def _sample_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
                beta: Tensor | None, beta_value: float, stratified: bool) -> tuple[Tensor, Tensor, Tensor]:
     return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified)
@@ -254,13 +256,14 @@ def _launch_is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_v
     n = p_sel.numel()
     w = torch.empty(n, dtype=torch.float32, device=p_sel.device)
     p_min = p_min if p_min.dtype == torch.float32 else p_min.to(torch.float32)
-    wrap_triton(_is_weight_kernel)[(triton.cdiv(n, 1024),)](
+    _is_weight_kernel[(triton.cdiv(n, 1024),)](
         p_sel.contiguous(), p_min, beta if beta is not None else p_min, f64_bits(beta_value), w, n,
         BETA_FROM_PTR=beta is not None, BLOCK=1024)
     return w
 
 
-@register_op("is_weights")
+@register_op("is_weights", fake=lambda p_sel, p_min, beta, beta_value: torch.empty(
+    p_sel.numel(), dtype=torch.float32, device=p_sel.device))
 def _is_weights_op(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value: float) -> Tensor:
     return _launch_is_weights(p_sel, p_min, beta, beta_value)
 

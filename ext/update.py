@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from ._common import (
     MAX_CHUNK,
@@ -156,21 +155,22 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         scratch = torch.empty(nb * block, dtype=torch.int32, device=dev)
         flags = torch.zeros(nb, dtype=torch.int32, device=dev)
         for atomic in (False, True):
-            wrap_triton(_claim_kernel)[(triton.cdiv(n, 1024),)](index, scratch, n, n_valid, trash,
+            _claim_kernel[(triton.cdiv(n, 1024),)](index, scratch, n, n_valid, trash,
                                                                  ATOMIC=atomic, BLOCK=1024)
-    wrap_triton(_scatter_kernel)[(parts,)](
+    _scatter_kernel[(parts,)](
         index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
         f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop, n, n_valid, trash,
         block,
         ALPHA_FROM_PTR=alpha is not None, QUADRATIC=quadratic, BB=BB, num_warps=4)
     row_chunk = chunk_for(block, max_chunk)
-    wrap_triton(_refresh_kernel)[(n if quadratic else nb,)](
+    _refresh_kernel[(n if quadratic else nb,)](
         idx, flags, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, pmax, pbad, pdrop, n, block,
         parts, BY_FLAG=not quadratic, ROW_CHUNK=row_chunk, DUP_CHUNK=1024, num_warps=warps_for(row_chunk))
 
 
 @register_op("write_priorities", mutates_args=("raw_store", "leaves", "block_sum", "block_min", "max_raw",
-                                               "n_clamped", "n_dropped"))
+                                               "n_clamped", "n_dropped"),
+             fake=lambda *args: None)
 def _write_op(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
               n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int, trash: int,
               alpha: Tensor | None, alpha_value: float, eps: float) -> None:
