@@ -11,7 +11,13 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
                  configured replay ratio included; graph mode on CUDA): updates/s of the second epoch and
                  host synchronisations per step counted with torch.cuda.set_sync_debug_mode("warn") from
-                 the start to the end of that epoch (epoch-end hooks excluded)
+                 the start to the end of that epoch (epoch-end hooks excluded). With --devices N > 1 it
+                 runs under Lightning DDP (strategy "ddp", one process per GPU, graph mode with the
+                 gradient all-reduce inside the captured update; on --device cpu: gloo, eager). Every
+                 rank does the same updates of B each, so the row adds world_size,
+                 updates_per_s_per_rank (= updates_per_s, rank 0's rate) and updates_per_s_total
+                 (= world_size x per rank: updates of B-sized batches per second over all GPUs; one
+                 synchronous step's global batch is world_size x B)
 
 Every row reports updates/s, microseconds per update and host syncs per update (CUDA only; counted with
 ``torch.cuda.set_sync_debug_mode("warn")``).
@@ -20,6 +26,13 @@ Every row reports updates/s, microseconds per update and host syncs per update (
     python benchmarks/dqn.py --tiny --out /tmp/dqn.json                 # CPU smoke test (~1 min)
     python benchmarks/dqn.py --family torchrl --out b.json              # TorchRL row in its own interpreter
     python benchmarks/dqn.py --merge a.json b.json --out dqn.json       # one table from both
+
+    python benchmarks/dqn.py --fit-only --out a.json                    # dqn-fit on 1 GPU
+    python benchmarks/dqn.py --fit-only --devices 2 --out b.json        # dqn-fit on 2 GPUs (DDP)
+    python benchmarks/dqn.py --scaling a.json b.json --out s.json       # total_N / total_1, / N
+
+Under --devices N > 1 Lightning's DDP launcher re-runs this script once per extra rank; only rank 0
+writes --out (the replay rows are single-device measurements: --devices N > 1 implies --fit-only).
 
 On the GPU machine TorchRL 0.14's C++ sum tree does not load against torch 2.11; run the torchrl family
 with torchrl 0.11.1 (see ../shared/tools/device-wheels.sh --anchor) and merge.
@@ -159,8 +172,11 @@ def replay_rows(family: str, a, device) -> list[dict]:
     return rows
 
 
-def fit_row(a, device) -> dict:
-    """The DQN module under Trainer.fit; epoch 0 warms up (and captures), epoch 1 is measured."""
+def fit_row(a, device) -> tuple[dict, int]:
+    """The DQN module under Trainer.fit; epoch 0 warms up (and captures), epoch 1 is measured.
+
+    With ``a.devices > 1``: Lightning DDP over that many GPUs (this process is one rank). Returns the row
+    (this rank's timing) and this process's global rank (only rank 0 writes results)."""
     import lightning.pytorch as pl
 
     from lightning_per.callbacks import AsyncMetricsCallback
@@ -196,17 +212,22 @@ def fit_row(a, device) -> dict:
                 warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
                 replay_ratio=a.replay_ratio, compile=device.type == "cuda")
     probe = Probe()
-    trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_epochs=2,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=a.devices,
+                         strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0,
                          callbacks=[probe, AsyncMetricsCallback(prog_bar=False)])
     trainer.fit(model)
     seconds = (probe.t1 - probe.t0) / a.fit_steps
     syncs = None
     if device.type == "cuda":
         syncs = sum("synchroniz" in str(w.message) for w in probe.caught) / a.fit_steps
-    return row("dqn-fit", seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
-               env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps)
+    world_size = trainer.world_size
+    r = row("dqn-fit", seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
+            env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps,
+            world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
+            updates_per_s_total=world_size / seconds)
+    return r, trainer.global_rank
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -216,10 +237,42 @@ def table(rows: list[dict]) -> str:
         syncs = "n/a" if r.get("syncs_per_update") is None else f"{r['syncs_per_update']:.2f}"
         lines.append(f"| {r['impl']} | {r.get('net', '')} | {r.get('N', '')} | {r.get('B', '')} | "
                      f"{r['updates_per_s']:,.0f} | {r['update_us']:.1f} | {syncs} |")
+    for r in rows:
+        if r.get("world_size", 1) > 1:
+            lines.append(f"\n{r['impl']} on {r['world_size']} devices (DDP): updates/s is per rank; "
+                         f"{r['updates_per_s_total']:,.0f} updates/s in total")
     by = {r["impl"]: r["updates_per_s"] for r in rows}
     if "ours-graph" in by and "torchrl-eager" in by:
         lines.append(f"\nours-graph / torchrl-eager: {by['ours-graph'] / by['torchrl-eager']:.1f}x")
     return "\n".join(lines) + "\n"
+
+
+def scaling(files: list[str]) -> tuple[list[dict], dict, str]:
+    """The dqn-fit rows of ``files`` (1 device and N devices) and the scaling of total updates/s."""
+    rows = [r for f in files for r in json.loads(Path(f).read_text())["rows"] if r["impl"] == "dqn-fit"]
+    for r in rows:  # rows written before --devices: one device
+        r.setdefault("world_size", 1)
+        r.setdefault("updates_per_s_per_rank", r["updates_per_s"])
+        r.setdefault("updates_per_s_total", r["world_size"] * r["updates_per_s_per_rank"])
+    rows.sort(key=lambda r: r["world_size"])
+    one = [r for r in rows if r["world_size"] == 1]
+    many = [r for r in rows if r["world_size"] > 1]
+    if not one or not many:
+        raise SystemExit(f"--scaling needs a 1-device and an N-device dqn-fit row; got world sizes "
+                         f"{[r['world_size'] for r in rows]} from {files}")
+    base, top = one[0], many[-1]
+    ratio = top["updates_per_s_total"] / base["updates_per_s_total"]
+    result = {"devices": top["world_size"], "total_1": base["updates_per_s_total"],
+              "total_n": top["updates_per_s_total"], "ratio": ratio, "efficiency": ratio / top["world_size"]}
+    lines = ["| devices | net | B | updates/s per rank | updates/s total | syncs/update |",
+             "|---|---|---|---|---|---|"]
+    for r in (base, top):
+        syncs = "n/a" if r.get("syncs_per_update") is None else f"{r['syncs_per_update']:.2f}"
+        lines.append(f"| {r['world_size']} | {r.get('net', '')} | {r.get('B', '')} | "
+                     f"{r['updates_per_s_per_rank']:,.0f} | {r['updates_per_s_total']:,.0f} | {syncs} |")
+    lines.append(f"\ntotal updates/s, {top['world_size']} devices / 1 device: {ratio:.2f}x "
+                 f"(efficiency {result['efficiency']:.0%})")
+    return [base, top], result, "\n".join(lines) + "\n"
 
 
 def write(out: Path, rows: list[dict], meta: dict) -> None:
@@ -243,15 +296,37 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-envs", type=int, default=64)
     ap.add_argument("--replay-ratio", type=float, default=0.25)
     ap.add_argument("--no-fit", action="store_true", help="skip the dqn-fit row")
+    ap.add_argument("--fit-only", action="store_true", help="only the dqn-fit row (skip the replay rows)")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="GPUs for the dqn-fit row (> 1: Lightning DDP, implies --fit-only)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke test")
     ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out")
+    ap.add_argument("--scaling", nargs=2, metavar=("ONE.json", "N.json"),
+                    help="dqn-fit rows of a 1-device and an N-device run: scaling table into --out")
     ap.add_argument("--out", default="benchmarks/results/dqn.json")
     a = ap.parse_args(argv)
     if a.merge:
         rows = [r for f in a.merge for r in json.loads(Path(f).read_text())["rows"]]
         write(Path(a.out), rows, {"merged": a.merge})
         return 0
+    if a.scaling:
+        rows, result, text = scaling(a.scaling)
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"meta": {"scaling": a.scaling}, "rows": rows, "scaling": result},
+                                  indent=2) + "\n")
+        out.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    if a.devices < 1:
+        raise SystemExit(f"--devices must be >= 1, got {a.devices}")
+    if a.devices > 1 and not a.fit_only:
+        print(f"--devices {a.devices}: the replay rows measure one device; running the dqn-fit row only",
+              file=sys.stderr)
+        a.fit_only = True
+    if a.fit_only and a.no_fit:
+        raise SystemExit("--fit-only and --no-fit together leave nothing to run")
     if a.tiny:
         a.capacity, a.batch, a.hidden, a.iters, a.fit_steps, a.fit_envs = 2048, 32, [32, 32], 20, 20, 4
     torch.set_num_threads(a.threads)
@@ -259,14 +334,17 @@ def main(argv=None) -> int:
     meta = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else platform.processor() or "cpu", "torch": torch.__version__, "args": vars(a)}
     rows: list[dict] = []
-    for family in (("ours", "torchrl") if a.family == "all" else (a.family,)):
+    for family in () if a.fit_only else (("ours", "torchrl") if a.family == "all" else (a.family,)):
         try:
             rows += replay_rows(family, a, device)
         except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree missing for this torch
             print(f"{family}: skipped ({type(err).__name__}: {err})", file=sys.stderr)
-    if a.family in ("all", "ours") and not a.no_fit:
-        rows.append(fit_row(a, device))
-    write(Path(a.out), rows, meta)
+    rank = 0
+    if (a.fit_only or a.family in ("all", "ours")) and not a.no_fit:
+        fit, rank = fit_row(a, device)
+        rows.append(fit)
+    if rank == 0:  # under DDP every rank runs main(); rank 0 writes
+        write(Path(a.out), rows, meta)
     return 0
 
 

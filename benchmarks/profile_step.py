@@ -55,42 +55,49 @@ def main(argv=None) -> int:
     backends = ("reference", "kernels") if device.type == "cuda" else ("reference",)
     report = []
     for backend in backends:
-        rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, backend=backend)
-        fill(rb, a.capacity, device)
-        sampler, storage = rb.sampler, rb.storage
-        new = batch(64, device)
-
-        def buffer_step():
-            data = rb.sample()
-            rb.update_priority(data["index"], data["reward"].abs() + 0.01)
-
-        def sampler_step():
-            index, info = sampler.sample(storage, a.batch)
-            sampler.update_priority(index, info["priority_weight"], storage=storage)
-
-        for name, fn in (("buffer sample+update", buffer_step), ("sampler sample+update", sampler_step),
-                         ("extend 64", lambda: rb.extend(new))):
-            table, launches = profiled(fn, a.reps, device)
-            head = f"== {backend}: {name} (N={a.capacity}, B={a.batch}): {launches} kernel launches per call"
-            print(head)
-            print(table)
-            report += [head, table]
-        if a.cprofile:
-            import cProfile
-            import io
-            import pstats
-
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(200):
-                sampler_step()
-            pr.disable()
-            text = io.StringIO()
-            pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(30)
-            report += [f"== {backend}: cProfile of 200 sampler steps", text.getvalue()]
+        report += profile_backend(backend, a, device, make_replay_buffer)
     if a.out:
         Path(a.out).write_text("\n".join(report) + "\n")
     return 0
+
+
+def profile_backend(backend: str, a, device, make_replay_buffer) -> list[str]:
+    """Profile tables (and optionally a cProfile listing) for one sampler backend."""
+    report = []
+    rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, backend=backend)
+    fill(rb, a.capacity, device)
+    sampler, storage = rb.sampler, rb.storage
+    new = batch(64, device)
+
+    def buffer_step():
+        data = rb.sample()
+        rb.update_priority(data["index"], data["reward"].abs() + 0.01)
+
+    def sampler_step():
+        index, info = sampler.sample(storage, a.batch)
+        sampler.update_priority(index, info["priority_weight"], storage=storage)
+
+    for name, fn in (("buffer sample+update", buffer_step), ("sampler sample+update", sampler_step),
+                     ("extend 64", lambda: rb.extend(new))):
+        table, launches = profiled(fn, a.reps, device)
+        head = f"== {backend}: {name} (N={a.capacity}, B={a.batch}): {launches} kernel launches per call"
+        print(head)
+        print(table)
+        report += [head, table]
+    if a.cprofile:
+        import cProfile
+        import io
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(200):
+            sampler_step()
+        pr.disable()
+        text = io.StringIO()
+        pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(30)
+        report += [f"== {backend}: cProfile of 200 sampler steps", text.getvalue()]
+    return report
 
 
 if __name__ == "__main__":

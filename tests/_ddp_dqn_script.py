@@ -1,6 +1,12 @@
 """Run ``lightning-per fit`` (args from the command line) as a plain script, so that Lightning's ``ddp``
 launcher can start rank 1 by re-running this file; afterwards each rank saves what the tests compare to
-``<default_root_dir>/rank{r}.pt``. Used by ``tests/test_ddp_cpu.py``."""
+``<default_root_dir>/rank{r}.pt``. Used by ``tests/test_ddp_cpu.py`` and ``tests/test_ddp_gpu.py``.
+
+``--eager-graph-path`` (taken out before the CLI sees the arguments; CPU tests only): run graph mode's
+code path (``compile=True``: no ``manual_backward``, DDP's reducer bypassed, our own gradient all-reduce
+as the update's ``backward``) with the update run eagerly instead of captured, so that it runs on the
+CPU under gloo. Everything but the CUDA graph itself is the module's own code.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,45 @@ import sys
 import torch
 
 from lightning_per import cli
+from lightning_per.dqn import module as dqn_module
+
+
+class _EagerUpdate:
+    """:class:`~lightning_per.dqn.graph.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
+
+    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3) -> None:
+        self.body, self.optimizer = body, optimizer
+
+    def __call__(self, inputs=None):
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.body(inputs or {})
+
+
+def _eager_graph_path() -> None:
+    dqn_module.CapturedUpdate = _EagerUpdate
+    setup = dqn_module.DQN.setup
+
+    def setup_on_cpu(self, stage: str) -> None:  # skip the "compile needs CUDA" check only
+        compile_ = self.hparams.compile
+        self.hparams.compile = False
+        try:
+            setup(self, stage)
+        finally:
+            self.hparams.compile = compile_
+
+    dqn_module.DQN.setup = setup_on_cpu
+
 
 if __name__ == "__main__":
-    run = cli.cli_main(sys.argv[1:])
+    args = sys.argv[1:]  # sys.argv itself stays whole: Lightning's launcher re-runs it for rank 1
+    if "--eager-graph-path" in args:
+        args = [a for a in args if a != "--eager-graph-path"]
+        _eager_graph_path()
+    run = cli.cli_main(args)
     m = run.model
     out = os.path.join(run.trainer.default_root_dir, f"rank{m.global_rank}.pt")
     torch.save({"params": {k: v.detach().cpu() for k, v in m.q_net.state_dict().items()},
                 "env_steps": m.env_steps, "updates": m.updates, "replay_len": len(m.rb),
                 "global_step": run.trainer.global_step, "world_size": run.trainer.world_size,
+                "grad_world_size": m._grad_world_size, "graph_mode": m._captured is not None,
                 "ring": m.episode_returns_ring.cpu(), "ring_count": int(m.episode_returns_count)}, out)

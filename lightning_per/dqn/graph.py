@@ -12,6 +12,18 @@ Two scopes, chosen by :class:`~lightning_per.dqn.DQN` from the replay buffer it 
 
 The target-network copy runs eagerly in both. One replay costs a single CPU launch instead of
 ~100 kernel launches, which is what bounds a small network's update rate on a GPU.
+
+Under DDP (``strategy="ddp"``, world size W > 1) the body's backward is ``loss.backward()`` followed by
+one ``torch.distributed.all_reduce`` (SUM, default process group) of all online-network gradients
+concatenated into one flat buffer, a division by W and a copy back into the ``.grad`` tensors
+(:func:`~lightning_per.dqn.learner.all_reduce_mean_grads_`); clipping and Adam then see the averaged
+gradients, so the weights stay identical on every rank. The all-reduce is part of the graph: NCCL
+collectives can be captured in CUDA graphs (NCCL >= 2.9.6; PyTorch's process group does not hand
+captured work to its watchdog). DDP's own reducer (bucketed all-reduce from autograd hooks) is bypassed:
+the module sets ``require_backward_grad_sync = False`` on the DDP wrapper before the capture and never
+calls ``manual_backward``, so the hooks return without reducing. The eager warm-up runs ``warmup``
+iterations (each with its all-reduce) on every rank, and every rank captures in its first training
+step, so the collectives match across ranks.
 """
 
 from __future__ import annotations

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
 
 from lightning_per.dqn.targets import dqn_target, weighted_huber_loss
 
-__all__ = ["learner_step"]
+__all__ = ["all_reduce_mean_grads_", "learner_step"]
 
 
 def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str, Tensor], *,
@@ -46,3 +46,26 @@ def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str
         torch.nn.utils.clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)
     optimizer.step()
     return {"loss": loss.detach(), "td": td, "q": q_taken.detach(), "weight": b["weight"]}
+
+
+def all_reduce_mean_grads_(params: Iterable[Tensor], world_size: int, group=None) -> None:
+    """Average the gradients of ``params`` over the ranks of ``group`` in place, as one flat buffer.
+
+    One ``torch.distributed.all_reduce`` (SUM) of the concatenated gradients, a division by
+    ``world_size``, and a copy back: no host read and no branch on tensor values, so it can run inside a
+    CUDA graph (NCCL collectives are capturable from NCCL 2.9.6). Every rank must call it with the same
+    parameters in the same order (same shapes; parameters without a gradient are skipped).
+
+    Args:
+        params: the parameters whose ``.grad`` is averaged (e.g. ``q_net.parameters()``).
+        world_size: the number of ranks in ``group`` (the divisor).
+        group: the process group (None: the default group, e.g. the one Lightning created).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numels], a new buffer
+    torch.distributed.all_reduce(flat, group=group)
+    flat.div_(world_size)
+    parts = flat.split([g.numel() for g in grads])
+    torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads)])

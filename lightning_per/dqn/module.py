@@ -21,6 +21,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_per import make_replay_buffer
@@ -29,7 +30,7 @@ from lightning_per.callbacks.episodes import new_episode_ring, push_episode_retu
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.config import ReplayConfig, check_range
 from lightning_per.dqn.graph import CapturedUpdate
-from lightning_per.dqn.learner import learner_step
+from lightning_per.dqn.learner import all_reduce_mean_grads_, learner_step
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.targets import hard_update, linear_schedule, polyak_update
 from lightning_per.envs import EnvConfig, make_env
@@ -102,7 +103,10 @@ class DQN(LightningModule):
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
         seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r).
-        compile: capture the learner update in a CUDA graph (CUDA only; see ``dqn/graph.py``).
+        compile: capture the learner update in a CUDA graph (CUDA only; see ``dqn/graph.py``). Works
+            under DDP (``strategy="ddp"``, NCCL): the captured update all-reduces one flat gradient
+            buffer itself (NCCL collectives can be captured in CUDA graphs from NCCL 2.9.6), and DDP's
+            own reducer is kept out of it (``require_backward_grad_sync=False``).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
             run draws the same samples; False keeps checkpoints small (resume warms up again).
             Under DDP each rank writes its own shard next to the checkpoint (see ``notes/ddp.md``).
@@ -148,6 +152,7 @@ class DQN(LightningModule):
         self.rb = None
         self._replay_rng: torch.Generator | None = None
         self._captured: CapturedUpdate | None = None
+        self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
         self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
         self.env_steps = 0  # host counters: deterministic, never read from the device
@@ -175,11 +180,13 @@ class DQN(LightningModule):
         - Every rank writes its own state (replay shard, collector, RNG) next to each checkpoint:
           ``strategy.save_checkpoint`` runs on every rank (only rank 0 writes the checkpoint itself).
         - Lightning's per-step SIGTERM broadcast is bounded to every ``sigterm_check_interval`` steps.
+        - Graph mode (``compile=True``) needs a DDP strategy: it averages the gradients itself inside the
+          captured update (see :meth:`_bypass_ddp_reducer`), which other strategies (FSDP, ...) would break.
         """
         h, strategy = self.hparams, self.trainer.strategy
-        if h.compile:
-            raise ValueError("compile=True steps the raw optimizer inside a CUDA graph, past DDP's gradient "
-                             "all-reduce; it is not supported with world_size > 1 yet. Set model.compile=false.")
+        if h.compile and not isinstance(strategy, DDPStrategy):
+            raise ValueError(f"compile=True with world_size > 1 supports DDP strategies only (strategy='ddp'), "
+                             f"got {type(strategy).__name__}. Set model.compile=false or use strategy='ddp'.")
         if isinstance(strategy, DDPStrategy):
             strategy._ddp_kwargs.setdefault("broadcast_buffers", False)
         if not getattr(strategy, "_lightning_per_shards", False):
@@ -250,8 +257,45 @@ class DQN(LightningModule):
         """Action values ``(B, A) float32`` of ``observation (B, *obs_shape)`` (online network)."""
         return self.q_net(observation)
 
+    def _bypass_ddp_reducer(self) -> None:
+        """Graph mode under DDP: keep DDP's reducer out of the captured update; we average gradients ourselves.
+
+        DDP reduces gradients from autograd hooks on the parameters, once ``reducer.prepare_for_backward``
+        armed them (DDP's forward does when ``require_backward_grad_sync`` is True; Lightning's
+        ``manual_backward`` does too). That reduction is driven from the host bucket by bucket: it does
+        not belong in a capture, and graph replays run no autograd hooks, so later steps would not be
+        reduced at all. Graph mode therefore never calls ``manual_backward``, and this sets
+        ``require_backward_grad_sync = False`` (the flag DDP's ``no_sync()`` toggles) before the first
+        training step, which runs the eager warm-up and the capture: DDP's forward then leaves the reducer
+        unarmed and its hooks return without reducing. (In manual optimization Lightning's DDP forward
+        redirection also clears the flag before DDP's post-forward at every step, and sets it True after
+        it; neither arms the reducer.) :meth:`_backward_all_reduce`, the ``backward`` of the captured
+        update, averages the gradients inside the graph instead.
+        """
+        model = self.trainer.strategy.model
+        if isinstance(model, DistributedDataParallel):
+            model.require_backward_grad_sync = False
+        self._grad_world_size = self.trainer.world_size
+
+    def _backward_all_reduce(self, loss: Tensor) -> None:
+        """Graph mode under DDP: back-propagate, then average the gradients over the ranks."""
+        loss.backward()
+        self._allreduce_grads()
+
+    def _allreduce_grads(self) -> None:
+        """Average ``q_net``'s gradients over the ranks: one all-reduce (SUM) of one flat buffer, a division
+        by the world size, a copy back; no host read (it is captured; NCCL >= 2.9.6 collectives are)."""
+        all_reduce_mean_grads_(self.q_net.parameters(), self._grad_world_size)
+
+    def _graph_backward(self):
+        """The ``backward`` of a captured update: ours with the gradient all-reduce under DDP, else the
+        default ``loss.backward()`` (single device: unchanged)."""
+        return self._backward_all_reduce if self._grad_world_size > 1 else None
+
     # ------------------------------------------------------------------ collection
     def on_train_start(self) -> None:
+        if self.hparams.compile and self._trainer is not None and self.trainer.world_size > 1:
+            self._bypass_ddp_reducer()  # before the first training_step, which captures the update
         batch = self.replay_config.batch_size
         while self.env_steps < self.hparams.warmup_steps or len(self.rb) < batch:
             self._collect(random=True)
@@ -310,7 +354,7 @@ class DQN(LightningModule):
         rb = self.rb
         index, info = rb.sampler.sample(rb.storage, self.replay_config.batch_size)  # [B], {[B]}
         b = _batch_inputs(rb.storage.get(index), info["priority_weight"])
-        out = self._learner_step(b, optimizer=self.optimizers().optimizer)
+        out = self._learner_step(b, backward=self._graph_backward(), optimizer=self.optimizers().optimizer)
         rb.sampler.update_priority(index, out["td"].abs(), storage=None)  # indices come from the sampler
         return out
 
@@ -320,9 +364,9 @@ class DQN(LightningModule):
             opt.zero_grad(set_to_none=True)
             return self._learner_step(b, backward=self.manual_backward, optimizer=opt)
         if self._captured is None:
-            raw = opt.optimizer
-            self._captured = CapturedUpdate(lambda x: self._learner_step(x, optimizer=raw), b, raw,
-                                            list(self.q_net.parameters()))
+            raw, backward = opt.optimizer, self._graph_backward()
+            self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=raw),
+                                            b, raw, list(self.q_net.parameters()))
         out = self._captured(b)
         _count_optimizer_step(opt)
         return out
