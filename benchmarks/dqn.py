@@ -210,7 +210,7 @@ def fit_row(a, device) -> tuple[dict, int]:
     env = EnvConfig(backend="torch", num_envs=a.fit_envs)
     model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
                 warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
-                replay_ratio=a.replay_ratio, compile=device.type == "cuda")
+                updates_per_step=a.updates_per_step, replay_ratio=a.replay_ratio, compile=device.type == "cuda")
     probe = Probe()
     trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=a.devices,
                          strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, logger=False,
@@ -225,7 +225,7 @@ def fit_row(a, device) -> tuple[dict, int]:
     world_size = trainer.world_size
     r = row("dqn-fit", seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
             env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps,
-            world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
+            updates_per_step=a.updates_per_step, world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
             updates_per_s_total=world_size / seconds)
     return r, trainer.global_rank
 
@@ -293,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--fit-steps", type=int, default=1000, help="updates in the measured dqn-fit epoch")
+    ap.add_argument("--updates-per-step", type=int, default=1,
+                    help="DQN updates_per_step of the dqn-fit row (gradient updates per Lightning step)")
     ap.add_argument("--fit-envs", type=int, default=64)
     ap.add_argument("--replay-ratio", type=float, default=0.25)
     ap.add_argument("--no-fit", action="store_true", help="skip the dqn-fit row")

@@ -132,3 +132,20 @@ def test_shipped_configs_build_the_model_and_name_real_trainer_arguments(name):
     if env.backend == "ale" and importlib.util.find_spec("ale_py") is None:
         pytest.skip("needs ale_py")
     DQN(env=env, replay=ReplayConfig(**model.pop("replay")), **model)
+
+
+def test_updates_per_step_changes_nothing_but_the_step_grouping(tmp_path):
+    """Four updates per Lightning step run the same update/collection sequence as one per step: the
+    final weights, counters and replay state are bit-identical, and global_step still counts updates."""
+    one = _fit(tmp_path / "one", epochs=2)
+    four = _fit(tmp_path / "four", "--model.updates_per_step=4", epochs=2)
+    assert four.trainer.global_step == one.trainer.global_step == 40
+    assert (four.model.env_steps, four.model.updates) == (one.model.env_steps, one.model.updates)
+    for (name, a), b in zip(one.model.state_dict().items(), four.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=f"{name} differs")
+    torch.testing.assert_close(one.model.rb.sample()["index"], four.model.rb.sample()["index"])
+
+
+def test_updates_per_step_must_divide_updates_per_epoch():
+    with pytest.raises(ValueError, match="updates_per_step must divide updates_per_epoch"):
+        DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=10, updates_per_step=4)

@@ -62,7 +62,7 @@ def test_bad_arguments_raise_value_errors_naming_them(kwargs, match):
 
 
 def test_warmup_fills_the_buffer_and_a_step_updates_everything():
-    m = _module(target_update_interval=2)
+    m = _module(target_update_interval=2, updates_per_epoch=2)  # host counters are recorded at epoch end
     assert len(m.rb) >= 16 and m.env_steps >= 64
     before = [p.clone() for p in m.q_net.parameters()]
     loss = m.training_step(0, 0)

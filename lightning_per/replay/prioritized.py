@@ -140,6 +140,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def beta(self, value: float) -> None:
         if not (isinstance(value, (int, float)) and value >= 0):
             raise ValueError(f"beta must be a number >= 0, got {value!r}")
+        if float(value) == self._beta:  # annealing finished: no device write (one launch saved per update)
+            return
         self._beta = float(value)
         self._beta_t.fill_(self._beta)
 
