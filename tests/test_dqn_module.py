@@ -175,3 +175,16 @@ def test_cuda_training_steps_without_host_syncs(compile_, sampler, check_syncs):
     assert torch.isfinite(torch.stack(losses)).all()
     assert any(not torch.equal(a, b) for a, b in zip(before, m.q_net.parameters()))
     assert m.updates == 55 and int(m.episode_returns_count) > 0
+
+
+def test_batch_weight_normalization_reaches_the_sampler():
+    """replay.weight_normalization="batch": the largest IS weight of every sampled batch is exactly 1."""
+    m = _module(replay=ReplayConfig(capacity=512, batch_size=16, weight_normalization="batch"))
+    m.rb.update_priority(torch.arange(4), torch.full((4,), 1e-9))  # near-zero priorities: tiny buffer-min weights
+    weights = m.rb.sample()["priority_weight"]
+    assert weights.max().item() == 1.0 and (weights > 0).all()
+
+
+def test_weight_normalization_is_validated():
+    with pytest.raises(ValueError, match="replay.weight_normalization"):
+        ReplayConfig(weight_normalization="global").validate()

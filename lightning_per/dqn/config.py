@@ -46,6 +46,10 @@ class ReplayConfig:
     """Gradient updates over which beta goes from ``beta`` to ``beta_end``."""
     eps: float = 1e-6
     """Priority floor: p = |td| + eps, so no transition gets probability 0."""
+    weight_normalization: Literal["buffer", "batch"] = "buffer"
+    """IS weights ``(N P(i))^-beta`` divided by their maximum over the filled buffer (``buffer``: TorchRL's
+    and Schaul et al.'s choice, sec. 3.4) or over the sampled batch (``batch``: weights stay near 1
+    when a few transitions have near-zero priority). Ignored by ``uniform``."""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field out of range."""
@@ -59,3 +63,6 @@ class ReplayConfig:
         check_range("replay.beta_end", self.beta_end, low=0.0, high=1.0)
         check_range("replay.beta_anneal_updates", self.beta_anneal_updates, low=0)
         check_range("replay.eps", self.eps, low=0.0, low_open=True)
+        if self.weight_normalization not in ("buffer", "batch"):
+            raise ValueError("replay.weight_normalization must be 'buffer' or 'batch', "
+                             f"got {self.weight_normalization!r}")

@@ -243,8 +243,9 @@ class DQN(LightningModule):
         self._replay_rng = torch.Generator()  # the buffer derives its device generator from this one
         self._replay_rng.manual_seed(seed + 2)
         r = self.replay_config
+        extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
         self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
-                                     alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng)
+                                     alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng, **extra)
         self.metrics.to(device)
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
