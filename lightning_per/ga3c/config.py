@@ -45,7 +45,9 @@ class GA3CConfig:
     """``gym``: ``envs_per_agent`` ``gym.make`` envs stepped in turn (Atari ids get AtariPreprocessing +
     frame stack); ``ale_vector``: ale-py's C++ vector env (grayscale/resize/stack natively)."""
     env_kwargs: dict = field(default_factory=dict)
-    """Extra keyword arguments for ``gym.make`` / ``AtariVectorEnv`` (e.g. ``frameskip: 4``)."""
+    """Extra keyword arguments for ``gym.make`` / ``AtariVectorEnv`` (e.g. ``frameskip: 4``); with the
+    ``gym`` backend and an ``ALE/`` id, ``frameskip`` and ``noop_max`` go to AtariPreprocessing and
+    ``num_threads`` / ``thread_affinity_offset`` are ignored, so one Atari config runs on both backends."""
     frame_skip: int = 1
     """Frames per agent step, only for reporting FPS = steps/s x frame_skip (paper section 4.2)."""
     atari_frame_stack: int = 4

@@ -100,16 +100,23 @@ class EnvGroup:
         pass
 
 
+_VECTOR_ONLY_KWARGS = ("num_threads", "thread_affinity_offset")  # AtariVectorEnv threading: no meaning here
+
+
 def _make_gym(env_id: str, kwargs: dict, frame_stack: int) -> gym.Env:
+    """One env; ``ALE/`` ids get AtariPreprocessing (``frameskip`` and ``noop_max`` from ``kwargs`` go
+    to it, the vector env's threading knobs are dropped: an ``ale_vector`` config runs unchanged) and a
+    frame stack (oldest first, newest last, like ``ale_vector``)."""
     if env_id.startswith("ALE/"):
         import ale_py
 
         gym.register_envs(ale_py)
-        kw = dict(kwargs)
+        kw = {k: v for k, v in kwargs.items() if k not in _VECTOR_ONLY_KWARGS}
         skip = int(kw.pop("frameskip", 4))
+        noop_max = int(kw.pop("noop_max", 30))
         env = gym.make(env_id, frameskip=1, **kw)
-        env = gym.wrappers.AtariPreprocessing(env, frame_skip=skip, screen_size=84, grayscale_obs=True,
-                                              scale_obs=False)
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=skip, screen_size=84,
+                                              grayscale_obs=True, scale_obs=False)
         return gym.wrappers.FrameStackObservation(env, frame_stack)
     return gym.make(env_id, **kwargs)
 
