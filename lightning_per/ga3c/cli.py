@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -79,10 +80,19 @@ def run(cfg) -> dict[str, Any]:
 
     _setup_logging()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.run_dir) / f"{cfg.run_name}-{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    # Under DDP Lightning's launcher re-runs this command for ranks >= 1 with this process's environment:
+    # they find rank 0's run directory there and write nothing but their own logs.
+    inherited = os.environ.get(_RUN_DIR_ENV)
+    is_rank_zero = inherited is None
+    if inherited is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(cfg.run_dir) / f"{cfg.run_name}-{stamp}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        if cfg.devices > 1:
+            os.environ[_RUN_DIR_ENV] = str(run_dir)
+    else:
+        run_dir = Path(inherited)
     pl.seed_everything(cfg.seed, verbose=False)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     model = GA3C(cfg)
@@ -92,10 +102,13 @@ def run(cfg) -> dict[str, Any]:
                                    finish_on_end=True)
         logger.log_hyperparams(cfg.to_dict())
     artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window)
+    # DDP: rates and counts add up over the ranks; everything else is averaged (AsyncMetricsCallback)
+    rank_ops = {name: "sum" for name in ("pps", "steps_per_s", "fps", "na", "np", "nt", "env_steps", "episodes")}
     trainer = pl.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=1, max_epochs=-1, max_steps=cfg.max_updates,
-        max_time=datetime.timedelta(seconds=cfg.max_time_s), logger=logger,
-        callbacks=[AsyncMetricsCallback(prog_bar=False), artifacts], gradient_clip_val=cfg.grad_clip,
+        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, strategy="ddp" if cfg.devices > 1 else "auto",
+        max_epochs=-1, max_steps=cfg.max_updates, max_time=datetime.timedelta(seconds=cfg.max_time_s),
+        logger=logger, callbacks=[AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops), artifacts],
+        gradient_clip_val=cfg.grad_clip,
         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
@@ -108,13 +121,18 @@ def run(cfg) -> dict[str, Any]:
             model.shutdown()
         finally:
             summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
-            atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
+            if is_rank_zero:
+                os.environ.pop(_RUN_DIR_ENV, None)  # a later run in this process starts its own directory
+                atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
             log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s, "
                      "%.1f s -> %s", _fmt(summary.get("mean_return")), summary.get("episodes"),
                      summary.get("tps") or 0.0, summary.get("pps") or 0.0, summary.get("steps_per_s") or 0.0,
                      _fmt(summary.get("policy_lag_mean")), summary.get("wall_time_s") or 0.0,
                      run_dir / "summary.json")
     return summary
+
+
+_RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"
 
 
 def _fmt(x: Any) -> str:

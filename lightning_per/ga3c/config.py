@@ -134,6 +134,11 @@ class GA3CConfig:
     """Episodes averaged for ``mean_return``."""
     device: str = "auto"
     """Model device for predictors and training: ``auto`` (cuda if available), ``cpu``, ``cuda``."""
+    devices: int = 1
+    """Learner processes (GPUs, or CPU processes with ``device: cpu``). Above 1 the run uses Lightning's
+    DDP: every rank runs its own GA3C system (predictors, trainers, agent processes), ``agents`` and
+    ``max_agents`` are split across the ranks, env seeds are offset by 1000 x rank, and DDP all-reduces
+    the gradients of each update (every rank takes the same number of optimizer steps)."""
     torch_threads: int = 1
     """``torch.set_num_threads`` of the learner process (predictor/trainer/learner threads)."""
     seed: int = 0
@@ -157,6 +162,10 @@ class GA3CConfig:
                      "torch_threads", "return_window"):
             _check_int(self, name, low=1)
         _check_int(self, "rollout_slots", low=2)
+        _check_int(self, "devices", low=1)
+        if self.agents < self.devices:
+            raise ValueError(f"agents={self.agents} must be >= devices={self.devices} (agents are split "
+                             "across the DDP ranks)")
         _check_int(self, "max_updates", low=-1)
         _check_int(self, "seed", low=0)
         for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),

@@ -191,9 +191,25 @@ class GA3C(pl.LightningModule):
         self.metrics.to(self.device)
         self.stats = Stats()
         self._epoch_snap = self.stats.snapshot()
-        self.system = GA3CSystem(self.cfg, self.env_spec, self.obs_shape, self.obs_dtype, self.act,
-                                 lambda: self.policy_version, self.device, self.stats)
+        self.system = GA3CSystem(self.rank_config(self.trainer.world_size, self.global_rank), self.env_spec,
+                                 self.obs_shape, self.obs_dtype, self.act, lambda: self.policy_version,
+                                 self.device, self.stats)
         self.system.start()
+
+    def rank_config(self, world_size: int, rank: int) -> GA3CConfig:
+        """This rank's share of the run under DDP: ``agents`` and ``max_agents`` split as evenly as
+        possible (the first ranks take the remainder), env seeds offset by ``1000 * rank``. The config
+        itself when ``world_size == 1``."""
+        if world_size == 1:
+            return self.cfg
+
+        def share(total: int) -> int:
+            return total // world_size + (rank < total % world_size)
+
+        c = self.cfg
+        agents = share(c.agents)
+        return dataclasses.replace(c, agents=agents, max_agents=max(agents, share(c.max_agents)),
+                                   seed=c.seed + 1000 * rank, devices=1)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         c = self.cfg
@@ -213,7 +229,10 @@ class GA3C(pl.LightningModule):
         self.policy_version += 1
         self.stats.add_update(batch["size"], self._lag)
         c = self.cfg
-        if c.target_return is not None and self.time_to_target_s is None:
+        world_size = self.trainer.world_size
+        if world_size > 1 and c.target_return is not None and batch_idx == c.updates_per_epoch - 1:
+            self._check_target_across_ranks(world_size)
+        if world_size == 1 and c.target_return is not None and self.time_to_target_s is None:
             recent = self.stats.recent_returns(c.return_window)
             if len(recent) >= c.return_window and sum(recent) / len(recent) >= c.target_return:
                 self.time_to_target_s = time.monotonic() - self.stats.t0
@@ -226,10 +245,40 @@ class GA3C(pl.LightningModule):
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
             self.publish_host_state()
 
+    def _check_target_across_ranks(self, world_size: int) -> None:
+        """DDP: stop when the mean over ranks of each rank's last-``return_window`` mean return reaches
+        ``target_return``. Every rank takes the decision at the same step (a rank that stopped alone would
+        hang the others in the next all-reduce); one small all-reduce per epoch."""
+        c = self.cfg
+        recent = self.stats.recent_returns(c.return_window)
+        ok = len(recent) >= c.return_window
+        local = torch.tensor([sum(recent) / len(recent) if ok else 0.0, float(ok)], dtype=torch.float64,
+                             device=self.device)
+        total = self.trainer.strategy.reduce(local, reduce_op="sum").tolist()  # sync-ok: once per epoch
+        mean = total[0] / world_size
+        if total[1] == world_size and mean >= c.target_return and self.time_to_target_s is None:
+            self.time_to_target_s = time.monotonic() - self.stats.t0
+            log.info("mean return over %d ranks reached %.2f after %.1f s and %d updates: stopping",
+                     world_size, mean, self.time_to_target_s, self.policy_version)
+            self.trainer.should_stop = True
+
     def on_train_end(self) -> None:
         # Before Lightning's strategy teardown, which moves the model back to the CPU while
         # predictor threads would still be using it (on_fit_end comes after that).
+        world_size = self.trainer.world_size
+        totals = None
+        if world_size > 1 and self.system is not None:  # every rank ends here after the same step
+            snap = self.stats.snapshot()
+            local = torch.tensor([snap.steps, snap.predictions, snap.episodes], dtype=torch.float64,
+                                 device=self.device)
+            totals = self.trainer.strategy.reduce(local, reduce_op="sum").tolist()  # sync-ok: end of training
         self.shutdown()
+        if totals is not None:
+            wall = max(self.system_summary.get("wall_time_s") or 1e-9, 1e-9)
+            self.system_summary.update(
+                world_size=world_size, env_steps_total=int(totals[0]), predictions_total=int(totals[1]),
+                episodes_total=int(totals[2]), steps_per_s_total=totals[0] / wall,
+                pps_total=totals[1] / wall, fps_total=totals[0] * self.cfg.frame_skip / wall)
 
     def on_fit_end(self) -> None:
         self.shutdown()
