@@ -112,6 +112,12 @@ class LightningPerCLI(LightningCLI):
             self.parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
 
 
+_DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "
+                "(fit, validate, test, predict), and GA3C (lightning-per ga3c).")
+_EPILOG = ("Examples: lightning-per fit --config configs/dqn_cartpole.yaml | lightning-per fit --help | "
+           "lightning-per ga3c --config configs/ga3c_cartpole.yaml | lightning-per ga3c --help")
+
+
 def _cheap_cuda_check_without_gpu() -> None:
     """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` when imported (fork safety). Without a GPU
     torch then asks NVML again on every ``torch.cuda.is_available()``, which ``torch.optim.Adam.step``
@@ -133,7 +139,8 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
                             category=Warning)
     return LightningPerCLI(DQN, seed_everything_default=0,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
-                           run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors)
+                           run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors,
+                           parser_kwargs={"description": _DESCRIPTION, "epilog": _EPILOG})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
