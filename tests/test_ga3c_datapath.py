@@ -34,7 +34,8 @@ def test_batch_rows_keep_observation_action_and_return_together(image, device):
     rows = []
     try:
         deadline = time.monotonic() + 120  # a guard for a loaded machine, not a wait
-        while len(rows) < 1200 and time.monotonic() < deadline:
+        # until every env instance has contributed (agents start at different times on a loaded machine)
+        while (len(rows) < 1200 or len({r[0][0] for r in rows}) < 12) and time.monotonic() < deadline:
             batch = system.get_batch(timeout=5)
             if batch is None:
                 continue
