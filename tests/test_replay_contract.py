@@ -308,3 +308,9 @@ def test_alpha_change_updates_state_in_place(kind, device):
     assert [t.data_ptr() for t in tensors] == before
     fresh = [s._leaves, s._block_sum, s._block_min, s._raw] + ([s._rank_cdf] if kind == "rank" else [])
     assert all(a is b for a, b in zip(tensors, fresh))
+
+
+@pytest.mark.parametrize("sampler", ["proportional", "rank"])
+def test_factory_rejects_unknown_sampler_options_by_name(sampler):
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['foo'\].*" + sampler):
+        make_replay_buffer(16, 4, sampler=sampler, device="cpu", foo=1)

@@ -3,6 +3,7 @@ samplers, so that switching from TorchRL is one import."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -20,6 +21,8 @@ __all__ = ["GPUPrioritizedReplayBuffer", "make_replay_buffer", "BUFFER_SCHEMA_VE
 
 BUFFER_SCHEMA_VERSION = 1
 _SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler}
+#: Sampler constructor parameters that make_replay_buffer sets itself (not accepted in **sampler_kwargs).
+_SET_BY_FACTORY = {"self", "max_capacity", "alpha", "beta", "eps", "device"}
 
 
 def _resolve_storage(storage, device: torch.device | None, capacity: int | None) -> GPUTensorStorage:
@@ -184,6 +187,11 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         return rb
     if sampler not in _SAMPLERS:
         raise ValueError(f"sampler must be 'proportional', 'rank' or 'uniform', got {sampler!r}")
+    options = sorted(set(inspect.signature(_SAMPLERS[sampler].__init__).parameters) - _SET_BY_FACTORY)
+    unknown = sorted(set(sampler_kwargs) - set(options))
+    if unknown:
+        raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler={sampler!r}; "
+                        f"its options are {options}")
     return GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
                                       sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
                                       generator=generator, priority_key=priority_key)
