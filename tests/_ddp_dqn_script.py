@@ -46,6 +46,11 @@ def _eager_graph_path() -> None:
 
 
 if __name__ == "__main__":
+    dump_after = os.environ.get("LIGHTNING_PER_DUMP_AFTER_S")
+    if dump_after:  # a hung rank prints every thread's stack to stderr (the test shows it on failure)
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(dump_after), repeat=True)
     args = sys.argv[1:]  # sys.argv itself stays whole: Lightning's launcher re-runs it for rank 1
     if "--eager-graph-path" in args:
         args = [a for a in args if a != "--eager-graph-path"]
