@@ -51,15 +51,6 @@ def capture(fn, generators=()):
 
     ``generators``: custom ``torch.Generator`` objects ``fn`` draws from (registered with the graph).
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    for gen in generators:
-        graph.register_generator_state(gen)
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    from lightning_per.utils import capture_cuda_graph  # not at the top: TorchRL-anchor runs import no lightning_per
+
+    return capture_cuda_graph(fn, generators).replay

@@ -1,4 +1,4 @@
-"""Small helpers with no Lightning dependency: atomic file writes.
+"""Small helpers with no Lightning dependency: atomic file writes, CUDA-graph capture.
 
 A reader (or a resumed run after a crash) sees either the old file or the complete new one, never a
 partial write: data go to a temporary file in the *same directory*, are flushed and fsync'ed, then
@@ -15,12 +15,13 @@ import io
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 # AtomicCheckpointIO is also importable from here (lazily, see __getattr__ at the bottom).
-__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "json_safe"]
+__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "capture_cuda_graph",
+           "json_safe"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
@@ -97,6 +98,27 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return atomic_write(path, lambda f: f.write(buf.getbuffer()))
+
+
+def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), warmup: int = 3) -> Any:
+    """Capture one call of ``fn`` in a ``torch.cuda.CUDAGraph`` and return the graph (``graph.replay()``
+    reruns it). torch's recipe: ``warmup`` eager calls on a side stream first (allocator, cuBLAS and
+    Triton warm-up), then the capture. ``generators``: custom ``torch.Generator`` objects ``fn`` draws
+    from, registered with the graph so every replay draws new numbers. CUDA only (current device)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    for gen in generators:
+        graph.register_generator_state(gen)
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def __getattr__(name: str) -> Any:

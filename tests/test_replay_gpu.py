@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cuda_graph import capture
 from tensordict import TensorDict
 
 from lightning_per import GPUTensorStorage, make_replay_buffer
+from lightning_per.utils import capture_cuda_graph as capture
 
 pytestmark = pytest.mark.gpu
 
