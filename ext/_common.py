@@ -185,6 +185,17 @@ def f64_from_bits(bits):
     return bits.to(tl.int64).to(tl.float64, bitcast=True)
 
 
+@triton.jit
+def exponent(ptr, bits, FROM_PTR: tl.constexpr):
+    """A float64 exponent (alpha, beta) from a device scalar at ``ptr`` (``FROM_PTR``: graph-safe
+    annealing) or from the IEEE-754 ``bits`` of a baked-in float (:func:`f64_bits`)."""
+    if FROM_PTR:
+        a = tl.load(ptr).to(tl.float64)
+    else:
+        a = f64_from_bits(bits)
+    return a
+
+
 if INTERPRET:
     @triton.jit
     def powf(x, y):

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check_device, compiling, expect, f64_bits, f64_from_bits, powf, register_op, scalar_arg
+from ._common import check_device, compiling, expect, exponent, f64_bits, f64_from_bits, powf, register_op, scalar_arg
 
 __all__ = ["sanitize_priority", "transform_priority", "sanitize", "transform", "exponent"]
 
@@ -36,16 +36,6 @@ def sanitize(p, default):
 def transform(clean, alpha, eps):
     """``float32((float64(clean) + eps) ** alpha)``; ``alpha``, ``eps`` float64 scalars."""
     return powf(clean.to(tl.float64) + eps, alpha).to(tl.float32)
-
-
-@triton.jit
-def exponent(alpha_ptr, alpha_bits, FROM_PTR: tl.constexpr):
-    """A float64 exponent from a device scalar (``FROM_PTR``) or from its bits (a baked-in float)."""
-    if FROM_PTR:
-        a = tl.load(alpha_ptr).to(tl.float64)
-    else:
-        a = f64_from_bits(alpha_bits)
-    return a
 
 
 @triton.jit(do_not_specialize=["n"])

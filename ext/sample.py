@@ -45,6 +45,7 @@ from ._common import (
     chunk_for,
     compiling,
     expect,
+    exponent,
     f64_bits,
     f64_from_bits,
     powf,
@@ -154,15 +155,6 @@ def _min_all(ptr, n, CHUNK: tl.constexpr):
     return acc
 
 
-@triton.jit
-def _beta(beta_ptr, beta_bits, BETA_FROM_PTR: tl.constexpr):
-    if BETA_FROM_PTR:
-        beta = tl.load(beta_ptr).to(tl.float64)
-    else:
-        beta = f64_from_bits(beta_bits)
-    return beta
-
-
 @triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
 def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
                    n_blocks, block, inv_bits, shrink_bits,
@@ -187,7 +179,7 @@ def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, i
     tl.store(index_ptr + k, row + j)
     tl.store(psel_ptr + k, p)
     if WEIGHTS:
-        neg_beta = (-_beta(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
+        neg_beta = (-exponent(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
         tl.store(w_ptr + k, powf(tl.math.div_rn(p, p_min), neg_beta))
 
 
@@ -197,7 +189,7 @@ def _is_weight_kernel(p_ptr, pmin_ptr, beta_ptr, beta_bits, w_ptr, n,
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     p = tl.load(p_ptr + offs, mask=m, other=1.0)
-    neg_beta = (-_beta(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
+    neg_beta = (-exponent(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
     w = powf(tl.math.div_rn(p, tl.load(pmin_ptr)), neg_beta)
     tl.store(w_ptr + offs, w, mask=m)
 
