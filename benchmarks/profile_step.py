@@ -49,20 +49,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cprofile", action="store_true",
                     help="also run cProfile over the sampler step (Python time per function, tottime)")
     a = ap.parse_args(argv)
-    from lightning_per import make_replay_buffer
-
     device = torch.device(a.device)
     backends = ("reference", "kernels") if device.type == "cuda" else ("reference",)
     report = []
     for backend in backends:
-        report += profile_backend(backend, a, device, make_replay_buffer)
+        report += profile_backend(backend, a, device)
     if a.out:
         Path(a.out).write_text("\n".join(report) + "\n")
     return 0
 
 
-def profile_backend(backend: str, a, device, make_replay_buffer) -> list[str]:
+def profile_backend(backend: str, a, device) -> list[str]:
     """Profile tables (and optionally a cProfile listing) for one sampler backend."""
+    from lightning_per import make_replay_buffer
+
     report = []
     rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, backend=backend)
     fill(rb, a.capacity, device)

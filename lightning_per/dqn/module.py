@@ -285,13 +285,9 @@ class DQN(LightningModule):
         self._grad_world_size = self.trainer.world_size
 
     def _backward_all_reduce(self, loss: Tensor) -> None:
-        """Graph mode under DDP: back-propagate, then average the gradients over the ranks."""
+        """Graph mode under DDP: back-propagate, then average ``q_net``'s gradients over the ranks (one
+        all-reduce of one flat buffer, no host read: it is captured; NCCL >= 2.9.6 collectives are)."""
         loss.backward()
-        self._allreduce_grads()
-
-    def _allreduce_grads(self) -> None:
-        """Average ``q_net``'s gradients over the ranks: one all-reduce (SUM) of one flat buffer, a division
-        by the world size, a copy back; no host read (it is captured; NCCL >= 2.9.6 collectives are)."""
         all_reduce_mean_grads_(self.q_net.parameters(), self._grad_world_size)
 
     def _graph_backward(self):
