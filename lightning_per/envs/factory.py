@@ -9,6 +9,9 @@ the finished members. ``backend="torch"``: :class:`~lightning_per.envs.TorchCart
 device. ``backend="ale"``: Atari through ``ale_py`` (emulator frame skip, grey frames resized to
 84x84, no-op starts: :mod:`lightning_per.envs.atari`, after Mnih et al. 2015) and a TorchRL
 ``CatFrames`` frame stack, observation ``(num_envs, frame_stack, 84, 84) uint8``.
+``backend="ale_vector"``: the same observations from ale-py's C++ vector env
+(:class:`~lightning_per.envs.atari.AleVectorEnv`: preprocessing and stepping in C++ threads; the fast
+choice on a many-core machine).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.transforms import CatFrames, UnsqueezeTransform
 
-from lightning_per.envs.atari import make_ale_thunk
+from lightning_per.envs.atari import AleVectorEnv, make_ale_thunk
 from lightning_per.envs.torch_cartpole import TorchCartPoleEnv
 
 __all__ = ["EnvConfig", "make_env", "snapshot_env", "restore_env"]
@@ -41,9 +44,10 @@ class EnvConfig:
     id: str = "CartPole-v1"
     """Environment id: a Gymnasium id (``CartPole-v1``), an ALE id (``ALE/Pong-v5``), or for
     ``backend="torch"`` one of the torch environments (``CartPole-v1``)."""
-    backend: Literal["gymnasium", "torch", "ale"] = "gymnasium"
+    backend: Literal["gymnasium", "torch", "ale", "ale_vector"] = "gymnasium"
     """``gymnasium`` (CPU, through TorchRL's GymWrapper), ``torch`` (pure-torch env on the module's
-    device) or ``ale`` (Atari through ale_py, CPU)."""
+    device), ``ale`` (Atari through ale_py, CPU, preprocessing in Python) or ``ale_vector`` (ale_py's C++
+    vector env: preprocessing and stepping in C++ threads, one per env up to the core count)."""
     num_envs: int = 8
     """Environments stepped together; each vector step is ``num_envs`` environment steps."""
     vectorization: Literal["sync", "async"] = "sync"
@@ -65,8 +69,9 @@ class EnvConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field out of range."""
-        if self.backend not in ("gymnasium", "torch", "ale"):
-            raise ValueError(f"env.backend must be 'gymnasium', 'torch' or 'ale', got {self.backend!r}")
+        if self.backend not in ("gymnasium", "torch", "ale", "ale_vector"):
+            raise ValueError(f"env.backend must be 'gymnasium', 'torch', 'ale' or 'ale_vector', "
+                             f"got {self.backend!r}")
         if self.vectorization not in ("sync", "async"):
             raise ValueError(f"env.vectorization must be 'sync' or 'async', got {self.vectorization!r}")
         if self.num_envs < 1:
@@ -106,6 +111,13 @@ def make_env(config: EnvConfig, device: torch.device | str = "cpu", seed: int = 
     if config.backend == "torch":
         kwargs = {} if config.max_episode_steps is None else {"max_steps": config.max_episode_steps}
         return _TORCH_ENVS[config.id](num_envs=config.num_envs, device=device, seed=seed, **kwargs)
+    if config.backend == "ale_vector":
+        env = AleVectorEnv(config.id, config.num_envs, frame_skip=config.frame_skip, size=config.screen_size,
+                           frame_stack=config.frame_stack, noop_max=config.noop_max,
+                           repeat_action_probability=config.repeat_action_probability,
+                           max_episode_steps=config.max_episode_steps)
+        env.set_seed(seed)
+        return env
     import gymnasium as gym
 
     if config.backend == "ale":
