@@ -6,6 +6,12 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
   ours-eager     lightning_per replay (GPUPrioritizedSampler, proportional) + the DQN learner step, eager
   ours-graph     the same update captured in one CUDA graph (lightning_per.dqn.graph.CapturedUpdate,
                  scope "full": sampling and the priority update inside the graph)           [CUDA only]
+  ours-graph-inductor  the same captured update with the learner's pure-tensor parts (forwards, target,
+                 loss and their backward, the gradient clip) compiled by Inductor first
+                 (lightning_per.dqn.compiled.InductorUpdate, as DQN(inductor=True)): the graph replays
+                 Inductor's fused kernels. The row adds compile_s (the first, compiling call: dynamo +
+                 Inductor + Triton autotuning, seconds) and setup_s (warm-ups + capture), both outside the
+                 timed replays; ours-graph has setup_s too                                 [CUDA only]
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
@@ -18,6 +24,7 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
                  updates_per_s_per_rank (= updates_per_s, rank 0's rate) and updates_per_s_total
                  (= world_size x per rank: updates of B-sized batches per second over all GPUs; one
                  synchronous step's global batch is world_size x B)
+  dqn-fit-inductor  (--fit-inductor) dqn-fit with DQN(inductor=True)
 
 Every row reports updates/s, microseconds per update and host syncs per update (CUDA only; counted with
 ``torch.cuda.set_sync_debug_mode("warn")``).
@@ -88,7 +95,8 @@ def load_learner_step():
             loss.backward()
             torch.nn.utils.clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)
             optimizer.step()
-            return {"loss": loss.detach(), "td": (y - q_taken).detach(), "q": q_taken.detach(),
+            td = (y - q_taken).detach()
+            return {"loss": loss.detach(), "td": td, "td_abs": td.abs(), "q": q_taken.detach(),
                     "weight": b["weight"]}
         return learner_step
 
@@ -114,8 +122,34 @@ def eager_step(rb, learner_step, q, tgt, opt):
         batch = rb.sample()
         opt.zero_grad(set_to_none=True)
         out = learner_step(q, tgt, opt, inputs_of(batch, batch["priority_weight"]))
-        rb.update_priority(batch["index"], out["td"].abs())
+        rb.update_priority(batch["index"], out["td_abs"])
     return step
+
+
+def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None):
+    """The captured update of the graph rows: sample -> gather -> learner step -> priority update, all on
+    the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones."""
+    extra = {} if fast is None else {"loss_fn": fast.loss, "clip_fn": fast.clip}
+
+    def body(_=None):
+        index, info = sampler.sample(storage, batch)  # [B], {[B]}
+        out = learner_step(q, tgt, opt, inputs_of(storage.get(index), info["priority_weight"]), **extra)
+        sampler.update_priority(index, out["td_abs"], storage=None)
+        return out
+    return body
+
+
+def captured(body, opt, q, sampler, device) -> tuple[object, float]:
+    """``CapturedUpdate`` of ``body`` (no recompilation allowed after its first call) and its setup seconds."""
+    from lightning_per.dqn.compiled import no_recompiles
+    from lightning_per.dqn.graph import CapturedUpdate
+
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    with no_recompiles():
+        graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator])
+    torch.cuda.synchronize(device)
+    return graph, time.perf_counter() - t0
 
 
 def inputs_of(batch, weight):
@@ -140,7 +174,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
     rows = []
     if family == "ours":
         from lightning_per import make_replay_buffer
-        from lightning_per.dqn.graph import CapturedUpdate
+        from lightning_per.dqn.compiled import InductorUpdate
 
         rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
         fill(rb, a.capacity, a.obs, a.actions, device)
@@ -149,15 +183,22 @@ def replay_rows(family: str, a, device) -> list[dict]:
         rows.append(row("ours-eager", timed(eager, a.iters, device), count_syncs(eager, 50, device)))
         if device.type == "cuda":
             sampler, storage = rb.sampler, rb.storage
-
-            def body(_):
-                index, info = sampler.sample(storage, a.batch)
-                out = learner_step(q, tgt, opt, inputs_of(storage.get(index), info["priority_weight"]))
-                sampler.update_priority(index, out["td"].abs(), storage=None)
-                return out
-
-            graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator])
-            rows.append(row("ours-graph", timed(graph, a.iters * 4, device), count_syncs(graph, 200, device)))
+            graph, setup_s = captured(graph_body(sampler, storage, learner_step, q, tgt, opt, a.batch),
+                                      opt, q, sampler, device)
+            rows.append(row("ours-graph", timed(graph, a.iters * 4, device), count_syncs(graph, 200, device),
+                            setup_s=setup_s))
+            if not a.no_inductor:
+                fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0)
+                body = graph_body(sampler, storage, learner_step, q, tgt, opt, a.batch, fast)
+                torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                body()  # compiles (forward, backward, clip) and autotunes; one extra update, not timed
+                torch.cuda.synchronize(device)
+                compile_s = time.perf_counter() - t0
+                graph, setup_s = captured(body, opt, q, sampler, device)
+                rows.append(row("ours-graph-inductor", timed(graph, a.iters * 4, device),
+                                count_syncs(graph, 200, device), compile_s=compile_s, setup_s=setup_s))
     else:
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
 
@@ -210,7 +251,8 @@ def fit_row(a, device) -> tuple[dict, int]:
     env = EnvConfig(backend="torch", num_envs=a.fit_envs)
     model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
                 warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
-                updates_per_step=a.updates_per_step, replay_ratio=a.replay_ratio, compile=device.type == "cuda")
+                updates_per_step=a.updates_per_step, replay_ratio=a.replay_ratio, compile=device.type == "cuda",
+                inductor=a.fit_inductor)
     probe = Probe()
     trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=a.devices,
                          strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, logger=False,
@@ -223,7 +265,8 @@ def fit_row(a, device) -> tuple[dict, int]:
     if device.type == "cuda":
         syncs = sum("synchroniz" in str(w.message) for w in probe.caught) / a.fit_steps
     world_size = trainer.world_size
-    r = row("dqn-fit", seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
+    name = "dqn-fit-inductor" if a.fit_inductor else "dqn-fit"
+    r = row(name, seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
             env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps,
             updates_per_step=a.updates_per_step, world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
             updates_per_s_total=world_size / seconds)
@@ -232,11 +275,13 @@ def fit_row(a, device) -> tuple[dict, int]:
 
 # ------------------------------------------------------------------------------------------ output
 def table(rows: list[dict]) -> str:
-    lines = ["| impl | net | N | B | updates/s | us/update | syncs/update |", "|---|---|---|---|---|---|---|"]
+    lines = ["| impl | net | N | B | updates/s | us/update | syncs/update | compile s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         syncs = "n/a" if r.get("syncs_per_update") is None else f"{r['syncs_per_update']:.2f}"
+        comp = "" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
         lines.append(f"| {r['impl']} | {r.get('net', '')} | {r.get('N', '')} | {r.get('B', '')} | "
-                     f"{r['updates_per_s']:,.0f} | {r['update_us']:.1f} | {syncs} |")
+                     f"{r['updates_per_s']:,.0f} | {r['update_us']:.1f} | {syncs} | {comp} |")
     for r in rows:
         if r.get("world_size", 1) > 1:
             lines.append(f"\n{r['impl']} on {r['world_size']} devices (DDP): updates/s is per rank; "
@@ -244,6 +289,8 @@ def table(rows: list[dict]) -> str:
     by = {r["impl"]: r["updates_per_s"] for r in rows}
     if "ours-graph" in by and "torchrl-eager" in by:
         lines.append(f"\nours-graph / torchrl-eager: {by['ours-graph'] / by['torchrl-eager']:.1f}x")
+    if "ours-graph" in by and "ours-graph-inductor" in by:
+        lines.append(f"\nours-graph-inductor / ours-graph: {by['ours-graph-inductor'] / by['ours-graph']:.2f}x")
     return "\n".join(lines) + "\n"
 
 
@@ -298,6 +345,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-envs", type=int, default=64)
     ap.add_argument("--replay-ratio", type=float, default=0.25)
     ap.add_argument("--no-fit", action="store_true", help="skip the dqn-fit row")
+    ap.add_argument("--no-inductor", action="store_true", help="skip the ours-graph-inductor row")
+    ap.add_argument("--fit-inductor", action="store_true",
+                    help="dqn-fit with DQN(inductor=True); the row is named dqn-fit-inductor (compilation falls "
+                         "in the unmeasured first epoch)")
     ap.add_argument("--fit-only", action="store_true", help="only the dqn-fit row (skip the replay rows)")
     ap.add_argument("--devices", type=int, default=1,
                     help="GPUs for the dqn-fit row (> 1: Lightning DDP, implies --fit-only)")

@@ -147,15 +147,17 @@ def test_uniform_sampler_uses_unit_weights():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compile_, sampler, check_syncs", [
-    (True, "proportional", True),  # whole update in one CUDA graph
-    (False, "proportional", True),  # eager, still no host sync
-    (True, "uniform", False),  # learner-only graph, eager sampling
+@pytest.mark.parametrize("compile_, sampler, check_syncs, inductor", [
+    (True, "proportional", True, False),  # whole update in one CUDA graph
+    (False, "proportional", True, False),  # eager, still no host sync
+    (True, "uniform", False, False),  # learner-only graph, eager sampling
+    (True, "proportional", True, True),  # whole update in one CUDA graph, Inductor's kernels inside
+    (False, "proportional", True, True),  # eager with Inductor's kernels
 ])
-def test_cuda_training_steps_without_host_syncs(compile_, sampler, check_syncs):
+def test_cuda_training_steps_without_host_syncs(compile_, sampler, check_syncs, inductor):
     m = DQN(env=EnvConfig(backend="torch", num_envs=8), hidden_sizes=(64, 64), warmup_steps=256,
             replay=ReplayConfig(capacity=4096, batch_size=64, sampler=sampler), compile=compile_,
-            target_tau=0.01)
+            target_tau=0.01, inductor=inductor)
     m.to("cuda")
     m.build_runtime("cuda")
     opt = m.configure_optimizers()

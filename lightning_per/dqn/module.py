@@ -9,6 +9,7 @@ would make Lightning prefetch, i.e. sample from stale priorities).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import warnings
@@ -28,11 +29,12 @@ from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
 from lightning_per.dqn.collector import NStepCollector
+from lightning_per.dqn.compiled import InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
 from lightning_per.dqn.graph import CapturedUpdate
-from lightning_per.dqn.learner import all_reduce_mean_grads_, learner_step
+from lightning_per.dqn.learner import MetricSlots, all_reduce_mean_grads_, finish_update_, learner_step
 from lightning_per.dqn.networks import make_q_network
-from lightning_per.dqn.targets import hard_update, linear_schedule, polyak_update
+from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.envs import EnvConfig, make_env
 from lightning_per.utils import atomic_torch_save
 
@@ -112,6 +114,13 @@ class DQN(LightningModule):
             under DDP (``strategy="ddp"``, NCCL): the captured update all-reduces one flat gradient
             buffer itself (NCCL collectives can be captured in CUDA graphs from NCCL 2.9.6), and DDP's
             own reducer is kept out of it (``require_backward_grad_sync=False``).
+        inductor: run the update's pure-tensor parts through ``torch.compile`` (Inductor, default mode,
+            ``fullgraph=True``, static shapes): the forwards, target and loss with their backward, the
+            gradient clip, and the Polyak update + metric accumulation (see ``dqn/compiled.py``). The replay
+            ops and the Adam step stay as they are. Fewer, fused kernels: with ``compile=True`` the CUDA
+            graph replays Inductor's kernels (compiled and tuned in the warm-up before the capture).
+            CUDA or CPU (needs a C++ compiler); costs the compile time (tens of seconds) at the first
+            update. Same math as without it (float rounding aside).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
             run draws the same samples; False keeps checkpoints small (resume warms up again).
             Under DDP each rank writes its own shard next to the checkpoint (see ``notes/ddp.md``).
@@ -132,7 +141,7 @@ class DQN(LightningModule):
                  epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
                  updates_per_epoch: int = 500, updates_per_step: int = 1, max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
-                 checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
+                 inductor: bool = False, checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else (env or EnvConfig())
         replay = ReplayConfig(**replay) if isinstance(replay, dict) else (replay or ReplayConfig())
@@ -157,6 +166,8 @@ class DQN(LightningModule):
         self.rb = None
         self._replay_rng: torch.Generator | None = None
         self._captured: CapturedUpdate | None = None
+        self._inductor: InductorUpdate | None = None  # built with the runtime when ``inductor=True``
+        self._metric_slots: MetricSlots | None = None
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
         self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
@@ -247,6 +258,12 @@ class DQN(LightningModule):
         self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
                                      alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng, **extra)
         self.metrics.to(device)
+        self._metric_slots = MetricSlots.of(list(_METRICS), device)
+        if self.hparams.inductor:
+            h = self.hparams
+            self._inductor = InductorUpdate(self.q_net, self.target_net, double_dqn=h.double_dqn,
+                                            huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm,
+                                            slots=self._metric_slots, target_tau=h.target_tau)
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
             self._pending_state = None
@@ -322,9 +339,10 @@ class DQN(LightningModule):
     # ------------------------------------------------------------------ learning
     def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None) -> dict[str, Tensor]:
         """:func:`~lightning_per.dqn.learner.learner_step` with this module's networks and settings."""
-        h = self.hparams
+        h, fast = self.hparams, self._inductor
         return learner_step(self.q_net, self.target_net, optimizer, b, double_dqn=h.double_dqn,
-                            huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, backward=backward)
+                            huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, backward=backward,
+                            loss_fn=None if fast is None else fast.loss, clip_fn=None if fast is None else fast.clip)
 
     @property
     def _steps_per_epoch(self) -> int:
@@ -361,7 +379,7 @@ class DQN(LightningModule):
             batch = self.rb.sample()
             out = self._update(_batch_inputs(batch, batch.get("priority_weight", None)))
             if r.sampler != "uniform":
-                self.rb.update_priority(batch["index"], out["td"].abs())
+                self.rb.update_priority(batch["index"], out["td_abs"])
             self._after_update(out, in_graph=False)
         return out["loss"]
 
@@ -370,8 +388,9 @@ class DQN(LightningModule):
         metric sums) are rolled back, so the first replay is the first update."""
         target, online = self._params
         saved = (self.metrics.values.clone(), self.metrics.counts.clone())
-        self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, online + target,
-                                        generators=[self.rb.sampler.generator])
+        with self._no_recompiles():
+            self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, online + target,
+                                            generators=[self.rb.sampler.generator])
         self.metrics.values.copy_(saved[0])
         self.metrics.counts.copy_(saved[1])
 
@@ -387,10 +406,8 @@ class DQN(LightningModule):
         index, info = rb.sampler.sample(rb.storage, self.replay_config.batch_size)  # [B], {[B]}
         b = _batch_inputs(rb.storage.get(index), info["priority_weight"])
         out = self._learner_step(b, backward=self._graph_backward(), optimizer=self.optimizers().optimizer)
-        rb.sampler.update_priority(index, out["td"].abs(), storage=None)  # indices come from the sampler
-        if self.hparams.target_tau is not None:
-            polyak_update(*self._params, self.hparams.target_tau)
-        self._record_update_metrics(out)
+        rb.sampler.update_priority(index, out["td_abs"], storage=None)  # indices come from the sampler
+        self._finish_update(out)
         return out
 
     def _update(self, b: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -400,8 +417,9 @@ class DQN(LightningModule):
             return self._learner_step(b, backward=self.manual_backward, optimizer=opt)
         if self._captured is None:
             raw, backward = opt.optimizer, self._graph_backward()
-            self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=raw),
-                                            b, raw, list(self.q_net.parameters()))
+            with self._no_recompiles():
+                self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=raw),
+                                                b, raw, list(self.q_net.parameters()))
         out = self._captured(b)
         _count_optimizer_step(opt)
         return out
@@ -410,28 +428,28 @@ class DQN(LightningModule):
         """Host bookkeeping after one update; target update and metrics unless the graph did them."""
         h = self.hparams
         self.updates += 1
-        if h.target_tau is None:
-            if self.updates % h.target_update_interval == 0:
-                hard_update(*self._params)
-        elif not in_graph:
-            polyak_update(*self._params, h.target_tau)
+        if h.target_tau is None and self.updates % h.target_update_interval == 0:
+            hard_update(*self._params)
         if not in_graph:
-            self._record_update_metrics(out)
+            self._finish_update(out)
         if h.max_env_steps is not None and self.env_steps >= h.max_env_steps:
             self.trainer.should_stop = True
 
-    def _record_update_metrics(self, out: dict[str, Tensor]) -> None:
-        """Fold one update's device values into the metrics (in place; captured in graph mode)."""
-        td_abs = out["td"].abs()
+    def _no_recompiles(self):
+        """Around a capture with ``inductor=True``: a recompilation raises (see ``dqn/compiled.py``)."""
+        return no_recompiles() if self._inductor is not None else contextlib.nullcontext()
+
+    def _finish_update(self, out: dict[str, Tensor]) -> None:
+        """Polyak target update (``target_tau`` set) and the update's metrics, in place on the device
+        (captured in graph mode, compiled with ``inductor=True``)."""
         m = self.metrics
-        m.add("loss", out["loss"])
-        m.add("td_abs_mean", td_abs.mean())
-        m.add("td_abs_max", td_abs.max())
-        m.add("q_mean", out["q"].mean())
-        m.add("is_weight_mean", out["weight"].mean())
         clamped = getattr(self.rb.sampler, "clamped_priority_count", None)
-        if isinstance(clamped, Tensor):
-            m.add("clamped_priorities", clamped)
+        clamped = clamped if isinstance(clamped, Tensor) else None
+        if self._inductor is not None:
+            self._inductor.finish(m.values, m.counts, out, clamped)
+        else:
+            finish_update_(m.values, m.counts, out, clamped, slots=self._metric_slots, target=self._params[0],
+                           online=self._params[1], tau=self.hparams.target_tau)
 
     def _record_host_metrics(self) -> None:
         """Host counters and schedules, written once per epoch (their last value is what is logged)."""

@@ -1,0 +1,156 @@
+"""How many device kernels does one DQN update launch, and how long do they run? Eager vs Inductor.
+
+The update of ``benchmarks/dqn.py``'s replay rows (net 51-256-256-45, N = 1e5, B = 256, proportional PER:
+sample -> gather -> learner step -> priority update), in up to four modes:
+
+  eager            the plain update, one launch per kernel
+  eager-inductor   the learner's forwards, target, loss, backward and clip compiled by Inductor
+                   (``lightning_per.dqn.compiled.InductorUpdate``, as ``DQN(inductor=True)``)
+  graph, graph-inductor   (``--graph``) the same two captured in a CUDA graph and replayed; the kernels
+                   inside a replay are listed as CUPTI reports them
+
+For each mode: ``--warmup`` updates (compilation, autotuning, lazy module loading), then ``--steps``
+updates under ``torch.profiler`` (``ProfilerActivity.CUDA``). Reported per update: device kernels
+(memcpy/memset counted apart), the sum of their device durations (us; a lower bound of the update's
+device time: gaps between kernels excluded), kernel-launch API calls on the host, and the kernels grouped
+by name (count and us per update, largest first). Printed and written to ``--out`` (JSON).
+
+    python benchmarks/profile_dqn.py --out benchmarks/results/profile_dqn.json            # GPU
+    python benchmarks/profile_dqn.py --graph --out benchmarks/results/profile_dqn.json    # + graph modes
+    python benchmarks/profile_dqn.py --tiny --device cpu --out /tmp/p.json                # CPU smoke test
+
+On the CPU there are no device kernels: the counts are aten operators (``aten::*`` CPU events, nested
+ones included), which only checks that the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dqn import fill, graph_body, make_net  # noqa: E402
+
+_LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
+                "cudaGraphLaunch")
+_MODES = ("eager", "eager-inductor", "graph", "graph-inductor")
+
+
+def kernel_stats(prof, steps: int, device: torch.device) -> dict:
+    """Per-update kernel counts and device time from a finished ``torch.profiler.profile``."""
+    from torch.autograd import DeviceType
+
+    kernels: dict[str, list[float]] = {}
+    copies = launches = 0
+    for e in prof.events():
+        if device.type == "cuda":
+            if e.device_type == DeviceType.CUDA:
+                if e.name.startswith(("Memcpy", "Memset")):
+                    copies += 1
+                    continue
+                kernels.setdefault(e.name, []).append(e.time_range.elapsed_us())
+            elif e.name in _LAUNCH_APIS:
+                launches += 1
+        elif e.name.startswith("aten::"):
+            kernels.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    by_name = sorted(({"name": k, "per_update": len(v) / steps, "us_per_update": sum(v) / steps}
+                      for k, v in kernels.items()), key=lambda r: -r["us_per_update"])
+    return {"kernels_per_update": sum(len(v) for v in kernels.values()) / steps,
+            "kernel_us_per_update": sum(sum(v) for v in kernels.values()) / steps,
+            "memcpy_memset_per_update": copies / steps, "launch_calls_per_update": launches / steps,
+            "by_name": by_name}
+
+
+def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
+    """Build a fresh network for ``mode``, warm it up, then profile ``a.steps`` updates."""
+    from lightning_per.dqn.compiled import InductorUpdate, no_recompiles
+    from lightning_per.dqn.graph import CapturedUpdate
+    from lightning_per.dqn.learner import learner_step
+
+    torch.manual_seed(0)
+    q = make_net(a.obs, a.hidden, a.actions).to(device)
+    tgt = copy.deepcopy(q).requires_grad_(False)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-4, fused=True, capturable=device.type == "cuda")
+    fast = None
+    if mode.endswith("inductor"):
+        fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0, backend=a.backend)
+    body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, opt, a.batch, fast)
+
+    def eager():
+        opt.zero_grad(set_to_none=True)
+        body()
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    eager()  # the first call compiles in the inductor modes
+    sync()
+    first_s = time.perf_counter() - t0
+    fn = eager
+    if mode.startswith("graph"):
+        with no_recompiles():
+            fn = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[rb.sampler.generator])
+    with no_recompiles():
+        for _ in range(a.warmup):
+            fn()
+        sync()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(a.steps):
+                fn()
+            sync()
+    return {"mode": mode, "first_call_s": first_s, **kernel_stats(prof, a.steps, device)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--capacity", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--obs", type=int, default=51)
+    ap.add_argument("--actions", type=int, default=45)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    ap.add_argument("--warmup", type=int, default=10, help="updates before profiling (after the first call)")
+    ap.add_argument("--steps", type=int, default=10, help="profiled updates")
+    ap.add_argument("--graph", action="store_true", help="also profile the CUDA-graph modes")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend of the inductor modes")
+    ap.add_argument("--top", type=int, default=25, help="kernel names printed per mode")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke test")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        a.capacity, a.batch, a.hidden, a.obs, a.actions, a.warmup, a.steps = 2048, 32, [32, 32], 8, 4, 2, 2
+    device = torch.device(a.device)
+    if a.graph and device.type != "cuda":
+        raise SystemExit("--graph needs a CUDA device")
+    from lightning_per import make_replay_buffer
+
+    torch.set_num_threads(1)
+    rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
+    fill(rb, a.capacity, a.obs, a.actions, device)
+    results = []
+    for mode in _MODES if a.graph else _MODES[:2]:
+        r = profile_mode(mode, rb, a, device)
+        results.append(r)
+        unit = "kernels" if device.type == "cuda" else "aten ops"
+        print(f"== {mode}: {r['kernels_per_update']:.1f} {unit}/update, {r['kernel_us_per_update']:.1f} us/update "
+              f"(sum of durations), {r['memcpy_memset_per_update']:.1f} memcpy/memset, "
+              f"{r['launch_calls_per_update']:.1f} launch calls; first call {r['first_call_s']:.1f} s")
+        for k in r["by_name"][:a.top]:
+            print(f"   {k['per_update']:6.1f} x {k['us_per_update']:8.1f} us  {k['name'][:110]}")
+    meta = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else "cpu", "torch": torch.__version__, "args": vars(a)}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "modes": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

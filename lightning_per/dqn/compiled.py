@@ -1,0 +1,92 @@
+"""Opt-in Inductor path (``DQN(inductor=True)``): the pure-tensor parts of an update through ``torch.compile``.
+
+An update is ~100 small kernels; in a CUDA graph each still costs ~1.5-2 us of device time on an H200,
+so their number bounds a small network's update rate. Inductor fuses the element-wise work between the
+matrix products (bias, ReLU, gathers, target, Huber, their backward, the norm and scaling of the
+clip, the metric sums) into few Triton kernels. Three functions are compiled (default mode,
+``fullgraph=True``, ``dynamic=False``), each a pure function of tensors and of constants fixed at
+construction:
+
+- :attr:`InductorUpdate.loss`: :func:`~lightning_per.dqn.learner.td_loss`, the forwards of the online
+  network on ``[s; s']`` and of the target network on ``s'``, the double-DQN n-step target and the
+  IS-weighted Huber loss; AOTAutograd compiles its backward too (``loss.backward()`` stays a plain call);
+- :attr:`InductorUpdate.clip`: ``clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)``;
+- :attr:`InductorUpdate.finish`: :func:`~lightning_per.dqn.learner.finish_update_`, the Polyak target
+  update (``target_tau`` set) and the metric accumulation.
+
+What stays as it is: the replay ops (sampling, gathering the batch, the priority update: our custom
+ops), the fused Adam step, DDP's gradient all-reduce and the hard target copy.
+
+Shapes are static (``dynamic=False``): one compilation per function for the run's batch size B,
+observation shape and network. The first update pays the compilation (tens of seconds; Triton
+autotuning of reductions included on CUDA; the C++ compiler on the CPU). In graph mode
+(``compile=True``) that first update is the first eager warm-up iteration of
+:class:`~lightning_per.dqn.graph.CapturedUpdate`, so Inductor has compiled and tuned every kernel before
+the capture. The module builds the capture inside :func:`no_recompiles`: a guard failure in a later
+warm-up iteration or in the capture raises instead of recompiling there. A replay runs no Python, so no
+guard is evaluated after the capture. Nothing a run changes between updates (beta, step counters, epsilon) is
+read by a compiled function: beta lives in the sampler's device scalar and is read by the replay op.
+Works on CUDA and on the CPU (Inductor's C++ backend needs a C++ compiler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from lightning_per.dqn.learner import MetricSlots, finish_update_, td_loss
+
+__all__ = ["InductorUpdate", "no_recompiles"]
+
+
+class InductorUpdate:
+    """The compiled pieces of one DQN update for fixed networks and settings.
+
+    Args:
+        q_net: online network (its parameters are read at each call, so in-place updates are seen).
+        target_net: target network.
+        double_dqn, huber_delta: as in :func:`~lightning_per.dqn.learner.learner_step`.
+        grad_clip_norm: the clip threshold, or None (then :attr:`clip` is None).
+        slots: where :attr:`finish` writes the metrics.
+        target_tau: Polyak factor of :attr:`finish`, or None (no Polyak update there).
+        backend: ``torch.compile`` backend: ``"inductor"`` (the point) or e.g. ``"aot_eager"`` (tests).
+
+    Attributes:
+        loss: ``b -> (loss, td, td_abs, q_taken)`` as :func:`~lightning_per.dqn.learner.td_loss`.
+        clip: ``() -> None``, clips ``q_net``'s gradients in place; None without clipping.
+        finish: ``(values, counts, out, clamped) -> None`` as
+            :func:`~lightning_per.dqn.learner.finish_update_` with this object's slots, networks and tau.
+    """
+
+    def __init__(self, q_net: nn.Module, target_net: nn.Module, *, double_dqn: bool, huber_delta: float,
+                 grad_clip_norm: float | None, slots: MetricSlots | None = None,
+                 target_tau: float | None = None, backend: str = "inductor") -> None:
+        options = {"backend": backend, "fullgraph": True, "dynamic": False}
+        self.loss = torch.compile(functools.partial(td_loss, q_net, target_net, double_dqn=double_dqn,
+                                                    huber_delta=float(huber_delta)), **options)
+        params = list(q_net.parameters())
+        self.clip = None
+        if grad_clip_norm is not None:
+            self.clip = torch.compile(functools.partial(_clip_grads_, params, float(grad_clip_norm)), **options)
+        self.finish = None
+        if slots is not None:
+            tau = None if target_tau is None else float(target_tau)
+            self.finish = torch.compile(functools.partial(
+                finish_update_, slots=slots, target=list(target_net.parameters()), online=params, tau=tau),
+                **options)
+
+
+def _clip_grads_(params: list[Tensor], max_norm: float) -> None:
+    torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+
+
+@contextlib.contextmanager
+def no_recompiles() -> Iterator[None]:
+    """Inside: a ``torch.compile``'d function that was compiled before raises instead of recompiling
+    (first compilations still happen). Wrap warm-ups after the first and CUDA-graph captures with it."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
