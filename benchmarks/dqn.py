@@ -8,10 +8,15 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
                  scope "full": sampling and the priority update inside the graph)           [CUDA only]
   ours-graph-inductor  the same captured update with the learner's pure-tensor parts (forwards, target,
                  loss and their backward, the gradient clip) compiled by Inductor first
-                 (lightning_per.dqn.compiled.InductorUpdate, as DQN(inductor=True)): the graph replays
-                 Inductor's fused kernels. The row adds compile_s (the first, compiling call: dynamo +
-                 Inductor + Triton autotuning, seconds) and setup_s (warm-ups + capture), both outside the
-                 timed replays; ours-graph has setup_s too                                 [CUDA only]
+                 (lightning_per.dqn.compiled.InductorUpdate, as DQN(inductor=True)) and the Adam step
+                 compiled too (foreach Adam through lightning_per.dqn.compiled.CompiledStep, as the module
+                 does in graph mode): the graph replays Inductor's fused kernels. The row adds compile_s
+                 (the first two, compiling calls: dynamo + Inductor + Triton autotuning, seconds) and
+                 setup_s (warm-ups + capture), both outside the timed replays; ours-graph has setup_s
+                 too                                                                       [CUDA only]
+  ours-graph-inductor-tf32  the same with TF32 tensor cores for the float32 matmuls
+                 (torch.backends.cuda.matmul.allow_tf32, i.e. torch.set_float32_matmul_precision("high"):
+                 10-bit mantissa products, float32 accumulation)                             [CUDA only]
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
@@ -146,8 +151,8 @@ def captured(body, opt, q, sampler, device) -> tuple[object, float]:
 
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    with no_recompiles():
-        graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator])
+    graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator],
+                           capture_guard=no_recompiles)
     torch.cuda.synchronize(device)
     return graph, time.perf_counter() - t0
 
@@ -174,7 +179,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
     rows = []
     if family == "ours":
         from lightning_per import make_replay_buffer
-        from lightning_per.dqn.compiled import InductorUpdate
+        from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
 
         rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
         fill(rb, a.capacity, a.obs, a.actions, device)
@@ -188,17 +193,24 @@ def replay_rows(family: str, a, device) -> list[dict]:
             rows.append(row("ours-graph", timed(graph, a.iters * 4, device), count_syncs(graph, 200, device),
                             setup_s=setup_s))
             if not a.no_inductor:
-                fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0)
-                body = graph_body(sampler, storage, learner_step, q, tgt, opt, a.batch, fast)
-                torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                body()  # compiles (forward, backward, clip) and autotunes; one extra update, not timed
-                torch.cuda.synchronize(device)
-                compile_s = time.perf_counter() - t0
-                graph, setup_s = captured(body, opt, q, sampler, device)
-                rows.append(row("ours-graph-inductor", timed(graph, a.iters * 4, device),
-                                count_syncs(graph, 200, device), compile_s=compile_s, setup_s=setup_s))
+                # DQN(inductor=True, compile=True): compiled loss + backward and clip, compiled foreach Adam
+                opt_c = torch.optim.Adam(q.parameters(), lr=1e-4, foreach=True, capturable=True)
+                fast, stepper = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0), \
+                    CompiledStep(opt_c)
+                for name, tf32 in (("ours-graph-inductor", False), ("ours-graph-inductor-tf32", True)):
+                    torch.backends.cuda.matmul.allow_tf32 = tf32  # TF32 tensor cores for the float32 matmuls
+                    body = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, fast)
+                    torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    for _ in range(2):  # compiles and autotunes (the step recompiles once); not timed
+                        opt_c.zero_grad(set_to_none=True)
+                        body()
+                    torch.cuda.synchronize(device)
+                    compile_s = time.perf_counter() - t0
+                    graph, setup_s = captured(body, opt_c, q, sampler, device)
+                    rows.append(row(name, timed(graph, a.iters * 4, device), count_syncs(graph, 200, device),
+                                    compile_s=compile_s, setup_s=setup_s, tf32=tf32))
+                torch.backends.cuda.matmul.allow_tf32 = False
     else:
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
 
@@ -289,8 +301,11 @@ def table(rows: list[dict]) -> str:
     by = {r["impl"]: r["updates_per_s"] for r in rows}
     if "ours-graph" in by and "torchrl-eager" in by:
         lines.append(f"\nours-graph / torchrl-eager: {by['ours-graph'] / by['torchrl-eager']:.1f}x")
-    if "ours-graph" in by and "ours-graph-inductor" in by:
-        lines.append(f"\nours-graph-inductor / ours-graph: {by['ours-graph-inductor'] / by['ours-graph']:.2f}x")
+    for name in ("ours-graph-inductor", "ours-graph-inductor-tf32"):
+        if "ours-graph" in by and name in by:
+            lines.append(f"\n{name} / ours-graph: {by[name] / by['ours-graph']:.2f}x")
+        if "torchrl-eager" in by and name in by:
+            lines.append(f"\n{name} / torchrl-eager: {by[name] / by['torchrl-eager']:.1f}x")
     return "\n".join(lines) + "\n"
 
 
@@ -357,8 +372,11 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out")
     ap.add_argument("--scaling", nargs=2, metavar=("ONE.json", "N.json"),
                     help="dqn-fit rows of a 1-device and an N-device run: scaling table into --out")
-    ap.add_argument("--out", default="benchmarks/results/dqn.json")
+    ap.add_argument("--out", default=None, help="JSON (+ .md) to write; default benchmarks/results/dqn.json, "
+                    "with --tiny /tmp/dqn_tiny.json (a smoke run never overwrites the GPU results)")
     a = ap.parse_args(argv)
+    if a.out is None:
+        a.out = "/tmp/dqn_tiny.json" if a.tiny else "benchmarks/results/dqn.json"
     if a.merge:
         rows = [r for f in a.merge for r in json.loads(Path(f).read_text())["rows"]]
         write(Path(a.out), rows, {"merged": a.merge})

@@ -70,18 +70,22 @@ def kernel_stats(prof, steps: int, device: torch.device) -> dict:
 
 def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
     """Build a fresh network for ``mode``, warm it up, then profile ``a.steps`` updates."""
-    from lightning_per.dqn.compiled import InductorUpdate, no_recompiles
+    from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
     from lightning_per.dqn.graph import CapturedUpdate
     from lightning_per.dqn.learner import learner_step
 
     torch.manual_seed(0)
     q = make_net(a.obs, a.hidden, a.actions).to(device)
     tgt = copy.deepcopy(q).requires_grad_(False)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-4, fused=True, capturable=device.type == "cuda")
-    fast = None
-    if mode.endswith("inductor"):
+    inductor = mode.endswith("inductor")
+    # as DQN: fused Adam, or with inductor a foreach Adam whose step is compiled too (dqn/compiled.py)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-4, fused=not inductor, foreach=True if inductor else None,
+                           capturable=device.type == "cuda")
+    fast, stepper = None, opt
+    if inductor:
         fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0, backend=a.backend)
-    body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, opt, a.batch, fast)
+        stepper = CompiledStep(opt, backend=a.backend)
+    body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, stepper, a.batch, fast)
 
     def eager():
         opt.zero_grad(set_to_none=True)
@@ -89,13 +93,14 @@ def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    eager()  # the first call compiles in the inductor modes
+    eager()  # the first call compiles in the inductor modes (the second recompiles the optimizer step)
+    eager()
     sync()
     first_s = time.perf_counter() - t0
     fn = eager
     if mode.startswith("graph"):
-        with no_recompiles():
-            fn = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[rb.sampler.generator])
+        fn = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[rb.sampler.generator],
+                            capture_guard=no_recompiles)
     with no_recompiles():
         for _ in range(a.warmup):
             fn()

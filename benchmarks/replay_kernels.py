@@ -16,6 +16,10 @@ replay, with a roofline column.
   kernels-sampler-{eager,graph}       GPUPrioritizedSampler(backend="kernels").sample + update_priority
                                       (the same 3 launches, plus the sampler's Python)
   kernels-rank-fused-{eager,graph}    rank_sample alone (the sort refresh is not included)
+  *-graph-x16                         the same with 16 calls captured per graph: one host launch per 16
+                                      calls, so the row is the device time per call; the one-call graph
+                                      rows include the host's graph-launch cost
+  graph-launch-floor                  one graph of one tiny kernel: that host cost alone
 
 Bytes moved per step (a lower bound of HBM traffic; scattered accesses count one 32-byte sector):
 sample = ``16 nb`` (block prefix + block sums; the scan path: ``12 nb``, block sums + minima)
@@ -36,6 +40,10 @@ import warnings
 
 import torch
 from _harness import capture, timed
+
+#: Calls captured per graph in the ``-x{REPEAT}`` rows (device time per call; the plain graph rows replay one
+#: call per launch and include the host's graph-launch cost, the ``graph-launch-floor`` row).
+REPEAT = 16
 
 #: Peak HBM bandwidth in GB/s by device-name substring (vendor figures).
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
@@ -138,10 +146,12 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
         return []
     cuda, peak, rows = device.type == "cuda", peak_gbps(device), []
 
-    def add(impl: str, fn, nbytes: int, graph: bool = False, gens=()) -> None:
+    def add(impl: str, fn, nbytes: int, graph: bool = False, gens=(), repeat: int = 1) -> None:
+        """One row; ``repeat`` > 1 captures that many calls per graph (host launch cost amortised)."""
         if graph and not cuda:
             return
-        us = timed_us(capture(fn, gens) if graph else fn, iters * 4 if graph else iters, device)
+        body = fn if repeat == 1 else (lambda: [fn() for _ in range(repeat)])
+        us = timed_us(capture(body, gens) if graph else fn, iters * 4 if graph else iters, device) / repeat
         gbps = nbytes / (us * 1e-6) / 1e9
         rows.append({"impl": impl, "N": N, "B": B, "step_us": us, "bytes_per_step": nbytes, "GBps": gbps,
                      "roofline": gbps / peak})
@@ -155,6 +165,9 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     add("kernels-fused-sample-graph", sample, model["sample"], graph=True, gens=gens)
     add("kernels-scan-sample-graph", scan_sample, model["scan_sample"], graph=True, gens=gens)
     add("kernels-fused-update-graph", update, model["update"], graph=True)
+    add(f"kernels-fused-graph-x{REPEAT}", step, model["step"], graph=True, gens=gens, repeat=REPEAT)
+    add(f"kernels-fused-sample-graph-x{REPEAT}", sample, model["sample"], graph=True, gens=gens, repeat=REPEAT)
+    add(f"kernels-fused-update-graph-x{REPEAT}", update, model["update"], graph=True, repeat=REPEAT)
 
     def sampler_step():
         index, info = sampler.sample(storage, B)
@@ -175,6 +188,10 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     rank_bytes = B * (8 + 8 * max(1, N.bit_length()) // 4 + 8 + 4)  # u, ~1/4 of search reads miss L2, out
     add("kernels-rank-fused-eager", rank_draw, rank_bytes)
     add("kernels-rank-fused-graph", rank_draw, rank_bytes, graph=True, gens=(gen,))
+    add(f"kernels-rank-fused-graph-x{REPEAT}", rank_draw, rank_bytes, graph=True, gens=(gen,), repeat=REPEAT)
+    if cuda:
+        tick = torch.zeros(1, device=device)
+        add("graph-launch-floor", lambda: tick.add_(1), 4, graph=True)
     return rows
 
 

@@ -18,7 +18,7 @@ from test_dqn_module import _module
 
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.dqn import ReplayConfig, make_q_network
-from lightning_per.dqn.compiled import InductorUpdate, no_recompiles
+from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.learner import MetricSlots, learner_step, record_update_metrics_
 from lightning_per.envs import EnvConfig
 
@@ -111,13 +111,13 @@ def test_captured_inductor_update_matches_eager_on_cuda():
     tgt = copy.deepcopy(q).requires_grad_(False)
     q2, tgt2 = copy.deepcopy(q), copy.deepcopy(tgt)
     opt = torch.optim.Adam(q.parameters(), lr=1e-3, fused=True, capturable=True)
-    opt2 = torch.optim.Adam(q2.parameters(), lr=1e-3, fused=True, capturable=True)
-    fast = InductorUpdate(q2, tgt2, double_dqn=True, huber_delta=1.0, grad_clip_norm=0.5)
+    opt2 = torch.optim.Adam(q2.parameters(), lr=1e-3, foreach=True, capturable=True)
+    fast, stepper = InductorUpdate(q2, tgt2, double_dqn=True, huber_delta=1.0, grad_clip_norm=0.5), CompiledStep(opt2)
     g = torch.Generator().manual_seed(1)
     first = {k: v.cuda() for k, v in _batch(g).items()}
-    with no_recompiles():
-        graph = CapturedUpdate(lambda b: learner_step(q2, tgt2, opt2, b, grad_clip_norm=0.5, loss_fn=fast.loss,
-                                                      clip_fn=fast.clip), first, opt2, list(q2.parameters()))
+    graph = CapturedUpdate(lambda b: learner_step(q2, tgt2, stepper, b, grad_clip_norm=0.5, loss_fn=fast.loss,
+                                                  clip_fn=fast.clip), first, opt2, list(q2.parameters()),
+                           capture_guard=no_recompiles)
     for _ in range(3):
         b = {k: v.cuda() for k, v in _batch(g).items()}
         opt.zero_grad(set_to_none=True)
@@ -127,3 +127,24 @@ def test_captured_inductor_update_matches_eager_on_cuda():
             torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
         for p, p2 in zip(q.parameters(), q2.parameters()):
             torch.testing.assert_close(p2, p, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_adam_step_matches_fused_adam():
+    """CompiledStep (foreach Adam through torch.compile) = torch's fused Adam, step by step (3 steps)."""
+    torch.manual_seed(0)
+    q = make_q_network("mlp", (6,), 5, (16, 16))
+    q2 = copy.deepcopy(q)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-2, eps=1e-4, fused=True)
+    opt2 = torch.optim.Adam(q2.parameters(), lr=1e-2, eps=1e-4, foreach=True)
+    stepper = CompiledStep(opt2, backend=BACKEND)
+    for step in range(3):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step))
+        for net, o in ((q, opt), (q2, opt2)):
+            o.zero_grad(set_to_none=True)
+            net(x).square().mean().backward()
+        opt.step()
+        stepper.step()
+        for p, p2 in zip(q.parameters(), q2.parameters()):
+            torch.testing.assert_close(p2, p, **_TIGHT, msg=f"parameters after step {step}")
+    torch.testing.assert_close(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"],
+                               **_TIGHT)

@@ -28,6 +28,7 @@ step, so the collectives match across ranks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,7 +50,11 @@ class CapturedUpdate:
         params: the parameters it updates; they and the optimizer state are restored after the
             eager warm-up, so warm-up iterations leave no trace but advanced RNGs and priorities.
         generators: CUDA generators drawn from inside ``body`` (registered with the graph).
-        warmup: eager iterations on a side stream before capture (allocator and cuBLAS warm-up).
+        warmup: eager iterations on a side stream before capture (allocator and cuBLAS warm-up; with
+            ``torch.compile``'d pieces in ``body``, also their compilations and guard-driven recompilations,
+            e.g. a compiled optimizer step recompiles once its state exists).
+        capture_guard: a context-manager factory entered around the capture alone (e.g.
+            :func:`lightning_per.dqn.compiled.no_recompiles`: a compilation inside a capture is an error).
 
     Raises:
         ValueError: the parameters are not on a CUDA device.
@@ -57,7 +62,8 @@ class CapturedUpdate:
 
     def __init__(self, body: Callable[[dict[str, Tensor]], dict[str, Tensor]], inputs: dict[str, Tensor],
                  optimizer: torch.optim.Optimizer, params: Sequence[Tensor],
-                 generators: Sequence[torch.Generator] = (), warmup: int = 3) -> None:
+                 generators: Sequence[torch.Generator] = (), warmup: int = 3,
+                 capture_guard: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
         device = params[0].device
         if device.type != "cuda":
             raise ValueError(f"graph mode (compile=True) needs CUDA tensors, got parameters on {device}")
@@ -75,7 +81,7 @@ class CapturedUpdate:
         for gen in generators:
             self.graph.register_generator_state(gen)
         optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
+        with capture_guard() if capture_guard else contextlib.nullcontext(), torch.cuda.graph(self.graph):
             self.static_out = body(self.static_in)
 
     def __call__(self, inputs: dict[str, Tensor] | None = None) -> dict[str, Tensor]:

@@ -9,7 +9,6 @@ would make Lightning prefetch, i.e. sample from stale priorities).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import warnings
@@ -29,7 +28,7 @@ from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
 from lightning_per.dqn.collector import NStepCollector
-from lightning_per.dqn.compiled import InductorUpdate, no_recompiles
+from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
 from lightning_per.dqn.graph import CapturedUpdate
 from lightning_per.dqn.learner import MetricSlots, all_reduce_mean_grads_, finish_update_, learner_step
@@ -167,6 +166,7 @@ class DQN(LightningModule):
         self._replay_rng: torch.Generator | None = None
         self._captured: CapturedUpdate | None = None
         self._inductor: InductorUpdate | None = None  # built with the runtime when ``inductor=True``
+        self._compiled_step: CompiledStep | None = None  # graph mode + inductor: the compiled Adam step
         self._metric_slots: MetricSlots | None = None
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
@@ -273,9 +273,13 @@ class DQN(LightningModule):
         return DataLoader(steps, batch_size=None, sampler=_WholeEpochPerRank(steps))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        # fused: one kernel for all parameters (CPU and CUDA); capturable: step counters on the device
-        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr, eps=self.hparams.adam_eps,
-                                fused=True, capturable=bool(self.hparams.compile))
+        # fused: one kernel for all parameters (CPU and CUDA); capturable: step counters on the device.
+        # Graph mode with inductor=True compiles the step instead (see dqn/compiled.py, CompiledStep):
+        # that needs the foreach implementation, which torch.compile traces.
+        h = self.hparams
+        compiled_step = bool(h.inductor and h.compile)
+        return torch.optim.Adam(self.q_net.parameters(), lr=h.lr, eps=h.adam_eps, fused=not compiled_step,
+                                foreach=True if compiled_step else None, capturable=bool(h.compile))
 
     def forward(self, observation: Tensor) -> Tensor:
         """Action values ``(B, A) float32`` of ``observation (B, *obs_shape)`` (online network)."""
@@ -388,9 +392,8 @@ class DQN(LightningModule):
         metric sums) are rolled back, so the first replay is the first update."""
         target, online = self._params
         saved = (self.metrics.values.clone(), self.metrics.counts.clone())
-        with self._no_recompiles():
-            self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, online + target,
-                                            generators=[self.rb.sampler.generator])
+        self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, online + target,
+                                        generators=[self.rb.sampler.generator], capture_guard=self._capture_guard)
         self.metrics.values.copy_(saved[0])
         self.metrics.counts.copy_(saved[1])
 
@@ -405,7 +408,7 @@ class DQN(LightningModule):
         rb = self.rb
         index, info = rb.sampler.sample(rb.storage, self.replay_config.batch_size)  # [B], {[B]}
         b = _batch_inputs(rb.storage.get(index), info["priority_weight"])
-        out = self._learner_step(b, backward=self._graph_backward(), optimizer=self.optimizers().optimizer)
+        out = self._learner_step(b, backward=self._graph_backward(), optimizer=self._graph_optimizer())
         rb.sampler.update_priority(index, out["td_abs"], storage=None)  # indices come from the sampler
         self._finish_update(out)
         return out
@@ -416,10 +419,9 @@ class DQN(LightningModule):
             opt.zero_grad(set_to_none=True)
             return self._learner_step(b, backward=self.manual_backward, optimizer=opt)
         if self._captured is None:
-            raw, backward = opt.optimizer, self._graph_backward()
-            with self._no_recompiles():
-                self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=raw),
-                                                b, raw, list(self.q_net.parameters()))
+            raw, backward, stepper = opt.optimizer, self._graph_backward(), self._graph_optimizer()
+            self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=stepper),
+                                            b, raw, list(self.q_net.parameters()), capture_guard=self._capture_guard)
         out = self._captured(b)
         _count_optimizer_step(opt)
         return out
@@ -435,9 +437,19 @@ class DQN(LightningModule):
         if h.max_env_steps is not None and self.env_steps >= h.max_env_steps:
             self.trainer.should_stop = True
 
-    def _no_recompiles(self):
-        """Around a capture with ``inductor=True``: a recompilation raises (see ``dqn/compiled.py``)."""
-        return no_recompiles() if self._inductor is not None else contextlib.nullcontext()
+    @property
+    def _capture_guard(self):
+        """Entered around a capture with ``inductor=True``: a recompilation there raises (see ``dqn/compiled.py``)."""
+        return no_recompiles if self._inductor is not None else None
+
+    def _graph_optimizer(self):
+        """What graph mode steps: the raw optimizer, or with ``inductor=True`` its compiled step (built once)."""
+        raw = self.optimizers().optimizer
+        if self._inductor is None:
+            return raw
+        if self._compiled_step is None or self._compiled_step.optimizer is not raw:
+            self._compiled_step = CompiledStep(raw)
+        return self._compiled_step
 
     def _finish_update(self, out: dict[str, Tensor]) -> None:
         """Polyak target update (``target_tau`` set) and the update's metrics, in place on the device

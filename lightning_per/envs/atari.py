@@ -9,10 +9,9 @@ with ``mode="area"``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 import re
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
