@@ -318,3 +318,11 @@ def test_alpha_change_updates_state_in_place(kind, device):
 def test_factory_rejects_unknown_sampler_options_by_name(sampler):
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['foo'\].*" + sampler):
         make_replay_buffer(16, 4, sampler=sampler, device="cpu", foo=1)
+
+
+def test_factory_passes_inherited_sampler_options_to_the_rank_sampler():
+    """The rank sampler forwards **kwargs to the proportional one: its options (backend, seed) are accepted."""
+    rb = make_replay_buffer(16, 4, sampler="rank", device="cpu", backend="reference", seed=3, sort_every=2)
+    from lightning_per.ops import reference
+
+    assert rb.sampler.sort_every == 2 and rb.sampler._ops is reference

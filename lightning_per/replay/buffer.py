@@ -187,7 +187,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         return rb
     if sampler not in _SAMPLERS:
         raise ValueError(f"sampler must be 'proportional', 'rank' or 'uniform', got {sampler!r}")
-    options = sorted(set(inspect.signature(_SAMPLERS[sampler].__init__).parameters) - _SET_BY_FACTORY)
+    options = sorted(_init_options(_SAMPLERS[sampler]) - _SET_BY_FACTORY)
     unknown = sorted(set(sampler_kwargs) - set(options))
     if unknown:
         raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler={sampler!r}; "
@@ -195,3 +195,19 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     return GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
                                       sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
                                       generator=generator, priority_key=priority_key)
+
+
+def _init_options(cls: type) -> set[str]:
+    """Keyword names ``cls(...)`` accepts: its ``__init__``'s named parameters, plus those of the next
+    ``__init__`` up the MRO as long as the current one forwards ``**kwargs`` (e.g. the rank sampler's
+    ``sort_every`` and the proportional sampler's options)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
