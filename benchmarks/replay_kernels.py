@@ -4,17 +4,12 @@ replay, with a roofline column.
 ``kernel_rows(N, B, device)`` returns one dict per row (keys of ``replay.py``'s table plus
 ``bytes_per_step``, ``GBps`` and ``roofline``):
 
-  kernels-fused-{eager,graph}         sample_proportional + write_priorities on a sampler's state, the
-                                      block prefix (block_cdf, p_min) passed: 3 launches (torch.rand,
-                                      sample, the one-launch update), as in the sampler
-  kernels-fused-sample-graph          sample_proportional alone with the block prefix (torch.rand +
-                                      1 launch: one load of block_cdf + compare, then one row scan)
-  kernels-scan-sample-graph           sample_proportional alone without it (torch.rand + 1 launch that
-                                      scans all block sums per draw: the path before the prefix)
-  kernels-fused-update-graph          write_priorities alone (1 launch for B <= MAX_QUADRATIC: entries,
-                                      block owners, the last ticket folds counters + block prefix)
-  kernels-sampler-{eager,graph}       GPUPrioritizedSampler(backend="kernels").sample + update_priority
-                                      (the same 3 launches, plus the sampler's Python)
+  kernels-fused-{eager,graph}         sample_proportional + write_priorities on a sampler's state
+                                      (3 launches: torch.rand, sample, scatter + refresh = 4 with graph)
+  kernels-fused-sample-graph          sample_proportional alone (torch.rand + 1 launch)
+  kernels-fused-update-graph          write_priorities alone (2 launches)
+  kernels-sampler-{eager,graph}       GPUPrioritizedSampler(backend="kernels").sample + update_priority,
+                                      i.e. the per-op path the sampler takes today
   kernels-rank-fused-{eager,graph}    rank_sample alone (the sort refresh is not included)
   *-graph-x16                         the same with 16 calls captured per graph: one host launch per 16
                                       calls, so the row is the device time per call; the one-call graph
@@ -22,10 +17,9 @@ replay, with a roofline column.
   graph-launch-floor                  one graph of one tiny kernel: that host cost alone
 
 Bytes moved per step (a lower bound of HBM traffic; scattered accesses count one 32-byte sector):
-sample = ``16 nb`` (block prefix + block sums; the scan path: ``12 nb``, block sums + minima)
-``+ 4 block R`` (the ``R = min(B, nb)`` rows scanned) ``+ 8 B`` (uniforms) ``+ 12 B`` (index, weight);
-update = ``12 B`` (index, priority) ``+ 64 B`` (two scattered 4-byte writes) ``+ 4 block R`` (rows
-re-read) ``+ 64 R`` (scattered sum/min writes) ``+ 20 nb`` (block sums/minima read, prefix written);
+sample = ``12 nb`` (block sums + minima) ``+ 4 block R`` (the ``R = min(B, nb)`` rows scanned)
+``+ 8 B`` (uniforms) ``+ 12 B`` (index, weight); update = ``12 B`` (index, priority) ``+ 64 B``
+(two scattered 4-byte writes) ``+ 4 block R`` (rows re-read) ``+ 64 R`` (scattered sum/min writes);
 ``roofline = bytes / time / peak`` with the peak HBM bandwidth of the device (``PEAK_GBPS``).
 
     python benchmarks/replay_kernels.py --sizes 1e6,1e7 --batches 256
@@ -61,10 +55,9 @@ class _Len:
 def bytes_per_step(N: int, B: int, block: int, n_blocks: int) -> dict[str, int]:
     """Modelled HBM bytes of one sample and one update of ``B`` items over ``N`` slots (module docstring)."""
     rows = min(B, n_blocks)
-    draws = 4 * block * rows + 8 * B + 12 * B
-    sample = 16 * n_blocks + draws
-    update = 12 * B + 2 * SECTOR * B + 4 * block * rows + 2 * SECTOR * rows + 20 * n_blocks
-    return {"sample": sample, "scan_sample": 12 * n_blocks + draws, "update": update, "step": sample + update}
+    sample = 12 * n_blocks + 4 * block * rows + 8 * B + 12 * B
+    update = 12 * B + 2 * SECTOR * B + 4 * block * rows + 2 * SECTOR * rows
+    return {"sample": sample, "update": update, "step": sample + update}
 
 
 def peak_gbps(device: torch.device) -> float:
@@ -84,47 +77,33 @@ def _filled_sampler(cls, N: int, device: torch.device, backend: str):
     ``write_priorities`` (its O(B) large-batch path: no ``(B, block)`` gather)."""
     sampler = cls(N, 0.6, 0.4, device=device, backend=backend, seed=0)
     s, chunk = sampler, 1 << 22
+    state = (s._raw, s._leaves, s._block_sum, s._block_min, s._max_raw, s._n_clamped, s._n_dropped)
     for start in range(0, N, chunk):
         index = torch.arange(start, min(N, start + chunk), device=device)
-        s._ops.write_priorities(*_state(s), index, torch.rand(index.numel(), device=device) * 10, N,
-                                s._max_capacity, s._alpha_t, s._eps, **_prefix(s))
+        s._ops.write_priorities(*state, index, torch.rand(index.numel(), device=device) * 10, N,
+                                s._max_capacity, s._alpha_t, s._eps)
     return sampler, _Len(N)
 
 
-def _state(s) -> tuple:
-    return s._raw, s._leaves, s._block_sum, s._block_min, s._max_raw, s._n_clamped, s._n_dropped
-
-
-def _prefix(s) -> dict:
-    """The sampler's block prefix and write workspace, as ``write_priorities`` keywords."""
-    return {"block_cdf": s._block_cdf, "p_min": s._p_min, "workspace": s._workspace}
-
-
 def _fused_steps(sampler, N: int, B: int, ops):
-    """Closures for one fused sample (block prefix read), one block-scanning sample, one fused update
-    and sample + update, over ``sampler``'s tensors."""
+    """Closures for one fused sample, one fused update and both, over ``sampler``'s tensors."""
     s, dev = sampler, sampler.device
-    state, prefix = _state(s), _prefix(s)
+    state = (s._raw, s._leaves, s._block_sum, s._block_min, s._max_raw, s._n_clamped, s._n_dropped)
     last = {"index": torch.zeros(B, dtype=torch.int64, device=dev), "w": torch.ones(B, device=dev)}
 
     def sample():
         u = torch.rand(B, generator=s.generator, device=dev, dtype=torch.float64)
         last["index"], last["w"] = ops.sample_proportional(s._leaves, s._block_sum, s._block_min, u,
-                                                           s._beta_t, block_cdf=s._block_cdf, p_min=s._p_min)
-
-    def scan_sample():
-        u = torch.rand(B, generator=s.generator, device=dev, dtype=torch.float64)
-        last["index"], last["w"] = ops.sample_proportional(s._leaves, s._block_sum, s._block_min, u,
                                                            s._beta_t)
 
     def update():
-        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s._alpha_t, s._eps, **prefix)
+        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s._alpha_t, s._eps)
 
     def step():
         sample()
         update()
 
-    return sample, scan_sample, update, step
+    return sample, update, step
 
 
 def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) -> list[dict]:
@@ -158,12 +137,11 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
 
     sampler, storage = _filled_sampler(GPUPrioritizedSampler, N, device, "kernels")
     model = bytes_per_step(N, B, sampler.block, sampler.n_blocks)
-    sample, scan_sample, update, step = _fused_steps(sampler, N, B, ops)
+    sample, update, step = _fused_steps(sampler, N, B, ops)
     gens = (sampler.generator,)
     add("kernels-fused-eager", step, model["step"])
     add("kernels-fused-graph", step, model["step"], graph=True, gens=gens)
     add("kernels-fused-sample-graph", sample, model["sample"], graph=True, gens=gens)
-    add("kernels-scan-sample-graph", scan_sample, model["scan_sample"], graph=True, gens=gens)
     add("kernels-fused-update-graph", update, model["update"], graph=True)
     add(f"kernels-fused-graph-x{REPEAT}", step, model["step"], graph=True, gens=gens, repeat=REPEAT)
     add(f"kernels-fused-sample-graph-x{REPEAT}", sample, model["sample"], graph=True, gens=gens, repeat=REPEAT)

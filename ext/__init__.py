@@ -7,12 +7,10 @@ functions, which launch directly in eager mode (no dispatcher overhead) and call
 while ``torch.compile`` traces.
 
 * :mod:`.sample` - ``two_level_search(_with_values)``, ``is_weights`` and the fused
-  ``sample_proportional`` (draws -> block search -> leaf search -> IS weight, one launch; the block
-  search reads the precomputed ``block_cdf`` / ``p_min`` when given).
+  ``sample_proportional`` (draws -> block search -> leaf search -> IS weight, one launch).
 * :mod:`.update` - the fused ``write_priorities`` (sanitize, transform, last write wins, scatter, touched
-  block sums/minima from the leaves, counters, ``block_cdf`` / ``p_min``; one launch for
-  ``B <= MAX_QUADRATIC``).
-* :mod:`.blocks` - ``reduce_blocks``, ``refresh_levels``, ``last_write_wins``, ``last_writer``.
+  block sums/minima from the leaves, counters; two launches).
+* :mod:`.blocks` - ``reduce_blocks``, ``last_write_wins``, ``last_writer``.
 * :mod:`.priority` - ``sanitize_priority``, ``transform_priority``.
 * :mod:`.rank` - the fused ``rank_sample`` (rank search -> slot -> IS weight, one launch).
 * :mod:`.composite` - the fused ops written with the reference ops (oracle and fallback).
@@ -32,8 +30,8 @@ import torch
 __all__ = ["make_backend", "COMPILED_OPS", "FUSED_OPS"]
 
 #: Reference ops replaced by kernels (when the reference still exports the name).
-COMPILED_OPS = ("sanitize_priority", "transform_priority", "reduce_blocks", "refresh_levels", "last_write_wins",
-                "last_writer", "two_level_search", "two_level_search_with_values", "is_weights")
+COMPILED_OPS = ("sanitize_priority", "transform_priority", "reduce_blocks", "last_write_wins", "last_writer",
+                "two_level_search", "two_level_search_with_values", "is_weights")
 #: One-call ops of a whole sampler step, added to the backend (plain-torch twins in :mod:`.composite`).
 FUSED_OPS = ("sample_proportional", "write_priorities", "rank_sample")
 

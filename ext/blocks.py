@@ -1,12 +1,9 @@
-"""Block reductions and the last-writer rule as kernels: ``reduce_blocks``, ``refresh_levels``,
-``last_write_wins``, ``last_writer`` (compiled versions of the reference ops of the same names), plus the
-``@triton.jit`` row reduction the fused update (:mod:`.update`) shares.
+"""Block reductions and the last-writer rule as kernels: ``reduce_blocks``, ``last_write_wins``,
+``last_writer`` (compiled versions of the reference ops of the same names), plus the ``@triton.jit``
+row reduction the fused update (:mod:`.update`) shares.
 
 * ``reduce_blocks``: one program per row; ``sum`` = the float64 chunked prefix-sum total (the same scan
   the sample kernel runs over a row), ``min`` = minimum of the non-zero leaves (``+inf`` if none).
-* ``refresh_levels``: ``reduce_blocks`` of every row into ``block_sum``/``block_min`` in place, then one
-  program stores ``block_cdf`` (float64 prefix sums, :func:`write_block_prefix`) and ``p_min``
-  (two launches; the O(N) rebuild after an alpha change or a checkpoint load).
 * ``last_write_wins``: ``out[k] = values[max{j : index[j] == index[k]}]`` by O(B^2) comparisons spread
   over ``ceil(B / 64)`` programs, for ``B <= MAX_QUADRATIC``; larger batches use the reference's
   O(B log B) sort (``last_write_wins``) or O(B) scatter-amax (``last_writer``).
@@ -22,10 +19,9 @@ from torch import Tensor
 from lightning_per.ops import reference
 
 from ._common import MAX_CHUNK, check_device, chunk_for, compiling, expect, register_op, warps_for
-from .sample import _chunk, check_levels, check_prefix
+from .sample import _chunk
 
-__all__ = ["reduce_blocks", "refresh_levels", "last_write_wins", "last_writer", "row_stats", "write_block_prefix",
-           "MAX_QUADRATIC", "BB"]
+__all__ = ["reduce_blocks", "last_write_wins", "last_writer", "row_stats", "MAX_QUADRATIC", "BB"]
 
 #: Largest batch resolved by pairwise comparisons (one launch); larger ones take an O(B) path.
 MAX_QUADRATIC = 4096
@@ -45,37 +41,12 @@ def row_stats(row_ptr, block, CHUNK: tl.constexpr):
     return carry, low.to(tl.float32)
 
 
-@triton.jit
-def write_block_prefix(bsum_ptr, bmin_ptr, cdf_ptr, pmin_ptr, n, CHUNK: tl.constexpr):
-    """Store ``cdf_ptr[0:n]`` = the float64 inclusive prefix sums of ``bsum_ptr[0:n]`` (the chunked scan
-    of ``sample._locate``: ``cumsum(chunk) + carry``, carry = the chunk's maximum) and ``pmin_ptr[0]`` =
-    ``min(bmin_ptr[0:n])`` (float32, ``+inf`` if none). Loads bypass L1 (``.cg``): the sums were just
-    written by other programs of the calling kernel."""
-    carry = tl.zeros([], tl.float64)
-    low = tl.full([], float("inf"), tl.float32)
-    for start in range(0, n, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        valid = offs < n
-        x = tl.load(bsum_ptr + offs, mask=valid, other=0.0, cache_modifier=".cg").to(tl.float64)
-        cdf = tl.cumsum(x, 0) + carry
-        tl.store(cdf_ptr + offs, cdf, mask=valid)
-        carry = tl.max(tl.where(valid, cdf, 0.0), 0)
-        low = tl.minimum(low, tl.min(tl.load(bmin_ptr + offs, mask=valid, other=float("inf"),
-                                             cache_modifier=".cg"), 0))
-    tl.store(pmin_ptr, low)
-
-
 @triton.jit(do_not_specialize=["block"])
 def _reduce_rows_kernel(rows_ptr, sum_ptr, min_ptr, block, CHUNK: tl.constexpr):
     k = tl.program_id(0)
     s, low = row_stats(rows_ptr + k.to(tl.int64) * block, block, CHUNK)
     tl.store(sum_ptr + k, s)
     tl.store(min_ptr + k, low)
-
-
-@triton.jit(do_not_specialize=["n_blocks"])
-def _prefix_kernel(bsum_ptr, bmin_ptr, cdf_ptr, pmin_ptr, n_blocks, NB_CHUNK: tl.constexpr):
-    write_block_prefix(bsum_ptr, bmin_ptr, cdf_ptr, pmin_ptr, n_blocks, NB_CHUNK)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -101,30 +72,6 @@ def _launch_reduce(rows: Tensor, max_chunk: int = MAX_CHUNK) -> tuple[Tensor, Te
         _reduce_rows_kernel[(k,)](rows.contiguous(), total, low, block, CHUNK=chunk,
                                                num_warps=warps_for(chunk))
     return total, low
-
-
-def launch_prefix(block_sum: Tensor, block_min: Tensor, block_cdf: Tensor, p_min: Tensor, block: int,
-                  max_chunk: int = MAX_CHUNK) -> None:
-    """One program: ``block_cdf``, ``p_min`` from ``block_sum``, ``block_min`` (chunk and warps as the
-    sample kernel's for rows of ``block`` leaves, so the scan is the one it would run)."""
-    nb = block_sum.numel()
-    nb_chunk = chunk_for(nb, max_chunk)
-    _prefix_kernel[(1,)](block_sum, block_min, block_cdf, p_min, nb, NB_CHUNK=nb_chunk,
-                         num_warps=warps_for(max(nb_chunk, chunk_for(block, max_chunk))))
-
-
-def _launch_refresh(leaves: Tensor, block_sum: Tensor, block_min: Tensor, block_cdf: Tensor, p_min: Tensor,
-                    max_chunk: int = MAX_CHUNK) -> None:
-    k, block = leaves.shape
-    chunk = chunk_for(block, max_chunk)
-    _reduce_rows_kernel[(k,)](leaves, block_sum, block_min, block, CHUNK=chunk, num_warps=warps_for(chunk))
-    launch_prefix(block_sum, block_min, block_cdf, p_min, block, max_chunk)
-
-
-@register_op("refresh_levels", mutates_args=("block_sum", "block_min", "block_cdf", "p_min"),
-             fake=lambda *args: None)
-def _refresh_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor, block_cdf: Tensor, p_min: Tensor) -> None:
-    _launch_refresh(leaves, block_sum, block_min, block_cdf, p_min)
 
 
 @register_op("reduce_blocks", fake=lambda rows: (
@@ -158,24 +105,6 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
     if compiling():
         return torch.ops.lightning_per.reduce_blocks(rows)
     return _launch_reduce(rows)
-
-
-def refresh_levels(leaves: Tensor, block_sum: Tensor, block_min: Tensor, block_cdf: Tensor,
-                   p_min: Tensor) -> None:
-    """Compiled ``reference.refresh_levels``: every row's float64 sum and float32 min-of-non-zero into
-    ``block_sum`` / ``block_min``, then their prefix ``block_cdf`` and ``p_min``, all in place
-    (two launches). Shapes as :func:`.sample.sample_proportional`'s; all contiguous."""
-    check_levels(leaves, block_sum)
-    expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
-    check_prefix(block_sum, block_cdf, p_min)
-    if block_cdf is None:
-        raise ValueError("refresh_levels needs block_cdf and p_min")
-    if not (leaves.is_contiguous() and block_sum.is_contiguous() and block_min.is_contiguous()):
-        raise ValueError("leaves, block_sum and block_min must be contiguous (updated in place)")
-    if compiling():
-        torch.ops.lightning_per.refresh_levels(leaves, block_sum, block_min, block_cdf, p_min)
-    else:
-        _launch_refresh(leaves, block_sum, block_min, block_cdf, p_min)
 
 
 def last_write_wins(index: Tensor, values: Tensor) -> Tensor:

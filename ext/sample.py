@@ -8,14 +8,11 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
    as torch divides by a host scalar) or ``u_k = U_k``; float64.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` its
    last value, target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
-   block_sum_b)``. With a precomputed ``block_cdf`` (the sampler's state, kept current by every
-   mutation: :func:`.blocks.write_block_prefix`) this is one vector load of ``C`` and ``block_sum`` and a
-   compare, no scan (``S`` = the maximum of ``C`` over its last chunk, as the scan's carry).
+   block_sum_b)``.
 3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves, total ``R``; ``j`` = the first leaf with
    ``D_j > min(r, R c)``; ``index = b * block + j``, ``p = leaves[b, j]``.
 4. IS weight (PER section 3.4, buffer normalisation), float32 like the reference:
-   ``w_k = powf(p / p_min, float32(-beta))`` with ``p_min = min_b block_min_b`` (precomputed with
-   ``block_cdf``, else reduced in the kernel).
+   ``w_k = powf(p / min_b block_min_b, float32(-beta))``.
 
 These are the float64 formulas of ``reference.two_level_search_with_values`` and
 ``reference.is_weights``, so given the same uniforms the kernel returns the reference's index:
@@ -23,9 +20,7 @@ bit-for-bit whenever the prefix sums are exact (e.g. integer-valued priorities, 
 ``t == C_b`` goes to the *next* slot of positive mass, ``searchsorted(right=True)``). With general
 floats the scans round differently (Triton's tree vs torch's scan order, errors ~sqrt(n) ulp of the
 total), which moves a draw only when ``t`` lies that close to a slot boundary: probability about
-``N sqrt(n_blocks) 1e-16`` per draw (~3e-9 at N = 1e6). :func:`.blocks.write_block_prefix` runs the very scan
-of step 2 (``_chunk``, same chunk size and warps), so a precomputed ``block_cdf`` holds the values the
-scan would produce.
+``N sqrt(n_blocks) 1e-16`` per draw (~3e-9 at N = 1e6).
 
 Positive-mass rule (a refinement of the reference, documented): "first position with ``C > t``"
 is taken among positions of positive mass; if rounding leaves none, the last positive position;
@@ -61,8 +56,7 @@ from ._common import (
     warps_for,
 )
 
-__all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
-           "check_prefix"]
+__all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights"]
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -143,61 +137,11 @@ def _locate(ptr, n, value, shrink, IS_FRACTION: tl.constexpr, CHUNK: tl.constexp
             x_last = tl.where(i_last >= 0, x_l, x_last)
             last = tl.where(i_last >= 0, i_last, last)
             carry = tl.max(tl.where(valid, cdf, 0.0), 0)
-    pos, c_pos, x_pos = _resolve(found, c_found, x_found, last, c_last, x_last, total, n)
-    return pos, c_pos, x_pos, target
-
-
-@triton.jit
-def _resolve(found, c_found, x_found, last, c_last, x_last, total, n):
-    """The module docstring's rule: the hit, else the last position of positive mass, else ``n - 1``."""
     has_hit = found < n
     has_last = last >= 0
     pos = tl.where(has_hit, found, tl.where(has_last, last, n - 1))
     c_pos = tl.where(has_hit, c_found, tl.where(has_last, c_last, total))
     x_pos = tl.where(has_hit, x_found, tl.where(has_last, x_last, 0.0))  # no positive mass: all zero
-    return pos, c_pos, x_pos
-
-
-@triton.jit
-def _loaded_chunk(cdf_ptr, x_ptr, start, n, live, CHUNK: tl.constexpr):
-    """:func:`_chunk` with the prefix sums loaded from ``cdf_ptr`` instead of scanned."""
-    offs = start + tl.arange(0, CHUNK)
-    valid = (offs < n) & live
-    x = tl.load(x_ptr + offs, mask=valid, other=0.0).to(tl.float64)
-    cdf = tl.load(cdf_ptr + offs, mask=valid, other=0.0)
-    return offs, valid, x, cdf
-
-
-@triton.jit
-def _locate_blocks(cdf_ptr, x_ptr, n, value, shrink, CHUNK: tl.constexpr, ONE: tl.constexpr):
-    """:func:`_locate` (``IS_FRACTION``) over the ``n`` block sums at ``x_ptr`` given their precomputed
-    prefix sums at ``cdf_ptr`` (:func:`.blocks.write_block_prefix`): no scan, one pass. ``S`` = the maximum of
-    the last chunk's ``C`` (the scan's final carry), loaded alongside the first chunk."""
-    last_start = ((n - 1) // CHUNK) * CHUNK
-    offs, valid, x, cdf = _loaded_chunk(cdf_ptr, x_ptr, last_start, n, n > 0, CHUNK)
-    total = tl.max(tl.where(valid, cdf, 0.0), 0)
-    scaled = total * shrink
-    target = tl.minimum(value * scaled, scaled)  # as _locate: a rounded product
-    if ONE:
-        found, c_found, x_found, last, c_last, x_last = _pick(offs, valid, x, cdf, target, n)
-    else:
-        found = n
-        c_found = tl.zeros([], tl.float64)
-        x_found = tl.zeros([], tl.float64)
-        last = n * 0 - 1
-        c_last = tl.zeros([], tl.float64)
-        x_last = tl.zeros([], tl.float64)
-        for start in range(0, n, CHUNK):
-            offs, valid, x, cdf = _loaded_chunk(cdf_ptr, x_ptr, start, n, found == n, CHUNK)
-            i_hit, c_hit, x_hit, i_last, c_l, x_l = _pick(offs, valid, x, cdf, target, n)
-            take = (found == n) & (i_hit < n)
-            c_found = tl.where(take, c_hit, c_found)
-            x_found = tl.where(take, x_hit, x_found)
-            found = tl.where(take, i_hit, found)
-            c_last = tl.where(i_last >= 0, c_l, c_last)
-            x_last = tl.where(i_last >= 0, x_l, x_last)
-            last = tl.where(i_last >= 0, i_last, last)
-    pos, c_pos, x_pos = _resolve(found, c_found, x_found, last, c_last, x_last, total, n)
     return pos, c_pos, x_pos, target
 
 
@@ -212,28 +156,22 @@ def _min_all(ptr, n, CHUNK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
-def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, cdf_ptr, pmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr,
-                   psel_ptr, w_ptr, n_blocks, block, inv_bits, shrink_bits,
-                   STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr, PREFIX: tl.constexpr,
+def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
+                   n_blocks, block, inv_bits, shrink_bits,
+                   STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr,
                    BETA_FROM_PTR: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
                    ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
     k = tl.program_id(0)
     u = tl.load(u_ptr + k)  # float64
-    if WEIGHTS:  # independent of the search: issued first so its latency overlaps the search
-        if PREFIX:
-            p_min = tl.load(pmin_ptr)
-        else:
-            p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
+    if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
+        p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
     if STRATIFIED:
         if RECIP:
             u = (k.to(tl.float64) + u) * f64_from_bits(inv_bits)
         else:
             u = (k.to(tl.float64) + u) / tl.num_programs(0).to(tl.float64)
     shrink = f64_from_bits(shrink_bits)
-    if PREFIX:  # precomputed block prefix sums: loads and a compare, no scan
-        blk, c_blk, s_blk, target = _locate_blocks(cdf_ptr, bsum_ptr, n_blocks, u, shrink, NB_CHUNK, NB_ONE)
-    else:
-        blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, True, NB_CHUNK, NB_ONE)
+    blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, True, NB_CHUNK, NB_ONE)
     r = target - (c_blk - s_blk)  # mass left inside block blk (s_blk = block_sum[blk])
     row = blk.to(tl.int64) * block
     j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, False, ROW_CHUNK, ROW_ONE)
@@ -275,54 +213,35 @@ def _check_u(u: Tensor, device: torch.device) -> None:
         raise ValueError("u must hold at least one draw (B >= 1)")
 
 
-def check_prefix(block_sum: Tensor, block_cdf: Tensor | None, p_min: Tensor | None) -> None:
-    """Validate the precomputed block prefix (both or neither): ``block_cdf`` float64 shaped like
-    ``block_sum``, ``p_min`` 0-d float32, on its device, contiguous (updated in place)."""
-    if (block_cdf is None) != (p_min is None):
-        raise ValueError("block_cdf and p_min go together: pass both or neither")
-    if block_cdf is None:
-        return
-    expect(block_cdf, "block_cdf", torch.float64, tuple(block_sum.shape), device=block_sum.device)
-    expect(p_min, "p_min", torch.float32, (), device=block_sum.device)
-    if not block_cdf.is_contiguous():
-        raise ValueError("block_cdf must be contiguous (it is updated in place)")
-
-
 def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
                    beta: Tensor | None, beta_value: float, stratified: bool,
-                   max_chunk: int = MAX_CHUNK, block_cdf: Tensor | None = None,
-                   p_min: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch ``_sample_kernel``: ``(index (B,) int64, p_sel (B,) float32, w (B,) float32 or (0,))``;
-    with ``block_cdf`` and ``p_min`` the block search and ``p_min`` are read, not computed."""
+                   max_chunk: int = MAX_CHUNK) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch ``_sample_kernel``: ``(index (B,) int64, p_sel (B,) float32, w (B,) float32 or (0,))``."""
     n_blocks, block = leaves.shape
     n = u.numel()
     leaves, block_sum, u = leaves.contiguous(), block_sum.contiguous(), u.contiguous()
     index = torch.empty(n, dtype=torch.int64, device=u.device)
     p_sel = torch.empty(n, dtype=torch.float32, device=u.device)
     weights = block_min is not None
-    prefix = block_cdf is not None
     w = torch.empty(n if weights else 0, dtype=torch.float32, device=u.device)
     nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
     _sample_kernel[(n,)](
-        leaves, block_sum, block_min.contiguous() if weights else p_sel, block_cdf if prefix else block_sum,
-        p_min if prefix else p_sel, u, beta if beta is not None else u, f64_bits(beta_value), index, p_sel,
-        w if weights else p_sel, n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
-        STRATIFIED=bool(stratified), RECIP=u.is_cuda, WEIGHTS=weights, PREFIX=prefix,
+        leaves, block_sum, block_min.contiguous() if weights else p_sel, u,
+        beta if beta is not None else u, f64_bits(beta_value), index, p_sel, w if weights else p_sel,
+        n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
+        STRATIFIED=bool(stratified), RECIP=u.is_cuda, WEIGHTS=weights,
         BETA_FROM_PTR=beta is not None, NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk,
         ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk, num_warps=warps_for(max(nb_chunk, row_chunk)))
     return index, p_sel, w
 
 
-@register_op("sample_proportional", fake=lambda leaves, block_sum, block_min, u, beta, beta_value, stratified,
-             block_cdf=None, p_min=None: (
+@register_op("sample_proportional", fake=lambda leaves, block_sum, block_min, u, beta, beta_value, stratified: (
     torch.empty(u.numel(), dtype=torch.int64, device=u.device),
     torch.empty(u.numel(), dtype=torch.float32, device=u.device),
     torch.empty(u.numel() if block_min is not None else 0, dtype=torch.float32, device=u.device)))
 def _sample_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
-               beta: Tensor | None, beta_value: float, stratified: bool, block_cdf: Tensor | None = None,
-               p_min: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified,
-                          block_cdf=block_cdf, p_min=p_min)
+               beta: Tensor | None, beta_value: float, stratified: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified)
 
 
 def _launch_is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value: float) -> Tensor:
@@ -341,12 +260,11 @@ def _is_weights_op(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value
     return _launch_is_weights(p_sel, p_min, beta, beta_value)
 
 
-def _sample(leaves, block_sum, block_min, u, beta, beta_value, stratified, block_cdf=None, p_min=None):
+def _sample(leaves, block_sum, block_min, u, beta, beta_value, stratified):
     if compiling():
         return torch.ops.lightning_per.sample_proportional(leaves, block_sum, block_min, u, beta, beta_value,
-                                                           bool(stratified), block_cdf, p_min)
-    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified,
-                          block_cdf=block_cdf, p_min=p_min)
+                                                           bool(stratified))
+    return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified)
 
 
 # ------------------------------------------------------------------------------------ public ops
@@ -379,8 +297,8 @@ def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
 
 
 def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                        beta: Tensor | float, stratified: bool = True, normalize: str = "buffer",
-                        block_cdf: Tensor | None = None, p_min: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                        beta: Tensor | float, stratified: bool = True,
+                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Fused proportional draw ``(index, w)`` from i.i.d. uniforms ``u`` (module docstring, steps 1-4).
 
     Equals ``ext.composite.sample_proportional`` (the sampler's reference sequence:
@@ -393,24 +311,20 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
         beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).
         stratified: one draw per equal-mass segment.
         normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
-        block_cdf: optional ``(n_blocks,)`` float64 inclusive prefix sums of ``block_sum`` and
-        p_min: 0-d float32 ``block_min.amin()``, both current (as ``write_priorities`` and
-            ``refresh_levels`` leave them): the block search then reads them instead of scanning.
 
     Returns:
         ``index`` ``(B,)`` int64 and ``w`` ``(B,)`` float32 in ``(0, 1]``, on ``leaves.device``.
     """
-    state = tuple(t for t in (leaves, block_sum, block_min, block_cdf, p_min) if t is not None)
+    state = (leaves, block_sum, block_min)
     if not validated(state):
         check_levels(leaves, block_sum)
         expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
-        check_prefix(block_sum, block_cdf, p_min)
         remember_validated(state)
     _check_u(u, leaves.device)
     if normalize not in ("buffer", "batch"):
         raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
     beta_t, beta_v = scalar_arg(beta, "beta", leaves.device)
-    index, _, w = _sample(leaves, block_sum, block_min, u, beta_t, beta_v, stratified, block_cdf, p_min)
+    index, _, w = _sample(leaves, block_sum, block_min, u, beta_t, beta_v, stratified)
     return index, (w / w.max() if normalize == "batch" else w)
 
 

@@ -1,8 +1,5 @@
 """One-time self-check of the compiled ops against :mod:`lightning_per.ops.reference` (and the
 reference compositions of :mod:`.composite`) on small random inputs; run by :func:`make_backend`.
-Covers both block searches of ``sample_proportional`` (scan, precomputed ``block_cdf``/``p_min``), both
-update paths (one-launch fused, and the O(B) path above ``MAX_QUADRATIC``) with the block prefix they
-leave and the workspace they must leave zero, and ``refresh_levels``.
 
 Indices, counts and integer-valued sums must match exactly (integer-valued priorities make every
 float64 prefix sum exact, so ties ``u S == C_i`` are exercised too); float values to ``rtol`` 1e-6
@@ -55,22 +52,14 @@ def boundary_uniforms(block_sum: Tensor, n_random: int, generator: torch.Generat
 
 
 def fresh_state(leaves: Tensor) -> dict:
-    """Sampler-like mutable state around ``leaves`` (copied): raw, sums, minima, max, counters, the block
-    prefix (``block_cdf``, ``p_min``, from ``reference.refresh_levels``) and the write ``workspace``."""
+    """Sampler-like mutable state around ``leaves`` (copied): raw, sums, minima, max, counters."""
     d = leaves.device
     leaves = leaves.clone()
-    nb = leaves.shape[0]
-    st = {"raw_store": leaves.reshape(-1).clone(), "leaves": leaves,
-          "block_sum": torch.empty(nb, dtype=torch.float64, device=d),
-          "block_min": torch.empty(nb, dtype=torch.float32, device=d),
-          "max_raw": torch.full((), float("-inf"), device=d),
-          "n_clamped": torch.zeros((), dtype=torch.int64, device=d),
-          "n_dropped": torch.zeros((), dtype=torch.int64, device=d),
-          "block_cdf": torch.empty(nb, dtype=torch.float64, device=d),
-          "p_min": torch.empty((), dtype=torch.float32, device=d),
-          "workspace": torch.zeros(reference.WRITE_WORKSPACE, dtype=torch.int32, device=d)}
-    reference.refresh_levels(leaves, st["block_sum"], st["block_min"], st["block_cdf"], st["p_min"])
-    return st
+    block_sum, block_min = (t.contiguous() for t in reference.reduce_blocks(leaves))  # sums: a strided view
+    return {"raw_store": leaves.reshape(-1).clone(), "leaves": leaves, "block_sum": block_sum,
+            "block_min": block_min, "max_raw": torch.full((), float("-inf"), device=d),
+            "n_clamped": torch.zeros((), dtype=torch.int64, device=d),
+            "n_dropped": torch.zeros((), dtype=torch.int64, device=d)}
 
 
 def _equal(name: str, got: Tensor, want: Tensor) -> None:
@@ -94,14 +83,11 @@ def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
             leaves, bs, u)
         _equal(f"two_level_search_with_values[{capacity}].index", got[0], want[0])
         _equal(f"two_level_search_with_values[{capacity}].value", got[1], want[1])
-        st = fresh_state(leaves)
-        prefix = (st["block_cdf"], st["p_min"])
         for normalize in ("buffer", "batch"):
-            want_i, want_w = composite.sample_proportional(leaves, bs, bm, u[:6], beta, True, normalize)
-            for tag, extra in (("scan", ()), ("prefix", prefix)):
-                gi, gw = ops.sample_proportional(leaves, bs, bm, u[:6], beta, True, normalize, *extra)
-                _equal(f"sample_proportional[{normalize}, {tag}].index", gi, want_i)
-                _close(f"sample_proportional[{normalize}, {tag}].weight", gw, want_w, 1e-6)
+            (gi, gw), (wi, ww) = (f(leaves, bs, bm, u[:6], beta, True, normalize)
+                                  for f in (ops.sample_proportional, composite.sample_proportional))
+            _equal(f"sample_proportional[{normalize}].index", gi, wi)
+            _close(f"sample_proportional[{normalize}].weight", gw, ww, 1e-6)
         p_min = bm.amin()
         _close("is_weights", ops.is_weights(want[1], p_min, beta), reference.is_weights(want[1], p_min, beta),
                1e-6)
@@ -119,14 +105,6 @@ def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None
     rows = make_levels(70, device, gen, integer=False)[0]
     for i, (g, w) in enumerate(zip(ops.reduce_blocks(rows), reference.reduce_blocks(rows))):
         _close(f"reduce_blocks[{i}]", g, w, 1e-12)
-    got, want = fresh_state(rows), fresh_state(rows)
-    for st in (got, want):
-        st["block_sum"].zero_()
-        st["p_min"].fill_(0.0)
-    ops.refresh_levels(*(got[k] for k in _LEVELS))
-    reference.refresh_levels(*(want[k] for k in _LEVELS))
-    for key in _LEVELS[1:]:
-        _close(f"refresh_levels.{key}", got[key], want[key], 1e-12)
     index = torch.randint(0, 6, (40,), generator=gen).to(device)
     values = torch.rand(40, generator=gen, dtype=torch.float64).to(device)
     _equal("last_write_wins", ops.last_write_wins(index, values), reference.last_write_wins(index, values))
@@ -137,34 +115,26 @@ def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None
                reference.last_writer(index, scratch, pos))
 
 
-_LEVELS = ("leaves", "block_sum", "block_min", "block_cdf", "p_min")
-
-
 def _check_write(ops, device: torch.device, gen: torch.Generator) -> None:
-    """Both update paths (fused, and the O(B) one of batches above ``MAX_QUADRATIC``), block prefix and
-    workspace included."""
-    from .blocks import MAX_QUADRATIC
-
     capacity, n_valid = 37, 30
     leaves = make_levels(capacity, device, gen, integer=False)[0]
     got, want = fresh_state(leaves), fresh_state(leaves)
     alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
-    for size in (24, 24, MAX_QUADRATIC + 1):
-        index = torch.randint(-2, capacity + 2, (size,), generator=gen)
+    for _ in range(2):
+        index = torch.randint(-2, capacity + 2, (24,), generator=gen)
         index[:6] = index[6:12]  # clashing duplicates
-        prio = torch.rand(size, generator=gen) * 4
+        prio = torch.rand(24, generator=gen) * 4
         prio[3], prio[7], prio[11] = float("nan"), -1.0, float("inf")
         index, prio = index.to(device), prio.to(device)
         ops.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha,
                              eps=1e-6)
         composite.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
                                    alpha=alpha, eps=1e-6)
-        for key in ("raw_store", "leaves", "block_min", "max_raw", "p_min"):
-            _close(f"write_priorities[{size}].{key}", got[key], want[key], 1e-6)
-        for key in ("block_sum", "block_cdf"):
-            _close(f"write_priorities[{size}].{key}", got[key], want[key], 1e-12)
-        for key in ("n_clamped", "n_dropped", "workspace"):
-            _equal(f"write_priorities[{size}].{key}", got[key], want[key])
+    for key in ("raw_store", "leaves", "block_min", "max_raw"):
+        _close(f"write_priorities.{key}", got[key], want[key], 1e-6)
+    _close("write_priorities.block_sum", got["block_sum"], want["block_sum"], 1e-12)
+    _equal("write_priorities.n_clamped", got["n_clamped"], want["n_clamped"])
+    _equal("write_priorities.n_dropped", got["n_dropped"], want["n_dropped"])
 
 
 def _check_rank(ops, device: torch.device, gen: torch.Generator) -> None:

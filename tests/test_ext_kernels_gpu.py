@@ -1,8 +1,6 @@
 """GPU-only checks of the compiled replay kernels (``ext/``): same indices as the reference up to
-N = 1e6 (and 1e8 when memory allows), with and without the precomputed block prefix, no drift after
-10^6 updates (block prefix included), the one-launch update under real concurrency (its last-ticket
-program), CUDA-graph capture and replay, no host synchronisation over 1000 steps, torch.compile, and
-the forced-failure fallback.
+N = 1e6 (and 1e8 when memory allows), no drift after 10^6 updates, CUDA-graph capture and replay,
+no host synchronisation over 1000 steps, torch.compile, and the forced-failure fallback.
 
     pytest -m gpu tests/test_ext_kernels.py tests/test_ext_kernels_gpu.py
 """
@@ -18,7 +16,7 @@ pytestmark = pytest.mark.gpu
 triton = pytest.importorskip("triton")
 
 import lightning_per.ext as ext  # noqa: E402
-from lightning_per.ext import blocks, composite, rank, sample, update  # noqa: E402
+from lightning_per.ext import composite, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
@@ -66,18 +64,11 @@ def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
     assert torch.equal(index, want_index), f"{(index != want_index).sum().item()} of {u.numel()} draws differ"
     assert torch.equal(value, want_value) and (value > 0).all()
     beta = torch.tensor(0.4, dtype=F64, device="cuda")
-    cdf, p_min = torch.empty_like(bs), torch.empty((), device="cuda")
-    blocks.launch_prefix(bs, bm, cdf, p_min, leaves.shape[1])
-    torch.testing.assert_close(cdf, torch.cumsum(bs, 0), rtol=1e-12, atol=0)
-    assert torch.equal(p_min, bm.amin())
     for normalize in ("buffer", "batch"):
+        got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
         want = composite.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
-        for extra in ((), (cdf, p_min)):
-            got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize, *extra)
-            assert torch.equal(got[0], want[0])
-            torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
-    index, _ = sample.sample_proportional(leaves, bs, bm, u, beta, False, "buffer", cdf, p_min)
-    assert torch.equal(index, want_index)  # the prefix search == the scan search, on every draw
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("capacity", [1001, 1_000_000])
@@ -131,8 +122,6 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
     assert abs(st["block_sum"].sum().item() / exact.sum().item() - 1) < 1e-6
     low = st["leaves"].masked_fill(st["leaves"] == 0, float("inf")).amin(1)
     assert torch.equal(st["block_min"], low)
-    torch.testing.assert_close(st["block_cdf"], exact.cumsum(0), rtol=1e-9, atol=0)
-    assert torch.equal(st["p_min"], low.amin()) and not st["workspace"].any()
     stored = reference.transform_priority(st["raw_store"][:capacity], alpha, EPS)
     torch.testing.assert_close(st["leaves"].view(-1)[:capacity], stored, rtol=1e-6, atol=0)
 
@@ -140,8 +129,7 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
 def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
     if u is None:
         u = torch.rand(batch, generator=gen, device="cuda", dtype=F64)
-    index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta,
-                                          block_cdf=st["block_cdf"], p_min=st["p_min"])
+    index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
     update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity, trash=capacity,
                             alpha=alpha, eps=1e-6)
     out["index"], out["w"] = index, w
@@ -181,7 +169,6 @@ def test_fused_step_captured_in_cuda_graph_replays_like_eager():
         assert torch.equal(eager["index"], seen[i][0]) and torch.equal(eager["w"], seen[i][1])
     for k in st:
         assert torch.equal(st[k], after_graph[k]), k
-    assert not st["workspace"].any()  # graph replays leave the ticket and accumulators zeroed
     assert len(torch.cat([s[0] for s in seen]).unique()) > 1000
 
 
@@ -207,30 +194,6 @@ def test_sampler_with_kernels_captured_in_cuda_graph():
     torch.testing.assert_close(sampler._raw[idx], td[idx] + 0.01)
     exact = sampler._leaves.double().sum(1)
     torch.testing.assert_close(sampler._block_sum, exact, rtol=1e-12, atol=0)
-    torch.testing.assert_close(sampler._block_cdf, exact.cumsum(0), rtol=1e-12, atol=0)
-    assert not sampler._workspace.any()
-
-
-def test_one_launch_update_under_concurrency_matches_reference():
-    """Many programs in flight at once (B = MAX_QUADRATIC, few blocks: heavy owner contention): every
-    result equals the reference's, the last ticket's fold included, over repeated calls."""
-    capacity, batch = 50_000, update.MAX_QUADRATIC
-    st = _written_state(capacity, seed=12)
-    want = {k: v.clone() for k, v in st.items()}
-    g = torch.Generator(device="cuda").manual_seed(13)
-    for step in range(50):
-        hi = capacity if step % 2 else 300  # odd steps spread out, even steps pile into a few blocks
-        index = torch.randint(-5, hi + 5, (batch,), device="cuda", generator=g)
-        prio = torch.rand(batch, device="cuda", generator=g) * 7
-        prio[::97] = float("nan")
-        prio[::89] = -1.0
-        args = dict(index=index, priority=prio, n_valid=capacity, trash=capacity, alpha=ALPHA, eps=EPS)
-        update.write_priorities(**st, **args)
-        reference.write_priorities(**want, **args)
-    for k in ("raw_store", "leaves", "block_min", "max_raw", "p_min", "n_clamped", "n_dropped", "workspace"):
-        torch.testing.assert_close(st[k], want[k], rtol=1e-6, atol=0, msg=k)
-    for k in ("block_sum", "block_cdf"):
-        torch.testing.assert_close(st[k], want[k], rtol=1e-12, atol=0, msg=k)
 
 
 def test_no_host_sync_over_1000_steps():
@@ -299,8 +262,7 @@ def test_torch_compile_fullgraph_matches_eager():
         return st, outs
 
     def step(st, u):
-        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta,
-                                              block_cdf=st["block_cdf"], p_min=st["p_min"])
+        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
         update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity,
                                 trash=capacity, alpha=alpha, eps=1e-6)
         return index, w

@@ -13,9 +13,6 @@ Layout of the priorities ("two-level flat array"): ``leaves`` ``(n_blocks, block
 stored values of slots ``b * block + j`` (0 for empty or padding slots); ``block_sum`` ``(n_blocks,)``
 float64 and ``block_min`` ``(n_blocks,)`` float32 (``+inf`` for blocks with no positive leaf) are
 *recomputed from the leaves* of every touched block, never updated by deltas, so they cannot drift.
-A sampler also keeps ``block_cdf`` ``(n_blocks,)`` float64, the inclusive prefix sums of ``block_sum``,
-and ``p_min`` (0-d float32) ``= block_min.amin()``, recomputed whenever ``block_sum``/``block_min``
-change (:func:`write_priorities`, :func:`refresh_levels`), so a draw reads them instead of scanning.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ __all__ = [
     "sanitize_priority",
     "transform_priority",
     "reduce_blocks",
-    "refresh_levels",
     "last_write_wins",
     "stratified_uniforms",
     "inverse_cdf_search",
@@ -43,11 +39,6 @@ __all__ = [
     "write_priorities",
     "rank_sample",
 ]
-
-
-#: int32 elements of the scratch ``workspace`` of :func:`write_priorities` (the kernels keep a ticket
-#: counter and three accumulators there, and leave it zero after every call; the reference ignores it).
-WRITE_WORKSPACE = 4
 
 
 def block_size_for(capacity: int) -> int:
@@ -113,22 +104,6 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
     total = torch.cumsum(rows, 1, dtype=torch.float64)[:, -1].contiguous()
     pos_min = rows.masked_fill(rows == 0, float("inf")).amin(dim=1)
     return total, pos_min
-
-
-def _store_prefix(block_sum: Tensor, block_min: Tensor, block_cdf: Tensor, p_min: Tensor) -> None:
-    torch.cumsum(block_sum, 0, out=block_cdf)  # [n_blocks] float64
-    torch.amin(block_min, out=p_min)
-
-
-def refresh_levels(leaves: Tensor, block_sum: Tensor, block_min: Tensor, block_cdf: Tensor,
-                   p_min: Tensor) -> None:
-    """Recompute, in place, every block's sum and minimum from ``leaves`` (:func:`reduce_blocks`),
-    then ``block_cdf`` ``(n_blocks,)`` float64 ``= cumsum(block_sum)`` and ``p_min`` (0-d float32)
-    ``= block_min.amin()``. The O(N) rebuild (alpha change, checkpoint load)."""
-    s, m = reduce_blocks(leaves)
-    block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
-    block_min.copy_(m)
-    _store_prefix(block_sum, block_min, block_cdf, p_min)
 
 
 def last_write_wins(index: Tensor, values: Tensor) -> Tensor:
@@ -239,12 +214,8 @@ def two_level_search_with_values(leaves: Tensor, block_sum: Tensor, u: Tensor) -
     Returns:
         ``(index, value)``: ``(B,)`` int64 slots and ``(B,)`` float32 stored values (``leaves`` at them).
     """
-    return _search(leaves, block_sum, torch.cumsum(block_sum, 0), u)
-
-
-def _search(leaves: Tensor, block_sum: Tensor, cdf: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`two_level_search_with_values` given ``cdf`` ``(n_blocks,)`` float64 = cumsum(block_sum)."""
     block = leaves.shape[1]
+    cdf = torch.cumsum(block_sum, 0)  # [n_blocks] float64
     # (1 - 2^-40) keeps every target strictly below the total mass despite rounding
     target = u * (cdf[-1] * (1.0 - 2.0**-40))  # [B]
     blk = torch.searchsorted(cdf, target, right=True)  # [B] < n_blocks, a block with mass
@@ -304,29 +275,22 @@ def _stratify(u: Tensor, stratified: bool) -> Tensor:
 
 
 def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | float,
-                        stratified: bool = True, normalize: str = "buffer", block_cdf: Tensor | None = None,
-                        p_min: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                        stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Proportional draw from i.i.d. uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
 
     ``u' = (arange(B) + u) / B`` if ``stratified``; ``index, p = two_level_search_with_values(leaves,
-    block_sum, u')``; ``w = is_weights(p, block_min.amin(), beta, normalize)``. A current ``block_cdf``
-    ``(n_blocks,)`` float64 and ``p_min`` (0-d float32), if given (both), stand for ``cumsum(block_sum)``
-    and ``block_min.amin()``.
+    block_sum, u')``; ``w = is_weights(p, block_min.amin(), beta, normalize)``.
     """
-    cdf = torch.cumsum(block_sum, 0) if block_cdf is None else block_cdf  # [n_blocks]
-    index, p_sel = _search(leaves, block_sum, cdf, _stratify(u, stratified))
-    return index, is_weights(p_sel, block_min.amin() if p_min is None else p_min, beta, normalize)
+    index, p_sel = two_level_search_with_values(leaves, block_sum, _stratify(u, stratified))
+    return index, is_weights(p_sel, block_min.amin(), beta, normalize)
 
 
 def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
                      n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float, block_cdf: Tensor | None = None,
-                     p_min: Tensor | None = None, workspace: Tensor | None = None) -> None:
+                     trash: int, alpha: Tensor | float, eps: float) -> None:
     """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
     running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
-    transform, last write wins, recompute the touched blocks from their leaves, fold the counters;
-    then ``block_cdf = cumsum(block_sum)`` and ``p_min = block_min.amin()`` if given. ``workspace``
-    (the kernels' scratch) is accepted and left untouched."""
+    transform, last write wins, recompute the touched blocks from their leaves, fold the counters."""
     default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
     ok = (index >= 0) & (index < n_valid)  # [B]
@@ -348,8 +312,6 @@ def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block
     torch.maximum(max_raw, clean.where(ok, float("-inf")).amax(), out=max_raw)
     n_clamped += n_bad
     n_dropped += idx.numel() - ok.sum()
-    if block_cdf is not None:
-        _store_prefix(block_sum, block_min, block_cdf, p_min)
 
 
 def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,

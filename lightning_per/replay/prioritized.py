@@ -4,9 +4,8 @@ Proportional PER (Schaul et al. 2016, arXiv:1511.05952, section 3.3): ``P(i) = p
 with stored value ``(p_i + eps)^alpha`` (TorchRL's convention) and IS weights
 ``w_i = (P(i) / min_j P(j))^-beta`` (section 3.4, normalised over the filled buffer, or over the
 batch as an option). Priorities live in a two-level flat array (see :mod:`lightning_per.ops.reference`):
-a draw costs one search over the ``sqrt(N)`` block prefix sums (kept current by every write) and one
-scan of a ``sqrt(N)`` block; an update recomputes only the touched blocks *from their leaves* (no float
-drift, ever), then the block prefix sums and the minimum priority, O(sqrt(N)).
+a draw costs one scan over ``sqrt(N)`` block sums and one over a ``sqrt(N)`` block; an update
+recomputes only the touched blocks *from their leaves* (no float drift, ever).
 
 No method here synchronises with the host: ``len(storage)`` is a host int, every tensor op stays on
 the device, and invalid input that can only be seen on the device is neutralised and counted instead
@@ -25,7 +24,6 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import block_size_for, select_backend
-from lightning_per.ops.reference import WRITE_WORKSPACE
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index_priority
 from lightning_per.replay.storage import default_device
@@ -55,8 +53,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
-    Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums, minima and
-    prefix sums.
+    Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums.
 
     Raises:
         ValueError: a bad argument (named in the message).
@@ -98,10 +95,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._leaves = torch.zeros(nb, blk, dtype=torch.float32, device=d)  # (p + eps)^alpha
         self._block_sum = torch.zeros(nb, dtype=torch.float64, device=d)
         self._block_min = torch.full((nb,), float("inf"), dtype=torch.float32, device=d)
-        # derived from block_sum / block_min, recomputed by every op that changes them (draws read them)
-        self._block_cdf = torch.zeros(nb, dtype=torch.float64, device=d)  # inclusive prefix sums
-        self._p_min = torch.full((), float("inf"), dtype=torch.float32, device=d)  # min positive leaf
-        self._workspace = torch.zeros(WRITE_WORKSPACE, dtype=torch.int32, device=d)  # left zero by writes
         self._max_raw = torch.full((), float("-inf"), dtype=torch.float32, device=d)
         self._n_clamped = torch.zeros((), dtype=torch.int64, device=d)
         self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
@@ -175,27 +168,26 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         return len(storage) if storage is not None else self._max_capacity
 
     def _rebuild(self) -> None:
-        """Recompute every stored value, block reduction and the block prefix from the raw priorities
-        (O(N)), in place: captured CUDA graphs keep pointing at these tensors."""
+        """Recompute every stored value and block reduction from the raw priorities (O(N))."""
         written = self._leaves.view(-1) > 0  # written slots have stored values > 0 (eps > 0)
         stored = self._ops.transform_priority(self._raw, self._alpha_t, self._eps)
         self._leaves.view(-1).copy_(torch.where(written, stored, torch.zeros_like(stored)))
-        self._ops.refresh_levels(self._leaves, self._block_sum, self._block_min, self._block_cdf, self._p_min)
+        s, m = self._ops.reduce_blocks(self._leaves)
+        self._block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
+        self._block_min.copy_(m)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
         """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device).
 
         One whole-step op (:func:`lightning_per.ops.reference.write_priorities` or its fused kernel):
         sanitize, reject slots outside ``[0, n_valid)`` to the trash slot, ``(p + eps)^alpha``, last
-        write wins, touched block sums/minima recomputed from their leaves, counters folded in, block
-        prefix sums and minimum recomputed.
+        write wins, touched block sums/minima recomputed from their leaves, counters folded in.
         """
         if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
             return
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
-                                   self._alpha_t, self._eps, block_cdf=self._block_cdf, p_min=self._p_min,
-                                   workspace=self._workspace)
+                                   self._alpha_t, self._eps)
 
     @torch.no_grad()
     def update_priority(self, index, priority, *, storage=None) -> None:
@@ -251,8 +243,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
         u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
         index, weight = self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u,
-                                                      self._beta_t, self.stratified, self.weight_normalization,
-                                                      self._block_cdf, self._p_min)
+                                                      self._beta_t, self.stratified, self.weight_normalization)
         return index, {"priority_weight": weight}
 
     def probabilities(self) -> Tensor:
