@@ -1,7 +1,8 @@
 # Device calls planned for the next session (each fits one 10-minute call; logs and summaries to $OUT):
 #   bash benchmarks/h200_next.sh ddp-test    # nvidia-h200-x2: tests/test_ddp_gpu.py with stack dumps of a hung rank
 #   bash benchmarks/h200_next.sh ga3c-ddp    # nvidia-h200-x2: GA3C Pong with devices: 2 (one predictor/trainer group per GPU)
-#   bash benchmarks/h200_next.sh dqn-pong    # nvidia-h200: configs/dqn_pong.yaml for 9 minutes, Inductor update
+#   bash benchmarks/h200_next.sh dqn-pong    # nvidia-h200: configs/dqn_pong.yaml for 9 minutes, Inductor update, 40 envs x 10
+#                                            #   updates per Lightning step (session 3: 16 x 4 ran 10 ms per step, host-bound)
 #   bash benchmarks/h200_next.sh ddp-scaling # nvidia-h200-x2: dqn-fit 1 vs 2 GPUs with inductor (the 1.8x goal)
 source benchmarks/h200_setup.sh || exit 1
 case "$1" in
@@ -15,7 +16,7 @@ case "$1" in
     tail -5 $OUT/ga3c_ddp.log ;;
   dqn-pong)
     timeout 570 python3 -m lightning_per.cli fit --config configs/dqn_pong.yaml --trainer.max_time 00:00:09:00 \
-      --model.inductor true --trainer.default_root_dir /tmp/dqn_pong --trainer.enable_progress_bar false \
+      --model.inductor true --model.env.num_envs 40 --model.updates_per_step 10 --trainer.default_root_dir /tmp/dqn_pong --trainer.enable_progress_bar false \
       > $OUT/dqn_pong.log 2>&1
     cp /tmp/dqn_pong/summary.json $OUT/dqn_pong_summary.json; cp /tmp/dqn_pong/learning_curve.png $OUT/dqn_pong_curve.png
     tail -5 $OUT/dqn_pong.log ;;

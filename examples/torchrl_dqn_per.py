@@ -52,7 +52,7 @@ def main(argv=None) -> float:
     rb = make_replay_buffer(50_000, 128, sampler="proportional", device=device, alpha=0.6, beta=0.4,
                             priority_key="td_error", generator=torch.Generator().manual_seed(a.seed))
 
-    collector = Collector(env, policy, frames_per_batch=64, total_frames=a.frames, device="cpu",
+    collector = Collector(env, policy, frames_per_batch=50, total_frames=a.frames, device="cpu",
                                   storing_device="cpu", policy_device=device)
     returns: list[float] = []
     for data in collector:

@@ -101,10 +101,36 @@ class LightningPerCLI(LightningCLI):
         self.friendly_errors = friendly_errors
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Only ``fit``: the DQN module has no validation/test/predict steps (GA3C is ``lightning-per ga3c``)."""
+        return {"fit": LightningCLI.subcommands()["fit"]}
+
+    def _preflight(self) -> None:
+        """Settings that cannot work on this machine, reported before anything is built or written (a
+        failed start must not overwrite an earlier run's files in the run directory)."""
+        cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        if cfg is None:
+            return
+        model, trainer = cfg.get("model") or {}, cfg.get("trainer") or {}
+        accelerator = str(trainer.get("accelerator") or "auto")
+        cuda = torch.cuda.is_available()
+        if accelerator in ("gpu", "cuda") and not cuda:
+            raise ValueError(f"trainer.accelerator={accelerator!r} but no CUDA device is visible: run with "
+                             f"--trainer.accelerator cpu (and --model.compile false)")
+        if model.get("compile") and (accelerator == "cpu" or not cuda):
+            raise ValueError("model.compile=true captures the update in a CUDA graph and needs a GPU: set "
+                             "--model.compile false on this machine")
+        ckpt = cfg.get("ckpt_path")
+        if ckpt is not None and ckpt not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt) \
+                and not os.path.exists(ckpt):
+            raise ValueError(f"ckpt_path {ckpt!r} does not exist")
+
     def instantiate_classes(self) -> None:
         """Build model, trainer, callbacks. With ``friendly_errors`` (the console command), a bad value
         (a ValueError naming the argument) becomes a short command-line error, exit status 2."""
         try:
+            self._preflight()
             super().instantiate_classes()
         except ValueError as err:
             if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
@@ -113,7 +139,7 @@ class LightningPerCLI(LightningCLI):
 
 
 _DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "
-                "(fit, validate, test, predict), and GA3C (lightning-per ga3c).")
+                "(lightning-per fit), and GA3C (lightning-per ga3c: its own options, see lightning-per ga3c --help).")
 _EPILOG = ("Examples: lightning-per fit --config configs/dqn_cartpole.yaml | lightning-per fit --help | "
            "lightning-per ga3c --config configs/ga3c_cartpole.yaml | lightning-per ga3c --help")
 
@@ -150,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "ga3c":
         if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
             raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
-        return importlib.import_module("lightning_per.ga3c.cli").main(args[1:]) or 0
+        ga3c = importlib.import_module("lightning_per.ga3c.cli")
+        return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
     cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
     return 0
 

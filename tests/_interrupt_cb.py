@@ -10,3 +10,15 @@ class InterruptAt(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch == self.epoch:
             raise KeyboardInterrupt
+
+
+class StopAfterBatch(Callback):
+    """Sets ``trainer.should_stop`` after batch ``batch`` of epoch ``epoch``, as Lightning's Timer does at
+    ``max_time`` (callbacks' ``on_train_batch_end`` runs before the module's)."""
+
+    def __init__(self, epoch: int = 1, batch: int = 4) -> None:
+        self.epoch, self.batch = epoch, batch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
+            trainer.should_stop = True

@@ -149,3 +149,49 @@ def test_updates_per_step_changes_nothing_but_the_step_grouping(tmp_path):
 def test_updates_per_step_must_divide_updates_per_epoch():
     with pytest.raises(ValueError, match="updates_per_step must divide updates_per_epoch"):
         DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=10, updates_per_step=4)
+
+
+def test_a_stop_inside_an_epoch_logs_current_host_counters(tmp_path):
+    """A stop decided after a step (Timer/max_time) ends the epoch early; the last row's env_steps and
+    updates must be the run's final counters, not the previous epoch's."""
+    run = _fit(tmp_path, "--trainer.callbacks+=_interrupt_cb.StopAfterBatch",
+               "--trainer.callbacks.epoch=1", "--trainer.callbacks.batch=4", epochs=3)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["updates"] == 20 + 5 == run.model.updates  # one full epoch of 20, then 5 steps
+    assert summary["metrics"]["updates"] == run.model.updates
+    assert summary["metrics"]["env_steps"] == run.model.env_steps
+
+
+@pytest.mark.parametrize("arg, match", [
+    ("--model.env.id=CartPol-v1", "env.id 'CartPol-v1'"),
+    ("--ckpt_path=does/not/exist.ckpt", "ckpt_path 'does/not/exist.ckpt' does not exist"),
+])
+def test_setup_errors_are_one_line_and_leave_the_run_dir_alone(tmp_path, capsys, arg, match):
+    (tmp_path / "summary.json").write_text('{"status": "done"}')
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", arg])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+    assert (tmp_path / "summary.json").read_text() == '{"status": "done"}'  # the earlier run's file
+    assert not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+@pytest.mark.parametrize("arg", ["--trainer.accelerator=gpu", "--model.compile=true"])
+def test_gpu_settings_without_a_gpu_are_one_line_errors(tmp_path, capsys, arg):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", arg])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trainer.accelerator cpu" in err or "--model.compile false" in err
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_help_offers_fit_only(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "fit" in out and "validate" not in out and "predict" not in out and "ga3c" in out

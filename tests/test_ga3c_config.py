@@ -65,3 +65,11 @@ def test_cli_bad_value_raises():
 
 def test_every_field_is_documented():
     assert set(field_docs()) == set(GA3CConfig().to_dict())
+
+
+def test_console_reports_a_bad_value_in_one_line(capsys):
+    from lightning_per.ga3c.cli import console_main
+
+    code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--t_max", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "t_max" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -322,3 +322,13 @@ def test_factory_passes_inherited_sampler_options_to_the_rank_sampler():
     from lightning_per.ops import reference
 
     assert rb.sampler.sort_every == 2 and rb.sampler._ops is reference
+
+
+def test_uniform_update_priority_is_a_silent_no_op():
+    import warnings
+
+    rb = make_replay_buffer(16, 4, sampler="uniform", device="cpu")
+    rb.extend(TensorDict({"x": torch.arange(8.0)}, batch_size=[8]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rb.update_priority(torch.arange(4), torch.ones(4)) is None

@@ -75,9 +75,11 @@ class _WholeEpochPerRank(DistributedSampler):
 
 
 class DQN(LightningModule):
-    """Deep Q-learning (Mnih et al. 2015) with double-DQN targets (van Hasselt et al. 2016,
-    arXiv:1509.06461), n-step returns, a dueling head option (Wang et al. 2016, arXiv:1511.06581)
-    and prioritized replay (Schaul et al. 2016, arXiv:1511.05952) kept on the learner's device.
+    """Deep Q-learning with prioritized replay on the learner's device.
+
+    DQN (Mnih et al. 2015) with double-DQN targets (van Hasselt et al. 2016, arXiv:1509.06461), n-step
+    returns, a dueling head option (Wang et al. 2016, arXiv:1511.06581) and prioritized replay (Schaul
+    et al. 2016, arXiv:1511.05952) kept on the learner's device.
 
     Args:
         env: environment (see :class:`lightning_per.envs.EnvConfig`).
@@ -171,6 +173,7 @@ class DQN(LightningModule):
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
         self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
+        self._host_recorded = False  # host counters recorded in the current step
         self.env_steps = 0  # host counters: deterministic, never read from the device
         self.updates = 0
         self._credit = 0.0
@@ -357,9 +360,17 @@ class DQN(LightningModule):
             loss = self._one_update()
             if self._stopping():
                 break
-        if batch_idx == self._steps_per_epoch - 1 or self._stopping():
+        self._host_recorded = batch_idx == self._steps_per_epoch - 1 or self._stopping()
+        if self._host_recorded:
             self._record_host_metrics()
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        # A stop decided after the step (Lightning's Timer for max_time runs before this hook) ends the
+        # epoch early: record the host counters now, so the last epoch's row is current.
+        if self._trainer is not None and self.trainer.should_stop and not self._host_recorded:
+            self._record_host_metrics()
+            self._host_recorded = True
 
     def _stopping(self) -> bool:
         return self._trainer is not None and self._trainer.should_stop
@@ -577,7 +588,12 @@ def _batch_inputs(batch, weight: Tensor | None) -> dict[str, Tensor]:
 
 def _probe_env(env: EnvConfig) -> tuple[tuple[int, ...], int]:
     """(observation shape without batch dims, number of actions) from a one-member env on the CPU."""
-    probe = make_env(replace(env, num_envs=1, vectorization="sync"), "cpu")
+    import gymnasium.error
+
+    try:
+        probe = make_env(replace(env, num_envs=1, vectorization="sync"), "cpu")
+    except gymnasium.error.Error as err:  # e.g. NameNotFound for a misspelt id
+        raise ValueError(f"env.id {env.id!r} cannot be made: {err}") from err
     try:
         obs_shape = tuple(probe.observation_spec["observation"].shape[1:])
         n_actions = int(probe.action_spec.space.n)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run", "parse_config", "build_parser"]
+__all__ = ["main", "console_main", "run", "parse_config", "build_parser"]
 
 log = logging.getLogger("lightning_per.ga3c")
 _UNSET = object()
@@ -173,5 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def console_main(argv: Sequence[str] | None = None) -> int:
+    """``lightning-per ga3c``: :func:`main`, with a bad config value reported as one line on stderr and exit
+    status 2 (``LIGHTNING_PER_TRACEBACK=1`` raises it instead)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parse_config(argv)
+    except ValueError as err:
+        if os.environ.get("LIGHTNING_PER_TRACEBACK"):
+            raise
+        print(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)",
+              file=sys.stderr)
+        return 2
+    return main(argv)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console_main())

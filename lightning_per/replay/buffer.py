@@ -136,6 +136,11 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
 class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
     """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
 
+    def update_priority(self, index, priority) -> None:
+        """Nothing to update: uniform sampling has no priorities. A silent no-op (TorchRL warns here), so
+        one training loop serves every sampler of :func:`make_replay_buffer`."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["_lightning_per_schema"] = BUFFER_SCHEMA_VERSION
