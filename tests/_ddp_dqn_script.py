@@ -22,7 +22,7 @@ from lightning_per.dqn import module as dqn_module
 class _EagerUpdate:
     """:class:`~lightning_per.dqn.graph.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
 
-    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3) -> None:
+    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None) -> None:
         self.body, self.optimizer = body, optimizer
 
     def __call__(self, inputs=None):
@@ -32,6 +32,7 @@ class _EagerUpdate:
 
 def _eager_graph_path() -> None:
     dqn_module.CapturedUpdate = _EagerUpdate
+    cli.LightningPerCLI._preflight = lambda self: None  # the CLI's "compile needs a GPU" check, likewise
     setup = dqn_module.DQN.setup
 
     def setup_on_cpu(self, stage: str) -> None:  # skip the "compile needs CUDA" check only
