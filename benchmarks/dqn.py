@@ -344,15 +344,21 @@ def write(out: Path, rows: list[dict], meta: dict) -> None:
     print(table(rows))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["all", "ours", "torchrl"], default="all")
+def add_net_args(ap: argparse.ArgumentParser) -> None:
+    """The options of the seed-sized update (device, replay capacity N, batch B, MLP obs-hidden-actions),
+    shared with ``profile_dqn.py``."""
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--obs", type=int, default=51)
     ap.add_argument("--actions", type=int, default=45)
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=["all", "ours", "torchrl"], default="all")
+    add_net_args(ap)
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--fit-steps", type=int, default=1000, help="updates in the measured dqn-fit epoch")
     ap.add_argument("--updates-per-step", type=int, default=1,

@@ -36,7 +36,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dqn import fill, graph_body, make_net  # noqa: E402
+from dqn import add_net_args, fill, graph_body, make_net  # noqa: E402
 
 _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
                 "cudaGraphLaunch")
@@ -115,12 +115,7 @@ def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--capacity", type=int, default=100_000)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--obs", type=int, default=51)
-    ap.add_argument("--actions", type=int, default=45)
-    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    add_net_args(ap)
     ap.add_argument("--warmup", type=int, default=10, help="updates before profiling (after the first call)")
     ap.add_argument("--steps", type=int, default=10, help="profiled updates")
     ap.add_argument("--graph", action="store_true", help="also profile the CUDA-graph modes")
