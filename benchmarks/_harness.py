@@ -7,7 +7,12 @@ import warnings
 
 import torch
 
-__all__ = ["timed", "count_syncs", "capture"]
+__all__ = ["timed", "count_syncs", "capture", "REPEAT"]
+
+#: Calls captured per CUDA graph in the benchmarks' ``-x{REPEAT}`` rows: one host launch per REPEAT calls, so
+#: those rows show the device time per call; one-call graph rows include the host's graph-launch cost
+#: (the ``graph-launch-floor`` rows: one graph of one tiny kernel).
+REPEAT = 16
 
 
 def timed(fn, iters: int, device) -> float:

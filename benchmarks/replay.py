@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _harness import capture, count_syncs, timed
+from _harness import REPEAT, capture, count_syncs, timed
 
 OBS = 51
 TRANSITION_BYTES = OBS * 4 * 2 + 8 + 4 + 1
@@ -55,12 +55,6 @@ def step_fn(rb, B: int):
         data = rb.sample(B)
         rb.update_priority(data["index"], data["reward"].abs() + 0.01)
     return step
-
-
-#: Steps captured per CUDA graph in the ``-x{REPEAT}`` rows: one launch per REPEAT steps, so the rows show
-#: the device time per step; the plain graph rows replay one step per launch and include the host's
-#: graph-launch cost (the ``graph-launch-floor`` row: one graph of one tiny kernel).
-REPEAT = 16
 
 
 def graph_step(rb, B: int, device, repeat: int = 1):

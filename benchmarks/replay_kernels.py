@@ -33,11 +33,7 @@ import sys
 import warnings
 
 import torch
-from _harness import capture, timed
-
-#: Calls captured per graph in the ``-x{REPEAT}`` rows (device time per call; the plain graph rows replay one
-#: call per launch and include the host's graph-launch cost, the ``graph-launch-floor`` row).
-REPEAT = 16
+from _harness import REPEAT, capture, timed
 
 #: Peak HBM bandwidth in GB/s by device-name substring (vendor figures).
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
@@ -169,7 +165,7 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     add(f"kernels-rank-fused-graph-x{REPEAT}", rank_draw, rank_bytes, graph=True, gens=(gen,), repeat=REPEAT)
     if cuda:
         tick = torch.zeros(1, device=device)
-        add("graph-launch-floor", lambda: tick.add_(1), 4, graph=True)
+        add("graph-launch-floor", lambda: tick.add_(1), 4, graph=True)  # what one graph launch costs the host
     return rows
 
 
