@@ -117,9 +117,10 @@ class DQN(LightningModule):
             own reducer is kept out of it (``require_backward_grad_sync=False``).
         inductor: run the update's pure-tensor parts through ``torch.compile`` (Inductor, default mode,
             ``fullgraph=True``, static shapes): the forwards, target and loss with their backward, the
-            gradient clip, and the Polyak update + metric accumulation (see ``dqn/compiled.py``). The replay
-            ops and the Adam step stay as they are. Fewer, fused kernels: with ``compile=True`` the CUDA
-            graph replays Inductor's kernels (compiled and tuned in the warm-up before the capture).
+            gradient clip, and the Polyak update + metric accumulation (see ``dqn/compiled.py``); with
+            ``compile=True`` also the Adam step (foreach Adam instead of fused). The replay ops stay as they
+            are. Fewer, fused kernels: with ``compile=True`` the CUDA graph replays Inductor's kernels
+            (compiled and tuned in the warm-ups before the capture).
             CUDA or CPU (needs a C++ compiler); costs the compile time (tens of seconds) at the first
             update. Same math as without it (float rounding aside).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed

@@ -162,7 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         ValueError: a bad config value (the message names the field).
     """
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    return _train(parse_config(sys.argv[1:] if argv is None else argv))
+
+
+def _train(cfg) -> int:
+    """Run a parsed config with SIGTERM handled as an interrupt (main thread only); 0 on success."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm) if in_main else None
     try:
@@ -178,14 +182,14 @@ def console_main(argv: Sequence[str] | None = None) -> int:
     status 2 (``LIGHTNING_PER_TRACEBACK=1`` raises it instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parse_config(argv)
+        cfg = parse_config(argv)
     except ValueError as err:
         if os.environ.get("LIGHTNING_PER_TRACEBACK"):
             raise
         print(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)",
               file=sys.stderr)
         return 2
-    return main(argv)
+    return _train(cfg)
 
 
 if __name__ == "__main__":  # pragma: no cover
