@@ -197,8 +197,14 @@ def replay_rows(family: str, a, device) -> list[dict]:
                 opt_c = torch.optim.Adam(q.parameters(), lr=1e-4, foreach=True, capturable=True)
                 fast, stepper = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0), \
                     CompiledStep(opt_c)
-                for name, tf32 in (("ours-graph-inductor", False), ("ours-graph-inductor-tf32", True)):
+                variants = [("ours-graph-inductor", False, "default"), ("ours-graph-inductor-tf32", True, "default")]
+                if a.autotune:
+                    variants.append(("ours-graph-inductor-autotune-tf32", True, "max-autotune-no-cudagraphs"))
+                for name, tf32, mode in variants:
                     torch.backends.cuda.matmul.allow_tf32 = tf32  # TF32 tensor cores for the float32 matmuls
+                    if mode != "default":
+                        fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0,
+                                              mode=mode)
                     body = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, fast)
                     torch.cuda.synchronize(device)
                     t0 = time.perf_counter()
@@ -209,7 +215,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
                     compile_s = time.perf_counter() - t0
                     graph, setup_s = captured(body, opt_c, q, sampler, device)
                     rows.append(row(name, timed(graph, a.iters * 4, device), count_syncs(graph, 200, device),
-                                    compile_s=compile_s, setup_s=setup_s, tf32=tf32))
+                                    compile_s=compile_s, setup_s=setup_s, tf32=tf32, inductor_mode=mode))
                 torch.backends.cuda.matmul.allow_tf32 = False
     else:
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
@@ -263,8 +269,9 @@ def fit_row(a, device) -> tuple[dict, int]:
     env = EnvConfig(backend="torch", num_envs=a.fit_envs)
     model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
                 warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
-                updates_per_step=a.updates_per_step, replay_ratio=a.replay_ratio, compile=device.type == "cuda",
-                inductor=a.fit_inductor)
+                updates_per_step=a.updates_per_step, updates_per_graph=a.updates_per_graph,
+                replay_ratio=a.replay_ratio, compile=device.type == "cuda", inductor=a.fit_inductor)
+    torch.backends.cuda.matmul.allow_tf32 = a.fit_tf32
     probe = Probe()
     trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=a.devices,
                          strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, logger=False,
@@ -277,10 +284,12 @@ def fit_row(a, device) -> tuple[dict, int]:
     if device.type == "cuda":
         syncs = sum("synchroniz" in str(w.message) for w in probe.caught) / a.fit_steps
     world_size = trainer.world_size
-    name = "dqn-fit-inductor" if a.fit_inductor else "dqn-fit"
+    name = ("dqn-fit-inductor" if a.fit_inductor else "dqn-fit") + ("-tf32" if a.fit_tf32 else "")
+    name += f"-x{a.updates_per_graph}-per-graph" if a.updates_per_graph > 1 else ""
     r = row(name, seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
             env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps,
-            updates_per_step=a.updates_per_step, world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
+            updates_per_step=a.updates_per_step, updates_per_graph=a.updates_per_graph, tf32=a.fit_tf32,
+            world_size=world_size, updates_per_s_per_rank=1.0 / seconds,
             updates_per_s_total=world_size / seconds)
     return r, trainer.global_rank
 
@@ -311,7 +320,7 @@ def table(rows: list[dict]) -> str:
 
 def scaling(files: list[str]) -> tuple[list[dict], dict, str]:
     """The dqn-fit rows of ``files`` (1 device and N devices) and the scaling of total updates/s."""
-    rows = [r for f in files for r in json.loads(Path(f).read_text())["rows"] if r["impl"] == "dqn-fit"]
+    rows = [r for f in files for r in json.loads(Path(f).read_text())["rows"] if r["impl"].startswith("dqn-fit")]
     for r in rows:  # rows written before --devices: one device
         r.setdefault("world_size", 1)
         r.setdefault("updates_per_s_per_rank", r["updates_per_s"])
@@ -326,11 +335,11 @@ def scaling(files: list[str]) -> tuple[list[dict], dict, str]:
     ratio = top["updates_per_s_total"] / base["updates_per_s_total"]
     result = {"devices": top["world_size"], "total_1": base["updates_per_s_total"],
               "total_n": top["updates_per_s_total"], "ratio": ratio, "efficiency": ratio / top["world_size"]}
-    lines = ["| devices | net | B | updates/s per rank | updates/s total | syncs/update |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| devices | row | net | B | updates/s per rank | updates/s total | syncs/update |",
+             "|---|---|---|---|---|---|---|"]
     for r in (base, top):
         syncs = "n/a" if r.get("syncs_per_update") is None else f"{r['syncs_per_update']:.2f}"
-        lines.append(f"| {r['world_size']} | {r.get('net', '')} | {r.get('B', '')} | "
+        lines.append(f"| {r['world_size']} | {r['impl']} | {r.get('net', '')} | {r.get('B', '')} | "
                      f"{r['updates_per_s_per_rank']:,.0f} | {r['updates_per_s_total']:,.0f} | {syncs} |")
     lines.append(f"\ntotal updates/s, {top['world_size']} devices / 1 device: {ratio:.2f}x "
                  f"(efficiency {result['efficiency']:.0%})")
@@ -363,6 +372,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-steps", type=int, default=1000, help="updates in the measured dqn-fit epoch")
     ap.add_argument("--updates-per-step", type=int, default=1,
                     help="DQN updates_per_step of the dqn-fit row (gradient updates per Lightning step)")
+    ap.add_argument("--updates-per-graph", type=int, default=1,
+                    help="DQN updates_per_graph of the dqn-fit row (updates captured in one CUDA graph)")
+    ap.add_argument("--fit-tf32", action="store_true", help="dqn-fit with TF32 matmuls")
+    ap.add_argument("--autotune", action="store_true",
+                    help="add ours-graph-inductor-autotune-tf32 (Inductor mode max-autotune-no-cudagraphs)")
     ap.add_argument("--fit-envs", type=int, default=64)
     ap.add_argument("--replay-ratio", type=float, default=0.25)
     ap.add_argument("--no-fit", action="store_true", help="skip the dqn-fit row")

@@ -179,6 +179,48 @@ def test_cuda_training_steps_without_host_syncs(compile_, sampler, check_syncs, 
     assert m.updates == 55 and int(m.episode_returns_count) > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", [{"target_tau": 0.01}, {"target_tau": None, "target_update_interval": 4}])
+def test_one_graph_of_four_updates_equals_four_one_update_graphs(target):
+    """updates_per_graph=4 replays the same 4 updates (same draws, same math) as 4 single-update replays.
+
+    No env steps in between (replay ratio 1e6) and no beta annealing, so the two runs must agree: the
+    one-update graph (itself checked against eager updates) is the independent reference."""
+    runs = []
+    for per_graph in (1, 4):
+        torch.manual_seed(0)
+        m = DQN(env=EnvConfig(backend="torch", num_envs=8), hidden_sizes=(64, 64), warmup_steps=256,
+                replay=ReplayConfig(capacity=4096, batch_size=64, beta=0.5, beta_end=0.5), compile=True,
+                replay_ratio=1e6, updates_per_epoch=12, updates_per_step=4, updates_per_graph=per_graph,
+                **target)
+        m.to("cuda")
+        m.build_runtime("cuda")
+        opt = m.configure_optimizers()
+        m.optimizers = lambda opt=opt: types.SimpleNamespace(optimizer=opt, zero_grad=opt.zero_grad, step=opt.step)
+        m.on_train_start()
+        for i in range(3):
+            m.training_step(i, i)
+        torch.cuda.synchronize()
+        assert m.updates == 12
+        runs.append(m)
+    one, four = runs
+    for name in ("q_net", "target_net"):
+        for a, b in zip(getattr(one, name).parameters(), getattr(four, name).parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(four.rb.sampler._raw, one.rb.sampler._raw, rtol=1e-5, atol=1e-6)  # raw priorities
+    torch.testing.assert_close(four.metrics.compute()["loss"], one.metrics.compute()["loss"], rtol=1e-5, atol=1e-6)
+
+
+def test_updates_per_graph_is_validated():
+    with pytest.raises(ValueError, match="updates_per_graph must divide updates_per_step"):
+        DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=8, updates_per_step=4,
+            updates_per_graph=3)
+    m = DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=8, updates_per_step=4,
+            updates_per_graph=2)
+    with pytest.raises(ValueError, match="updates_per_graph=2 needs graph mode"):
+        m.setup("fit")  # compile=False on the CPU
+
+
 def test_batch_weight_normalization_reaches_the_sampler():
     """replay.weight_normalization="batch": the largest IS weight of every sampled batch is exactly 1."""
     m = _module(replay=ReplayConfig(capacity=512, batch_size=16, weight_normalization="batch"))

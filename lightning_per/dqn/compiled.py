@@ -44,7 +44,10 @@ from torch import Tensor, nn
 
 from lightning_per.dqn.learner import MetricSlots, finish_update_, td_loss
 
-__all__ = ["CompiledStep", "InductorUpdate", "no_recompiles"]
+__all__ = ["INDUCTOR_MODES", "CompiledStep", "InductorUpdate", "no_recompiles"]
+
+INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes :class:`InductorUpdate` accepts (no ``reduce-overhead``: the CUDA graph is ours)."""
 
 
 class InductorUpdate:
@@ -58,6 +61,9 @@ class InductorUpdate:
         slots: where :attr:`finish` writes the metrics.
         target_tau: Polyak factor of :attr:`finish`, or None (no Polyak update there).
         backend: ``torch.compile`` backend: ``"inductor"`` (the point) or e.g. ``"aot_eager"`` (tests).
+        mode: ``torch.compile`` mode: ``"default"``, or ``"max-autotune-no-cudagraphs"`` (Inductor benchmarks
+            Triton matrix-product templates against cuBLAS for every GEMM shape and may fuse the bias and
+            ReLU into them; minutes of autotuning at the first update; the CUDA graph stays ours).
 
     Attributes:
         loss: ``b -> (loss, td, td_abs, q_taken)`` as :func:`~lightning_per.dqn.learner.td_loss`.
@@ -68,8 +74,12 @@ class InductorUpdate:
 
     def __init__(self, q_net: nn.Module, target_net: nn.Module, *, double_dqn: bool, huber_delta: float,
                  grad_clip_norm: float | None, slots: MetricSlots | None = None,
-                 target_tau: float | None = None, backend: str = "inductor") -> None:
+                 target_tau: float | None = None, backend: str = "inductor", mode: str = "default") -> None:
+        if mode not in INDUCTOR_MODES:
+            raise ValueError(f"mode must be one of {INDUCTOR_MODES}, got {mode!r}")
         options = {"backend": backend, "fullgraph": True, "dynamic": False}
+        if mode != "default":
+            options["mode"] = mode
         self.loss = torch.compile(functools.partial(td_loss, q_net, target_net, double_dqn=double_dqn,
                                                     huber_delta=float(huber_delta)), **options)
         params = list(q_net.parameters())

@@ -28,7 +28,7 @@ from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
 from lightning_per.dqn.collector import NStepCollector
-from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
+from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
 from lightning_per.dqn.graph import CapturedUpdate
 from lightning_per.dqn.learner import MetricSlots, all_reduce_mean_grads_, finish_update_, learner_step
@@ -107,6 +107,13 @@ class DQN(LightningModule):
             bookkeeping; ~0.5 ms a step on the H200 machine's host) over several updates, which is
             what bounds a small network's update rate in graph mode. Env collection still
             interleaves per update at ``replay_ratio``; ``trainer.global_step`` counts updates.
+        updates_per_graph: graph mode (``compile=True``) with our proportional sampler on CUDA: capture
+            this many consecutive updates (sample, learn, priority update each) in one CUDA graph, one
+            replay (host launch) for all of them; a divisor of ``updates_per_step``. The env steps owed
+            for the block at ``replay_ratio`` are collected before it, beta is annealed once per block,
+            and a hard target copy due inside a block runs after it (up to ``updates_per_graph - 1``
+            updates late). Above 1 the host launches a step's updates in one go and the GPU queue stays
+            full: what a host-bound small network (and DDP's lock-step all-reduce) needs.
         max_env_steps: stop training once this many env steps were taken (None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
@@ -123,6 +130,9 @@ class DQN(LightningModule):
             (compiled and tuned in the warm-ups before the capture).
             CUDA or CPU (needs a C++ compiler); costs the compile time (tens of seconds) at the first
             update. Same math as without it (float rounding aside).
+        inductor_mode: ``torch.compile`` mode of the ``inductor=True`` pieces: ``default``, or
+            ``max-autotune-no-cudagraphs`` (every GEMM shape autotuned against Triton templates at the first
+            update, which takes minutes; see ``dqn/compiled.py``).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
             run draws the same samples; False keeps checkpoints small (resume warms up again).
             Under DDP each rank writes its own shard next to the checkpoint (see ``notes/ddp.md``).
@@ -141,9 +151,11 @@ class DQN(LightningModule):
                  grad_clip_norm: float | None = 10.0, target_update_interval: int = 500,
                  target_tau: float | None = None, epsilon_start: float = 1.0, epsilon_end: float = 0.01,
                  epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
-                 updates_per_epoch: int = 500, updates_per_step: int = 1, max_env_steps: int | None = None,
+                 updates_per_epoch: int = 500, updates_per_step: int = 1, updates_per_graph: int = 1,
+                 max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
-                 inductor: bool = False, checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
+                 inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
+                 checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else (env or EnvConfig())
         replay = ReplayConfig(**replay) if isinstance(replay, dict) else (replay or ReplayConfig())
@@ -191,6 +203,11 @@ class DQN(LightningModule):
         if self._trainer is not None and self.trainer.world_size > 1:
             self._setup_ddp()
         self.build_runtime(device)
+        if self.hparams.updates_per_graph > 1 and not (self.hparams.compile and self._graph_scope() == "full"):
+            raise ValueError(f"updates_per_graph={self.hparams.updates_per_graph} needs graph mode with the "
+                             f"whole update captured: compile=True and replay.sampler='proportional' on CUDA "
+                             f"(got compile={self.hparams.compile}, sampler={self.replay_config.sampler!r}, "
+                             f"device {device}); use updates_per_graph=1")
 
     def _setup_ddp(self) -> None:
         """Per-rank runtime under DDP (called from :meth:`setup`, before Lightning wraps the module).
@@ -267,7 +284,8 @@ class DQN(LightningModule):
             h = self.hparams
             self._inductor = InductorUpdate(self.q_net, self.target_net, double_dqn=h.double_dqn,
                                             huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm,
-                                            slots=self._metric_slots, target_tau=h.target_tau)
+                                            slots=self._metric_slots, target_tau=h.target_tau,
+                                            mode=h.inductor_mode)
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
             self._pending_state = None
@@ -357,8 +375,9 @@ class DQN(LightningModule):
         return self.hparams.updates_per_epoch // self.hparams.updates_per_step
 
     def training_step(self, step: int, batch_idx: int) -> Tensor:
-        for _ in range(self.hparams.updates_per_step):
-            loss = self._one_update()
+        per_block = self.hparams.updates_per_graph
+        for _ in range(self.hparams.updates_per_step // per_block):
+            loss = self._update_block(per_block)
             if self._stopping():
                 break
         self._host_recorded = batch_idx == self._steps_per_epoch - 1 or self._stopping()
@@ -376,21 +395,24 @@ class DQN(LightningModule):
     def _stopping(self) -> bool:
         return self._trainer is not None and self._trainer.should_stop
 
-    def _one_update(self) -> Tensor:
-        """Collect the env steps owed at ``replay_ratio``, then one gradient update (+ priorities, target)."""
-        self._credit += 1.0 / self.hparams.replay_ratio
+    def _update_block(self, n: int) -> Tensor:
+        """Collect the env steps owed for ``n`` updates at ``replay_ratio``, then ``n`` gradient updates
+        (+ priorities, target): one graph replay in graph mode's full scope, else ``n == 1`` eager or
+        learner-graph update. Returns the last update's loss ``() float32`` (on the device)."""
+        self._credit += n / self.hparams.replay_ratio
         while self._credit >= self.collector.num_envs:
             self._collect()
             self._credit -= self.collector.num_envs
         r = self.replay_config
-        if r.sampler != "uniform":  # this update's beta: a device scalar, read by the (captured) sampler
+        if r.sampler != "uniform":  # this block's beta: a device scalar, read by the (captured) sampler
             self.rb.sampler.beta = linear_schedule(r.beta, r.beta_end, r.beta_anneal_updates, self.updates)
         if self.hparams.compile and self._graph_scope() == "full":
             if self._captured is None:
-                self._capture_full_update()
+                self._capture_full_update(n)
             out = self._captured()  # metrics and the Polyak target update ran inside the graph
-            _count_optimizer_step(self.optimizers())
-            self._after_update(out, in_graph=True)
+            for _ in range(n):
+                _count_optimizer_step(self.optimizers())
+            self._after_update(out, in_graph=True, n=n)
         else:
             batch = self.rb.sample()
             out = self._update(_batch_inputs(batch, batch.get("priority_weight", None)))
@@ -399,12 +421,19 @@ class DQN(LightningModule):
             self._after_update(out, in_graph=False)
         return out["loss"]
 
-    def _capture_full_update(self) -> None:
-        """Capture :meth:`_full_update`; the warm-up's traces (parameters, optimizer state, target network,
-        metric sums) are rolled back, so the first replay is the first update."""
+    def _capture_full_update(self, n: int = 1) -> None:
+        """Capture ``n`` consecutive :meth:`_full_update` calls in one graph; the warm-up's traces
+        (parameters, optimizer state, target network, metric sums) are rolled back, so the first replay
+        is the first update."""
         target, online = self._params
         saved = (self.metrics.values.clone(), self.metrics.counts.clone())
-        self._captured = CapturedUpdate(self._full_update, {}, self.optimizers().optimizer, online + target,
+
+        def body(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+            for _ in range(n):
+                out = self._full_update(inputs)
+            return out
+
+        self._captured = CapturedUpdate(body, {}, self.optimizers().optimizer, online + target,
                                         generators=[self.rb.sampler.generator], capture_guard=self._capture_guard)
         self.metrics.values.copy_(saved[0])
         self.metrics.counts.copy_(saved[1])
@@ -438,11 +467,13 @@ class DQN(LightningModule):
         _count_optimizer_step(opt)
         return out
 
-    def _after_update(self, out: dict[str, Tensor], in_graph: bool) -> None:
-        """Host bookkeeping after one update; target update and metrics unless the graph did them."""
+    def _after_update(self, out: dict[str, Tensor], in_graph: bool, n: int = 1) -> None:
+        """Host bookkeeping after ``n`` updates (one graph replay, or one eager update); the hard target
+        copy when an interval boundary was reached; the Polyak update and metrics unless the graph did them."""
         h = self.hparams
-        self.updates += 1
-        if h.target_tau is None and self.updates % h.target_update_interval == 0:
+        self.updates += n
+        interval = h.target_update_interval
+        if h.target_tau is None and self.updates // interval > (self.updates - n) // interval:
             hard_update(*self._params)
         if not in_graph:
             self._finish_update(out)
@@ -623,8 +654,14 @@ def _validate(a: dict[str, Any]) -> None:
     if a["updates_per_epoch"] % a["updates_per_step"]:
         raise ValueError(f"updates_per_step must divide updates_per_epoch, got updates_per_step="
                          f"{a['updates_per_step']} and updates_per_epoch={a['updates_per_epoch']}")
+    check_range("updates_per_graph", a["updates_per_graph"], low=1)
+    if a["updates_per_step"] % a["updates_per_graph"]:
+        raise ValueError(f"updates_per_graph must divide updates_per_step, got updates_per_graph="
+                         f"{a['updates_per_graph']} and updates_per_step={a['updates_per_step']}")
     check_range("max_env_steps", a["max_env_steps"], low=1, allow_none=True)
     check_range("sigterm_check_interval", a["sigterm_check_interval"], low=0)
+    if a["inductor_mode"] not in INDUCTOR_MODES:
+        raise ValueError(f"inductor_mode must be one of {INDUCTOR_MODES}, got {a['inductor_mode']!r}")
     if a["network"] not in ("mlp", "nature_cnn"):
         raise ValueError(f"network must be 'mlp' or 'nature_cnn', got {a['network']!r}")
     if len(a["hidden_sizes"]) == 0 or any(int(w) < 1 for w in a["hidden_sizes"]):
