@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import torch
 
@@ -22,8 +23,10 @@ from lightning_per.dqn import module as dqn_module
 class _EagerUpdate:
     """:class:`~lightning_per.dqn.graph.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
 
-    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None) -> None:
+    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None,
+                 state=()) -> None:
         self.body, self.optimizer = body, optimizer
+        self.graph = types.SimpleNamespace(reset=lambda: None)
 
     def __call__(self, inputs=None):
         self.optimizer.zero_grad(set_to_none=True)
@@ -62,5 +65,5 @@ if __name__ == "__main__":
     torch.save({"params": {k: v.detach().cpu() for k, v in m.q_net.state_dict().items()},
                 "env_steps": m.env_steps, "updates": m.updates, "replay_len": len(m.rb),
                 "global_step": run.trainer.global_step, "world_size": run.trainer.world_size,
-                "grad_world_size": m._grad_world_size, "graph_mode": m._captured is not None,
+                "grad_world_size": m._grad_world_size, "graph_mode": m.graph_captures > 0,
                 "ring": m.episode_returns_ring.cpu(), "ring_count": int(m.episode_returns_count)}, out)

@@ -206,7 +206,7 @@ def test_one_graph_of_four_updates_equals_four_one_update_graphs(target):
     one, four = runs
     for name in ("q_net", "target_net"):
         for a, b in zip(getattr(one, name).parameters(), getattr(four, name).parameters()):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(four.rb.sampler._raw, one.rb.sampler._raw, rtol=1e-5, atol=1e-6)  # raw priorities
     torch.testing.assert_close(four.metrics.compute()["loss"], one.metrics.compute()["loss"], rtol=1e-5, atol=1e-6)
 

@@ -48,8 +48,13 @@ class CapturedUpdate:
             ``{}`` when the body samples by itself.
         optimizer: the optimizer stepped inside ``body``.
         params: the parameters it updates; they and the optimizer state are restored after the
-            eager warm-up, so warm-up iterations leave no trace but advanced RNGs and priorities.
-        generators: CUDA generators drawn from inside ``body`` (registered with the graph).
+            eager warm-up.
+        generators: CUDA generators drawn from inside ``body`` (registered with the graph); their
+            states are restored after the warm-up, so the first replay draws what the first warm-up did.
+        state: other device tensors ``body`` writes (e.g. a sampler's priorities,
+            :meth:`~lightning_per.GPUPrioritizedSampler.device_state`), restored in place after the
+            warm-up. With params, optimizer, generators and state restored, the warm-up leaves no trace
+            and the first replay is the first update.
         warmup: eager iterations on a side stream before capture (allocator and cuBLAS warm-up; with
             ``torch.compile``'d pieces in ``body``, also their compilations and guard-driven recompilations,
             e.g. a compiled optimizer step recompiles once its state exists).
@@ -63,12 +68,15 @@ class CapturedUpdate:
     def __init__(self, body: Callable[[dict[str, Tensor]], dict[str, Tensor]], inputs: dict[str, Tensor],
                  optimizer: torch.optim.Optimizer, params: Sequence[Tensor],
                  generators: Sequence[torch.Generator] = (), warmup: int = 3,
-                 capture_guard: Callable[[], contextlib.AbstractContextManager] | None = None) -> None:
+                 capture_guard: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 state: Sequence[Tensor] = ()) -> None:
         device = params[0].device
         if device.type != "cuda":
             raise ValueError(f"graph mode (compile=True) needs CUDA tensors, got parameters on {device}")
         self.static_in = {k: v.detach().clone() for k, v in inputs.items()}
         saved = _snapshot(params, optimizer)
+        saved_state = [t.clone() for t in state]
+        saved_rng = [gen.get_state() for gen in generators]  # CPU byte tensors (no device sync)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -77,6 +85,11 @@ class CapturedUpdate:
                 body(self.static_in)
         torch.cuda.current_stream(device).wait_stream(side)
         _restore(params, optimizer, saved)
+        with torch.no_grad():
+            for t, v in zip(state, saved_state):
+                t.copy_(v)
+        for gen, rng in zip(generators, saved_rng):
+            gen.set_state(rng)
         self.graph = torch.cuda.CUDAGraph()
         for gen in generators:
             self.graph.register_generator_state(gen)

@@ -180,6 +180,7 @@ class DQN(LightningModule):
         self.rb = None
         self._replay_rng: torch.Generator | None = None
         self._captured: CapturedUpdate | None = None
+        self.graph_captures = 0  # CUDA-graph captures of the update (graph mode); one per fit
         self._inductor: InductorUpdate | None = None  # built with the runtime when ``inductor=True``
         self._compiled_step: CompiledStep | None = None  # graph mode + inductor: the compiled Adam step
         self._metric_slots: MetricSlots | None = None
@@ -422,11 +423,10 @@ class DQN(LightningModule):
         return out["loss"]
 
     def _capture_full_update(self, n: int = 1) -> None:
-        """Capture ``n`` consecutive :meth:`_full_update` calls in one graph; the warm-up's traces
-        (parameters, optimizer state, target network, metric sums) are rolled back, so the first replay
-        is the first update."""
+        """Capture ``n`` consecutive :meth:`_full_update` calls in one graph. The warm-up leaves no trace
+        (parameters, optimizer state, target network, priorities, the sampler's generator and the metric
+        sums are rolled back), so the first replay is the first update."""
         target, online = self._params
-        saved = (self.metrics.values.clone(), self.metrics.counts.clone())
 
         def body(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
             for _ in range(n):
@@ -434,9 +434,10 @@ class DQN(LightningModule):
             return out
 
         self._captured = CapturedUpdate(body, {}, self.optimizers().optimizer, online + target,
-                                        generators=[self.rb.sampler.generator], capture_guard=self._capture_guard)
-        self.metrics.values.copy_(saved[0])
-        self.metrics.counts.copy_(saved[1])
+                                        generators=[self.rb.sampler.generator], capture_guard=self._capture_guard,
+                                        state=[*self.rb.sampler.device_state(), self.metrics.values,
+                                               self.metrics.counts])
+        self.graph_captures += 1
 
     def _graph_scope(self) -> str:
         """``full`` when the sampler can be captured with the update (ours, proportional, on CUDA)."""
@@ -463,6 +464,7 @@ class DQN(LightningModule):
             raw, backward, stepper = opt.optimizer, self._graph_backward(), self._graph_optimizer()
             self._captured = CapturedUpdate(lambda x: self._learner_step(x, backward=backward, optimizer=stepper),
                                             b, raw, list(self.q_net.parameters()), capture_guard=self._capture_guard)
+            self.graph_captures += 1
         out = self._captured(b)
         _count_optimizer_step(opt)
         return out
@@ -515,6 +517,17 @@ class DQN(LightningModule):
             m.add("epsilon", self._epsilon)
         if self.replay_config.sampler != "uniform":
             m.add("beta", self.rb.sampler.beta)
+
+    def teardown(self, stage: str) -> None:
+        """End of fit (also after an exception): release the captured CUDA graph. Under DDP it holds NCCL
+        collectives, and while such a graph exists ``torch.distributed.destroy_process_group`` (run at exit
+        by Lightning) never returns: seen on 2 H200s, the CLI run hung after its last epoch. A later
+        ``fit`` captures again (:attr:`graph_captures` counts the captures)."""
+        if self._captured is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # sync-ok: end of fit; no replay may be in flight
+            self._captured.graph.reset()
+            self._captured = None
 
     def on_train_epoch_end(self) -> None:
         target = self.hparams.target_return

@@ -163,6 +163,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """0-d int64 device tensor: device-side indices outside ``[0, len(storage))`` that were ignored."""
         return self._n_dropped
 
+    def device_state(self) -> list[Tensor]:
+        """The device tensors that sampling reads and priority updates write, in place: raw priorities
+        ``(n_blocks * block,) float32``, stored values ``(n_blocks, block) float32``, block sums
+        ``(n_blocks,) float64``, block minima ``(n_blocks,) float32``, and the 0-d max raw priority and
+        clamped / dropped counters. For snapshots around work that must leave no trace (e.g. a CUDA-graph
+        warm-up, :class:`~lightning_per.dqn.graph.CapturedUpdate`); restore them with ``copy_``."""
+        return [self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw, self._n_clamped,
+                self._n_dropped]
+
     # ------------------------------------------------------------------ core
     def _filled(self, storage) -> int:
         return len(storage) if storage is not None else self._max_capacity
