@@ -197,25 +197,40 @@ def replay_rows(family: str, a, device) -> list[dict]:
                 opt_c = torch.optim.Adam(q.parameters(), lr=1e-4, foreach=True, capturable=True)
                 fast, stepper = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0), \
                     CompiledStep(opt_c)
-                variants = [("ours-graph-inductor", False, "default"), ("ours-graph-inductor-tf32", True, "default")]
+                # (row, TF32, Inductor mode, updates per graph replay: DQN(updates_per_graph=...))
+                variants = [("ours-graph-inductor", False, "default", 1),
+                            ("ours-graph-inductor-tf32", True, "default", 1),
+                            (f"ours-graph-inductor-tf32-x{a.per_graph}", True, "default", a.per_graph)]
                 if a.autotune:
-                    variants.append(("ours-graph-inductor-autotune-tf32", True, "max-autotune-no-cudagraphs"))
-                for name, tf32, mode in variants:
+                    variants += [("ours-graph-inductor-autotune-tf32", True, "max-autotune-no-cudagraphs", 1),
+                                 (f"ours-graph-inductor-autotune-tf32-x{a.per_graph}", True,
+                                  "max-autotune-no-cudagraphs", a.per_graph)]
+                compiled = {"default": fast}
+                for name, tf32, mode, per_graph in variants:
                     torch.backends.cuda.matmul.allow_tf32 = tf32  # TF32 tensor cores for the float32 matmuls
-                    if mode != "default":
-                        fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0,
-                                              mode=mode)
-                    body = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, fast)
+                    if mode not in compiled:
+                        compiled[mode] = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0,
+                                                        grad_clip_norm=10.0, mode=mode)
+                    one = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, compiled[mode])
+
+                    def body(_=None, one=one, per_graph=per_graph):
+                        for _ in range(per_graph):
+                            out = one()
+                        return out
+
                     torch.cuda.synchronize(device)
                     t0 = time.perf_counter()
                     for _ in range(2):  # compiles and autotunes (the step recompiles once); not timed
                         opt_c.zero_grad(set_to_none=True)
-                        body()
+                        one()
                     torch.cuda.synchronize(device)
                     compile_s = time.perf_counter() - t0
                     graph, setup_s = captured(body, opt_c, q, sampler, device)
-                    rows.append(row(name, timed(graph, a.iters * 4, device), count_syncs(graph, 200, device),
-                                    compile_s=compile_s, setup_s=setup_s, tf32=tf32, inductor_mode=mode))
+                    calls = max(1, a.iters * 4 // per_graph)
+                    seconds = timed(graph, calls, device) / per_graph
+                    rows.append(row(name, seconds, count_syncs(graph, 200, device) / per_graph,
+                                    compile_s=compile_s, setup_s=setup_s, tf32=tf32, inductor_mode=mode,
+                                    updates_per_graph=per_graph))
                 torch.backends.cuda.matmul.allow_tf32 = False
     else:
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
@@ -375,6 +390,8 @@ def main(argv=None) -> int:
     ap.add_argument("--updates-per-graph", type=int, default=1,
                     help="DQN updates_per_graph of the dqn-fit row (updates captured in one CUDA graph)")
     ap.add_argument("--fit-tf32", action="store_true", help="dqn-fit with TF32 matmuls")
+    ap.add_argument("--per-graph", type=int, default=8,
+                    help="updates per CUDA-graph replay of the ours-graph-inductor*-x<K> rows")
     ap.add_argument("--autotune", action="store_true",
                     help="add ours-graph-inductor-autotune-tf32 (Inductor mode max-autotune-no-cudagraphs)")
     ap.add_argument("--fit-envs", type=int, default=64)
