@@ -83,7 +83,8 @@ def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
                            capturable=device.type == "cuda")
     fast, stepper = None, opt
     if inductor:
-        fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0, backend=a.backend)
+        fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0, backend=a.backend,
+                              mode=a.inductor_mode)
         stepper = CompiledStep(opt, backend=a.backend)
     body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, stepper, a.batch, fast)
 
@@ -121,6 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", action="store_true", help="also profile the CUDA-graph modes")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend of the inductor modes")
     ap.add_argument("--top", type=int, default=25, help="kernel names printed per mode")
+    ap.add_argument("--modes", nargs="+", choices=_MODES, default=None,
+                    help="modes to profile (default: eager, eager-inductor; with --graph all four)")
+    ap.add_argument("--inductor-mode", default="default", choices=["default", "max-autotune-no-cudagraphs"],
+                    help="torch.compile mode of the inductor modes")
+    ap.add_argument("--tf32", action="store_true", help="TF32 tensor cores for float32 matmuls")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke test")
     ap.add_argument("--out", required=True, help="JSON file to write")
     a = ap.parse_args(argv)
@@ -135,7 +141,11 @@ def main(argv=None) -> int:
     rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
     fill(rb, a.capacity, a.obs, a.actions, device)
     results = []
-    for mode in _MODES if a.graph else _MODES[:2]:
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    modes = a.modes or (_MODES if a.graph else _MODES[:2])
+    if any(m.startswith("graph") for m in modes) and device.type != "cuda":
+        raise SystemExit("the graph modes need a CUDA device")
+    for mode in modes:
         r = profile_mode(mode, rb, a, device)
         results.append(r)
         unit = "kernels" if device.type == "cuda" else "aten ops"

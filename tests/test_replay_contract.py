@@ -332,3 +332,64 @@ def test_uniform_update_priority_is_a_silent_no_op():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert rb.update_priority(torch.arange(4), torch.ones(4)) is None
+
+
+def _mixed(n: int, start: int = 0) -> TensorDict:
+    """Transitions with every element size 1..8 and odd field sizes (alignment and padding cases)."""
+    g = torch.Generator().manual_seed(start)
+    return TensorDict({
+        "pixels": torch.randint(0, 256, (n, 3, 5, 7), generator=g, dtype=torch.uint8),
+        "done": torch.rand(n, 1, generator=g) < 0.5,
+        "reward": torch.randn(n, generator=g, dtype=torch.float64),
+        "action": torch.randint(-9, 9, (n,), generator=g),
+        "half": torch.randn(n, 3, generator=g).to(torch.float16),
+        "observation": torch.randn(n, 5, generator=g),
+        "next": TensorDict({"observation": torch.randn(n, 5, generator=g)}, [n]),
+    }, [n])
+
+
+def test_packed_rows_hold_every_field_at_an_aligned_offset():
+    s = GPUTensorStorage(8, device="cpu")
+    s.set(torch.arange(3), _mixed(3))
+    layout = s._layout
+    fields = [(off, nbytes, torch.empty((), dtype=dtype).element_size()) for off, nbytes, dtype, _ in layout.values()]
+    raw = sum(nbytes for _, nbytes, _ in fields)  # 105 + 1 + 8 + 8 + 6 + 20 + 20 = 168 bytes per transition
+    assert raw == 168 and s.rows.shape == (8, 168 // 8) and s.nbytes == 8 * 168
+    spans = sorted((off, off + nbytes) for off, nbytes, _ in fields)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no overlap
+    assert all(off % es == 0 for off, _, es in fields)
+    for v in s._storage.values(include_nested=True, leaves_only=True):  # every key is a view into the ring
+        assert v.untyped_storage().data_ptr() == s.rows.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_reads_return_the_written_transitions(device, packed):
+    s = GPUTensorStorage(10, device=device, packed=packed)
+    data = _mixed(10)
+    s.set(torch.arange(10), data)
+    s.set(torch.tensor([3, 7]), _mixed(2, start=5))  # overwrite two slots
+    data[torch.tensor([3, 7])] = _mixed(2, start=5)
+    index = torch.tensor([7, 0, 3, 3, 9], device=device)
+    got = s.get(index).cpu()
+    want = data[index.cpu()]
+    for key in want.keys(include_nested=True, leaves_only=True):
+        assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+        assert torch.equal(got[key], want[key]), key
+    assert (s.rows is not None) == packed
+
+
+@pytest.mark.parametrize("src_packed, dst_packed", [(True, True), (True, False), (False, True)])
+def test_packed_and_per_key_states_load_into_each_other(tmp_path, src_packed, dst_packed):
+    src = GPUTensorStorage(6, device="cpu", packed=src_packed)
+    data = _mixed(6)
+    src.set(torch.arange(6), data)
+    path = tmp_path / "s"
+    src.dumps(path)
+    dst = GPUTensorStorage(6, device="cpu", packed=dst_packed)
+    dst.loads(path)
+    assert len(dst) == 6 and (dst.rows is not None) == dst_packed
+    got = dst.get(torch.arange(6))
+    for key in data.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(got[key], data[key]), key
+    dst.set(torch.tensor([0]), _mixed(1, start=9))  # still writable, through the views when packed
+    assert torch.equal(dst.get(torch.tensor([0]))["observation"], _mixed(1, start=9)["observation"])
