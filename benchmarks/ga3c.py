@@ -10,6 +10,15 @@ Rows (each measured over ``--seconds`` after ``--warmup`` seconds, one process, 
     python benchmarks/ga3c.py --out benchmarks/results/ga3c.json          # GPU machine, 16 cores
     python benchmarks/ga3c.py --tiny                                      # CPU smoke test (~1 min)
 
+``--learner-only``: the learner alone (module, loss, optimiser, Trainer, data loader, trainer threads) on
+synthetic Pong-shaped batches, no agents (nor predictors unless ``--synthetic-pps``): its maximum TPS and
+the time split per update (see ``benchmarks/_ga3c_learner.py``); writes ``ga3c_learner_<device>[_pps<P>].{json,md}``
+under ``--out``:
+
+    python benchmarks/ga3c.py --learner-only                              # GPU: batch 160 x 4x84x84
+    python benchmarks/ga3c.py --learner-only --synthetic-pps 18000 --predictors 2   # + 2 predictor threads
+    python benchmarks/ga3c.py --learner-only --tiny                       # CPU smoke: batch 20 x 4x36x36
+
 Writes JSON ``{"meta": ..., "rows": [...]}`` and a Markdown table next to it.
 """
 
@@ -217,8 +226,20 @@ def main() -> None:
     ap.add_argument("--torchrl-envs", type=int, default=16)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/ga3c.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ga3c.json); with "
+                    "--learner-only a directory (default benchmarks/results/)")
+    ap.add_argument("--learner-only", action="store_true", help="learner alone on synthetic batches")
+    ap.add_argument("--batch", type=int, default=160, help="learner-only: transitions per batch")
+    ap.add_argument("--obs-size", type=int, default=84, help="learner-only: frame side (4 x S x S uint8)")
+    ap.add_argument("--updates", type=int, default=500, help="learner-only: measured updates")
+    ap.add_argument("--synthetic-pps", type=float, default=0.0, help="learner-only: run --predictors predictor "
+                    "threads serving this many synthetic predictions/s in all (0: none)")
+    ap.add_argument("--predict-requests", type=int, default=4, help="learner-only: requests per prediction batch")
+    ap.add_argument("--torch-threads", type=int, default=None, help="learner-only: torch threads (default: config)")
+    ap.add_argument("--warmup-updates", type=int, default=50, help="learner-only: updates before measuring")
     args = ap.parse_args()
+    if args.learner_only:
+        return learner_main(args)
     if args.tiny:
         args.seconds, args.warmup, args.adjust_window = 6.0, 4.0, 2.0
         args.agents, args.max_agents, args.envs_per_agent = 2, 3, 2
@@ -242,11 +263,32 @@ def main() -> None:
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "seconds": args.seconds,
             "warmup": args.warmup, "config": args.config, "tiny": args.tiny,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "benchmarks/results/ga3c.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     out.with_suffix(".md").write_text(_table(rows) + "\n")
     print(_table(rows))
+
+
+def learner_main(args) -> None:
+    from _ga3c_learner import bench_learner, learner_table
+
+    if args.tiny:
+        args.device, args.batch, args.obs_size = "cpu", 20, 36
+        args.updates, args.warmup_updates, args.trainers = min(args.updates, 200), min(args.warmup_updates, 20), 1
+        args.torch_threads = args.torch_threads or 1
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    row = bench_learner(args)
+    name = torch.cuda.get_device_name() if row["device"] == "cuda" else "cpu"
+    meta = {"device_name": name, "cpu_count": os.cpu_count(), "torch": torch.__version__, "config": args.config,
+            "tiny": args.tiny, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    pps = f"_pps{int(args.synthetic_pps)}" if row["predictors"] else ""
+    out = Path(args.out or ROOT / "benchmarks/results") / f"ga3c_learner_{row['device']}{pps}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": [row]}, indent=1))
+    out.with_suffix(".md").write_text(learner_table(row) + "\n")
+    print(json.dumps(row))
+    print(learner_table(row))
 
 
 if __name__ == "__main__":

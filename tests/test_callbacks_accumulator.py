@@ -99,6 +99,24 @@ def test_bad_inputs():
         MetricAccumulator({"a": "sum"}).add("b", 1.0)
 
 
+def test_add_vector_equals_one_add_per_metric():
+    names = {"l": "last", "a": "mean", "b": "sum", "c": "mean"}
+    one, vec = MetricAccumulator(names), MetricAccumulator(names)
+    for x in ([1.0, 2.0, -3.0], [0.5, -1.0, 4.0]):
+        for name, v in zip(("a", "b", "c"), x):
+            one.add(name, torch.tensor(v))
+        vec.add_vector(("a", "b", "c"), torch.tensor(x))  # float32 values, float64 sums
+    assert values(vec) == pytest.approx(values(one), nan_ok=True)
+    with pytest.raises(ValueError, match="consecutively"):
+        vec.add_vector(("a", "c"), torch.zeros(2))
+    with pytest.raises(ValueError, match="'mean' or 'sum'"):
+        vec.add_vector(("l", "a"), torch.zeros(2))
+    with pytest.raises(ValueError, match="shape"):
+        vec.add_vector(("a", "b"), torch.zeros(3))
+    with pytest.raises(KeyError, match="not declared"):
+        vec.add_vector(("z",), torch.zeros(1))
+
+
 # ------------------------------------------------------------------------------ episode-return ring
 def reference_ring(capacity: int, steps: list[list[tuple[float, bool]]]) -> tuple[list[float], int]:
     ring, count = [math.nan] * capacity, 0

@@ -10,6 +10,7 @@ import torch
 
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
+from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 
 SPEC = {"env": "CartPole-v1", "backend": "gym", "kwargs": {}, "frame_stack": 4}
@@ -63,6 +64,16 @@ def test_batches_have_the_documented_layout():
         assert batch["ret"].abs().max() <= 1.0 / (1 - 0.99) + 1e-3  # CartPole rewards are 1, V = 0 here
     finally:
         system.close()
+
+
+def test_recent_returns_are_the_newest_in_order():
+    stats = Stats(history=5)
+    assert stats.recent_returns(3) == [] and stats.episodes == 0
+    stats.add_rollout(10, [(1.0, 3), (2.0, 4)])
+    stats.add_rollout(10, [(3.0, 5), (4.0, 6), (5.0, 7), (6.0, 8)])
+    assert stats.recent_returns(3) == [4.0, 5.0, 6.0]
+    assert stats.recent_returns(10) == [2.0, 3.0, 4.0, 5.0, 6.0]  # the history keeps 5
+    assert stats.recent_returns(0) == [] and stats.episodes == 6
 
 
 def test_close_stops_everything_within_5_s_and_frees_shared_memory():

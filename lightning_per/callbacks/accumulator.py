@@ -50,6 +50,7 @@ class MetricAccumulator:
         self.kinds = dict(names)
         self.persistent = tuple(persistent)
         self._slot = {name: i for i, name in enumerate(names)}
+        self._vector_slots: dict[tuple[str, ...], slice] = {}  # add_vector's names -> slice of slots
         n = len(names)
         # (M,) bool masks, kept on the accumulator's device so compute() does no host->device copy.
         self._is_mean = torch.tensor([k == "mean" for k in names.values()], device=device)
@@ -113,6 +114,37 @@ class MetricAccumulator:
         else:
             val.fill_(v)
         cnt.add_(1.0)
+
+    def add_vector(self, names: tuple[str, ...], values: Tensor) -> None:
+        """Fold one value into each of several ``"mean"``/``"sum"`` metrics at once (no host sync).
+
+        Equivalent to ``add(name, values[j])`` for each ``names[j]``, in 2 in-place kernels instead of
+        ~3 per metric (what matters when every launch costs host time, as in a per-step training loop).
+
+        Args:
+            names: K ``"mean"`` or ``"sum"`` metrics declared next to each other, in this order.
+            values: (K,) float tensor on :attr:`device`, one value (a single observation) per name.
+
+        Raises:
+            KeyError: an undeclared name. ValueError: a metric that is not ``"mean"``/``"sum"``, names
+            that are not consecutive declared metrics, or ``values`` not of shape (K,).
+        """
+        where = self._vector_slots.get(names)
+        if where is None:
+            for name in names:
+                if name not in self._slot:
+                    raise KeyError(f"metric {name!r} is not declared; declared metrics: {sorted(self._slot)}")
+                if self.kinds[name] not in ("mean", "sum"):
+                    raise ValueError(f"add_vector needs 'mean' or 'sum' metrics; {name!r} is {self.kinds[name]!r}")
+            first = self._slot[names[0]]
+            if [self._slot[n] for n in names] != list(range(first, first + len(names))):
+                raise ValueError(f"add_vector needs metrics declared consecutively in this order, got {names}; "
+                                 f"declared: {list(self._slot)}")
+            where = self._vector_slots[names] = slice(first, first + len(names))
+        if tuple(values.shape) != (len(names),):
+            raise ValueError(f"values must have shape ({len(names)},) like names, got {tuple(values.shape)}")
+        self.values[where].add_(values)  # in place on views: float32 values accumulate in float64
+        self.counts[where].add_(1.0)
 
     def _compute(self) -> Tensor:
         out = torch.where(self._is_mean, self.values / self.counts.clamp_min(1), self.values)  # [M]

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "console_main", "run", "parse_config", "build_parser"]
+__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer"]
 
 log = logging.getLogger("lightning_per.ga3c")
 _UNSET = object()
@@ -104,13 +104,8 @@ def run(cfg) -> dict[str, Any]:
     artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window)
     # DDP: rates and counts add up over the ranks; everything else is averaged (AsyncMetricsCallback)
     rank_ops = {name: "sum" for name in ("pps", "steps_per_s", "fps", "na", "np", "nt", "env_steps", "episodes")}
-    trainer = pl.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, strategy="ddp" if cfg.devices > 1 else "auto",
-        max_epochs=-1, max_steps=cfg.max_updates, max_time=datetime.timedelta(seconds=cfg.max_time_s),
-        logger=logger, callbacks=[AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops), artifacts],
-        gradient_clip_val=cfg.grad_clip,
-        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
+    trainer = build_trainer(cfg, cuda, logger, [AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops), artifacts],
+                            run_dir)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")
     summary: dict[str, Any] = {}
@@ -133,6 +128,19 @@ def run(cfg) -> dict[str, Any]:
 
 
 _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"
+
+
+def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
+    """The ``pl.Trainer`` a GA3C run fits with (also ``benchmarks/ga3c.py --learner-only``): ``cfg.devices``
+    GPUs (or CPU processes), DDP above one, budgets ``max_updates`` / ``max_time_s``, ``grad_clip``."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, strategy="ddp" if cfg.devices > 1 else "auto",
+        max_epochs=-1, max_steps=cfg.max_updates, max_time=datetime.timedelta(seconds=cfg.max_time_s),
+        logger=logger, callbacks=callbacks, gradient_clip_val=cfg.grad_clip,
+        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
 
 
 def _fmt(x: Any) -> str:

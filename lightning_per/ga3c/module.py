@@ -7,13 +7,14 @@ GPU. Lightning owns exactly one optimisation loop, so here the roles are split:
 
 .. code-block:: text
 
-    agents --(ready flags)-----> NT trainer threads: copy rollouts out of shared memory, merge
-                                 them into batches of >= train_min_batch_size transitions, pin
+    agents --(ready flags)-----> NT trainer threads: copy rollouts out of shared memory straight
+                                 into the rows of a (pinned) batch of >= train_min_batch_size
+                                 transitions
                                  --(bounded batch queue)--> train_dataloader (an IterableDataset)
-                                 --> Lightning moves the batch to the device (non_blocking)
+                                 --> transfer_batch_to_device: obs, action, ret (non_blocking)
                                  --> GA3C.training_step: loss, backward, optimizer step
 
-Trainer threads therefore do all the per-batch host work (claim, gather, concatenate, pin) in
+Trainer threads therefore do all the per-batch host work (claim, gather, pin) in
 parallel, and the updates themselves are serialised, which is what one GPU does anyway
 (the reference's trainers contend for the same device). TPS is the rate of optimizer steps; NT
 (dynamically adjusted) controls how fast batches are assembled. The bounded batch queue and the
@@ -70,6 +71,8 @@ _METRICS = {
     "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
     "batch_queue": "last", "env_steps": "last", "updates": "last", "episodes": "last",
 }
+_DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
+_STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
 
 
 def _identity(x: Any) -> Any:
@@ -114,8 +117,9 @@ class GA3C(pl.LightningModule):
         **overrides: field values replacing those of ``config``.
 
     Batches (from the trainer threads): ``obs`` (N, *obs_shape) uint8/float32, ``action`` (N,) int64,
-    ``ret`` (N,) float32 n-step returns, ``version`` (N,) int64 policy versions, on the module's
-    device after Lightning's transfer; plus host numbers ``size`` (N) and ``version_mean``.
+    ``ret`` (N,) float32 n-step returns, on the module's device after Lightning's transfer
+    (:meth:`transfer_batch_to_device`); ``version`` (N,) int64 policy versions, kept on the host, and
+    host numbers ``size`` (N) and ``version_mean``.
 
     Raises:
         ValueError: a configuration value out of range (named), or an environment without a
@@ -143,6 +147,7 @@ class GA3C(pl.LightningModule):
         self.system: GA3CSystem | None = None
         self.time_to_target_s: float | None = None
         self._ring_synced = -1
+        self._target_checked = -1  # episode count at the last target_return check
         self._epoch_snap = self.stats.snapshot()
         self._epoch_episodes = 0
         self._wall_end: float | None = None
@@ -191,10 +196,15 @@ class GA3C(pl.LightningModule):
         self.metrics.to(self.device)
         self.stats = Stats()
         self._epoch_snap = self.stats.snapshot()
-        self.system = GA3CSystem(self.rank_config(self.trainer.world_size, self.global_rank), self.env_spec,
-                                 self.obs_shape, self.obs_dtype, self.act, lambda: self.policy_version,
-                                 self.device, self.stats)
+        self._target_checked = -1
+        self.system = self.make_system(self.rank_config(self.trainer.world_size, self.global_rank))
         self.system.start()
+
+    def make_system(self, cfg: GA3CConfig) -> GA3CSystem:
+        """The (not yet started) GA3C runtime of this rank: agents, predictors and trainers around
+        :meth:`act`. ``benchmarks/ga3c.py --learner-only`` overrides it with synthetic rollouts."""
+        return GA3CSystem(cfg, self.env_spec, self.obs_shape, self.obs_dtype, self.act,
+                          lambda: self.policy_version, self.device, self.stats)
 
     def rank_config(self, world_size: int, rank: int) -> GA3CConfig:
         """This rank's share of the run under DDP: ``agents`` and ``max_agents`` split as evenly as
@@ -211,18 +221,23 @@ class GA3C(pl.LightningModule):
         return dataclasses.replace(c, agents=agents, max_agents=max(agents, share(c.max_agents)),
                                    seed=c.seed + 1000 * rank, devices=1)
 
+    def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
+        """Copy what :meth:`training_step` reads (``obs``, ``action``, ``ret``) to ``device``, non-blocking
+        from the trainers' pinned memory on CUDA; ``version`` and the host numbers stay on the host."""
+        non_blocking = device.type == "cuda"
+        return {key: value.to(device, non_blocking=non_blocking) if key in _DEVICE_KEYS else value
+                for key, value in batch.items()}
+
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         c = self.cfg
         logits, value = self.net(batch["obs"])  # [N, A], [N]
         loss, parts = a3c_loss(logits, value, batch["action"], batch["ret"], beta=c.beta,
                                value_coef=c.value_coef, log_epsilon=c.log_epsilon, reduction=c.loss_reduction)
         self._lag = self.policy_version - batch["version_mean"]  # host float: no device read
-        m = self.metrics
-        m.add("loss", loss.detach())
-        for name, value_ in parts.items():
-            m.add(name, value_)
-        m.add("batch_size", batch["size"])
-        m.add("policy_lag", self._lag)
+        # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
+        # numbers, folded in once an epoch from self.stats (publish_host_state)
+        values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
+        self.metrics.add_vector(_STEP_METRICS, values)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
@@ -232,7 +247,10 @@ class GA3C(pl.LightningModule):
         world_size = self.trainer.world_size
         if world_size > 1 and c.target_return is not None and batch_idx == c.updates_per_epoch - 1:
             self._check_target_across_ranks(world_size)
-        if world_size == 1 and c.target_return is not None and self.time_to_target_s is None:
+        episodes = self.stats.episodes
+        if (world_size == 1 and c.target_return is not None and self.time_to_target_s is None
+                and episodes != self._target_checked):  # only when episodes ended since the last check
+            self._target_checked = episodes
             recent = self.stats.recent_returns(c.return_window)
             if len(recent) >= c.return_window and sum(recent) / len(recent) >= c.target_return:
                 self.time_to_target_s = time.monotonic() - self.stats.t0
@@ -297,6 +315,10 @@ class GA3C(pl.LightningModule):
         m = self.metrics
         for name in ("tps", "pps", "steps_per_s", "fps", "predict_batch"):
             m.add(name, r[name])
+        updates = snap.updates - self._epoch_snap.updates
+        if updates > 0:  # means over this window's updates, as if added at each step
+            m.add("batch_size", snap.batch_transitions - self._epoch_snap.batch_transitions, count=updates)
+            m.add("policy_lag", snap.lag_sum - self._epoch_snap.lag_sum, count=updates)
         counts = self.system.counts()
         m.add("na", counts.agents)
         m.add("np", counts.predictors)

@@ -7,6 +7,7 @@ metrics, dynamic adjustment) keeps its own window.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -93,9 +94,16 @@ class Stats:
 
     def recent_returns(self, n: int) -> list[float]:
         """The last ``n`` (or fewer) episode returns, oldest first."""
-        with self._lock:
-            tail = list(self.episode_log)[-n:]
-        return [r for _, _, r, _ in tail]
+        if n <= 0:
+            return []
+        with self._lock:  # walk n entries from the right, not a copy of the whole history (per update)
+            tail = list(itertools.islice(reversed(self.episode_log), n))
+        return [r for _, _, r, _ in reversed(tail)]
+
+    @property
+    def episodes(self) -> int:
+        """Episodes finished so far (a host int; no lock needed to read it)."""
+        return self._episodes
 
     def mean_return(self, n: int) -> float:
         """Mean of the last ``n`` episode returns (NaN before the first episode)."""

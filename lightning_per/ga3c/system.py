@@ -171,11 +171,17 @@ class GA3CSystem:
         pairs = zip(ii.tolist(), ss.tolist())
         return [(i, self._agents[i], s) for i, s in pairs if self._agents[i] is not None]
 
-    def take_rollout(self, index: int, agent: _Agent, slot: int) -> dict[str, torch.Tensor] | None:
+    def take_rollout(self, index: int, agent: _Agent, slot: int,
+                     out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
         """Copy a claimed rollout out of shared memory and free its slot.
 
-        Returns ``{"obs": (T*E, *obs), "action": (T*E,) int64, "ret": (T*E,) float32,
-        "version": (T*E,) int64}`` host tensors (time-major), or None if the agent was replaced.
+        Args:
+            out: where to copy (the trainer's batch rows, so each observation is copied once): views
+                ``{"obs": (T*E, *obs), "action": (T*E,) int64, "ret": (T*E,) float32, "version": (T*E,)
+                int64}``; None: new tensors.
+
+        Returns ``out`` (or the new tensors) filled time-major, or None if the agent was replaced (then
+        ``out`` may hold a torn copy: overwrite it).
         """
         c, sh = self.cfg, self.shared
         n_ep = int(sh.ep_count[index, slot])
@@ -183,12 +189,19 @@ class GA3CSystem:
                             sh.ep_length[index, slot, :n_ep].tolist()))
         self.stats.add_rollout(c.t_max * c.envs_per_agent, episodes)
         r0 = self.row(index, slot, 0)
-        part = {
-            "obs": self.obs_rows[r0:r0 + c.t_max].flatten(0, 1).clone(),
-            "action": self.action_rows[r0:r0 + c.t_max].flatten().clone(),
-            "ret": self._returns[index, slot].flatten().clone(),
-            "version": self.version_rows[r0:r0 + c.t_max].repeat_interleave(c.envs_per_agent),
-        }
+        obs = self.obs_rows[r0:r0 + c.t_max].flatten(0, 1)  # [T*E, *obs] shared
+        action = self.action_rows[r0:r0 + c.t_max].flatten()  # [T*E]
+        ret = self._returns[index, slot].flatten()  # [T*E]
+        version = self.version_rows[r0:r0 + c.t_max, None].expand(c.t_max, c.envs_per_agent)  # [T, E]
+        if out is None:
+            part = {"obs": obs.clone(), "action": action.clone(), "ret": ret.clone(),
+                    "version": version.flatten()}  # flatten of the expanded view copies
+        else:
+            part = out
+            part["obs"].copy_(obs)
+            part["action"].copy_(action)
+            part["ret"].copy_(ret)
+            part["version"].view(c.t_max, c.envs_per_agent).copy_(version)
         if self._agents[index] is not agent:  # replaced meanwhile: the copy may be torn
             return None
         sh.busy[index, slot] = 0

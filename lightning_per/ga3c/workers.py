@@ -7,10 +7,11 @@ it) that wait on their wake-up semaphore with a 50 ms timeout, so they notice a 
   "queue" is the ``pending`` flags of the shared buffers), gathers the observations in place, runs
   one forward pass on the model device, writes actions/values/policy version back and releases each
   agent's response semaphore. One host synchronisation per batch: the agents need the actions.
-- :class:`TrainerThread`: claims finished rollouts (``ready`` flags), copies them out of shared
-  memory (then frees the agent's slot), merges them until at least ``train_min_batch_size``
-  transitions and hands the batch (pinned host memory when the model is on CUDA) to the learner
-  through the bounded batch queue that ``GA3C.training_step``'s data loader reads.
+- :class:`TrainerThread`: claims finished rollouts (``ready`` flags), copies each straight out of
+  shared memory into its rows of the batch being assembled (pinned host memory when the model is on
+  CUDA; then frees the agent's slot) until at least ``train_min_batch_size`` transitions, and hands
+  the batch to the learner through the bounded batch queue that ``GA3C.training_step``'s data
+  loader reads.
 """
 
 from __future__ import annotations
@@ -51,11 +52,17 @@ class _Worker(threading.Thread):
 class PredictorThread(_Worker):
     """Batches prediction requests and answers them (see the module docstring)."""
 
+    _pinned: torch.Tensor | None = None  # (predict_batch_size, E, *obs) pinned host buffer on CUDA
+
     def loop(self) -> None:
         sys_ = self.system
         cuda = sys_.device.type == "cuda"
         stream = torch.cuda.Stream(sys_.device) if cuda else None
         limit = sys_.cfg.predict_batch_size
+        # CUDA: requests are gathered straight into this pinned buffer (one host copy, no per-batch
+        # allocation); reusing it is safe because _serve waits for its stream before returning.
+        self._pinned = (torch.empty((limit, *sys_.obs_rows.shape[1:]), dtype=sys_.obs_rows.dtype, pin_memory=True)
+                        if cuda else None)  # [limit, E, *obs]
         while not self.stopped():
             sys_.pred_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
             rows, agents = sys_.claim_requests(limit)
@@ -73,9 +80,11 @@ class PredictorThread(_Worker):
     def _serve(self, rows: torch.Tensor, agents: list) -> None:
         """rows: (B,) int64 flat rows of the requested steps; agents: their handles (same order)."""
         sys_ = self.system
-        obs = sys_.obs_rows.index_select(0, rows)  # [B, E, *obs] on the host
-        if sys_.device.type == "cuda":
-            obs = obs.pin_memory().to(sys_.device, non_blocking=True)
+        if self._pinned is None:
+            obs = sys_.obs_rows.index_select(0, rows)  # [B, E, *obs] on the host
+        else:
+            obs = torch.index_select(sys_.obs_rows, 0, rows, out=self._pinned[: rows.shape[0]])  # [B, E, *obs]
+            obs = obs.to(sys_.device, non_blocking=True)  # the blocking copy of the actions below waits for it
         version = sys_.version_fn()
         action, value = sys_.policy(obs.flatten(0, 1))  # [B*E], [B*E] on the model device
         action = action.view(len(agents), -1).to("cpu", torch.int64)  # sync: agents need the actions
@@ -93,45 +102,52 @@ class TrainerThread(_Worker):
 
     def loop(self) -> None:
         sys_ = self.system
-        pending: list[dict[str, torch.Tensor]] = []
-        n = 0
+        c = sys_.cfg
+        per_rollout = c.t_max * c.envs_per_agent
+        # claims never overshoot, so a batch is always ceil(min / per_rollout) whole rollouts
+        capacity = per_rollout * -(-c.train_min_batch_size // per_rollout)
+        pin = sys_.device.type == "cuda"
+        batch, n = None, 0
         while not self.stopped():
             sys_.train_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
-            per_rollout = sys_.cfg.t_max * sys_.cfg.envs_per_agent
-            claimed = sys_.claim_rollouts(max(1, -(-(sys_.cfg.train_min_batch_size - n) // per_rollout)))
+            claimed = sys_.claim_rollouts(max(1, -(-(c.train_min_batch_size - n) // per_rollout)))
             for _ in range(len(claimed) - 1):
                 if not sys_.train_sem.acquire(block=False):
                     break
             for index, agent, slot in claimed:
-                part = sys_.take_rollout(index, agent, slot)
-                if part is not None:
-                    pending.append(part)
-                    n += part["action"].shape[0]
-            if n >= sys_.cfg.train_min_batch_size:
-                batch = _merge(pending, pin=sys_.device.type == "cuda")
-                pending, n = [], 0
+                if batch is None:
+                    batch = _new_batch(capacity, sys_.obs_rows.shape[2:], sys_.obs_rows.dtype, pin)
+                rows = {key: t[n:n + per_rollout] for key, t in batch.items()}
+                if sys_.take_rollout(index, agent, slot, out=rows) is not None:  # copied straight into the batch
+                    n += per_rollout
+            if n >= c.train_min_batch_size:
+                full = _finish(batch, n)
+                batch, n = None, 0
                 while not self.stopped():
                     try:
-                        sys_.batch_q.put(batch, timeout=_POLL_S)
+                        sys_.batch_q.put(full, timeout=_POLL_S)
                         break
                     except queue.Full:
                         continue
 
 
-def _merge(parts: list[dict[str, torch.Tensor]], pin: bool) -> dict:
-    """Concatenate rollouts into one batch dict.
+def _new_batch(n: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, pin: bool) -> dict[str, torch.Tensor]:
+    """Empty host rows for ``n`` transitions (pinned if ``pin``): ``{"obs": (n, *obs_shape) obs_dtype,
+    "action": (n,) int64, "ret": (n,) float32, "version": (n,) int64}``."""
+    return {"obs": torch.empty((n, *obs_shape), dtype=obs_dtype, pin_memory=pin),
+            "action": torch.empty(n, dtype=torch.int64, pin_memory=pin),
+            "ret": torch.empty(n, dtype=torch.float32, pin_memory=pin),
+            "version": torch.empty(n, dtype=torch.int64, pin_memory=pin)}
+
+
+def _finish(rows: dict[str, torch.Tensor], n: int) -> dict:
+    """The batch of the first ``n`` filled rows.
 
     Returns ``{"obs": (N, *obs), "action": (N,) int64, "ret": (N,) float32, "version": (N,) int64}``
-    host tensors (pinned if ``pin``) plus host floats ``version_mean`` (mean policy version) and
+    host tensors (pinned on CUDA) plus host numbers ``version_mean`` (mean policy version) and
     ``size`` (N), so that policy lag needs no device read.
     """
-    batch: dict = {}
-    for key in parts[0]:
-        first = parts[0][key]
-        n = sum(p[key].shape[0] for p in parts)
-        out = torch.empty((n, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
-        torch.cat([p[key] for p in parts], out=out)
-        batch[key] = out
-    batch["size"] = int(batch["action"].shape[0])
+    batch: dict = {key: t if t.shape[0] == n else t[:n] for key, t in rows.items()}
+    batch["size"] = n
     batch["version_mean"] = float(batch["version"].double().mean())
     return batch
