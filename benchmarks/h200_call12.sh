@@ -7,10 +7,13 @@ source benchmarks/h200_setup.sh || exit 1
 FINAL=$OUT; W=/tmp/w; mkdir -p $W; pack() { tar czf $FINAL/results.tgz -C $W .; }
 (LIGHTNING_PER_DUMP_AFTER_S=60 LIGHTNING_PER_DDP_TIMEOUT_S=100 timeout 230 taskset -c 0-15 python3 -m pytest -q \
   tests/test_ddp_gpu.py --runxfail -p no:cacheprovider --tb=short > $W/ddp_gpu.log 2>&1) &
-(CUDA_VISIBLE_DEVICES=1 timeout 200 taskset -c 16-31 python3 -m pytest -q -m gpu tests/test_replay_gpu.py \
-  tests/test_dqn_module.py tests/test_callbacks_gpu.py -p no:cacheprovider --tb=short > $W/gpu_tests.log 2>&1
- CUDA_VISIBLE_DEVICES=1 timeout 60 taskset -c 16-31 bash -c "$GA3C_LEARNER" > $W/ga3c_learner.log 2>&1) &
-wait; pack; tail -3 $W/ddp_gpu.log $W/gpu_tests.log; tail -15 $W/ga3c_learner.log
+(CUDA_VISIBLE_DEVICES=1 timeout 150 taskset -c 16-31 python3 -m pytest -q -m gpu tests/test_replay_gpu.py \
+  tests/test_dqn_module.py tests/test_callbacks_gpu.py tests/test_ga3c_datapath.py -p no:cacheprovider --tb=short \
+  > $W/gpu_tests.log 2>&1; pack
+ CUDA_VISIBLE_DEVICES=1 timeout 40 taskset -c 16-31 python3 benchmarks/ga3c.py --learner-only --out $W > $W/ga3c_learner.log 2>&1
+ CUDA_VISIBLE_DEVICES=1 timeout 40 taskset -c 16-31 python3 benchmarks/ga3c.py --learner-only --synthetic-pps 18000 --predictors 2 \
+  --out $W >> $W/ga3c_learner.log 2>&1) &
+wait; pack; tail -3 $W/ddp_gpu.log $W/gpu_tests.log; cat $W/ga3c_learner_cuda*.md 2>/dev/null | head -40 || tail -15 $W/ga3c_learner.log
 left=$((580 - SECONDS))
 (CUDA_VISIBLE_DEVICES=0 timeout $left taskset -c 0-15 python3 -m lightning_per.cli ga3c --config configs/ga3c_pong.yaml \
    --max_time_s $((left - 40)) --run_dir /tmp/ga3c --status_interval_s 30 > $W/ga3c_pong.log 2>&1; echo "ga3c rc=$?" >> $W/ga3c_pong.log
