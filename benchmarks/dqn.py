@@ -214,7 +214,9 @@ def replay_rows(family: str, a, device) -> list[dict]:
                     one = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, compiled[mode])
 
                     def body(_=None, one=one, per_graph=per_graph):
-                        for _ in range(per_graph):
+                        for i in range(per_graph):
+                            if i:  # as DQN(updates_per_graph=K): every update starts without gradients
+                                opt_c.zero_grad(set_to_none=True)
                             out = one()
                         return out
 

@@ -427,13 +427,16 @@ class DQN(LightningModule):
         (parameters, optimizer state, target network, priorities, the sampler's generator and the metric
         sums are rolled back), so the first replay is the first update."""
         target, online = self._params
+        optimizer = self.optimizers().optimizer
 
         def body(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-            for _ in range(n):
+            for i in range(n):
+                if i:  # each update's backward starts from no gradient (as before the capture), never sums
+                    optimizer.zero_grad(set_to_none=True)
                 out = self._full_update(inputs)
             return out
 
-        self._captured = CapturedUpdate(body, {}, self.optimizers().optimizer, online + target,
+        self._captured = CapturedUpdate(body, {}, optimizer, online + target,
                                         generators=[self.rb.sampler.generator], capture_guard=self._capture_guard,
                                         state=[*self.rb.sampler.device_state(), self.metrics.values,
                                                self.metrics.counts])
