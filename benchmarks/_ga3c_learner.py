@@ -114,6 +114,9 @@ class SyntheticSystem(GA3CSystem):
         return part
 
     def close(self, timeout: float = 5.0) -> None:
+        self.stopping.set()  # the threads leave their loops first: a predictor must not see the agents go
+        for th in [*self._predictors, *self._trainers]:
+            th.join(1.0)
         self._agents = [None] * self.cfg.max_agents  # no processes to join
         super().close(timeout)
 

@@ -30,13 +30,9 @@ ARGS = ["--model.env.backend=torch", "--model.env.num_envs=8", "--model.replay.c
         f"--trainer.max_epochs={EPOCHS}", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
 
 
-# Known problem (2 x H200, 2026-11-29, two runs): this CLI run did not finish within 120 s (pytest-timeout),
-# while the same graph-mode DDP update through `benchmarks/dqn.py --devices 2` (no checkpointing, no
-# RunArtifactsCallback, no W&B) trained and was measured. Suspects: a collective issued by only one rank
-# around the per-epoch checkpoint (per-rank replay shards) or the run-artifacts callback, with NCCL
-# ops captured in the graph. Kept as an expected failure with a bounded subprocess time until fixed.
-@pytest.mark.xfail(reason="2-GPU graph-mode CLI run with checkpoints did not finish in 120 s on 2 x H200 "
-                          "(see the comment above); not yet diagnosed", strict=False)
+# History: this run used to hang after its last epoch, in torch.distributed.destroy_process_group (Lightning's
+# atexit hook), while the captured CUDA graph with its NCCL all-reduce was still alive; DQN.teardown now
+# releases the graph (notes/ddp.md). Passed on 2 x H200 (benchmarks/h200_call12.sh), 79 s for both cases.
 @pytest.mark.parametrize("sampler", ["proportional", "uniform"])  # graph scope "full" / "learner"
 def test_two_gpu_graph_mode_fit_keeps_ranks_identical(tmp_path, sampler):
     run = tmp_path / "run"
