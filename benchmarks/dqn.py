@@ -181,7 +181,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
         from lightning_per import make_replay_buffer
         from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
 
-        rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
+        rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, packed=True)  # as DQN
         fill(rb, a.capacity, a.obs, a.actions, device)
 
         eager = eager_step(rb, learner_step, q, tgt, opt)

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     from lightning_per import make_replay_buffer
 
     torch.set_num_threads(1)
-    rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device)
+    rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, packed=True)  # as DQN
     fill(rb, a.capacity, a.obs, a.actions, device)
     results = []
     torch.backends.cuda.matmul.allow_tf32 = a.tf32

@@ -83,8 +83,8 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend,
-                                generator=torch.Generator().manual_seed(0))
+        rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,
+                                generator=torch.Generator().manual_seed(0))  # one gather per batch
         fill(rb, N, device)
         mem = (torch.cuda.memory_allocated(device) - base) / N if device.type == "cuda" else float("nan")
         step = step_fn(rb, B)

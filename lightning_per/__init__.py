@@ -1,6 +1,6 @@
 """lightning_per: GPU-resident prioritized experience replay for TorchRL, a DQN LightningModule and GA3C.
 
-Public names (see DESIGN.md): the replay storage and samplers, the prioritized replay buffer and its
+Public names (see README.md): the replay storage and samplers, the prioritized replay buffer and its
 factory. ``lightning_per.dqn.DQN``, ``lightning_per.callbacks.AsyncMetricsCallback`` and
 ``lightning_per.ga3c`` live in their subpackages (imported lazily: they need Lightning).
 """

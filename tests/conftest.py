@@ -4,6 +4,14 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
+
+# Property tests draw their examples from a fixed seed (derandomize) and keep no example database, so a
+# run is reproducible and a checkout's history cannot change what CI tests; HYPOTHESIS_PROFILE=explore
+# draws fresh examples when hunting for bugs.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 if not torch.cuda.is_available():
     # No GPU: the compiled ext/ kernels are tested on CPU through Triton's interpreter

@@ -222,10 +222,12 @@ def test_updates_per_graph_is_validated():
     with pytest.raises(ValueError, match="updates_per_graph must divide updates_per_step"):
         DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=8, updates_per_step=4,
             updates_per_graph=3)
+    with pytest.raises(ValueError, match="updates_per_graph=2 needs graph mode"):  # at construction: no run files
+        DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=8, updates_per_step=4, updates_per_graph=2)
     m = DQN(env=EnvConfig(backend="torch", num_envs=4), updates_per_epoch=8, updates_per_step=4,
-            updates_per_graph=2)
-    with pytest.raises(ValueError, match="updates_per_graph=2 needs graph mode"):
-        m.setup("fit")  # compile=False on the CPU
+            updates_per_graph=2, compile=True)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        m.setup("fit")  # compile=True on the CPU
 
 
 def test_batch_weight_normalization_reaches_the_sampler():

@@ -73,3 +73,28 @@ def test_console_reports_a_bad_value_in_one_line(capsys):
     code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--t_max", "0"])
     err = capsys.readouterr().err
     assert code == 2 and "t_max" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--env", "CartPol-v1"], "env 'CartPol-v1' cannot be made"),
+    (["--device", "cuda"], "no CUDA device"),
+])
+def test_setting_errors_are_one_line_and_write_no_run_directory(tmp_path, capsys, args, match):
+    import torch
+
+    from lightning_per.ga3c.cli import console_main
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--run_dir", str(tmp_path / "runs"),
+                         *args])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_config_file_is_one_line(capsys):
+    from lightning_per.ga3c.cli import console_main
+
+    assert console_main(["--config", "no/such/ga3c.yaml"]) == 2
+    assert "config file 'no/such/ga3c.yaml' not found" in capsys.readouterr().err

@@ -349,7 +349,7 @@ def _mixed(n: int, start: int = 0) -> TensorDict:
 
 
 def test_packed_rows_hold_every_field_at_an_aligned_offset():
-    s = GPUTensorStorage(8, device="cpu")
+    s = GPUTensorStorage(8, device="cpu", packed=True)
     s.set(torch.arange(3), _mixed(3))
     layout = s._layout
     fields = [(off, nbytes, torch.empty((), dtype=dtype).element_size()) for off, nbytes, dtype, _ in layout.values()]
@@ -393,3 +393,16 @@ def test_packed_and_per_key_states_load_into_each_other(tmp_path, src_packed, ds
         assert torch.equal(got[key], data[key]), key
     dst.set(torch.tensor([0]), _mixed(1, start=9))  # still writable, through the views when packed
     assert torch.equal(dst.get(torch.tensor([0]))["observation"], _mixed(1, start=9)["observation"])
+
+
+def test_default_batches_are_plain_tensors_that_torch_save_accepts(tmp_path):
+    """Packing is opt-in: by default a sampled batch's fields are contiguous tensors of their own."""
+    rb = make("proportional", "cpu")
+    rb.extend(_mixed(16))
+    batch = rb.sample()
+    assert all(v.is_contiguous() for v in batch.values(include_nested=True, leaves_only=True))
+    torch.save(batch.to_dict(), tmp_path / "batch.pt")
+    assert batch["observation"].view(-1).numel() == 8 * 5
+    packed = make("proportional", "cpu", packed=True)
+    packed.extend(transitions(16))  # flat keys: one gather, fields are views into the gathered rows
+    assert packed.storage.rows is not None and not packed.sample()["observation"].is_contiguous()

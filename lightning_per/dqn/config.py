@@ -46,6 +46,9 @@ class ReplayConfig:
     """Gradient updates over which beta goes from ``beta`` to ``beta_end``."""
     eps: float = 1e-6
     """Priority floor: p = |td| + eps, so no transition gets probability 0."""
+    packed: bool = True
+    """Store each transition as one row (``GPUTensorStorage(packed=True)``): one gather kernel per batch
+    instead of one per key (the learner consumes the batch at once)."""
     weight_normalization: Literal["buffer", "batch"] = "buffer"
     """IS weights ``(N P(i))^-beta`` divided by their maximum over the filled buffer (``buffer``: TorchRL's
     and Schaul et al.'s choice, sec. 3.4) or over the sampled batch (``batch``: weights stay near 1

@@ -278,7 +278,8 @@ class DQN(LightningModule):
         r = self.replay_config
         extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
         self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
-                                     alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng, **extra)
+                                     alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng,
+                                     packed=r.packed, **extra)
         self.metrics.to(device)
         self._metric_slots = MetricSlots.of(list(_METRICS), device)
         if self.hparams.inductor:
@@ -674,6 +675,10 @@ def _validate(a: dict[str, Any]) -> None:
     if a["updates_per_step"] % a["updates_per_graph"]:
         raise ValueError(f"updates_per_graph must divide updates_per_step, got updates_per_graph="
                          f"{a['updates_per_graph']} and updates_per_step={a['updates_per_step']}")
+    if a["updates_per_graph"] > 1 and not (a["compile"] and a["replay"].sampler == "proportional"):
+        raise ValueError(f"updates_per_graph={a['updates_per_graph']} needs graph mode with the whole update "
+                         f"captured: compile=True and replay.sampler='proportional' (got compile={a['compile']}, "
+                         f"sampler={a['replay'].sampler!r}); use updates_per_graph=1")
     check_range("max_env_steps", a["max_env_steps"], low=1, allow_none=True)
     check_range("sigterm_check_interval", a["sigterm_check_interval"], low=0)
     if a["inductor_mode"] not in INDUCTOR_MODES:

@@ -64,22 +64,47 @@ def _setup_logging() -> None:
         log.propagate = False
 
 
-def run(cfg) -> dict[str, Any]:
+def prepare(cfg):
+    """Seed, check the device and build the :class:`~lightning_per.ga3c.GA3C` module (it probes the
+    environment): everything that can fail on a bad setting, before a run directory exists.
+
+    Raises:
+        ValueError: ``device: cuda`` without a CUDA device, or an environment that cannot be made (named).
+    """
+    import gymnasium
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_per.ga3c.module import GA3C
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use device: auto or cpu")
+    pl.seed_everything(cfg.seed, verbose=False)
+    try:
+        return GA3C(cfg)
+    except gymnasium.error.Error as err:
+        raise ValueError(f"env {cfg.env!r} cannot be made: {err}") from err
+
+
+def run(cfg, model=None) -> dict[str, Any]:
     """Train with :class:`~lightning_per.ga3c.GA3C` under ``Trainer.fit`` and write the run directory.
+
+    Args:
+        cfg: the validated config.
+        model: the module from :func:`prepare` (built here if None).
 
     Returns:
         The summary written to ``summary.json`` (also on interruption; then re-raises).
     """
-    import lightning.pytorch as pl
     import torch
     import yaml
 
     from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
-    from lightning_per.ga3c.module import GA3C
     from lightning_per.utils import atomic_write_text, json_safe
 
     _setup_logging()
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    model = prepare(cfg) if model is None else model
     # Under DDP Lightning's launcher re-runs this command for ranks >= 1 with this process's environment:
     # they find rank 0's run directory there and write nothing but their own logs.
     inherited = os.environ.get(_RUN_DIR_ENV)
@@ -93,9 +118,7 @@ def run(cfg) -> dict[str, Any]:
             os.environ[_RUN_DIR_ENV] = str(run_dir)
     else:
         run_dir = Path(inherited)
-    pl.seed_everything(cfg.seed, verbose=False)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    model = GA3C(cfg)
     logger: Any = False
     if cfg.wandb_mode != "disabled":
         logger = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
@@ -173,12 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _train(parse_config(sys.argv[1:] if argv is None else argv))
 
 
-def _train(cfg) -> int:
+def _train(cfg, model=None) -> int:
     """Run a parsed config with SIGTERM handled as an interrupt (main thread only); 0 on success."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm) if in_main else None
     try:
-        run(cfg)
+        run(cfg, model)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
@@ -191,13 +214,14 @@ def console_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_config(argv)
+        model = prepare(cfg)  # setting errors surface here, before a run directory is written
     except ValueError as err:
         if os.environ.get("LIGHTNING_PER_TRACEBACK"):
             raise
         print(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)",
               file=sys.stderr)
         return 2
-    return _train(cfg)
+    return _train(cfg, model)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -278,6 +278,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     values: dict[str, Any] = {}
     if path is not None:
+        if not Path(path).is_file():
+            raise ValueError(f"config file {str(path)!r} not found")
         with open(path) as fh:
             loaded = yaml.safe_load(fh) or {}
         if not isinstance(loaded, dict):

@@ -153,7 +153,7 @@ class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
 def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "proportional",
                        device: torch.device | str | None = None, alpha: float = 0.6, beta: float = 0.4,
                        eps: float = 1e-6, generator: torch.Generator | None = None,
-                       priority_key: str = "td_error", fallback: bool = True,
+                       priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
                        **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
@@ -166,6 +166,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         generator: the buffer's ``torch.Generator`` (reproducible draws; see ``set_rng``).
         priority_key: key of raw priorities read by ``update_tensordict_priority``.
         fallback: on CUDA OOM at allocation use the CPU (one warning) instead of raising.
+        packed: store each transition as one row (:class:`GPUTensorStorage` ``packed=True``): a batch read
+            is one gather kernel whatever the number of keys, and the batch's fields are views into it
+            (``torch.save`` of a batch needs ``.clone()`` first). For learners that consume batches at once.
         **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``.
 
     Returns:
@@ -180,7 +183,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     check_batch_size(batch_size)
     device = torch.device(device) if device is not None else default_device()
-    storage = GPUTensorStorage(capacity, device=device, fallback=fallback)
+    storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
     if sampler == "uniform":
         seed = sampler_kwargs.pop("seed", None)
         if sampler_kwargs:

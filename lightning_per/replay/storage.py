@@ -71,15 +71,19 @@ class GPUTensorStorage(LazyTensorStorage):
         device: where the data lives; default ``cuda`` when available, else ``cpu``.
         fallback: on CUDA out-of-memory at allocation, keep the data on the CPU instead (one
             :class:`RuntimeWarning`); with ``False`` the OOM error propagates.
-        packed: keep all keys in one ring of rows (one gather per read, see Layout).
+        packed: keep all keys in one ring of rows (one gather per read; batch fields are views, see
+            Layout). Default False: batches are plain contiguous tensors, as TorchRL's.
 
     Layout: a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
-    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` (default)
-    every key is a view into one row-major ``(max_size, row_bytes / 8) int64`` ring (:attr:`rows`):
+    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` every key
+    is a view into one row-major ``(max_size, row_bytes / 8) int64`` ring (:attr:`rows`):
     each transition is one row of ``row_bytes`` bytes (its fields at offsets aligned to their element
     size, the row padded to 8 bytes), so a read of ``B`` transitions is a single gather kernel, whatever
     the number of keys, and the batch's tensors are views into that gathered ``(B, row_bytes / 8)``
-    block: their batch stride is the row, not the field (``.contiguous()`` gives a compact copy).
+    block: their batch stride is the row, not the field. Consequences: ``torch.save`` of a batch (or
+    of two of its fields) fails (views of one buffer under different dtypes) and ``.view(-1)`` of a
+    multi-dimensional field fails, until ``.contiguous()``/``.clone()``; one field kept alive keeps the
+    whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
     Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
     has no effect).
     Raises:
@@ -88,7 +92,7 @@ class GPUTensorStorage(LazyTensorStorage):
     """
 
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
-                 ndim: int = 1, packed: bool = True) -> None:
+                 ndim: int = 1, packed: bool = False) -> None:
         if not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
         if ndim != 1:
