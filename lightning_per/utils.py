@@ -48,6 +48,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):  # mkstemp creates 0600; give the mode a plain open() would (0666 & ~umask)
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -61,6 +63,18 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         raise
     _fsync_dir(target.parent)
     return target
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux ``/proc``); 0o022 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _fsync_dir(directory: Path) -> None:

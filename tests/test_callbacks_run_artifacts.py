@@ -136,3 +136,17 @@ def test_atomic_checkpoint_io_with_trainer_and_resume(tmp_path, monkeypatch):
     assert trainer.global_step == 2 * STEPS
     with pytest.raises(TypeError, match="storage_options"):
         AtomicCheckpointIO().save_checkpoint({}, tmp_path / "x.ckpt", storage_options={"a": 1})
+
+
+def test_atomic_writes_get_the_mode_a_plain_open_gives(tmp_path):
+    """0666 & ~umask (the temp file from mkstemp starts at 0600)."""
+    import stat
+
+    from lightning_per.utils import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        path = atomic_write_text(tmp_path / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
