@@ -86,6 +86,7 @@ class GPUTensorStorage(LazyTensorStorage):
     whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
     Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
     has no effect).
+
     Raises:
         ValueError: ``max_size < 1``.
         TypeError/ValueError (from :meth:`check_spec`): a write with other keys, shapes or dtypes.
