@@ -13,6 +13,11 @@ import torch
 from _callbacks_toy import STEPS, ToyModule, expected_episode_returns, trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+try:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+except ImportError:  # older Lightning
+    SIGTERMException = None
+
 from lightning_per.callbacks import AsyncMetricsCallback, AtomicCheckpointIO, RunArtifactsCallback
 from lightning_per.callbacks.run_artifacts import format_final_line
 from lightning_per.utils import atomic_torch_save, atomic_write, atomic_write_text
@@ -150,3 +155,20 @@ def test_atomic_writes_get_the_mode_a_plain_open_gives(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+
+
+@pytest.mark.skipif(not isinstance(SIGTERMException, type), reason="this Lightning has no SIGTERMException")
+def test_sigterm_run_is_interrupted_not_failed(tmp_path):
+    """A run stopped by SIGTERM (preemption, `timeout`) is labelled like Ctrl-C, not as a failure."""
+    class Term(ToyModule):
+        def training_step(self, batch, batch_idx):
+            if self.current_epoch == 1:
+                raise SIGTERMException(15)
+            return super().training_step(batch, batch_idx)
+
+    trainer = pl.Trainer(callbacks=[AsyncMetricsCallback(), RunArtifactsCallback(verbose=False)],
+                         **trainer_kwargs(tmp_path, logger=False))
+    with pytest.raises(SIGTERMException):
+        trainer.fit(Term())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["metrics"]["epoch"] == 0
