@@ -17,6 +17,10 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
   ours-graph-inductor-tf32  the same with TF32 tensor cores for the float32 matmuls
                  (torch.backends.cuda.matmul.allow_tf32, i.e. torch.set_float32_matmul_precision("high"):
                  10-bit mantissa products, float32 accumulation)                             [CUDA only]
+  ...-x<K>       K updates per CUDA-graph replay (DQN(updates_per_graph=K)); --per-graph takes several K
+  ...-autotune-  Inductor mode max-autotune-no-cudagraphs (--autotune: every GEMM shape autotuned)
+  ...-separate-clip  the gradient clip as its own compiled function before the compiled Adam step; every
+                 other Inductor row clips inside the compiled step (CompiledStep(clip=...)), as DQN does
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
@@ -131,10 +135,13 @@ def eager_step(rb, learner_step, q, tgt, opt):
     return step
 
 
-def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None):
+def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False):
     """The captured update of the graph rows: sample -> gather -> learner step -> priority update, all on
-    the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones."""
+    the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones;
+    ``clip_in_step``: ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not)."""
     extra = {} if fast is None else {"loss_fn": fast.loss, "clip_fn": fast.clip}
+    if clip_in_step:
+        extra["grad_clip_norm"] = None
 
     def body(_=None):
         index, info = sampler.sample(storage, batch)  # [B], {[B]}
@@ -195,23 +202,31 @@ def replay_rows(family: str, a, device) -> list[dict]:
             if not a.no_inductor:
                 # DQN(inductor=True, compile=True): compiled loss + backward and clip, compiled foreach Adam
                 opt_c = torch.optim.Adam(q.parameters(), lr=1e-4, foreach=True, capturable=True)
-                fast, stepper = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0), \
-                    CompiledStep(opt_c)
-                # (row, TF32, Inductor mode, updates per graph replay: DQN(updates_per_graph=...))
-                variants = [("ours-graph-inductor", False, "default", 1),
-                            ("ours-graph-inductor-tf32", True, "default", 1),
-                            (f"ours-graph-inductor-tf32-x{a.per_graph}", True, "default", a.per_graph)]
+                fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0)
+                # as DQN's graph mode: the clip compiled into the Adam step (one function: fewer kernels)
+                steppers = {True: CompiledStep(opt_c, clip=(list(q.parameters()), 10.0)), False: CompiledStep(opt_c)}
+                best_k = max(a.per_graph)
+                # (row, TF32, Inductor mode, updates per graph replay: DQN(updates_per_graph=...), clip in step)
+                variants = [("ours-graph-inductor", False, "default", 1, True),
+                            ("ours-graph-inductor-tf32", True, "default", 1, True)]
+                variants += [(f"ours-graph-inductor-tf32-x{k}", True, "default", k, True) for k in a.per_graph]
                 if a.autotune:
-                    variants += [("ours-graph-inductor-autotune-tf32", True, "max-autotune-no-cudagraphs", 1),
-                                 (f"ours-graph-inductor-autotune-tf32-x{a.per_graph}", True,
-                                  "max-autotune-no-cudagraphs", a.per_graph)]
+                    mode = "max-autotune-no-cudagraphs"
+                    variants += [("ours-graph-inductor-autotune-tf32", True, mode, 1, True)]
+                    variants += [(f"ours-graph-inductor-autotune-tf32-x{k}", True, mode, k, True) for k in a.per_graph]
+                    variants += [(f"ours-graph-inductor-autotune-tf32-x{best_k}-separate-clip", True, mode, best_k,
+                                  False)]
+                else:
+                    variants += [(f"ours-graph-inductor-tf32-x{best_k}-separate-clip", True, "default", best_k,
+                                  False)]
                 compiled = {"default": fast}
-                for name, tf32, mode, per_graph in variants:
+                for name, tf32, mode, per_graph, clip_in_step in variants:
                     torch.backends.cuda.matmul.allow_tf32 = tf32  # TF32 tensor cores for the float32 matmuls
                     if mode not in compiled:
                         compiled[mode] = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0,
                                                         grad_clip_norm=10.0, mode=mode)
-                    one = graph_body(sampler, storage, learner_step, q, tgt, stepper, a.batch, compiled[mode])
+                    one = graph_body(sampler, storage, learner_step, q, tgt, steppers[clip_in_step], a.batch,
+                                     compiled[mode], clip_in_step=clip_in_step)
 
                     def body(_=None, one=one, per_graph=per_graph):
                         for i in range(per_graph):
@@ -232,7 +247,8 @@ def replay_rows(family: str, a, device) -> list[dict]:
                     seconds = timed(graph, calls, device) / per_graph
                     rows.append(row(name, seconds, count_syncs(graph, 200, device) / per_graph,
                                     compile_s=compile_s, setup_s=setup_s, tf32=tf32, inductor_mode=mode,
-                                    updates_per_graph=per_graph))
+                                    updates_per_graph=per_graph, clip_in_step=clip_in_step))
+                    del graph
                 torch.backends.cuda.matmul.allow_tf32 = False
     else:
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
@@ -392,8 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--updates-per-graph", type=int, default=1,
                     help="DQN updates_per_graph of the dqn-fit row (updates captured in one CUDA graph)")
     ap.add_argument("--fit-tf32", action="store_true", help="dqn-fit with TF32 matmuls")
-    ap.add_argument("--per-graph", type=int, default=8,
-                    help="updates per CUDA-graph replay of the ours-graph-inductor*-x<K> rows")
+    ap.add_argument("--per-graph", type=int, nargs="+", default=[8],
+                    help="updates per CUDA-graph replay of the ours-graph-inductor*-x<K> rows (one row per K)")
     ap.add_argument("--autotune", action="store_true",
                     help="add ours-graph-inductor-autotune-tf32 (Inductor mode max-autotune-no-cudagraphs)")
     ap.add_argument("--fit-envs", type=int, default=64)

@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks.callback import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
 try:  # Lightning >= 2.5 raises it when the process gets SIGTERM (e.g. a cluster's preemption or `timeout`)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 except ImportError:  # pragma: no cover - older Lightning exits without an exception
@@ -73,7 +74,8 @@ def _as_number(value: Any) -> float | int | None:
 class RunArtifactsCallback(Callback):
     r"""At the end of ``fit``, write ``summary.json`` and ``learning_curve.png`` to the run directory.
 
-    ``summary.json`` keys: ``status`` (``done``; ``interrupted``: Ctrl-C or SIGTERM; ``failed``: any other exception), ``mean_return`` (mean of the
+    ``summary.json`` keys: ``status`` (``done``; ``interrupted``: Ctrl-C or SIGTERM; ``failed``: any other
+    exception), ``mean_return`` (mean of the
     newest ``window`` finished episodes; null before any), ``mean_return_episodes``, ``episodes``,
     ``env_steps``, ``updates``, ``epochs``, ``global_step``, ``wall_time_s`` (seconds of ``fit``, summed
     over resumed segments, ``time.monotonic``), ``updates_per_s``, ``env_steps_per_s``, ``world_size``,

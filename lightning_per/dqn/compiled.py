@@ -10,7 +10,8 @@ construction:
 - :attr:`InductorUpdate.loss`: :func:`~lightning_per.dqn.learner.td_loss`, the forwards of the online
   network on ``[s; s']`` and of the target network on ``s'``, the double-DQN n-step target and the
   IS-weighted Huber loss; AOTAutograd compiles its backward too (``loss.backward()`` stays a plain call);
-- :attr:`InductorUpdate.clip`: ``clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)``;
+- :attr:`InductorUpdate.clip`: ``clip_grad_norm_(q_net.parameters(), grad_clip_norm, foreach=True)`` (in graph
+  mode the module compiles the clip into the Adam step instead: :class:`CompiledStep` ``clip=``);
 - :attr:`InductorUpdate.finish`: :func:`~lightning_per.dqn.learner.finish_update_`, the Polyak target
   update (``target_tau`` set) and the metric accumulation.
 
@@ -95,7 +96,8 @@ class InductorUpdate:
 
 
 class CompiledStep:
-    """``optimizer.step()`` through ``torch.compile`` (default mode, graph breaks allowed).
+    """``optimizer.step()`` through ``torch.compile`` (default mode, graph breaks allowed), optionally
+    preceded by the gradient clip in the same compiled function.
 
     Inductor turns the foreach Adam update of all parameters into a few fused kernels spread over the
     whole GPU. Give it a ``foreach`` (not ``fused``) optimizer, ``capturable=True`` for CUDA graphs. The
@@ -104,18 +106,33 @@ class CompiledStep:
     Args:
         optimizer: the optimizer to step (its ``state_dict`` and checkpointing are unchanged).
         backend: ``torch.compile`` backend.
+        clip: ``(params, max_norm)``: clip the global L2 norm of ``params``' gradients to ``max_norm``
+            (``clip_grad_norm_(params, max_norm, foreach=True)``, the same formula and order as a separate
+            clip) inside the compiled step, so Inductor fuses the scaling into the Adam kernels (fewer
+            launches per update); None: no clipping here. Callers then skip their own clip
+            (:attr:`clips` is True).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, backend: str = "inductor") -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, backend: str = "inductor",
+                 clip: tuple[list[Tensor], float] | None = None) -> None:
         self.optimizer = optimizer
+        self.clips = clip is not None
+        if clip is not None:
+            params, max_norm = list(clip[0]), float(clip[1])
+            if not (max_norm > 0):
+                raise ValueError(f"clip max_norm must be > 0, got {max_norm!r}")
 
-        def step() -> None:
-            optimizer.step()
+            def step() -> None:
+                torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+                optimizer.step()
+        else:
+            def step() -> None:
+                optimizer.step()
 
         self._step = torch.compile(step, backend=backend)
 
     def step(self) -> None:
-        """One optimizer step (no host read)."""
+        """One optimizer step (the clip first when :attr:`clips`); no host read."""
         self._step()
 
 

@@ -368,8 +368,9 @@ class DQN(LightningModule):
     def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None) -> dict[str, Tensor]:
         """:func:`~lightning_per.dqn.learner.learner_step` with this module's networks and settings."""
         h, fast = self.hparams, self._inductor
+        clip = None if getattr(optimizer, "clips", False) else h.grad_clip_norm  # the compiled step clips itself
         return learner_step(self.q_net, self.target_net, optimizer, b, double_dqn=h.double_dqn,
-                            huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, backward=backward,
+                            huber_delta=h.huber_delta, grad_clip_norm=clip, backward=backward,
                             loss_fn=None if fast is None else fast.loss, clip_fn=None if fast is None else fast.clip)
 
     @property
@@ -497,7 +498,9 @@ class DQN(LightningModule):
         if self._inductor is None:
             return raw
         if self._compiled_step is None or self._compiled_step.optimizer is not raw:
-            self._compiled_step = CompiledStep(raw)
+            clip = None if self.hparams.grad_clip_norm is None else (list(self.q_net.parameters()),
+                                                                     self.hparams.grad_clip_norm)
+            self._compiled_step = CompiledStep(raw, clip=clip)  # clip + Adam: one compiled function
         return self._compiled_step
 
     def _finish_update(self, out: dict[str, Tensor]) -> None:
