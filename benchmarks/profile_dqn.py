@@ -85,8 +85,8 @@ def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
     if inductor:
         fast = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0, grad_clip_norm=10.0, backend=a.backend,
                               mode=a.inductor_mode)
-        stepper = CompiledStep(opt, backend=a.backend)
-    body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, stepper, a.batch, fast)
+        stepper = CompiledStep(opt, backend=a.backend, clip=(list(q.parameters()), 10.0))  # as DQN's graph mode
+    body = graph_body(rb.sampler, rb.storage, learner_step, q, tgt, stepper, a.batch, fast, clip_in_step=inductor)
 
     def eager():
         opt.zero_grad(set_to_none=True)
