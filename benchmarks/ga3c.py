@@ -45,7 +45,8 @@ def bench_ale_bare(args) -> dict:
     from ale_py.vector_env import AtariVectorEnv
 
     n = args.agents * args.envs_per_agent
-    env = AtariVectorEnv("pong", n, num_threads=os.cpu_count() or 1, frameskip=4, reward_clipping=False,
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = AtariVectorEnv("pong", n, num_threads=cores, frameskip=4, reward_clipping=False,
                          autoreset_mode="SameStep")
     env.reset(seed=0)
     rng = np.random.default_rng(0)
@@ -62,7 +63,31 @@ def bench_ale_bare(args) -> dict:
                 break
     env.close()
     sps = steps / (time.monotonic() - t0)
-    return {"row": "ale-bare", "envs": n, "steps_per_s": sps, "fps": 4 * sps}
+    return {"row": "ale-bare", "envs": n, "steps_per_s": sps, "fps": 4 * sps, "agent_cores": float(cores)}
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by its live direct children (the
+    agent processes), from /proc (Linux); (nan, nan) elsewhere."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me, kids = os.getpid(), 0.0
+    try:
+        def used(stat: str) -> tuple[int, float]:
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+            return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick  # ppid, utime + stime
+
+        own = used(Path(f"/proc/{me}/stat").read_text())[1]
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    ppid, cpu = used((entry / "stat").read_text())
+                except (OSError, ValueError):
+                    continue  # exited meanwhile
+                if ppid == me:
+                    kids += cpu
+        return own, kids
+    except OSError:
+        return float("nan"), float("nan")
 
 
 def bench_ga3c(args, dynamic: bool) -> dict:
@@ -92,9 +117,9 @@ def bench_ga3c(args, dynamic: bool) -> dict:
         while model.system is None:
             time.sleep(0.05)
         time.sleep(args.warmup)
-        window["a"] = model.stats.snapshot()
+        window["a"], window["cpu_a"], window["t_a"] = model.stats.snapshot(), _cpu_seconds(), time.monotonic()
         time.sleep(args.seconds)
-        window["b"] = model.stats.snapshot()
+        window["b"], window["cpu_b"], window["t_b"] = model.stats.snapshot(), _cpu_seconds(), time.monotonic()
         window["counts"] = model.system.counts().as_tuple() if model.system else None
         trainer.should_stop = True
 
@@ -108,6 +133,10 @@ def bench_ga3c(args, dynamic: bool) -> dict:
             "predict_batch": r["predict_batch"],
             "start_counts": [cfg.agents, cfg.predictors, cfg.trainers], "end_counts": window["counts"],
             "mean_return": s.get("mean_return"), "episodes": s.get("episodes"),
+            # cores busy over the window: the learner process (predictor/trainer threads, Lightning's loop)
+            # and the agent processes (envs); their sum against the machine's cores says whether the CPU is the limit
+            "learner_cores": (window["cpu_b"][0] - window["cpu_a"][0]) / (window["t_b"] - window["t_a"]),
+            "agent_cores": (window["cpu_b"][1] - window["cpu_a"][1]) / (window["t_b"] - window["t_a"]),
             "adjustments": s.get("adjustments", [])}
 
 
@@ -200,7 +229,8 @@ def bench_torchrl(args) -> dict:
 
 # ----------------------------------------------------------------------------------------- main
 def _table(rows: list[dict]) -> str:
-    cols = ["row", "envs", "steps_per_s", "fps", "tps", "pps", "policy_lag", "train_batch", "end_counts"]
+    cols = ["row", "envs", "steps_per_s", "fps", "tps", "pps", "policy_lag", "train_batch", "end_counts",
+            "learner_cores", "agent_cores"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
