@@ -136,7 +136,8 @@ def eager_step(rb, learner_step, q, tgt, opt):
 
 
 def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False):
-    """The captured update of the graph rows: sample -> gather -> learner step -> priority update, all on
+    """The captured update of the graph rows: sample + gather (one fused op with the packed storage, as
+    ``DQN._full_update``) -> learner step -> priority update, all on
     the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones;
     ``clip_in_step``: ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not)."""
     extra = {} if fast is None else {"loss_fn": fast.loss, "clip_fn": fast.clip}
@@ -144,8 +145,8 @@ def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=Non
         extra["grad_clip_norm"] = None
 
     def body(_=None):
-        index, info = sampler.sample(storage, batch)  # [B], {[B]}
-        out = learner_step(q, tgt, opt, inputs_of(storage.get(index), info["priority_weight"]), **extra)
+        index, info, data = sampler.sample_gather(storage, batch)  # [B], {[B]}, [B]: one fused op, as DQN
+        out = learner_step(q, tgt, opt, inputs_of(data, info["priority_weight"]), **extra)
         sampler.update_priority(index, out["td_abs"], storage=None)
         return out
     return body

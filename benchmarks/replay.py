@@ -4,7 +4,9 @@ Rows, measured side by side in one process per implementation family:
   ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
   ours-graph        the same step captured in one CUDA graph and replayed
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default)
-  ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads)
+  ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads); the
+                    graph rows run what the buffer runs (draw + row gather fused in one launch with the packed
+                    storage), the *-unfused rows the former sampler.sample + storage.get (two launches)
   torchrl-per       TorchRL TensorDictPrioritizedReplayBuffer, LazyTensorStorage on the same device
   torchrl-uniform   TorchRL TensorDictReplayBuffer + RandomSampler
   bare-gather       torch.randint + index of the raw tensors (the floor)
@@ -57,14 +59,21 @@ def step_fn(rb, B: int):
     return step
 
 
-def graph_step(rb, B: int, device, repeat: int = 1):
-    """Capture ``repeat`` x (sampler.sample + storage.get + update_priority) in one CUDA graph; return replay."""
+def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True):
+    """Capture ``repeat`` x (sample + read the batch + update_priority) in one CUDA graph; return replay.
+
+    ``fused``: what the buffer does (``sampler.sample_gather``: with the packed storage and the kernels one
+    launch draws and gathers); else the unfused sequence ``sampler.sample`` + ``storage.get`` (two launches)."""
     sampler, storage = rb.sampler, rb.storage
+    gather = fused and hasattr(sampler, "sample_gather")
 
     def body():
         for _ in range(repeat):
-            index, info = sampler.sample(storage, B)
-            data = storage.get(index)
+            if gather:
+                index, info, data = sampler.sample_gather(storage, B)
+            else:
+                index, info = sampler.sample(storage, B)
+                data = storage.get(index)
             sampler.update_priority(index, data["reward"].abs() + 0.01, storage=storage)
         return info["priority_weight"]
 
@@ -101,6 +110,13 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
             replay = graph_step(rb, B, device, REPEAT)  # the host's graph-launch cost amortised
             rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}"),
                          "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
+            if backend == "kernels":  # the same steps with the draw and the gather as two launches
+                replay = graph_step(rb, B, device, fused=False)
+                rows.append({**row, "impl": name.replace("eager", "graph-unfused"),
+                             "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
+                replay = graph_step(rb, B, device, REPEAT, fused=False)
+                rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}-unfused"),
+                             "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
         del rb
     # the floor: uniform indices + gather of the raw tensors
     data = batch(N, device)

@@ -7,7 +7,8 @@ functions, which launch directly in eager mode (no dispatcher overhead) and call
 while ``torch.compile`` traces.
 
 * :mod:`.sample` - ``two_level_search(_with_values)``, ``is_weights`` and the fused
-  ``sample_proportional`` (draws -> block search -> leaf search -> IS weight, one launch).
+  ``sample_proportional`` (draws -> block search -> leaf search -> IS weight, one launch), and
+  ``sample_proportional_gather`` (the same, plus the drawn rows of a packed ring, still one launch).
 * :mod:`.update` - the fused ``write_priorities`` (sanitize, transform, last write wins, scatter, touched
   block sums/minima from the leaves, counters; two launches).
 * :mod:`.blocks` - ``reduce_blocks``, ``last_write_wins``, ``last_writer``.
@@ -33,7 +34,7 @@ __all__ = ["make_backend", "COMPILED_OPS", "FUSED_OPS"]
 COMPILED_OPS = ("sanitize_priority", "transform_priority", "reduce_blocks", "last_write_wins", "last_writer",
                 "two_level_search", "two_level_search_with_values", "is_weights")
 #: One-call ops of a whole sampler step, added to the backend (plain-torch twins in :mod:`.composite`).
-FUSED_OPS = ("sample_proportional", "write_priorities", "rank_sample")
+FUSED_OPS = ("sample_proportional", "write_priorities", "rank_sample", "sample_proportional_gather")
 
 
 def _kernel_functions() -> dict:
@@ -56,7 +57,8 @@ def make_backend(device: torch.device | str) -> types.ModuleType:
 
     Returns:
         A module object exposing every name of ``lightning_per.ops.reference.__all__`` (same
-        signatures), ``sample_proportional``, ``write_priorities``, ``rank_sample``, and ``COMPILED``
+        signatures), ``sample_proportional``, ``write_priorities``, ``rank_sample``,
+        ``sample_proportional_gather``, and ``COMPILED``
         (the names that run kernels).
 
     Raises:

@@ -50,9 +50,28 @@ _F64 = struct.Struct("<d")
 _I64 = struct.Struct("<q")
 
 
+_BITS: dict[float, int] = {}
+
+
 def f64_bits(value: float) -> int:
-    """IEEE-754 bits of ``float(value)`` as a signed int64 (see :func:`f64_from_bits`)."""
-    return _I64.unpack(_F64.pack(float(value)))[0]
+    """IEEE-754 bits of ``float(value)`` as a signed int64 (see :func:`f64_from_bits`).
+
+    Remembered per value (launch arguments repeat: eps, 1/B, ...), except for zeros (``-0.0 == 0.0`` but
+    their bits differ) and NaNs (never equal to themselves)."""
+    value = float(value)
+    bits = _BITS.get(value) if value else None
+    if bits is None:
+        bits = _I64.unpack(_F64.pack(value))[0]
+        if value == value and value:
+            if len(_BITS) >= 1024:
+                _BITS.clear()
+            _BITS[value] = bits
+    return bits
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host ints (``triton.cdiv`` is a constexpr function: a wrapper call per use)."""
+    return -(-a // b)
 
 
 @functools.lru_cache(maxsize=256)
@@ -69,6 +88,8 @@ def warps_for(chunk: int) -> int:
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """``a == b``, with an index-less CUDA device standing for the current one (``cuda`` == ``cuda:0``)."""
+    if a == b:  # the common case (two torch.device objects), without building new ones
+        return True
     a, b = torch.device(a), torch.device(b)
     if a.type != b.type:
         return False

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lightning_per.ops import reference
 
-from ._common import MAX_CHUNK, check_device, chunk_for, compiling, expect, register_op, warps_for
+from ._common import MAX_CHUNK, cdiv, check_device, chunk_for, compiling, expect, register_op, warps_for
 from .sample import _chunk
 
 __all__ = ["reduce_blocks", "last_write_wins", "last_writer", "row_stats", "MAX_QUADRATIC", "BB"]
@@ -85,7 +85,7 @@ def _launch_last(index: Tensor, values: Tensor, out_dtype: torch.dtype | None = 
     n = index.numel()
     out = torch.empty(n, dtype=out_dtype or values.dtype, device=values.device)
     if n:
-        _last_writer_kernel[(triton.cdiv(n, BB),)](
+        _last_writer_kernel[(cdiv(n, BB),)](
             index.contiguous(), values.contiguous(), out, n, BB=BB)
     return out
 

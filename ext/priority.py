@@ -16,7 +16,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check_device, compiling, expect, exponent, f64_bits, f64_from_bits, powf, register_op, scalar_arg
+from ._common import (
+    cdiv,
+    check_device,
+    compiling,
+    expect,
+    exponent,
+    f64_bits,
+    f64_from_bits,
+    powf,
+    register_op,
+    scalar_arg,
+)
 
 __all__ = ["sanitize_priority", "transform_priority", "sanitize", "transform", "exponent"]
 
@@ -81,7 +92,7 @@ def _launch_transform(clean: Tensor, alpha: Tensor | None, alpha_value: float, e
     n = clean.numel()
     out = torch.empty(n, dtype=torch.float32, device=clean.device)
     if n:
-        _transform_kernel[(triton.cdiv(n, 1024),)](
+        _transform_kernel[(cdiv(n, 1024),)](
             clean.contiguous(), out, alpha if alpha is not None else out, f64_bits(alpha_value),
             f64_bits(eps), n, ALPHA_FROM_PTR=alpha is not None, BLOCK=1024)
     return out

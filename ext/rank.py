@@ -19,7 +19,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import check_device, compiling, expect, f64_bits, f64_from_bits, powf, register_op, scalar_arg
+from ._common import (
+    cdiv,
+    check_device,
+    compiling,
+    expect,
+    f64_bits,
+    f64_from_bits,
+    powf,
+    register_op,
+    scalar_arg,
+)
 
 __all__ = ["rank_sample"]
 
@@ -69,7 +79,7 @@ def _launch_rank(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tens
     index = torch.empty(b, dtype=torch.int64, device=u.device)
     w = torch.empty(b, dtype=torch.float64 if weight_f64 else torch.float32, device=u.device)
     from_ptr = alpha is not None
-    _rank_kernel[(triton.cdiv(b, _BLOCK),)](
+    _rank_kernel[(cdiv(b, _BLOCK),)](
         u.contiguous(), rank_cdf, order, alpha if from_ptr else u, beta if from_ptr else u,
         f64_bits(ab_value), index, w, b, n, int(n).bit_length(), f64_bits(1.0 / b), f64_bits(1.0 / n),
         STRATIFIED=bool(stratified), RECIP=u.is_cuda, AB_FROM_PTR=from_ptr, BLOCK=_BLOCK)

@@ -56,7 +56,8 @@ from ._common import (
     warps_for,
 )
 
-__all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights"]
+__all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
+           "sample_proportional_gather"]
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -155,16 +156,13 @@ def _min_all(ptr, n, CHUNK: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
-def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
-                   n_blocks, block, inv_bits, shrink_bits,
-                   STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr,
-                   BETA_FROM_PTR: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
-                   ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
-    k = tl.program_id(0)
-    u = tl.load(u_ptr + k)  # float64
-    if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
-        p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
+@triton.jit
+def _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
+          STRATIFIED: tl.constexpr, RECIP: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
+          ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
+    """Steps 1-3 of the module docstring for draw ``k`` of uniform ``u`` (float64): ``(index int64,
+    p float32 = leaves[index])``. Shared by ``_sample_kernel`` and ``_sample_gather_kernel`` (inlined),
+    so both return the same slots and weights."""
     if STRATIFIED:
         if RECIP:
             u = (k.to(tl.float64) + u) * f64_from_bits(inv_bits)
@@ -175,8 +173,22 @@ def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, i
     r = target - (c_blk - s_blk)  # mass left inside block blk (s_blk = block_sum[blk])
     row = blk.to(tl.int64) * block
     j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, False, ROW_CHUNK, ROW_ONE)
-    p = x_j.to(tl.float32)  # = leaves[blk, j], exactly
-    tl.store(index_ptr + k, row + j)
+    return row + j, x_j.to(tl.float32)  # p = leaves[blk, j], exactly
+
+
+@triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
+def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
+                   n_blocks, block, inv_bits, shrink_bits,
+                   STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr,
+                   BETA_FROM_PTR: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
+                   ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
+    k = tl.program_id(0)
+    u = tl.load(u_ptr + k)  # float64
+    if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
+        p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
+    index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
+                     STRATIFIED, RECIP, NB_CHUNK, NB_ONE, ROW_CHUNK, ROW_ONE)
+    tl.store(index_ptr + k, index)
     tl.store(psel_ptr + k, p)
     if WEIGHTS:
         neg_beta = (-exponent(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
@@ -346,3 +358,124 @@ def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: st
     else:
         w = _launch_is_weights(p_sel, p_min, beta_t, beta_v)
     return w / w.max() if normalize == "batch" else w
+
+
+# ------------------------------------------------------------------- sample + gather of packed rows
+#: Largest number of row words one program copies per pass of the gather loop. A pass costs about one
+#: memory latency (the store waits for its load), so large rows want few, wide passes: Pong's ~7,060-word
+#: rows take two, CartPole's ~54 one (chunk 64).
+GATHER_CHUNK = 4096
+
+
+def gather_warps(search_warps: int, w_chunk: int) -> int:
+    """Warps of the fused sample + gather kernel: the search's, or 8 for copy chunks above 1024 words
+    (<= 16 int64 per thread in flight)."""
+    return max(search_warps, 8) if w_chunk > 1024 else search_warps
+
+
+@triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits", "n_rows"])
+def _sample_gather_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, w_ptr,
+                          rows_ptr, out_ptr, n_rows, width, row_stride,
+                          n_blocks, block, inv_bits, shrink_bits,
+                          STRATIFIED: tl.constexpr, RECIP: tl.constexpr, BETA_FROM_PTR: tl.constexpr,
+                          NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr, ROW_CHUNK: tl.constexpr,
+                          ROW_ONE: tl.constexpr, W_CHUNK: tl.constexpr):
+    """``_sample_kernel`` (weights on) that also copies the drawn row: ``out[k, :] = rows[index_k, :]``.
+
+    One program per draw, as ``_sample_kernel``; after the search the program copies its row in
+    ``ceil(width / W_CHUNK)`` masked passes of ``W_CHUNK`` contiguous words (coalesced loads and stores;
+    no p_sel output). A slot ``>= n_rows`` (only the all-zero-priority fallback slot can be) reads zeros
+    instead of memory outside the ring."""
+    k = tl.program_id(0)
+    u = tl.load(u_ptr + k)  # float64
+    p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)  # independent of the search: issued first
+    index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
+                     STRATIFIED, RECIP, NB_CHUNK, NB_ONE, ROW_CHUNK, ROW_ONE)
+    live = index < n_rows
+    src = rows_ptr + index * row_stride  # int64 offsets: N * W may exceed 2^31
+    dst = out_ptr + k.to(tl.int64) * width
+    for start in range(0, width, W_CHUNK):
+        offs = start + tl.arange(0, W_CHUNK)
+        m = offs < width
+        tl.store(dst + offs, tl.load(src + offs, mask=m & live, other=0), mask=m)
+    tl.store(index_ptr + k, index)
+    neg_beta = (-exponent(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
+    tl.store(w_ptr + k, powf(tl.math.div_rn(p, p_min), neg_beta))
+
+
+def _check_rows(rows: Tensor, device: torch.device) -> None:
+    expect(rows, "rows", torch.int64, ndim=2, device=device)
+    if rows.shape[0] < 1 or rows.shape[1] < 1:
+        raise ValueError(f"rows must be a non-empty (N, W) ring, got shape {tuple(rows.shape)}")
+    if rows.stride(1) != 1:
+        raise ValueError(f"rows must be contiguous along its rows (stride 1 in dim 1), got strides "
+                         f"{tuple(rows.stride())}")
+
+
+def _launch_sample_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | None,
+                          beta_value: float, stratified: bool, rows: Tensor, max_chunk: int = MAX_CHUNK,
+                          max_gather_chunk: int = GATHER_CHUNK) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch ``_sample_gather_kernel``: ``(index (B,) int64, w (B,) float32, rows[index] (B, W) int64)``."""
+    n_blocks, block = leaves.shape
+    n = u.numel()
+    n_rows, width = rows.shape
+    leaves, block_sum, u = leaves.contiguous(), block_sum.contiguous(), u.contiguous()
+    block_min = block_min.contiguous()
+    index = torch.empty(n, dtype=torch.int64, device=u.device)
+    w = torch.empty(n, dtype=torch.float32, device=u.device)
+    out = torch.empty((n, width), dtype=rows.dtype, device=u.device)
+    nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
+    w_chunk = chunk_for(width, max_gather_chunk)
+    _sample_gather_kernel[(n,)](
+        leaves, block_sum, block_min, u, beta if beta is not None else u, f64_bits(beta_value), index, w,
+        rows, out, n_rows, width, rows.stride(0),
+        n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
+        STRATIFIED=bool(stratified), RECIP=u.is_cuda, BETA_FROM_PTR=beta is not None,
+        NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk, ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk,
+        W_CHUNK=w_chunk, num_warps=gather_warps(warps_for(max(nb_chunk, row_chunk)), w_chunk))
+    return index, w, out
+
+
+@register_op("sample_proportional_gather",
+             fake=lambda leaves, block_sum, block_min, u, beta, beta_value, stratified, rows: (
+                 torch.empty(u.numel(), dtype=torch.int64, device=u.device),
+                 torch.empty(u.numel(), dtype=torch.float32, device=u.device),
+                 torch.empty((u.numel(), rows.shape[1]), dtype=rows.dtype, device=u.device)))
+def _sample_gather_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | None,
+                      beta_value: float, stratified: bool, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return _launch_sample_gather(leaves, block_sum, block_min, u, beta, beta_value, stratified, rows)
+
+
+def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+                               beta: Tensor | float, rows: Tensor, stratified: bool = True,
+                               normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`sample_proportional` that also gathers the drawn rows of a packed ring, in the same launch.
+
+    Equals ``reference.sample_proportional_gather`` (``sample_proportional`` then ``rows[index]``): the
+    same slots and weights as :func:`sample_proportional` on the same uniforms (the search is the same
+    inlined code), and the rows bit for bit.
+
+    Args:
+        leaves, block_sum, block_min, u, beta, stratified, normalize: as :func:`sample_proportional`.
+        rows: ``(N, W)`` int64 ring (``GPUTensorStorage(packed=True).rows``), rows contiguous, on the
+            device of ``leaves``; slots index its rows.
+
+    Returns:
+        ``index`` ``(B,)`` int64, ``w`` ``(B,)`` float32, ``batch_rows`` ``(B, W)`` int64 (a fresh tensor).
+    """
+    state = (leaves, block_sum, block_min, rows)
+    if not validated(state):
+        check_levels(leaves, block_sum)
+        expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
+        _check_rows(rows, leaves.device)
+        remember_validated(state)
+    _check_u(u, leaves.device)
+    if normalize not in ("buffer", "batch"):
+        raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
+    beta_t, beta_v = scalar_arg(beta, "beta", leaves.device)
+    if compiling():
+        index, w, out = torch.ops.lightning_per.sample_proportional_gather(
+            leaves, block_sum, block_min, u, beta_t, beta_v, bool(stratified), rows)
+    else:
+        index, w, out = _launch_sample_gather(leaves, block_sum, block_min, u, beta_t, beta_v, stratified, rows)
+    return index, (w / w.max() if normalize == "batch" else w), out

@@ -93,6 +93,24 @@ def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
                1e-6)
 
 
+def _check_gather(ops, device: torch.device, gen: torch.Generator) -> None:
+    """The fused sample + row gather against ``sample_proportional`` then ``rows[index]`` (a packed ring of
+    37 rows of 5 int64 words, random bits), both normalisations."""
+    if not hasattr(ops, "sample_proportional_gather"):
+        return
+    capacity = 37
+    leaves, bs, bm = make_levels(capacity, device, gen)
+    rows = torch.randint(-2**62, 2**62, (capacity, 5), generator=gen).to(device)
+    u = boundary_uniforms(bs, 4, gen, n_bound=8)
+    beta = torch.tensor(0.4, dtype=torch.float64, device=device)
+    for normalize in ("buffer", "batch"):
+        (gi, gw, gr), (wi, ww, wr) = (f(leaves, bs, bm, u, beta, rows, True, normalize)
+                                      for f in (ops.sample_proportional_gather, composite.sample_proportional_gather))
+        _equal(f"sample_proportional_gather[{normalize}].index", gi, wi)
+        _close(f"sample_proportional_gather[{normalize}].weight", gw, ww, 1e-6)
+        _equal(f"sample_proportional_gather[{normalize}].rows", gr, wr)
+
+
 def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None:
     raw = torch.tensor([0.5, float("nan"), float("inf"), -float("inf"), -2.0, 0.0, 3.0, 1e30], device=device)
     mp = torch.tensor(7.0, device=device)
@@ -158,6 +176,7 @@ def self_check(ops, device: torch.device, seed: int = 0) -> None:
     """
     gen = torch.Generator().manual_seed(seed)
     _check_search(ops, device, gen)
+    _check_gather(ops, device, gen)
     _check_priority_ops(ops, device, gen)
     _check_write(ops, device, gen)
     _check_rank(ops, device, gen)

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ._common import (
     MAX_CHUNK,
+    cdiv,
     chunk_for,
     compiling,
     expect,
@@ -143,7 +144,7 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         return
     nb, block = leaves.shape
     dev = index.device
-    parts = triton.cdiv(n, BB)
+    parts = cdiv(n, BB)
     quadratic = n <= max_quadratic
     idx = torch.empty(n, dtype=torch.int64, device=dev)  # target slot per entry
     pmax = torch.empty(parts, dtype=torch.float32, device=dev)  # per-program max(clean), #bad, #rejected
@@ -155,8 +156,7 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         scratch = torch.empty(nb * block, dtype=torch.int32, device=dev)
         flags = torch.zeros(nb, dtype=torch.int32, device=dev)
         for atomic in (False, True):
-            _claim_kernel[(triton.cdiv(n, 1024),)](index, scratch, n, n_valid, trash,
-                                                                 ATOMIC=atomic, BLOCK=1024)
+            _claim_kernel[(cdiv(n, 1024),)](index, scratch, n, n_valid, trash, ATOMIC=atomic, BLOCK=1024)
     _scatter_kernel[(parts,)](
         index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
         f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop, n, n_valid, trash,

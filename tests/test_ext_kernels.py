@@ -275,3 +275,104 @@ def test_missing_ext_falls_back_with_one_warning(monkeypatch):
         backends = [dispatch.select_backend(torch.device("cuda:0"), "kernels") for _ in range(2)]
     assert backends == [reference, reference]
     assert sum(issubclass(w.category, RuntimeWarning) for w in caught) == 1
+
+
+# ------------------------------------------------------------------------ fused sample + row gather
+def _ring(n_rows: int, width: int, gen: torch.Generator, device) -> torch.Tensor:
+    """A packed ring ``(n_rows, width) int64`` of random bit patterns (every word distinct in practice)."""
+    return torch.randint(-2**62, 2**62, (n_rows, width), generator=gen, dtype=torch.int64).to(device)
+
+
+@pytest.mark.parametrize("capacity,width,max_gather_chunk,stratified,normalize", [
+    (7, 1, 4096, True, "buffer"),      # one word per row, one-block buffer
+    (45, 54, 4096, False, "buffer"),   # CartPole-sized rows, one pass
+    (33, 54, 16, True, "batch"),       # several passes, W not a multiple of the chunk
+    (61, 37, 32, False, "batch"),      # odd capacity, W < 2 chunks
+    (5, 7060, 4096, True, "buffer"),   # Pong-sized rows: two passes, the second partial
+    (5, 7060, 4096, False, "batch"),
+])
+def test_sample_proportional_gather_equals_sample_then_indexing(kdev, gen, capacity, width, max_gather_chunk,
+                                                                stratified, normalize):
+    """Same slots and weights as the unfused kernel (bit for bit) and the reference, rows = rows[index]."""
+    leaves, bs, bm = make_levels(capacity, kdev, gen)  # integer masses: exact sums, boundary draws included
+    rows = _ring(capacity, width, gen, kdev)
+    u = boundary_uniforms(bs, 5, gen, n_bound=6)
+    beta = torch.tensor(0.6, dtype=torch.float64, device=kdev) if stratified else 0.4
+    beta_t, beta_v = _common.scalar_arg(beta, "beta", kdev)
+    index, w, got_rows = sample._launch_sample_gather(leaves, bs, bm, u, beta_t, beta_v, stratified, rows,
+                                                      max_gather_chunk=max_gather_chunk)
+    if normalize == "batch":
+        w = w / w.max()
+    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    assert torch.equal(index, plain_index) and torch.equal(w, plain_w)
+    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    torch.testing.assert_close(index, want_index, rtol=0, atol=0)
+    torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
+    assert got_rows.dtype == torch.int64 and got_rows.shape == (u.numel(), width) and got_rows.is_contiguous()
+    assert torch.equal(got_rows, rows[want_index])
+
+
+@pytest.mark.parametrize("normalize", ["buffer", "batch"])
+def test_sample_proportional_gather_public_op_and_backend(kdev, gen, normalize):
+    leaves, bs, bm = make_levels(30, kdev, gen, integer=False)
+    rows = _ring(30, 9, gen, kdev)
+    u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
+    backend = dispatch.select_backend(kdev, "kernels")
+    assert backend.sample_proportional_gather is sample.sample_proportional_gather
+    assert "sample_proportional_gather" in backend.COMPILED
+    for _ in range(2):  # the second call takes the validated fast path
+        index, w, got = backend.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True, normalize)
+        want_index, want_w, want_rows = composite.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True,
+                                                                             normalize)
+        torch.testing.assert_close(index, want_index, rtol=0, atol=0)
+        torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
+        assert torch.equal(got, want_rows) and torch.equal(got, rows[index])
+    # the registered custom op (what torch.compile and the fake-tensor shapes go through)
+    op_index, op_w, op_rows = torch.ops.lightning_per.sample_proportional_gather(leaves, bs, bm, u, None, 0.5, True,
+                                                                                rows)
+    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, 0.5, True)
+    assert torch.equal(op_index, plain_index) and torch.equal(op_w, plain_w)
+    assert torch.equal(op_rows, rows[plain_index])
+
+
+def test_sample_proportional_gather_fake_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        leaves, bs = torch.empty(4, 8), torch.empty(4, dtype=torch.float64)
+        bm, u = torch.empty(4), torch.empty(16, dtype=torch.float64)
+        rows = torch.empty(30, 11, dtype=torch.int64)
+        index, w, out = torch.ops.lightning_per.sample_proportional_gather(leaves, bs, bm, u, None, 0.4, True, rows)
+    assert (index.shape, index.dtype) == ((16,), torch.int64)
+    assert (w.shape, w.dtype) == ((16,), torch.float32)
+    assert (out.shape, out.dtype) == ((16, 11), torch.int64)
+
+
+def test_sample_proportional_gather_slot_beyond_the_ring_reads_zeros(kdev):
+    """All-zero priorities give the last slot of the padded array (11 here), past a 10-row ring: the
+    kernel writes a zero row instead of reading outside the ring."""
+    leaves = torch.zeros(3, 4, device=kdev)
+    bs = torch.zeros(3, dtype=torch.float64, device=kdev)
+    bm = torch.full((3,), float("inf"), device=kdev)
+    rows = torch.arange(1, 51, dtype=torch.int64, device=kdev).view(10, 5)
+    u = torch.tensor([0.0, 0.5], dtype=torch.float64, device=kdev)
+    index, _, got = sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, rows)
+    assert index.tolist() == [11, 11]
+    assert torch.equal(got, torch.zeros(2, 5, dtype=torch.int64, device=kdev))
+
+
+def test_sample_proportional_gather_validates_rows(kdev, gen):
+    leaves, bs, bm = make_levels(10, kdev, gen)
+    u = torch.rand(4, dtype=torch.float64, device=kdev)
+    with pytest.raises(TypeError, match="rows must be torch.int64"):
+        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 3, device=kdev))
+    with pytest.raises(ValueError, match="rows must be 2-D"):
+        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, dtype=torch.int64, device=kdev))
+    with pytest.raises(ValueError, match="stride 1"):
+        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4,
+                                          torch.zeros(3, 10, dtype=torch.int64, device=kdev).t())
+    with pytest.raises(ValueError, match="non-empty"):
+        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 0, dtype=torch.int64, device=kdev))
+    with pytest.raises(ValueError, match="normalize"):
+        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 2, dtype=torch.int64, device=kdev),
+                                          normalize="max")

@@ -289,3 +289,127 @@ def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
     assert chosen == [reference, reference] and sampler._ops is reference
     runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(runtime) == 1 and "forced self-check failure" in str(runtime[0].message)
+
+
+# ------------------------------------------------------------------------ fused sample + row gather
+@pytest.mark.parametrize("capacity,width", [(1_000_003, 54), (20_011, 7060), (999_999, 1)])
+def test_sample_gather_same_as_unfused_at_scale(capacity, width):
+    """N up to 1e6, CartPole- and Pong-sized rows: index and weights bit for bit as the unfused kernel,
+    rows bit for bit as ``rows[index]``."""
+    st = _written_state(capacity, seed=capacity)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    rows = torch.randint(-2**62, 2**62, (capacity, width), device="cuda", generator=g)
+    for batch, stratified, normalize in ((256, True, "buffer"), (1024, False, "batch"), (32, True, "batch")):
+        u = torch.rand(batch, device="cuda", dtype=F64, generator=g)
+        index, w, got = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, 0.4,
+                                                          rows, stratified, normalize)
+        want_index, want_w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, 0.4,
+                                                        stratified, normalize)
+        assert torch.equal(index, want_index) and torch.equal(w, want_w)
+        assert torch.equal(got, rows[want_index])
+
+
+def _gather_step(st, rows, td, beta, alpha, capacity, out, u, fused=True):
+    if fused:
+        index, w, block = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, beta,
+                                                            rows)
+    else:  # the unfused path: sample, then one gather
+        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
+        block = rows[index]
+    update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity, trash=capacity,
+                            alpha=alpha, eps=1e-6)
+    out["index"], out["w"], out["rows"] = index, w, block
+
+
+def test_sample_gather_captured_in_cuda_graph_replays_like_unfused_eager():
+    capacity, batch, steps, width = 100_003, 256, 20, 300
+    st = _written_state(capacity, seed=4)
+    rows = torch.randint(-2**62, 2**62, (capacity, width), device="cuda")
+    td = torch.rand(capacity, device="cuda")
+    beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, ALPHA))
+    uniforms = torch.rand(steps, batch, device="cuda", dtype=F64)
+    u_static = uniforms[0].clone()
+    out = {}
+    start = {k: v.clone() for k, v in st.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            _gather_step(st, rows, td, beta, alpha, capacity, out, u_static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _gather_step(st, rows, td, beta, alpha, capacity, out, u_static)
+    for k, v in start.items():
+        st[k].copy_(v)
+    seen = []
+    for i in range(steps):
+        u_static.copy_(uniforms[i])
+        graph.replay()
+        seen.append({k: v.clone() for k, v in out.items()})
+    after_graph = {k: v.clone() for k, v in st.items()}
+    for k, v in start.items():  # the same steps eagerly and unfused, from the same state
+        st[k].copy_(v)
+    for i in range(steps):
+        eager = {}
+        _gather_step(st, rows, td, beta, alpha, capacity, eager, uniforms[i], fused=False)
+        for k in ("index", "w", "rows"):
+            assert torch.equal(eager[k], seen[i][k]), (i, k)
+    for k in st:
+        assert torch.equal(st[k], after_graph[k]), k
+    assert len(torch.cat([s["index"] for s in seen]).unique()) > 1000
+
+
+def test_buffer_sample_gather_captured_in_cuda_graph():
+    """The sampler's fused path on a packed storage, captured with a priority update: each replay's batch is
+    the stored rows at its indices, and the weights are those of the priorities it sampled from."""
+    from tensordict import TensorDict
+
+    from lightning_per import make_replay_buffer
+
+    capacity, batch = 4096, 256
+    rb = make_replay_buffer(capacity, batch, device="cuda", packed=True, backend="kernels", seed=0)
+    i = torch.arange(capacity, device="cuda")
+    rb.extend(TensorDict({"observation": (i % 251)[:, None, None].to(torch.uint8).expand(capacity, 4, 84).clone(),
+                          "reward": i.float(), "action": i.clone()}, [capacity]))
+    sampler, storage = rb.sampler, rb.storage
+    assert sampler._fusable_rows(storage) is not None
+    static = {}
+
+    def step():
+        index, info, data = sampler.sample_gather(storage, batch)
+        static.update(index=index, w=info["priority_weight"], reward=data["reward"], action=data["action"],
+                      obs=data["observation"], leaves=sampler._leaves.view(-1)[index].clone(),
+                      p_min=sampler._block_min.amin())
+        sampler.update_priority(index, data["reward"] / capacity + 0.01, storage=storage)
+
+    graph = capture(step, [sampler.generator])
+    seen = set()
+    for _ in range(10):
+        graph.replay()
+        idx = static["index"]
+        assert torch.equal(static["reward"], idx.float()) and torch.equal(static["action"], idx)
+        assert torch.equal(static["obs"], (idx % 251)[:, None, None].to(torch.uint8).expand(batch, 4, 84))
+        want_w = reference.is_weights(static["leaves"], static["p_min"], 0.4)
+        torch.testing.assert_close(static["w"], want_w, rtol=1e-6, atol=0)
+        seen.update(idx.cpu().tolist())
+    assert len(seen) > 1000
+
+
+def test_sample_gather_under_torch_compile_matches_eager():
+    capacity, batch, width = 10_007, 128, 70
+    st = _written_state(capacity, seed=12)
+    rows = torch.randint(-2**62, 2**62, (capacity, width), device="cuda")
+    beta = torch.tensor(0.4, dtype=F64, device="cuda")
+    u = torch.rand(batch, device="cuda", dtype=F64)
+
+    def fn(u):
+        index, w, block = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, beta,
+                                                            rows, True, "batch")
+        return index, w, block, (block % 7).sum(1)  # a consumer Inductor compiles around the opaque op
+
+    got = torch.compile(fn, fullgraph=True)(u)
+    want = fn(u)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(want[2], rows[want[0]])

@@ -453,8 +453,9 @@ class DQN(LightningModule):
     def _full_update(self, _: dict[str, Tensor]) -> dict[str, Tensor]:
         """Sample -> batch -> learner step -> priority update, on the device (the captured body)."""
         rb = self.rb
-        index, info = rb.sampler.sample(rb.storage, self.replay_config.batch_size)  # [B], {[B]}
-        b = _batch_inputs(rb.storage.get(index), info["priority_weight"])
+        # sample + gather: one fused op with the packed storage (the replay config's default)
+        index, info, batch = rb.sampler.sample_gather(rb.storage, self.replay_config.batch_size)  # [B], {[B]}, [B]
+        b = _batch_inputs(batch, info["priority_weight"])
         out = self._learner_step(b, backward=self._graph_backward(), optimizer=self._graph_optimizer())
         rb.sampler.update_priority(index, out["td_abs"], storage=None)  # indices come from the sampler
         self._finish_update(out)

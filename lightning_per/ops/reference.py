@@ -36,6 +36,7 @@ __all__ = [
     "is_weights",
     "rank_weights",
     "sample_proportional",
+    "sample_proportional_gather",
     "write_priorities",
     "rank_sample",
 ]
@@ -283,6 +284,15 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
     """
     index, p_sel = two_level_search_with_values(leaves, block_sum, _stratify(u, stratified))
     return index, is_weights(p_sel, block_min.amin(), beta, normalize)
+
+
+def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+                               beta: Tensor | float, rows: Tensor, stratified: bool = True,
+                               normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`sample_proportional`, then the drawn rows of a packed ring: ``(index (B,) int64, w (B,)
+    float32, rows[index] (B, W))``, ``rows`` ``(N, W)`` (the packed storage's ``int64`` ring)."""
+    index, w = sample_proportional(leaves, block_sum, block_min, u, beta, stratified, normalize)
+    return index, w, rows[index]
 
 
 def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,

@@ -8,7 +8,8 @@ import warnings
 from typing import Any
 
 import torch
-from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer as _TDRB
 
 from lightning_per.replay.errors import check_batch_size
@@ -44,6 +45,44 @@ def _build_sampler(cls, capacity: int, device: torch.device, **kw):
         torch.cuda.empty_cache()
         cpu = torch.device("cpu")
         return cls(capacity, device=cpu, **kw) if cls is not GPURandomSampler else cls(device=cpu, **kw)
+
+
+def _direct_extend(rb, data, update_priority: bool | None):
+    """TorchRL's ``TensorDictReplayBuffer.extend`` of a plain TensorDict ``data`` ``[n]`` that the
+    storage takes as it is (:meth:`GPURoundRobinWriter._direct_pairs`), in one pass: the same slots,
+    cursor, write count, stored values, ``mark_update`` calls and priority update, without TorchRL's
+    generic machinery (its shallow copy of ``data``, which only ever receives the ``"index"`` tag, is
+    skipped: ``data`` itself is left unchanged, as there). None when anything else applies (transforms,
+    consuming samplers, ``dim_extend``, generation tracking, other writers or storages, nested keys,
+    another spec): the caller then takes TorchRL's path, which validates and raises."""
+    if type(data) is not TensorDict or (rb._delayed_init and not rb.initialized):
+        return None
+    writer, transform = rb._writer, rb._transform
+    if (not isinstance(writer, GPURoundRobinWriter) or (transform is not None and len(transform))
+            or rb._dim_extend or getattr(rb, "_is_consuming", bool)()):  # no consuming buffers before torchrl 0.12
+        return None
+    pairs = writer._direct_pairs(data)
+    if pairs is None:
+        return None
+    storage = rb._storage
+    with rb._replay_lock, rb._write_lock:
+        index = writer._write_direct(data, pairs)
+        for entity in storage._attached_entities_iter():  # the writer's _mark_update_entities
+            if entity is rb and type(rb).mark_update is ReplayBuffer.mark_update:
+                rb._sampler.mark_update(index, storage=storage)  # what ReplayBuffer.mark_update does
+            else:
+                entity.mark_update(index)
+        rb._sampler.extend(index)
+    if update_priority is None or update_priority:
+        priority = data.get(rb.priority_key, None)
+        if priority is not None:
+            try:
+                rb.update_priority(index, priority)
+            except Exception as e:
+                raise RuntimeError(
+                    "Failed to update priority of extended data. You can try to set update_priority=False in "
+                    "the extend method and update the priority manually.") from e
+    return index
 
 
 class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
@@ -96,19 +135,40 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         it defers to TorchRL's ``sample``. ``return_info=True`` also returns the info dict.
         """
         direct = (not len(self._transform) and not self._prefetch and include_info is None
-                  and self._sample_unit is None)
+                  and getattr(self, "_sample_unit", None) is None)  # (torchrl >= 0.12)
         if not direct:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         if batch_size is None:
             batch_size = self._batch_size
             if batch_size is None:
                 raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
-        index, info = self._sampler.sample(self._storage, batch_size)
-        data = self._storage.get(index)
-        data.set("index", index)
-        data.set("priority_weight", info["priority_weight"])
+        storage = self._storage
+        if isinstance(self._sampler, GPUPrioritizedSampler):  # one fused sample + gather when packed
+            index, info, data = self._sampler.sample_gather(storage, batch_size, with_info=True)
+            info["index"] = index
+            return (data, info) if return_info else data
+        index, info = self._sampler.sample(storage, batch_size)
+        extra = {"index": index, "priority_weight": info["priority_weight"]}
+        if isinstance(storage, GPUTensorStorage):
+            data = storage._read(index, extra)  # the batch built once, with its index and weights
+        else:
+            data = storage.get(index)
+            for key, value in extra.items():
+                data.set(key, value)
         info["index"] = index
         return (data, info) if return_info else data
+
+    def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
+        """TorchRL's ``extend``: writes the batch ``[n]``, new slots get the running max priority (or the
+        batch's ``priority_key`` values); returns the slots ``(n,)`` int64 (on the batch's device).
+
+        A plain TensorDict with the stored keys takes a direct path (no transform, no generic writer
+        machinery: see :func:`_direct_extend`); anything else defers to TorchRL's ``extend``.
+        """
+        index = _direct_extend(self, tensordicts, update_priority)
+        if index is None:
+            index = super().extend(tensordicts, update_priority=update_priority)
+        return index
 
     def update_priority(self, index, priority) -> None:
         """Set raw priorities of slots ``index`` (see :meth:`GPUPrioritizedSampler.update_priority`).
@@ -135,6 +195,13 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
 
 class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
     """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
+
+    def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
+        """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
+        index = _direct_extend(self, tensordicts, update_priority)
+        if index is None:
+            index = super().extend(tensordicts, update_priority=update_priority)
+        return index
 
     def update_priority(self, index, priority) -> None:
         """Nothing to update: uniform sampling has no priorities. A silent no-op (TorchRL warns here), so

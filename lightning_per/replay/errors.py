@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["EmptyBufferError", "check_batch_size", "check_index_priority"]
+__all__ = ["EmptyBufferError", "check_batch_size", "check_index", "check_index_priority"]
 
 
 class EmptyBufferError(ValueError, RuntimeError):
@@ -43,14 +43,7 @@ def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor |
         ValueError: ``priority`` has another number of elements than ``index``.
         IndexError: ``index`` is a host tensor/int with a value outside ``[0, n_valid)``.
     """
-    if not isinstance(index, Tensor):
-        try:
-            index = torch.as_tensor(index)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"index must be integer slots, got {type(index).__name__}") from err
-    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
-        raise TypeError(f"index must be an integer tensor, got dtype {index.dtype}")
-    index = index.reshape(-1).to(torch.int64)
+    index = _flat_index(index)
     if not isinstance(priority, Tensor):
         if isinstance(priority, (bool, str)) or not isinstance(priority, (int, float, Sequence)):
             raise TypeError(f"priority must be a number or a float tensor, got {type(priority).__name__}")
@@ -62,10 +55,38 @@ def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor |
     elif priority.numel() != index.numel():
         raise ValueError(f"priority must have one value per index ({index.numel()}), got shape "
                          f"{tuple(priority.shape)}")
-    priority = priority.reshape(-1).to(torch.float32)
+    if priority.dim() != 1 or priority.dtype is not torch.float32:  # else already what reshape + to give
+        priority = priority.reshape(-1).to(torch.float32)
+    _check_range(index, n_valid)
+    return index, priority
+
+
+def check_index(index: Tensor | int | Sequence[int], n_valid: int) -> Tensor:
+    """The index half of :func:`check_index_priority` (same checks, same errors): ``(B,)`` int64 slots on
+    the original device."""
+    index = _flat_index(index)
+    _check_range(index, n_valid)
+    return index
+
+
+def _flat_index(index) -> Tensor:
+    if not isinstance(index, Tensor):
+        try:
+            index = torch.as_tensor(index)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"index must be integer slots, got {type(index).__name__}") from err
+    dtype = index.dtype
+    if dtype is torch.int64 and index.dim() == 1:  # already what reshape(-1).to(int64) gives (a view of)
+        return index
+    if dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        raise TypeError(f"index must be an integer tensor, got dtype {dtype}")
+    return index.reshape(-1).to(torch.int64)
+
+
+def _check_range(index: Tensor, n_valid: int) -> None:
     if index.device.type == "cpu" and index.numel():
-        lo, hi = int(index.min()), int(index.max())  # host tensor: no device sync
+        lo, hi = index.aminmax()
+        lo, hi = int(lo), int(hi)  # host tensor: no device sync
         if lo < 0 or hi >= n_valid:
             raise IndexError(f"index values must lie in [0, {n_valid}) (the filled slots), got range "
                              f"[{lo}, {hi}]")
-    return index, priority

@@ -25,12 +25,16 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._rng import DeviceRNGMixin
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index_priority
-from lightning_per.replay.storage import default_device
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
+from lightning_per.replay.storage import GPUTensorStorage, default_device
 
 __all__ = ["GPUPrioritizedSampler"]
 
 SAMPLER_SCHEMA_VERSION = 1
+FUSED_GATHER_MAX_WORDS = 1024
+"""Widest packed row (int64 words, i.e. 8 KiB) that :meth:`GPUPrioritizedSampler.sample_gather` copies inside
+the sample kernel (one program per draw copies its row); wider rows, e.g. Atari frame stacks, are gathered by
+a separate kernel."""
 
 
 class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
@@ -151,7 +155,12 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
         0-d float32 tensor on :attr:`device` (TorchRL's ``max_priority_within_buffer=False`` rule).
         """
-        return torch.where(torch.isinf(self._max_raw), torch.ones_like(self._max_raw), self._max_raw)
+        return self._default_priority(self._max_raw)
+
+    @staticmethod
+    def _default_priority(max_raw: Tensor) -> Tensor:
+        # torch.where(isinf(m), 1, m) in one op (NaN stays NaN), of any shape (e.g. m.expand(n))
+        return torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)
 
     @property
     def clamped_priority_count(self) -> Tensor:
@@ -198,7 +207,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                                    self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
                                    self._alpha_t, self._eps)
 
-    @torch.no_grad()
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
 
@@ -217,18 +225,26 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             ValueError: ``priority`` shape does not match ``index``.
             IndexError: a host-side index outside ``[0, len(storage))``.
         """
+        if isinstance(priority, Tensor) and priority.requires_grad and torch.is_grad_enabled():
+            with torch.no_grad():  # the stored priorities never join an autograd graph
+                return self.update_priority(index, priority, storage=storage)
         n_valid = self._filled(storage)
         index, priority = check_index_priority(index, priority, n_valid)
-        index = index.to(self._device, non_blocking=True)
-        priority = priority.to(self._device, non_blocking=True)
+        device = self._device
+        if index.device != device:
+            index = index.to(device, non_blocking=True)
+        if priority.device != device:
+            priority = priority.to(device, non_blocking=True)
         self._write(index, priority, n_valid)
 
     def mark_update(self, index, *, storage=None) -> None:
         """Give slots ``index`` (just written) the default priority (the running max)."""
         n_valid = self._filled(storage)
-        index, _ = check_index_priority(index, 0.0, n_valid)
-        index = index.to(self._device, non_blocking=True)
-        self._write(index, self.default_priority.expand(index.shape), n_valid)
+        index = check_index(index, n_valid)
+        if index.device != self._device:
+            index = index.to(self._device, non_blocking=True)
+        # one op: the default priority of each new slot, a fresh contiguous (B,) tensor
+        self._write(index, self._default_priority(self._max_raw.expand(index.shape)), n_valid)
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None
@@ -236,9 +252,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def extend(self, index) -> None:
         return None
 
-    @torch.no_grad()
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """Draw ``batch_size`` slots with probability P(i) and their IS weights.
+        """Draw ``batch_size`` slots with probability P(i) and their IS weights (no autograd context
+        needed: nothing here requires grad).
 
         Returns:
             ``(index, {"priority_weight": w})``: ``(B,)`` int64 and ``(B,)`` float32, on :attr:`device`.
@@ -254,6 +270,63 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         index, weight = self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u,
                                                       self._beta_t, self.stratified, self.weight_normalization)
         return index, {"priority_weight": weight}
+
+    def _fusable_rows(self, storage) -> Tensor | None:
+        """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
+        sampler's device; ``cuda`` stands for the current CUDA device) and :meth:`sample` is this class's
+        proportional draw (a subclass that overrides it, e.g. the rank-based sampler, never fuses), else None."""
+        if type(self).sample is not GPUPrioritizedSampler.sample:
+            return None
+        rows = getattr(storage, "gather_rows", None)
+        if rows is None or not hasattr(storage, "rows_to_batch"):
+            return None
+        if rows.shape[1] > FUSED_GATHER_MAX_WORDS:  # wide rows (pixels): a separate gather spreads each row
+            return None                             # over many thread blocks; one program per row would not
+        have, want = rows.device, self._device
+        if have.type != want.type or (want.index is not None and have.index != want.index) or (
+                want.index is None and have.type == "cuda" and have.index != torch.cuda.current_device()):
+            return None
+        return rows
+
+    def sample_gather(self, storage, batch_size: int, *,
+                      with_info: bool = False) -> tuple[Tensor, dict[str, Tensor], Any]:
+        """:meth:`sample`, and the batch: ``(index, info, batch)``, with ``batch`` the TensorDict ``[B]``
+        that ``storage.get(index)`` returns.
+
+        With a packed :class:`~lightning_per.replay.GPUTensorStorage` (flat keys, rows of at most
+        :data:`FUSED_GATHER_MAX_WORDS` int64 words) on this sampler's device the draw and the row gather are
+        one op (``sample_proportional_gather``: one kernel launch with the compiled backend) and the batch's
+        fields are views of the gathered rows
+        (:meth:`GPUTensorStorage.rows_to_batch`); otherwise :meth:`sample` then ``storage.get(index)``.
+        Either way the same generator draws give the same index, weights and batch values.
+
+        Args:
+            storage: the buffer's storage.
+            batch_size: B >= 1.
+            with_info: also put ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys).
+
+        Raises:
+            As :meth:`sample`.
+        """
+        rows = self._fusable_rows(storage)
+        if rows is None:
+            index, info = self.sample(storage, batch_size)
+            extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
+            if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
+                return index, info, storage._read(index, extra)
+            batch = storage.get(index)
+            for key, value in (extra or {}).items():
+                batch.set(key, value)
+            return index, info, batch
+        check_batch_size(batch_size)
+        if len(storage) == 0:
+            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
+        index, weight, block = self._ops.sample_proportional_gather(
+            self._leaves, self._block_sum, self._block_min, u, self._beta_t, rows, self.stratified,
+            self.weight_normalization)  # [B], [B], [B, W]
+        extra = {"index": index, "priority_weight": weight} if with_info else None
+        return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
 
     def probabilities(self) -> Tensor:
         """Exact P(i) of every slot, ``(N,)`` float64 on :attr:`device` (for tests and diagnostics)."""

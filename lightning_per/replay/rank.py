@@ -71,7 +71,6 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         self._order = torch.sort(keys, descending=True, stable=True).indices  # [N]
         self._pending, self._stale, self._sorted_n = 0, False, n
 
-    @torch.no_grad()
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
 

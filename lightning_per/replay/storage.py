@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import expand_as_right
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
@@ -61,6 +62,56 @@ def _field_views(rows: torch.Tensor, layout) -> dict[Any, torch.Tensor]:
     n = rows.shape[0]
     return {key: raw[:, off:off + nbytes].view(dtype).view(n, *shape)
             for key, (off, nbytes, dtype, shape) in layout.items()}
+
+
+def _view_plan(layout, row_words: int) -> tuple:
+    """How :func:`_batch_views` rebuilds :func:`_field_views` of a fresh block in one view op per field
+    (plus one ``view(dtype)`` per dtype other than int64): per field, in layout order,
+    ``(key, dtype, scalar, offset, shape, strides)`` in units of the field's element size, taken from
+    ``_field_views`` itself (so sizes, strides and offsets are the same tensors' metadata)."""
+    probe = torch.empty((2, row_words), dtype=torch.int64)
+    plan = []
+    for key, view in _field_views(probe, layout).items():
+        es = view.element_size()
+        scalar = view.dim() == 1
+        plan.append((key, view.dtype, scalar, view.storage_offset(), tuple(view.shape[1:]),
+                     (row_words * 8 // es,) + tuple(view.stride()[1:])))
+    return tuple(plan)
+
+
+def _pack_plan(layout) -> tuple | None:
+    """How a batch's fields become the bytes ``[0, end)`` of their packed rows in one ``torch.cat``:
+    ``((key, two_d), ...), end)`` in row order, skipping empty fields (``two_d``: the field is ``(n, k)``,
+    whose ``view(uint8)`` is its ``(n, k * itemsize)`` bytes; other shapes are flattened to 2-D first).
+    None if some field does not start where the previous one ends (no such layout comes out of
+    :func:`_row_layout`, which orders fields by decreasing element size: only the row's tail is padding)."""
+    pack, end = [], 0
+    for key, (off, nbytes, _, shape) in sorted(layout.items(), key=lambda kv: kv[1][0]):
+        if not nbytes:
+            continue
+        if off != end:
+            return None
+        pack.append((key, len(shape) == 1))
+        end = off + nbytes
+    return (tuple(pack), end) if pack else None
+
+
+def _batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Tensor]:
+    """:func:`_field_views` of ``block`` ``(n, row_words) int64``, a fresh contiguous tensor (storage
+    offset 0, e.g. a gather ``rows[index]``): the same views (sizes, strides, offsets), built with fewer
+    ops (hot read path). ``n <= 1`` goes through :func:`_field_views` (its size-0/1 batch dim gets other
+    strides)."""
+    n = block.shape[0]
+    if n <= 1:
+        return _field_views(block, layout)
+    bases = {torch.int64: block}
+    out = {}
+    for key, dtype, scalar, offset, shape, strides in plan:
+        base = bases.get(dtype)
+        if base is None:
+            base = bases[dtype] = block.view(dtype)
+        out[key] = base.select(1, offset) if scalar else base.as_strided((n, *shape), strides, offset)
+    return out
 
 
 class GPUTensorStorage(LazyTensorStorage):
@@ -128,9 +179,13 @@ class GPUTensorStorage(LazyTensorStorage):
         if self.packed and layout is not None:
             self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, device=device)
             self._layout = layout
+            self._plan = _view_plan(layout, row_bytes // 8)
+            self._pack = _pack_plan(layout)
+            self._ring_bytes = self.rows.view(torch.uint8)  # (max_size, row_bytes)
             tensors = _field_views(self.rows, layout)
         else:
-            self.rows, self._layout = None, {}
+            self.rows, self._layout, self._plan = None, {}, None
+            self._pack = self._ring_bytes = None
             tensors = {k: torch.zeros((self.max_size, *v.shape), dtype=v.dtype, device=device)
                        for k, v in leaves.items()}
         self._storage = TensorDict(tensors, batch_size=[self.max_size], device=device)
@@ -149,10 +204,29 @@ class GPUTensorStorage(LazyTensorStorage):
                 self._storage.set(key, view)
 
     def _index_flat(self) -> None:
-        """Cache the leaf tensors for the fast read path (flat, non-nested keys only)."""
+        """Cache the leaf tensors for the fast read and write paths (flat, non-nested keys only)."""
         keys = list(self._storage.keys(include_nested=True, leaves_only=True))
         self._flat = ({k: self._storage.get(k) for k in keys}
                       if all(isinstance(k, str) for k in keys) else None)
+        # per flat key: (ring tensor, dtype, per-item shape), what a direct write checks a batch against
+        self._flat_spec = ({k: (v, v.dtype, v.shape[1:]) for k, v in self._flat.items()}
+                           if self._flat is not None else None)
+        self._device_cached = self._storage.device
+
+    def _bump_revision(self) -> None:
+        """TorchRL's mutation counter after a write (``_bump_mutation_revision``, torchrl >= 0.12; older
+        versions have none)."""
+        bump = getattr(self, "_bump_mutation_revision", None)
+        if bump is not None:
+            bump()
+
+    def __len__(self) -> int:
+        # TorchRL's __len__ reads a multiprocessing.Value under its lock, behind a torch.compile guard; the
+        # unlocked read of the same int is what the hot paths need (sample, update_priority).
+        value = self.__dict__.get("_len_value")
+        if value is None or self._compilable or torch.compiler.is_compiling():
+            return super().__len__()
+        return value.get_obj().value
 
     @property
     def nbytes(self) -> int:
@@ -209,7 +283,70 @@ class GPUTensorStorage(LazyTensorStorage):
             self._last_cursor = cursor
             self._len = min(self._len + data.shape[0], self.max_size)
         self._storage[cursor] = data
-        self._bump_mutation_revision()
+        self._bump_revision()
+
+    def _flat_pairs(self, data) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+        """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]``
+        (``n >= 1``) whose top-level tensors, but ``"index"``, are exactly the stored keys with the stored
+        per-item shapes and dtypes (what :meth:`check_spec` accepts, for flat storages); else None (the
+        caller takes the generic path, which raises the documented errors). Changes nothing."""
+        spec = getattr(self, "_flat_spec", None)
+        if spec is None or not self.initialized or data.batch_dims != 1 or not data.batch_size[0]:
+            return None
+        pairs = {}
+        for key, value in data.items():
+            if key == "index":
+                continue
+            want = spec.get(key)
+            if (want is None or not isinstance(value, torch.Tensor) or value.dtype != want[1]
+                    or value.shape[1:] != want[2]):
+                return None
+            pairs[key] = (want[0], value)
+        return pairs if len(pairs) == len(spec) else None
+
+    def _write_pairs(self, cursor: torch.Tensor, pairs, start: int | None = None) -> None:
+        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`_flat_pairs` (already validated): per key
+        ``ring[cursor] = value`` (as TensorDict's indexed assignment does), or, when the caller knows
+        ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] = value`` (the same writes with no
+        index) and, for a packed ring, the bytes of all fields at once (:meth:`_write_rows`)."""
+        device = self._device_cached
+        if cursor.device != device:
+            cursor = cursor.to(device, non_blocking=True)
+        if start is None or not self._write_rows(start, cursor.shape[0], pairs):
+            stop = None if start is None else start + cursor.shape[0]
+            for dest, value in pairs.values():
+                if value.device != device:
+                    value = value.to(device, non_blocking=True)
+                if start is None:
+                    dest[cursor] = value
+                else:
+                    dest[start:stop] = value
+        self._last_cursor = cursor
+        self._len = min(self._len + cursor.shape[0], self.max_size)
+        self._bump_revision()
+
+    def _write_rows(self, start: int, n: int, pairs) -> bool:
+        """Packed ring: write rows ``[start, start + n)`` of every field with one ``torch.cat`` of the fields'
+        bytes into the rows' bytes ``[0, end)`` (one kernel instead of one copy per key; the row's tail
+        padding is left as it is, as the per-key writes leave it). False (nothing written) when the ring is
+        not packed or a value is not contiguous or the values are on more than one device."""
+        pack = getattr(self, "_pack", None)
+        if pack is None:
+            return False
+        fields, end = pack
+        pieces, src = [], None
+        for key, two_d in fields:
+            value = pairs[key][1]
+            if not value.is_contiguous() or (src is not None and value.device != src):
+                return False
+            src = value.device
+            pieces.append(value.view(torch.uint8) if two_d else value.view(n, -1).view(torch.uint8))
+        dst = self._ring_bytes[start:start + n, :end]
+        if src == dst.device:
+            torch.cat(pieces, 1, out=dst)
+        else:  # one host-to-device copy of the packed block instead of one per key
+            dst.copy_(torch.cat(pieces, 1), non_blocking=True)
+        return True
 
     # ------------------------------------------------------------------ reads
     def get(self, index):
@@ -221,21 +358,74 @@ class GPUTensorStorage(LazyTensorStorage):
         Raises:
             RuntimeError: nothing was ever written.
         """
+        return self._read(index)
+
+    def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
+        weights: the buffer's direct sample path). When ``index`` is a ``(B,)`` tensor and ``extra`` holds
+        ``(B,)`` tensors on :attr:`device`, the batch is built once with them (no validated ``set``)."""
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-        if isinstance(index, torch.Tensor) and index.device != self._storage.device:
-            index = index.to(self._storage.device, non_blocking=True)
         flat = getattr(self, "_flat", None)
         if flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
-            return self._storage[index]
+            if isinstance(index, torch.Tensor) and index.device != self._storage.device:
+                index = index.to(self._storage.device, non_blocking=True)
+            data = self._storage[index]
+            for key, value in (extra or {}).items():
+                data.set(key, value)
+            return data
+        device = self._device_cached
+        if extra:
+            shape = index.shape
+            for value in extra.values():
+                if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == shape):
+                    data = self._read(index)
+                    for key, v in extra.items():
+                        data.set(key, v)
+                    return data
+        if index.device != device:
+            index = index.to(device, non_blocking=True)
         if self.rows is not None:  # one gather of whole rows; the fields are views into it
-            return TensorDict._new_unsafe(_field_views(self.rows[index], self._layout),
-                                          batch_size=index.shape, device=self._storage.device)
-        # one gather per key (advanced indexing: on the H200 3.2 us for a (256, 51) float32 batch against
-        # index_select's 4.0, benchmarks/results/gather_h200.json), and a TensorDict built without
-        # re-validating shapes we guarantee
-        return TensorDict._new_unsafe({k: v[index] for k, v in flat.items()},
-                                      batch_size=index.shape, device=self._storage.device)
+            plan = getattr(self, "_plan", None)
+            block = self.rows[index]
+            fields = (_batch_views(block, self._layout, plan) if plan is not None
+                      else _field_views(block, self._layout))
+        else:
+            # one gather per key (advanced indexing: on the H200 3.2 us for a (256, 51) float32 batch against
+            # index_select's 4.0, benchmarks/results/gather_h200.json)
+            fields = {k: v[index] for k, v in flat.items()}
+        if extra:
+            fields.update(extra)
+        # a TensorDict built without re-validating shapes we guarantee
+        return TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+
+    @property
+    def gather_rows(self) -> torch.Tensor | None:
+        """The packed ring :attr:`rows` ``(max_size, W) int64`` when a gathered block of its rows can become a
+        batch through :meth:`rows_to_batch` (packed storage, flat keys, initialised); else None. What a
+        sampler's fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
+        if self.rows is None or getattr(self, "_flat", None) is None:
+            return None
+        return self.rows
+
+    def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
+        """The batch of gathered packed rows: ``block`` ``(B, W) int64``, a fresh contiguous gather of
+        :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the TensorDict ``[B]``
+        that :meth:`get` ``(index)`` returns (the same field views into ``block``), plus the ``(B,)``
+        tensors of ``extra`` (e.g. ``"index"``, ``"priority_weight"``), set without validation.
+
+        Raises:
+            RuntimeError: the storage has no packed ring with flat keys (:attr:`gather_rows` is None).
+        """
+        if self.gather_rows is None:
+            raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage with flat keys, written at least once")
+        plan = getattr(self, "_plan", None)
+        fields = (_batch_views(block, self._layout, plan) if plan is not None
+                  else _field_views(block, self._layout))
+        if extra:
+            fields.update(extra)
+        device = getattr(self, "_device_cached", None) or self._storage.device
+        return TensorDict._new_unsafe(fields, batch_size=block.shape[:1], device=device)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -295,7 +485,7 @@ class GPUTensorStorage(LazyTensorStorage):
                 self._storage.get(key).copy_(value)
         self.initialized = bool(state_dict["initialized"])
         self._len = int(state_dict["_len"])
-        self._bump_mutation_revision()
+        self._bump_revision()
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename)."""
@@ -313,13 +503,46 @@ class GPUTensorStorage(LazyTensorStorage):
 
 class GPURoundRobinWriter(TensorDictRoundRobinWriter):
     """TorchRL's round-robin writer that validates a batch against the storage spec *before* moving
-    its cursor, so a rejected ``extend`` leaves cursor, length, data and priorities unchanged."""
+    its cursor, so a rejected ``extend`` leaves cursor, length, data and priorities unchanged.
+
+    A batch that a :class:`GPUTensorStorage` can take as it is (flat keys, the stored spec, see
+    :meth:`GPUTensorStorage._flat_pairs`) is written directly: the same cursor, write count, ``"index"``
+    tag, stored values and ``mark_update`` calls as TorchRL's ``extend``, without its generic machinery."""
 
     def extend(self, data):
-        check = getattr(self._storage, "check_spec", None)
-        if check is not None:
-            check(data)
-        return super().extend(data)
+        pairs = self._direct_pairs(data)
+        if pairs is None:
+            check = getattr(self._storage, "check_spec", None)
+            if check is not None:
+                check(data)
+            return super().extend(data)
+        index = self._write_direct(data, pairs)
+        data.set("index", expand_as_right(index, data))  # as TorchRL's writer tags the batch
+        self._mark_update_entities(index)
+        return index
+
+    def _direct_pairs(self, data):
+        """:meth:`GPUTensorStorage._flat_pairs` of ``data`` when the direct write applies, else None."""
+        storage = self._storage
+        if (type(storage) is not GPUTensorStorage or not isinstance(data, TensorDictBase)
+                or getattr(self, "_track_generations", False) or getattr(self, "_generation", None) is not None
+                or torch.compiler.is_compiling()):
+            return None
+        return storage._flat_pairs(data)
+
+    def _write_direct(self, data, pairs) -> torch.Tensor:
+        """Move the cursor by ``n = len(data)`` and write ``pairs`` at the slots; returns them, ``(n,)`` int64
+        on ``data``'s device (CPU if it has none), as TorchRL's ``extend``: ``arange(cursor, cursor + n) %
+        max_size``."""
+        cursor, n, max_size = self._cursor, data.batch_size[0], self._storage.max_size
+        index = torch.arange(cursor, cursor + n, dtype=torch.long, device=data.device or "cpu")
+        wraps = cursor + n > max_size
+        if wraps:
+            index = index % max_size
+        self._cursor = (cursor + n) % max_size
+        self._write_count += n
+        self._storage._write_pairs(index, pairs, None if wraps else cursor)
+        return index
 
     def add(self, data):
         check = getattr(self._storage, "check_spec", None)

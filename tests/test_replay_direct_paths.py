@@ -1,0 +1,233 @@
+"""The replay's direct (low host overhead) paths against TorchRL's generic ones.
+
+Every direct path (``extend`` straight into the storage, the batch built once with its index and weights,
+the packed batch views, the one-``cat`` packed write, the update and ``mark_update`` shortcuts) must leave
+exactly the state TorchRL's generic machinery leaves: the reference is the same buffer with the direct
+paths switched off (TorchRL's ``extend``/``sample`` code, the writer's generic ``extend``, TensorDict's
+indexed assignment), plus TorchRL's own ``TensorDictPrioritizedReplayBuffer`` for the stored data and slots.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
+
+from lightning_per import make_replay_buffer
+from lightning_per.replay import GPURoundRobinWriter
+from lightning_per.replay import storage as storage_mod
+
+
+def transitions(n: int, start: int = 0, priority: bool = False) -> TensorDict:
+    """n distinguishable transitions of mixed dtypes and shapes (field values hold the transition number;
+    the observation's noise is a function of (n, start): equal calls give equal batches)."""
+    i = torch.arange(start, start + n)
+    noise = torch.randn(n, 3, generator=torch.Generator().manual_seed(1000 * start + n))
+    td = TensorDict({
+        "observation": i[:, None].float().expand(n, 3).clone() + noise,
+        "pixels": (i % 251)[:, None, None].to(torch.uint8).expand(n, 2, 5).clone(),
+        "action": i.clone(),
+        "reward": i.float() / 3,
+        "discount": i.double() / 7,
+        "done": (i % 2 == 1)[:, None],
+    }, [n])
+    if priority:
+        td["td_error"] = (i % 5).float() + 0.5
+    return td
+
+
+def _generic(rb):
+    """Switch ``rb``'s direct paths off: TorchRL's extend and writer, and the original storage write."""
+    rb._writer._direct_pairs = lambda data: None
+    return rb
+
+
+def _buffers(kind, device, packed, capacity=16, **kw):
+    make = lambda: make_replay_buffer(capacity, 4, sampler=kind, device=device, packed=packed, seed=5,  # noqa: E731
+                                      generator=torch.Generator().manual_seed(1), **kw)
+    return make(), _generic(make())
+
+
+def _assert_same_state(fast, slow):
+    assert len(fast) == len(slow)
+    assert fast._writer._cursor == slow._writer._cursor
+    assert fast._writer._write_count == slow._writer._write_count
+    s_fast, s_slow = fast.storage, slow.storage
+    if s_fast.rows is not None:  # every byte of the packed ring, padding included
+        assert torch.equal(s_fast.rows.cpu(), s_slow.rows.cpu())
+    for key, value in s_slow._storage.items(include_nested=True, leaves_only=True):
+        assert torch.equal(s_fast._storage.get(key).cpu(), value.cpu()), key
+    if hasattr(fast.sampler, "device_state"):
+        for a, b in zip(fast.sampler.device_state(), slow.sampler.device_state()):
+            assert torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("priority", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kind", ["proportional", "rank", "uniform"])
+def test_direct_extend_equals_torchrl_extend(kind, packed, priority, device):
+    fast, slow = _buffers(kind, device, packed)
+    # first write (allocation), plain, wrapping, larger than the ring, on the ring's device; with priorities
+    # ("td_error", the priority key) the new slots take them instead of the running max
+    batches = [transitions(5, 0, priority), transitions(7, 5, priority), transitions(9, 12, priority),
+               transitions(20, 21, priority), transitions(3, 41, priority), transitions(6, 44, priority).to(device)]
+    for td in batches:
+        keys = set(td.keys())
+        got = fast.extend(td)
+        assert set(td.keys()) == keys  # the caller's batch is not tagged (TorchRL tags a shallow copy)
+        want = slow.extend(td.clone())
+        assert got.dtype == want.dtype and got.device == want.device and torch.equal(got, want)
+        _assert_same_state(fast, slow)
+    if kind != "uniform":
+        fast.update_priority(torch.arange(16), torch.arange(16.0))
+        slow.update_priority(torch.arange(16), torch.arange(16.0))
+    td = transitions(4, 50, priority)
+    fast.extend(td)
+    slow.extend(td.clone())
+    _assert_same_state(fast, slow)
+    assert torch.equal(fast.sample()["index"], slow.sample()["index"])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_direct_extend_matches_torchrl_buffer(packed, device):
+    """Slots, lengths and stored rows of TorchRL's own prioritized buffer on a LazyTensorStorage."""
+    ours = make_replay_buffer(16, 4, device=device, packed=packed)
+    theirs = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(16, device=device))
+    for td in (transitions(5), transitions(7, 5), transitions(9, 12)):
+        assert torch.equal(ours.extend(td).cpu(), theirs.extend(td.clone()).cpu())  # same noise: one batch
+        assert len(ours) == len(theirs)
+    stored = ours.storage.get(torch.arange(16, device=device))
+    for key, value in theirs.storage._storage.exclude("index").items():
+        assert torch.equal(stored[key].cpu(), value.cpu()), key
+
+
+def test_rejected_extend_changes_nothing_and_raises_like_torchrl(device):
+    fast, slow = _buffers("proportional", device, packed=True)
+    for rb in (fast, slow):
+        rb.extend(transitions(5))
+    bad_dtype = transitions(3)
+    bad_dtype["reward"] = bad_dtype["reward"].double()
+    bad_nested = transitions(3)
+    bad_nested["nested"] = TensorDict({"x": torch.zeros(3)}, [3])
+    for bad, err in ((transitions(3).exclude("done"), ValueError), (bad_dtype, TypeError),
+                     (bad_nested, ValueError), (transitions(2)[None], ValueError)):
+        for rb in (fast, slow):
+            with pytest.raises(err):
+                rb.extend(bad)
+        _assert_same_state(fast, slow)
+
+
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")
+@pytest.mark.parametrize("packed", [False, True])
+def test_direct_sample_equals_torchrl_sample(packed, device):
+    fast, slow = _buffers("proportional", device, packed, capacity=37)
+    for rb in (fast, slow):
+        rb.extend(transitions(30))
+        rb.update_priority(torch.arange(30), (torch.arange(30) % 4 + 1).float())
+    for batch_size in (1, 2, 8):
+        got = fast.sample(batch_size)
+        want = TensorDictReplayBuffer.sample(slow, batch_size)  # TorchRL: sample, get, collate, set the info
+        # key order aside (the direct path puts "index" before "priority_weight", as it always has)
+        assert set(got.keys()) == set(want.keys()) and got.batch_size == want.batch_size
+        assert got.device == want.device
+        for key in want.keys():
+            a, b = got[key], want[key]
+            assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), key
+            assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 64])
+def test_batch_views_are_field_views(n):
+    """The packed batch's field views (fewer ops) have the metadata and bytes of the original views."""
+    spec = {"x": ((2, 1, 3), torch.float16), "y": ((0,), torch.float64), "z": ((1,), torch.int8),
+            "w": ((4, 4), torch.complex64), "v": ((), torch.float64), "u": ((1, 1), torch.uint8),
+            "t": ((5,), torch.bfloat16), "a": ((), torch.int64), "d": ((), torch.bool)}
+    layout, row_bytes = storage_mod._row_layout(spec)
+    plan = storage_mod._view_plan(layout, row_bytes // 8)
+    block = torch.randint(-2**62, 2**62, (n, row_bytes // 8))
+    want = storage_mod._field_views(block, layout)
+    got = storage_mod._batch_views(block, layout, plan)
+    assert list(got) == list(want)
+    for key in want:
+        a, b = got[key], want[key]
+        assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.data_ptr()) == \
+               (b.dtype, b.shape, b.stride(), b.storage_offset(), b.data_ptr()), key
+
+
+def test_packed_write_leaves_every_byte_as_per_key_writes(device):
+    """The one-cat write of a packed batch against TensorDict's per-key indexed assignment, bytes of the
+    whole ring compared (fields with several dims, 1-byte and 8-byte types, a zero-size field)."""
+    def batch(n, start):
+        td = transitions(n, start)
+        td["empty"] = torch.zeros(n, 0)
+        return td
+
+    fast = make_replay_buffer(16, 2, device=device, packed=True)
+    slow = _generic(make_replay_buffer(16, 2, device=device, packed=True))
+    for rb in (fast, slow):
+        rb.extend(batch(3, 0))
+        rb.storage.rows.view(torch.uint8).fill_(0xAB)  # padding bytes must keep whatever they hold
+    for n in (4, 5, 6, 16):  # slots 3-6, 7-11, then two wrapping writes (per-key path)
+        td = batch(n, 10 * n)
+        fast.extend(td)
+        slow.extend(td.clone())
+        assert torch.equal(fast.storage.rows.cpu(), slow.storage.rows.cpu())
+
+
+def test_update_priority_shortcuts_equal_the_general_path(device):
+    """1-D int64 index and float32 priority skip the flatten/cast; a grad-requiring priority stays out of
+    autograd. Compared with the general path (2-D index, float64 priority, detached)."""
+    fast, slow = _buffers("proportional", device, packed=False)
+    for rb in (fast, slow):
+        rb.extend(transitions(12))
+    p = torch.rand(12, device=device, dtype=torch.float64) * 3
+    weight = torch.ones((), device=device, requires_grad=True)
+    fast.update_priority(torch.arange(12, device=device), (p.float() * weight))
+    slow.update_priority(torch.arange(12).reshape(3, 4), p.float().double().reshape(12, 1))
+    _assert_same_state(fast, slow)
+    assert not any(t.requires_grad for t in fast.sampler.device_state())
+
+
+def test_default_priority_is_the_running_max_or_one(device):
+    sampler = make_replay_buffer(8, 2, device=device).sampler
+    for value in (float("-inf"), float("inf"), float("nan"), 0.0, 2.5):
+        sampler._max_raw.fill_(value)
+        m = sampler._max_raw
+        want = torch.where(torch.isinf(m), torch.ones_like(m), m)
+        got = sampler.default_priority
+        assert got.shape == () and got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+
+
+def test_storage_len_reads_torchrl_length(device):
+    rb = make_replay_buffer(8, 2, device=device)
+    for n in (0, 3, 8):
+        if n:
+            rb.extend(transitions(n))
+        storage = rb.storage
+        assert len(storage) == type(storage).__mro__[1].__len__(storage) == storage._len
+
+
+def test_writer_direct_extend_tags_the_batch_as_torchrl(device):
+    """Called directly, our writer tags the batch with its slots, as TorchRL's writer does."""
+    rb = make_replay_buffer(8, 2, device=device, packed=True)
+    rb.extend(transitions(3))
+    writer = rb._writer
+    assert isinstance(writer, GPURoundRobinWriter)
+    td = transitions(2)
+    index = writer.extend(td)
+    assert torch.equal(td["index"], index) and torch.equal(index.cpu(), torch.tensor([3, 4]))
+
+
+def test_ext_scalar_helpers():
+    _common = pytest.importorskip("lightning_per.ext._common")
+    struct = pytest.importorskip("struct")
+    bits = lambda v: struct.unpack("<q", struct.pack("<d", float(v)))[0]  # noqa: E731
+    for value in (0.0, -0.0, 1e-8, 0.4, float("inf"), float("-inf"), 1, 3.0, 0.0, -0.0, 1e-8):
+        assert _common.f64_bits(value) == bits(value)
+    nan = _common.f64_bits(float("nan"))
+    assert nan == bits(float("nan"))
+    cpu = torch.device("cpu")
+    assert _common.same_device(cpu, torch.device("cpu")) and _common.same_device("cpu", cpu)
+    assert not _common.same_device(cpu, torch.device("meta"))
