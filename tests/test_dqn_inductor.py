@@ -173,3 +173,21 @@ def test_compiled_step_with_clip_matches_clip_then_fused_adam():
             torch.testing.assert_close(p2, p, **_TIGHT, msg=f"parameters after step {step}")
     with pytest.raises(ValueError, match="max_norm"):
         CompiledStep(opt2, backend=BACKEND, clip=(list(q2.parameters()), 0.0))
+
+
+def test_sumsq_clip_equals_torch_clip_grad_norm():
+    """clip_grad_norm_sumsq_ = torch.nn.utils.clip_grad_norm_ (norm returned and gradients), clipping and not."""
+    from lightning_per.dqn.compiled import clip_grad_norm_sumsq_
+
+    torch.manual_seed(0)
+    for max_norm in (0.05, 1e6):  # active, inactive
+        q = make_q_network("mlp", (6,), 5, (16, 16))
+        q2 = copy.deepcopy(q)
+        x = torch.randn(8, 6)
+        for net in (q, q2):
+            (10 * net(x)).square().mean().backward()
+        want = torch.nn.utils.clip_grad_norm_(q.parameters(), max_norm)
+        got = clip_grad_norm_sumsq_(list(q2.parameters()), max_norm)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        for p, p2 in zip(q.parameters(), q2.parameters()):
+            torch.testing.assert_close(p2.grad, p.grad, rtol=1e-6, atol=0)

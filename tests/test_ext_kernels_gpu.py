@@ -410,6 +410,9 @@ def test_sample_gather_under_torch_compile_matches_eager():
 
     got = torch.compile(fn, fullgraph=True)(u)
     want = fn(u)
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
+    for name, g, w in zip(("index", "weight", "rows", "consumer"), got, want):
+        if name == "weight":  # Inductor compiles the batch normalisation w / w.max() itself: ulp-level rounding
+            torch.testing.assert_close(g, w, rtol=2e-7, atol=0)
+        else:
+            assert torch.equal(g, w), name
     assert torch.equal(want[2], rows[want[0]])

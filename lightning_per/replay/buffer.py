@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.replay_buffers.tensordict import TensorDictReplayBuffer as _TDRB
 
 from lightning_per.replay.errors import check_batch_size
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
@@ -125,7 +124,7 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         self._prioritized_sampler_write_count = 0
         kwargs.setdefault("writer", GPURoundRobinWriter())
         # TorchRL's own __init__ would build its C++-tree sampler: go one level up instead.
-        _TDRB.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
+        TensorDictReplayBuffer.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
         """A batch ``[B]`` on the device with ``"index"`` and ``"priority_weight"`` (TorchRL's keys).
