@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -44,6 +45,9 @@ def test_summary_contents_plot_and_final_line(tmp_path, caplog):
     assert summary["metrics"]["value_max"] == 27.0 and summary["metrics"]["never"] is None  # NaN -> null
     png = out / "learning_curve.png"
     assert summary["learning_curve"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((out / "history.csv").open()))  # one row per epoch, as the callback logged
+    assert summary["history"] == str(out / "history.csv") and [r["epoch"] for r in rows] == ["0", "1", "2"]
+    assert float(rows[-1]["value_max"]) == 27.0 and rows[-1]["never"] == ""  # NaN -> empty cell
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("done:")]
     assert lines == [arts.final_line] and lines[0].endswith(str(out / "summary.json"))

@@ -12,7 +12,9 @@ Sources (all read at the end of training, where one host sync is fine):
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import json
 import math
 import os
@@ -80,7 +82,9 @@ class RunArtifactsCallback(Callback):
     ``env_steps``, ``updates``, ``epochs``, ``global_step``, ``wall_time_s`` (seconds of ``fit``, summed
     over resumed segments, ``time.monotonic``), ``updates_per_s``, ``env_steps_per_s``, ``world_size``,
     ``device``, ``device_name``, ``finished_at`` (ISO 8601, UTC), ``metrics`` (the last logged epoch's
-    values), ``learning_curve`` (PNG path or null). Non-finite numbers are written as null. Files are written
+    values), ``learning_curve`` (PNG path or null), ``history`` (path of ``history.csv``: one row per logged
+    epoch, every metric of the :class:`AsyncMetricsCallback` history, e.g. ``time_s`` and ``episode_return``
+    to read when a score was first reached; or null). Non-finite numbers are written as null. Files are written
     atomically on global rank 0; one line (:func:`format_final_line`) is logged at INFO.
 
     Args:
@@ -91,6 +95,7 @@ class RunArtifactsCallback(Callback):
         loss_key: history metric plotted as the loss per epoch.
         summary_name: file name of the summary.
         plot_name: file name of the PNG.
+        history_name: file name of the per-epoch CSV.
         verbose: log the final line.
 
     Raises:
@@ -100,16 +105,18 @@ class RunArtifactsCallback(Callback):
     def __init__(self, dirpath: str | None = None, window: int = 20, plot: bool = True,
                  return_key: str = "episode_return", loss_key: str = "loss",
                  summary_name: str = "summary.json", plot_name: str = "learning_curve.png",
-                 verbose: bool = True) -> None:
+                 verbose: bool = True, history_name: str = "history.csv") -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        for arg, value in (("summary_name", summary_name), ("plot_name", plot_name)):
+        for arg, value in (("summary_name", summary_name), ("plot_name", plot_name),
+                           ("history_name", history_name)):
             if not value or os.sep in value or (os.altsep and os.altsep in value):
                 raise ValueError(f"{arg} must be a plain file name, got {value!r}")
         self.dirpath = dirpath
         self.window = int(window)
         self.plot = bool(plot)
         self.return_key, self.loss_key = return_key, loss_key
+        self.history_name = history_name
         self.summary_name, self.plot_name = summary_name, plot_name
         self.verbose = bool(verbose)
         self._elapsed_before_s = 0.0  # wall time of earlier (resumed) segments, seconds
@@ -208,6 +215,7 @@ class RunArtifactsCallback(Callback):
             "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "metrics": {k: v for k, v in last.items()},
             "learning_curve": None,
+            "history": None,
         })
 
     def write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "done",
@@ -224,12 +232,29 @@ class RunArtifactsCallback(Callback):
             png = run_dir / self.plot_name
             save_learning_curve(metrics_cb.history, png, self.return_key, self.loss_key)
             summary["learning_curve"] = str(png)
+        if metrics_cb is not None and metrics_cb.history:
+            summary["history"] = str(write_history_csv(metrics_cb.history, run_dir / self.history_name))
         path = run_dir / self.summary_name
         atomic_write_text(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
         self.final_line = format_final_line(summary, path)
         if announce and self.verbose:
             rank_zero_info(self.final_line)
         return summary
+
+
+def write_history_csv(history: list[dict[str, float]], path: str | os.PathLike[str]) -> Path:
+    """Write the per-epoch ``history`` (dicts of metric -> value) as CSV atomically: a header with every
+    metric seen (``epoch`` first, then in first-seen order), one row per epoch, empty cells where a metric was
+    not logged that epoch. Returns the path."""
+    path = Path(path)
+    columns = list(dict.fromkeys(["epoch", *(k for row in history for k in row)]))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    for row in history:
+        writer.writerow({k: _as_number(v) for k, v in row.items()})
+    atomic_write_text(path, buf.getvalue())
+    return path
 
 
 def save_learning_curve(history: list[dict[str, float]], path: str | os.PathLike[str],
