@@ -363,7 +363,8 @@ def is_weights(p_sel: Tensor, p_min: Tensor, beta: Tensor | float, normalize: st
 # ------------------------------------------------------------------- sample + gather of packed rows
 #: Largest number of row words one program copies per pass of the gather loop. A pass costs about one
 #: memory latency (the store waits for its load), so large rows want few, wide passes: Pong's ~7,060-word
-#: rows take two, CartPole's ~54 one (chunk 64).
+#: rows take two, CartPole's ~54 one (chunk 64). (``GPUPrioritizedSampler.sample_gather`` fuses rows of at most
+#: ``FUSED_GATHER_MAX_WORDS`` = 1,024 words; wider ones reach this kernel only through the op itself.)
 GATHER_CHUNK = 4096
 
 

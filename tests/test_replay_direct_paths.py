@@ -231,3 +231,51 @@ def test_ext_scalar_helpers():
     cpu = torch.device("cpu")
     assert _common.same_device(cpu, torch.device("cpu")) and _common.same_device("cpu", cpu)
     assert not _common.same_device(cpu, torch.device("meta"))
+
+
+def test_writer_subclass_keeps_its_extend(device):
+    """A subclass of our writer that overrides ``extend`` is called (the direct path takes our writer only)."""
+    calls = []
+
+    class Counting(GPURoundRobinWriter):
+        def extend(self, data):
+            calls.append(len(data))
+            return super().extend(data)
+
+    from lightning_per import GPUPrioritizedReplayBuffer
+    rb = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, device=device, writer=Counting(), batch_size=2,
+                                    storage=storage_mod.GPUTensorStorage(8, device=device))
+    rb.extend(transitions(3))
+    rb.extend(transitions(2, 3))
+    assert calls == [3, 2] and len(rb) == 5
+
+
+def test_custom_collate_takes_torchrl_sample(device):
+    """A ``collate_fn`` (which the direct sample path does not apply) sends ``sample`` through TorchRL's."""
+    from lightning_per import GPUPrioritizedReplayBuffer
+    seen = []
+
+    def collate(batch):
+        seen.append(batch.batch_size)
+        return batch
+
+    rb = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, device=device, collate_fn=collate, batch_size=3,
+                                    storage=storage_mod.GPUTensorStorage(8, device=device))
+    rb.extend(transitions(5))
+    batch = rb.sample()
+    assert seen == [torch.Size([3])] and {"index", "priority_weight"} <= set(batch.keys())
+    default = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, device=device, batch_size=3)
+    assert default._direct_sample and not rb._direct_sample
+
+
+def test_generation_tracking_takes_torchrl_sample(device):
+    """A writer that tracks generations (torchrl >= 0.14) gets TorchRL's sample, which adds "index_generation"."""
+    try:
+        writer = GPURoundRobinWriter(track_generations=True)
+    except TypeError:
+        pytest.skip("this torchrl has no generation tracking")
+    from lightning_per import GPUPrioritizedReplayBuffer
+    rb = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, device=device, writer=writer, batch_size=3,
+                                    storage=storage_mod.GPUTensorStorage(8, device=device))
+    rb.extend(transitions(5))
+    assert not rb._direct_sample and "index_generation" in rb.sample().keys()

@@ -151,11 +151,14 @@ def clip_grad_norm_sumsq_(params: list[Tensor], max_norm: float) -> Tensor:
     that Inductor does not lower (8.8 us of the DQN's 115 us update on an H200, ``benchmarks/profile_dqn.py``).
 
     Args:
-        params: parameters whose ``.grad`` (any float dtype, any device) is clipped; those without one are skipped.
-        max_norm: the norm bound (> 0).
+        params: parameters whose ``.grad`` (any float dtype; all on one device) is clipped; those without one
+            are skipped. The squares are summed in float32 (float64 gradients lose precision there; torch's
+            clip keeps their dtype).
+        max_norm: the norm bound (> 0; not checked here: :class:`CompiledStep` checks it).
 
     Returns:
-        The norm before clipping, a 0-d float32 tensor on the gradients' device (0 without gradients).
+        The norm before clipping, a 0-d float32 tensor on the gradients' device (a CPU ``0.`` without
+        gradients).
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:

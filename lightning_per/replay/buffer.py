@@ -57,7 +57,8 @@ def _direct_extend(rb, data, update_priority: bool | None):
     if type(data) is not TensorDict or (rb._delayed_init and not rb.initialized):
         return None
     writer, transform = rb._writer, rb._transform
-    if (not isinstance(writer, GPURoundRobinWriter) or (transform is not None and len(transform))
+    # exactly our writer: a subclass may override extend / _mark_update_entities, which this path would skip
+    if (type(writer) is not GPURoundRobinWriter or (transform is not None and len(transform))
             or rb._dim_extend or getattr(rb, "_is_consuming", bool)()):  # no consuming buffers before torchrl 0.12
         return None
     pairs = writer._direct_pairs(data)
@@ -125,35 +126,28 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         kwargs.setdefault("writer", GPURoundRobinWriter())
         # TorchRL's own __init__ would build its C++-tree sampler: go one level up instead.
         TensorDictReplayBuffer.__init__(self, priority_key=priority_key, storage=storage, sampler=prioritized, **kwargs)
+        # TorchRL sampling features, fixed at construction, that the direct sample path does not implement
+        self._direct_sample = not (kwargs.get("collate_fn") is not None or kwargs.get("pin_memory")
+                                   or kwargs.get("prefetch") or kwargs.get("sample_unit") is not None
+                                   or kwargs.get("delayed_init") or kwargs.get("transform_factory") is not None
+                                   or getattr(self._writer, "tracks_generations", False))  # (torchrl >= 0.14)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
         """A batch ``[B]`` on the device with ``"index"`` and ``"priority_weight"`` (TorchRL's keys).
 
-        Without transforms or prefetching this takes a direct path (sampler -> storage gather), which
-        skips TorchRL's generic machinery (locks, collate, info re-packing) on the hot path; otherwise
-        it defers to TorchRL's ``sample``. ``return_info=True`` also returns the info dict.
+        Without transforms, prefetching, a custom ``collate_fn``, ``pin_memory``, a sample unit or generation
+        tracking this takes a direct path (:meth:`GPUPrioritizedSampler.sample_gather`: one fused sample +
+        gather with a packed storage), which skips TorchRL's generic machinery (its locks, collate, info
+        re-packing) on the hot path; otherwise it defers to TorchRL's ``sample``. ``return_info=True`` also
+        returns the info dict.
         """
-        direct = (not len(self._transform) and not self._prefetch and include_info is None
-                  and getattr(self, "_sample_unit", None) is None)  # (torchrl >= 0.12)
-        if not direct:
+        if not (self._direct_sample and include_info is None and not len(self._transform)):
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         if batch_size is None:
             batch_size = self._batch_size
             if batch_size is None:
                 raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
-        storage = self._storage
-        if isinstance(self._sampler, GPUPrioritizedSampler):  # one fused sample + gather when packed
-            index, info, data = self._sampler.sample_gather(storage, batch_size, with_info=True)
-            info["index"] = index
-            return (data, info) if return_info else data
-        index, info = self._sampler.sample(storage, batch_size)
-        extra = {"index": index, "priority_weight": info["priority_weight"]}
-        if isinstance(storage, GPUTensorStorage):
-            data = storage._read(index, extra)  # the batch built once, with its index and weights
-        else:
-            data = storage.get(index)
-            for key, value in extra.items():
-                data.set(key, value)
+        index, info, data = self._sampler.sample_gather(self._storage, batch_size, with_info=True)
         info["index"] = index
         return (data, info) if return_info else data
 

@@ -26,7 +26,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
-from lightning_per.replay.storage import GPUTensorStorage, default_device
+from lightning_per.replay.storage import GPUTensorStorage, _set_all, default_device
 
 __all__ = ["GPUPrioritizedSampler"]
 
@@ -305,6 +305,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             batch_size: B >= 1.
             with_info: also put ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys).
 
+        Returns:
+            ``index`` ``(B,)`` int64 and ``info`` ``{"priority_weight": (B,) float32}`` on :attr:`device`, as
+            :meth:`sample`; ``batch`` a TensorDict ``[B]`` on the storage's device (packed: its fields are
+            views into one gathered ``(B, W)`` int64 block).
+
         Raises:
             As :meth:`sample`.
         """
@@ -314,10 +319,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
             if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
                 return index, info, storage._read(index, extra)
-            batch = storage.get(index)
-            for key, value in (extra or {}).items():
-                batch.set(key, value)
-            return index, info, batch
+            return index, info, _set_all(storage.get(index), extra)
         check_batch_size(batch_size)
         if len(storage) == 0:
             raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")

@@ -114,6 +114,13 @@ def _batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Te
     return out
 
 
+def _set_all(data: TensorDictBase, extra: dict[str, torch.Tensor] | None) -> TensorDictBase:
+    """``data.set(key, value)`` for each of ``extra`` (validated: moved to ``data``'s device, shape checked)."""
+    for key, value in (extra or {}).items():
+        data.set(key, value)
+    return data
+
+
 class GPUTensorStorage(LazyTensorStorage):
     """Ring storage of transitions preallocated on ``device`` at the first write.
 
@@ -156,6 +163,10 @@ class GPUTensorStorage(LazyTensorStorage):
         self._spec: dict | None = None
         self.rows: torch.Tensor | None = None  # (max_size, row_bytes / 8) int64 when packed
         self._layout: dict[Any, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}  # key: (offset, nbytes, ..)
+        # caches of the hot paths, set by _allocate / _index_flat (None until the first write)
+        self._plan = self._pack = self._ring_bytes = None  # packed ring: batch views, one-cat write, its bytes
+        self._flat = self._flat_spec = None  # flat keys: {key: ring tensor}, {key: (ring, dtype, item shape)}
+        self._device_cached: torch.device | None = None  # the ring's device
 
     # ------------------------------------------------------------------ allocation
     def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
@@ -184,8 +195,8 @@ class GPUTensorStorage(LazyTensorStorage):
             self._ring_bytes = self.rows.view(torch.uint8)  # (max_size, row_bytes)
             tensors = _field_views(self.rows, layout)
         else:
-            self.rows, self._layout, self._plan = None, {}, None
-            self._pack = self._ring_bytes = None
+            self.rows, self._layout = None, {}
+            self._plan = self._pack = self._ring_bytes = None
             tensors = {k: torch.zeros((self.max_size, *v.shape), dtype=v.dtype, device=device)
                        for k, v in leaves.items()}
         self._storage = TensorDict(tensors, batch_size=[self.max_size], device=device)
@@ -290,7 +301,7 @@ class GPUTensorStorage(LazyTensorStorage):
         (``n >= 1``) whose top-level tensors, but ``"index"``, are exactly the stored keys with the stored
         per-item shapes and dtypes (what :meth:`check_spec` accepts, for flat storages); else None (the
         caller takes the generic path, which raises the documented errors). Changes nothing."""
-        spec = getattr(self, "_flat_spec", None)
+        spec = self._flat_spec
         if spec is None or not self.initialized or data.batch_dims != 1 or not data.batch_size[0]:
             return None
         pairs = {}
@@ -330,7 +341,7 @@ class GPUTensorStorage(LazyTensorStorage):
         bytes into the rows' bytes ``[0, end)`` (one kernel instead of one copy per key; the row's tail
         padding is left as it is, as the per-key writes leave it). False (nothing written) when the ring is
         not packed or a value is not contiguous or the values are on more than one device."""
-        pack = getattr(self, "_pack", None)
+        pack = self._pack
         if pack is None:
             return False
         fields, end = pack
@@ -366,66 +377,54 @@ class GPUTensorStorage(LazyTensorStorage):
         ``(B,)`` tensors on :attr:`device`, the batch is built once with them (no validated ``set``)."""
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-        flat = getattr(self, "_flat", None)
-        if flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
-            if isinstance(index, torch.Tensor) and index.device != self._storage.device:
-                index = index.to(self._storage.device, non_blocking=True)
-            data = self._storage[index]
-            for key, value in (extra or {}).items():
-                data.set(key, value)
-            return data
         device = self._device_cached
-        if extra:
-            shape = index.shape
-            for value in extra.values():
-                if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == shape):
-                    data = self._read(index)
-                    for key, v in extra.items():
-                        data.set(key, v)
-                    return data
+        if self._flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
+            if isinstance(index, torch.Tensor) and index.device != device:
+                index = index.to(device, non_blocking=True)
+            return _set_all(self._storage[index], extra)
+        for value in (extra or {}).values():  # a loop, not all(<genexpr>): fewer Python calls on the hot path
+            if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == index.shape):
+                return _set_all(self._read(index), extra)  # validated sets (they move or reject such values)
         if index.device != device:
             index = index.to(device, non_blocking=True)
         if self.rows is not None:  # one gather of whole rows; the fields are views into it
-            plan = getattr(self, "_plan", None)
-            block = self.rows[index]
-            fields = (_batch_views(block, self._layout, plan) if plan is not None
-                      else _field_views(block, self._layout))
-        else:
-            # one gather per key (advanced indexing: on the H200 3.2 us for a (256, 51) float32 batch against
-            # index_select's 4.0, benchmarks/results/gather_h200.json)
-            fields = {k: v[index] for k, v in flat.items()}
+            return self._rows_batch(self.rows[index], extra)
+        # one gather per key (advanced indexing: on the H200 3.2 us for a (256, 51) float32 batch against
+        # index_select's 4.0, benchmarks/results/gather_h200.json)
+        fields = {k: v[index] for k, v in self._flat.items()}
         if extra:
             fields.update(extra)
         # a TensorDict built without re-validating shapes we guarantee
         return TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+
+    def _rows_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> TensorDict:
+        """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` plus ``extra``
+        (no validation: :meth:`_read` and :meth:`rows_to_batch` guarantee the shapes)."""
+        fields = _batch_views(block, self._layout, self._plan)
+        if extra:
+            fields.update(extra)
+        return TensorDict._new_unsafe(fields, batch_size=block.shape[:1], device=self._device_cached)
 
     @property
     def gather_rows(self) -> torch.Tensor | None:
         """The packed ring :attr:`rows` ``(max_size, W) int64`` when a gathered block of its rows can become a
         batch through :meth:`rows_to_batch` (packed storage, flat keys, initialised); else None. What a
         sampler's fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
-        if self.rows is None or getattr(self, "_flat", None) is None:
-            return None
-        return self.rows
+        return None if self._flat is None else self.rows
 
     def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
-        """The batch of gathered packed rows: ``block`` ``(B, W) int64``, a fresh contiguous gather of
-        :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the TensorDict ``[B]``
-        that :meth:`get` ``(index)`` returns (the same field views into ``block``), plus the ``(B,)``
-        tensors of ``extra`` (e.g. ``"index"``, ``"priority_weight"``), set without validation.
+        """The batch of gathered packed rows: ``block`` ``(B, W) int64`` on :attr:`device`, a fresh contiguous
+        gather of :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the
+        TensorDict ``[B]`` that :meth:`get` ``(index)`` returns (the same field views into ``block``), plus the
+        ``(B,)`` tensors of ``extra`` on :attr:`device` (e.g. ``"index"``, ``"priority_weight"``), set
+        without validation.
 
         Raises:
             RuntimeError: the storage has no packed ring with flat keys (:attr:`gather_rows` is None).
         """
         if self.gather_rows is None:
             raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage with flat keys, written at least once")
-        plan = getattr(self, "_plan", None)
-        fields = (_batch_views(block, self._layout, plan) if plan is not None
-                  else _field_views(block, self._layout))
-        if extra:
-            fields.update(extra)
-        device = getattr(self, "_device_cached", None) or self._storage.device
-        return TensorDict._new_unsafe(fields, batch_size=block.shape[:1], device=device)
+        return self._rows_batch(block, extra)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
