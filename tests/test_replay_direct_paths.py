@@ -279,3 +279,30 @@ def test_generation_tracking_takes_torchrl_sample(device):
                                     storage=storage_mod.GPUTensorStorage(8, device=device))
     rb.extend(transitions(5))
     assert not rb._direct_sample and "index_generation" in rb.sample().keys()
+
+
+def test_direct_sample_and_update_hold_the_buffer_locks():
+    """The direct sample and update_priority take TorchRL's replay and write locks, as TorchRL's own
+    methods do, so a writer thread cannot land a write in the middle of either."""
+    import threading
+
+    rb = make_replay_buffer(64, 8, device="cpu", packed=True, generator=torch.Generator().manual_seed(0))
+    rb.extend(TensorDict({"observation": torch.randn(32, 3), "reward": torch.randn(32)}, [32]))
+    held = []
+
+    class Probe:
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            held.append(True)
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    rb._replay_lock, rb._write_lock = Probe(threading.RLock()), Probe(threading.RLock())
+    data = rb.sample()
+    assert held == [True, True]
+    rb.update_priority(data["index"], torch.ones(8))
+    assert held == [True, True, True, True]

@@ -147,7 +147,8 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
             batch_size = self._batch_size
             if batch_size is None:
                 raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
-        index, info, data = self._sampler.sample_gather(self._storage, batch_size, with_info=True)
+        with self._replay_lock, self._write_lock:  # as TorchRL's sample: no write lands in between
+            index, info, data = self._sampler.sample_gather(self._storage, batch_size, with_info=True)
         info["index"] = index
         return (data, info) if return_info else data
 
@@ -171,7 +172,8 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         """
         if isinstance(index, tuple):
             raise TypeError("index must be a flat tensor of slots (the storage is 1-D), got a tuple")
-        self._sampler.update_priority(index, priority, storage=self._storage)  # validates first
+        with self._replay_lock, self._write_lock:  # as TorchRL's update_priority
+            self._sampler.update_priority(index, priority, storage=self._storage)  # validates first
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
