@@ -129,50 +129,38 @@ def test_captured_inductor_update_matches_eager_on_cuda():
             torch.testing.assert_close(p2, p, rtol=1e-4, atol=1e-5)
 
 
-def test_compiled_adam_step_matches_fused_adam():
-    """CompiledStep (foreach Adam through torch.compile) = torch's fused Adam, step by step (3 steps)."""
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_compiled_adam_step_matches_fused_adam(clip):
+    """CompiledStep (foreach Adam through torch.compile) = torch's fused Adam, step by step (3 steps); with
+    ``clip=(params, 0.05)`` = torch's clip_grad_norm_ followed by fused Adam (the clip active every step)."""
     torch.manual_seed(0)
     q = make_q_network("mlp", (6,), 5, (16, 16))
     q2 = copy.deepcopy(q)
     opt = torch.optim.Adam(q.parameters(), lr=1e-2, eps=1e-4, fused=True)
     opt2 = torch.optim.Adam(q2.parameters(), lr=1e-2, eps=1e-4, foreach=True)
-    stepper = CompiledStep(opt2, backend=BACKEND)
+    stepper = CompiledStep(opt2, backend=BACKEND, clip=None if clip is None else (list(q2.parameters()), clip))
+    assert stepper.clips == (clip is not None)
+    scale = 1.0 if clip is None else 10.0  # with the clip: gradient norm >> 0.05, so the clip scales
     for step in range(3):
         x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step))
         for net, o in ((q, opt), (q2, opt2)):
             o.zero_grad(set_to_none=True)
-            net(x).square().mean().backward()
+            (scale * net(x)).square().mean().backward()
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(q.parameters(), clip)
+            assert norm > clip
         opt.step()
         stepper.step()
         for p, p2 in zip(q.parameters(), q2.parameters()):
+            if clip is not None:
+                torch.testing.assert_close(p2.grad, p.grad, **_TIGHT, msg=f"clipped gradients at step {step}")
             torch.testing.assert_close(p2, p, **_TIGHT, msg=f"parameters after step {step}")
-    torch.testing.assert_close(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"],
-                               **_TIGHT)
-
-
-def test_compiled_step_with_clip_matches_clip_then_fused_adam():
-    """CompiledStep(clip=...) = torch's clip_grad_norm_ followed by fused Adam (3 steps, clip active)."""
-    torch.manual_seed(0)
-    q = make_q_network("mlp", (6,), 5, (16, 16))
-    q2 = copy.deepcopy(q)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-2, eps=1e-4, fused=True)
-    opt2 = torch.optim.Adam(q2.parameters(), lr=1e-2, eps=1e-4, foreach=True)
-    stepper = CompiledStep(opt2, backend=BACKEND, clip=(list(q2.parameters()), 0.05))
-    assert stepper.clips
-    for step in range(3):
-        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step))
-        for net, o in ((q, opt), (q2, opt2)):
-            o.zero_grad(set_to_none=True)
-            (10 * net(x)).square().mean().backward()  # gradient norm >> 0.05: the clip scales
-        norm = torch.nn.utils.clip_grad_norm_(q.parameters(), 0.05)
-        assert norm > 0.05
-        opt.step()
-        stepper.step()
-        for p, p2 in zip(q.parameters(), q2.parameters()):
-            torch.testing.assert_close(p2.grad, p.grad, **_TIGHT, msg=f"clipped gradients at step {step}")
-            torch.testing.assert_close(p2, p, **_TIGHT, msg=f"parameters after step {step}")
-    with pytest.raises(ValueError, match="max_norm"):
-        CompiledStep(opt2, backend=BACKEND, clip=(list(q2.parameters()), 0.0))
+    if clip is None:
+        torch.testing.assert_close(opt2.state_dict()["state"][0]["exp_avg"],
+                                   opt.state_dict()["state"][0]["exp_avg"], **_TIGHT)
+    else:
+        with pytest.raises(ValueError, match="max_norm"):
+            CompiledStep(opt2, backend=BACKEND, clip=(list(q2.parameters()), 0.0))
 
 
 def test_sumsq_clip_equals_torch_clip_grad_norm():

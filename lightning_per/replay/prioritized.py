@@ -263,13 +263,18 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
-        check_batch_size(batch_size)
-        if len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
-        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
+        u = self._uniforms(storage, batch_size)  # [B]
         index, weight = self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u,
                                                       self._beta_t, self.stratified, self.weight_normalization)
         return index, {"priority_weight": weight}
+
+    def _uniforms(self, storage, batch_size: int) -> Tensor:
+        """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`, after the
+        checks every draw makes (``batch_size`` an int >= 1, a non-empty storage; errors as :meth:`sample`)."""
+        check_batch_size(batch_size)
+        if len(storage) == 0:
+            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+        return torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)
 
     def _fusable_rows(self, storage) -> Tensor | None:
         """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
@@ -320,10 +325,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
                 return index, info, storage._read(index, extra)
             return index, info, _set_all(storage.get(index), extra)
-        check_batch_size(batch_size)
-        if len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
-        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
+        u = self._uniforms(storage, batch_size)  # [B]
         index, weight, block = self._ops.sample_proportional_gather(
             self._leaves, self._block_sum, self._block_min, u, self._beta_t, rows, self.stratified,
             self.weight_normalization)  # [B], [B], [B, W]
