@@ -4,6 +4,9 @@ Rows, measured side by side in one process per implementation family:
   ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
   ours-graph        the same step captured in one CUDA graph and replayed
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default)
+  *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
+                    default); ``ours-kernels-eager-launches`` is the same buffer with ``eager_graphs=False``
+                    (every kernel launched from the host)
   ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads); the
                     graph rows run what the buffer runs (draw + row gather fused in one launch with the packed
                     storage), the *-unfused rows the former sampler.sample + storage.get (two launches)
@@ -84,16 +87,17 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
     from lightning_per import make_replay_buffer
 
     rows = []
-    for name, kind, backend in (("ours-eager", "proportional", "reference"),
-                                ("ours-rank-eager", "rank", "reference"),
-                                ("ours-kernels-eager", "proportional", "kernels")):
+    for name, kind, backend, eager_graphs in (("ours-eager", "proportional", "reference", True),
+                                              ("ours-rank-eager", "rank", "reference", True),
+                                              ("ours-kernels-eager", "proportional", "kernels", True),
+                                              ("ours-kernels-eager-launches", "proportional", "kernels", False)):
         if backend == "kernels" and device.type != "cuda":
             continue
         if device.type == "cuda":
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,
-                                generator=torch.Generator().manual_seed(0))  # one gather per batch
+        rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,  # one gather
+                                eager_graphs=eager_graphs, generator=torch.Generator().manual_seed(0))
         fill(rb, N, device)
         mem = (torch.cuda.memory_allocated(device) - base) / N if device.type == "cuda" else float("nan")
         step = step_fn(rb, B)
@@ -103,7 +107,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
                "extend64_us": timed(lambda rb=rb, ext=ext: rb.extend(ext), iters, device) * 1e6,
                "bytes_per_slot": mem, "transition_bytes": TRANSITION_BYTES}
         rows.append(row)
-        if device.type == "cuda" and kind == "proportional":
+        if device.type == "cuda" and kind == "proportional" and eager_graphs:
             replay = graph_step(rb, B, device)
             rows.append({**row, "impl": name.replace("eager", "graph"),
                          "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})

@@ -13,6 +13,8 @@ events over ``--iters`` calls (the device is idle most of the time, so each row 
   sample          ``rb.sample(B)``
   update          ``rb.update_priority(index, priority)``
   step            the whole step
+  *-launches      the same on a buffer with ``eager_graphs=False`` (sample, update, step above replay the
+                  sampler's cached CUDA graphs, the default)
   graph-replay    one CUDA graph of the sample kernel's work, replayed (what a cached graph costs the host)
   clone-rows      one clone of the (B, W) gathered rows
 
@@ -44,9 +46,11 @@ def main(argv=None) -> int:
     from lightning_per import make_replay_buffer
 
     device, N, B = torch.device("cuda"), int(a.capacity), a.batch
-    rb = make_replay_buffer(N, B, sampler="proportional", device=device, backend="kernels", packed=True,
-                            generator=torch.Generator().manual_seed(0))
+    rb, rb_launches = (make_replay_buffer(N, B, sampler="proportional", device=device, backend="kernels",
+                                          packed=True, eager_graphs=graphs, generator=torch.Generator().manual_seed(0))
+                       for graphs in (True, False))
     fill(rb, N, device)
+    fill(rb_launches, N, device)
     sampler, storage, ops = rb.sampler, rb.storage, rb.sampler._ops
     rows = storage.gather_rows
     u = torch.rand(B, device=device, dtype=torch.float64)
@@ -65,7 +69,7 @@ def main(argv=None) -> int:
                              sampler._max_raw, sampler._n_clamped, sampler._n_dropped, index, prio, N, N,
                              sampler._alpha_t, sampler._eps)
 
-    def step():
+    def step(rb=rb):
         d = rb.sample(B)
         rb.update_priority(d["index"], d["reward"].abs() + 0.01)
 
@@ -81,6 +85,9 @@ def main(argv=None) -> int:
         "sample": lambda: rb.sample(B),
         "update": lambda: rb.update_priority(index, prio),
         "step": step,
+        "sample-launches": lambda: rb_launches.sample(B),
+        "update-launches": lambda: rb_launches.update_priority(index, prio),
+        "step-launches": lambda: step(rb_launches),
         "graph-replay": replay,
         "clone-rows": lambda: block.clone(),
     }

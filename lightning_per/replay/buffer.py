@@ -95,7 +95,7 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default) or ``"rank"``
             (:class:`GPURankBasedSampler`).
         sampler_kwargs: extra arguments of the sampler (``stratified``, ``weight_normalization``,
-            ``sort_every``, ``backend``, ``seed``).
+            ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
 
     A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
     :class:`GPUTensorStorage` of the same size. ``sample()`` returns a TensorDict ``[B]`` on the device
@@ -231,7 +231,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         packed: store each transition as one row (:class:`GPUTensorStorage` ``packed=True``): a batch read
             is one gather kernel whatever the number of keys, and the batch's fields are views into it
             (``torch.save`` of a batch needs ``.clone()`` first). For learners that consume batches at once.
-        **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``.
+        **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``,
+            ``eager_graphs``.
 
     Returns:
         :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``/``"rank"``, else a TorchRL

@@ -24,6 +24,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import block_size_for, select_backend
+from lightning_per.replay._eager_graphs import EagerGraphs
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
 from lightning_per.replay.storage import GPUTensorStorage, _set_all, default_device
@@ -54,6 +55,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
         seed: seed of the device generator when no buffer generator is set (default: drawn from
             torch's default CPU generator, so ``torch.manual_seed`` makes runs reproducible).
+        eager_graphs: on CUDA, serve repeated eager calls of one shape (a draw of B slots, with or without
+            the row gather; a priority write of B slots into a full buffer) by replaying a CUDA graph
+            recorded at the second such call: one launch instead of several, same results, fresh outputs
+            (:mod:`lightning_per.replay._eager_graphs`). Ignored on CPU, under ``torch.compile`` and inside
+            an outer CUDA-graph capture.
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
@@ -66,7 +72,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
                  device: torch.device | str | None = None, stratified: bool = True,
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
-                 dtype: torch.dtype = torch.float32, reduction: str = "max") -> None:
+                 dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True) -> None:
         if not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
         for name, value in (("alpha", alpha), ("beta", beta)):
@@ -90,6 +96,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.block = block_size_for(max_capacity + 1)
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
         self._init_rng(seed)
+        self._graphs = EagerGraphs([self.generator]) if eager_graphs and self._device.type == "cuda" else None
         self._init()
 
     # ------------------------------------------------------------------ state
@@ -104,6 +111,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
         self._alpha_t = torch.full((), self._alpha, dtype=torch.float32, device=d)
         self._beta_t = torch.full((), self._beta, dtype=torch.float32, device=d)
+        if getattr(self, "_graphs", None) is not None:
+            self._graphs.clear()  # they point at the tensors just replaced
 
     def _empty(self) -> None:
         self._init()
@@ -203,9 +212,21 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """
         if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
             return
+        graphs = self._graphs
+        if (graphs is not None and n_valid == self._max_capacity and index.device == raw.device
+                and index.device.type == "cuda" and graphs.active()):  # a full ring: n_valid is fixed
+            graphs.run(("write", index.numel(), self._eps), self._write_full, (index, raw),
+                       (*self.device_state(), self._alpha_t))
+            return
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
                                    self._alpha_t, self._eps)
+
+    def _write_full(self, index: Tensor, raw: Tensor) -> None:
+        """:meth:`_write` into a full ring (every slot valid): what its cached graphs record."""
+        n = self._max_capacity
+        self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
+                                   self._n_clamped, self._n_dropped, index, raw, n, n, self._alpha_t, self._eps)
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
@@ -263,18 +284,42 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
-        u = self._uniforms(storage, batch_size)  # [B]
-        index, weight = self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u,
-                                                      self._beta_t, self.stratified, self.weight_normalization)
+        self._check_draw(storage, batch_size)
+        graphs = self._graphs
+        if graphs is not None and graphs.active():
+            index, weight = graphs.run(("sample", batch_size, self.stratified, self.weight_normalization),
+                                       lambda: self._draw(batch_size), (), self._draw_state())
+        else:
+            index, weight = self._draw(batch_size)
         return index, {"priority_weight": weight}
 
-    def _uniforms(self, storage, batch_size: int) -> Tensor:
-        """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`, after the
-        checks every draw makes (``batch_size`` an int >= 1, a non-empty storage; errors as :meth:`sample`)."""
+    def _check_draw(self, storage, batch_size: int) -> None:
+        """The checks every draw makes: ``batch_size`` an int >= 1, a non-empty storage (errors as :meth:`sample`)."""
         check_batch_size(batch_size)
         if len(storage) == 0:
             raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+
+    def _uniforms(self, batch_size: int) -> Tensor:
+        """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
         return torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)
+
+    def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights."""
+        return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min,
+                                             self._uniforms(batch_size), self._beta_t, self.stratified,
+                                             self.weight_normalization)
+
+    def _draw_gather(self, batch_size: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(batch rows (B, W) int64, index (B,) int64, weight (B,) float32)``: :meth:`_draw` and the rows
+        of the drawn slots, one fused op (rows first: the cached graphs' outputs start with them)."""
+        index, weight, block = self._ops.sample_proportional_gather(
+            self._leaves, self._block_sum, self._block_min, self._uniforms(batch_size), self._beta_t, rows,
+            self.stratified, self.weight_normalization)  # [B], [B], [B, W]
+        return block, index, weight
+
+    def _draw_state(self) -> tuple[Tensor, ...]:
+        """The device tensors a draw reads (besides the generator)."""
+        return self._leaves, self._block_sum, self._block_min, self._beta_t
 
     def _fusable_rows(self, storage) -> Tensor | None:
         """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
@@ -325,10 +370,14 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
                 return index, info, storage._read(index, extra)
             return index, info, _set_all(storage.get(index), extra)
-        u = self._uniforms(storage, batch_size)  # [B]
-        index, weight, block = self._ops.sample_proportional_gather(
-            self._leaves, self._block_sum, self._block_min, u, self._beta_t, rows, self.stratified,
-            self.weight_normalization)  # [B], [B], [B, W]
+        self._check_draw(storage, batch_size)
+        graphs = self._graphs
+        if graphs is not None and graphs.active():
+            block, index, weight = graphs.run(
+                ("gather", batch_size, self.stratified, self.weight_normalization),
+                lambda: self._draw_gather(batch_size, rows), (), (*self._draw_state(), rows))
+        else:
+            block, index, weight = self._draw_gather(batch_size, rows)
         extra = {"index": index, "priority_weight": weight} if with_info else None
         return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
 

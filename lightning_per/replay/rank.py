@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import rank_weights
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 
 __all__ = ["GPURankBasedSampler"]
@@ -78,15 +77,12 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError: the storage is empty.
         """
-        check_batch_size(batch_size)
+        self._check_draw(storage, batch_size)
         n = len(storage)
-        if n == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
         if self._stale or n != self._sorted_n or self._pending >= self.sort_every:
             self._refresh(n)
-        u = torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)  # [B]
-        index, weight = self._ops.rank_sample(u, self._rank_cdf, self._order, n, self._alpha_t, self._beta_t,
-                                              self.stratified, self.weight_normalization)
+        index, weight = self._ops.rank_sample(self._uniforms(batch_size), self._rank_cdf, self._order, n,
+                                              self._alpha_t, self._beta_t, self.stratified, self.weight_normalization)
         return index, {"priority_weight": weight}
 
     def probabilities(self, n: int | None = None) -> Tensor:
