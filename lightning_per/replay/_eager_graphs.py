@@ -10,14 +10,15 @@ same results.
 The contract that makes this transparent to callers:
 
 * **Fresh outputs.** A graph writes its outputs into memory it owns; the outputs of every call are
-  copied, in the graph, into one flat byte buffer and :meth:`EagerGraphs.run` returns views of *one
-  clone* of it: a caller may keep them across calls, as with eager ops.
+  copied, in the graph, into one flat buffer and :meth:`EagerGraphs.run` returns views of *one clone*
+  of it: a caller may keep them across calls, as with eager ops.
 * **Inputs by value.** Tensor arguments are copied into the graph's static inputs (``copy_``, which also
   converts dtypes) before the replay.
 * **No trace of the capture.** The first call of a shape runs eagerly (it compiles and warms the
-  kernels); the second captures without a warm-up, so the capture runs nothing, and every generator the
-  graph draws from is registered with it (each replay draws new numbers, as eager calls would) with its
-  state restored after the capture.
+  kernels); the second captures without a warm-up, so the capture runs nothing, and the generators the
+  call draws from are registered with its graph (each replay draws new numbers, exactly those the eager
+  call would draw) with their states restored after the capture. Only graphs that draw register them:
+  a registered generator costs every replay two small host-to-device updates (its seed and offset).
 * **Stale graphs are never replayed.** An entry remembers (weakly) the tensors it reads and writes; if
   any was freed or replaced, the entry is dropped and the call runs eagerly again. The owner calls
   :meth:`EagerGraphs.clear` when it reallocates its state.
@@ -39,7 +40,7 @@ from torch import Tensor
 
 __all__ = ["EagerGraphs"]
 
-_ALIGN = 16  # bytes: every output's offset in the flat buffer (any dtype's alignment)
+_WORD = 8  # bytes: outputs start at multiples of 8 bytes in the flat int64 buffer
 
 
 class _Entry:
@@ -66,19 +67,24 @@ class _Entry:
         if self.flat is None:
             return ()
         fresh = self.flat.clone()  # one copy for all outputs: the caller owns them
-        return tuple(fresh[start:start + nbytes].view(dtype).view(shape) for start, nbytes, dtype, shape in self.layout)
+        bases = {torch.int64: fresh}
+        out = []
+        for dtype, shape, strides, offset in self.layout:  # one view op per output (+1 per other dtype)
+            base = bases.get(dtype)
+            if base is None:
+                base = bases[dtype] = fresh.view(dtype)
+            out.append(base.as_strided(shape, strides, offset))
+        return tuple(out)
 
 
 class EagerGraphs:
     """Per-call-shape CUDA graphs for a sampler's eager calls (see the module docstring).
 
     Args:
-        generators: CUDA generators the recorded calls draw from (registered with every graph).
         max_entries: call shapes kept; the oldest is dropped beyond it.
     """
 
-    def __init__(self, generators: Sequence[torch.Generator] = (), max_entries: int = 16) -> None:
-        self.generators = tuple(generators)
+    def __init__(self, max_entries: int = 16) -> None:
         self.max_entries = max_entries
         self._entries: dict[Hashable, _Entry] = {}
         self._seen: set[Hashable] = set()
@@ -99,7 +105,7 @@ class EagerGraphs:
         return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
 
     def run(self, key: Hashable, fn: Callable[..., Sequence[Tensor] | None], args: Sequence[Tensor] = (),
-            state: Sequence[Tensor] = ()) -> tuple[Tensor, ...]:
+            state: Sequence[Tensor] = (), generators: Sequence[torch.Generator] = ()) -> tuple[Tensor, ...]:
         """``fn(*args)``, served by the graph of ``key`` from the second call of ``key`` on.
 
         Args:
@@ -109,6 +115,7 @@ class EagerGraphs:
             args: input tensors, copied by value into the graph's static inputs (same shapes on every
                 call of ``key``; dtypes are converted to the first call's).
             state: the other tensors ``fn`` reads or writes (checked for identity before each replay).
+            generators: the CUDA generators ``fn`` draws from (registered with its graph).
 
         Returns:
             ``fn``'s outputs: fresh tensors (eager results on the first call of a key).
@@ -122,21 +129,22 @@ class EagerGraphs:
                 self._seen.add(key)
                 out = fn(*args)
                 return tuple(out) if out is not None else ()
-            entry = self._capture(fn, args, state)
+            entry = self._capture(fn, args, state, generators)
             if len(self._entries) >= self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
             self._entries[key] = entry
         return entry(args)
 
-    def _capture(self, fn, args: Sequence[Tensor], state: Sequence[Tensor]) -> _Entry:
+    def _capture(self, fn, args: Sequence[Tensor], state: Sequence[Tensor],
+                 generators: Sequence[torch.Generator]) -> _Entry:
         inputs = tuple(torch.empty_like(a, memory_format=torch.contiguous_format) for a in args)
         for static, value in zip(inputs, args):
             static.copy_(value)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        saved = [g.get_state() for g in self.generators]  # CPU byte tensors: no device sync
-        for g in self.generators:
+        saved = [g.get_state() for g in generators]  # CPU byte tensors: no device sync
+        for g in generators:
             graph.register_generator_state(g)
         mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode(0)  # sync-ok: torch.cuda.graph synchronises once before it records
@@ -146,22 +154,29 @@ class EagerGraphs:
                 flat, layout = _pack(tuple(out) if out is not None else ())
         finally:
             torch.cuda.set_sync_debug_mode(mode)
-            for g, s in zip(self.generators, saved):
+            for g, s in zip(generators, saved):
                 g.set_state(s)
         return _Entry(graph, inputs, flat, layout, tuple(weakref.ref(t) for t in state))
 
 
 def _pack(outputs: tuple[Tensor, ...]) -> tuple[Tensor | None, tuple]:
-    """Copy ``outputs`` into one flat ``uint8`` buffer (recorded in the graph being captured); return it and
-    each output's ``(byte offset, bytes, dtype, shape)``. None for no outputs."""
+    """Copy ``outputs`` into one flat ``int64`` buffer (recorded in the graph being captured); return it and
+    each output's ``(dtype, shape, strides, offset)`` as a contiguous view of that buffer viewed as its dtype
+    (offset in elements of that dtype). None for no outputs. Element sizes of 1 to 8 bytes."""
     if not outputs:
         return None, ()
-    layout, total = [], 0
+    spans, words = [], 0
     for t in outputs:
-        nbytes = t.numel() * t.element_size()
-        layout.append((total, nbytes, t.dtype, tuple(t.shape)))
-        total += -(-nbytes // _ALIGN) * _ALIGN
-    flat = torch.empty(total, dtype=torch.uint8, device=outputs[0].device)
-    for t, (start, nbytes, _, _) in zip(outputs, layout):
-        flat[start:start + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        size = t.element_size()
+        if size > _WORD or _WORD % size:
+            raise TypeError(f"eager graphs pack outputs of 1 to 8 bytes per element, got {t.dtype}")
+        spans.append((words, size))
+        words += -(-t.numel() * size // _WORD)
+    flat = torch.empty(words, dtype=torch.int64, device=outputs[0].device)
+    layout = []
+    for t, (start, size) in zip(outputs, spans):
+        offset = start * (_WORD // size)
+        strides = torch.empty(t.shape, device="meta").stride()  # contiguous strides of the shape
+        flat.view(t.dtype).as_strided(t.shape, strides, offset).copy_(t)
+        layout.append((t.dtype, tuple(t.shape), strides, offset))
     return flat, tuple(layout)

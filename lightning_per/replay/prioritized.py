@@ -96,7 +96,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.block = block_size_for(max_capacity + 1)
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
         self._init_rng(seed)
-        self._graphs = EagerGraphs([self.generator]) if eager_graphs and self._device.type == "cuda" else None
+        self._graphs = EagerGraphs() if eager_graphs and self._device.type == "cuda" else None
         self._init()
 
     # ------------------------------------------------------------------ state
@@ -288,7 +288,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         graphs = self._graphs
         if graphs is not None and graphs.active():
             index, weight = graphs.run(("sample", batch_size, self.stratified, self.weight_normalization),
-                                       lambda: self._draw(batch_size), (), self._draw_state())
+                                       lambda: self._draw(batch_size), (), self._draw_state(), (self.generator,))
         else:
             index, weight = self._draw(batch_size)
         return index, {"priority_weight": weight}
@@ -375,7 +375,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if graphs is not None and graphs.active():
             block, index, weight = graphs.run(
                 ("gather", batch_size, self.stratified, self.weight_normalization),
-                lambda: self._draw_gather(batch_size, rows), (), (*self._draw_state(), rows))
+                lambda: self._draw_gather(batch_size, rows), (), (*self._draw_state(), rows), (self.generator,))
         else:
             block, index, weight = self._draw_gather(batch_size, rows)
         extra = {"index": index, "priority_weight": weight} if with_info else None
