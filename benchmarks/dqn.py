@@ -21,6 +21,9 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
   ...-autotune-  Inductor mode max-autotune-no-cudagraphs (--autotune: every GEMM shape autotuned)
   ...-separate-clip  the gradient clip as its own compiled function before the compiled Adam step; every
                  other Inductor row clips inside the compiled step (CompiledStep(clip=...)), as DQN does
+  ...-serial-priorities  the priority update after the optimizer step on the one stream; every other
+                 Inductor row forks it onto a second stream after the forward (SideStream), concurrent
+                 with the backward and the step, as DQN does on CUDA
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
@@ -135,19 +138,28 @@ def eager_step(rb, learner_step, q, tgt, opt):
     return step
 
 
-def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False):
+def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False,
+               side=None):
     """The captured update of the graph rows: sample + gather (one fused op with the packed storage, as
     ``DQN._full_update``) -> learner step -> priority update, all on
     the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones;
-    ``clip_in_step``: ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not)."""
+    ``clip_in_step``: ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not);
+    ``side``: a ``SideStream`` that runs the priority update concurrently with the backward and the step
+    (as ``DQN._full_update`` on CUDA), else it runs after them."""
     extra = {} if fast is None else {"loss_fn": fast.loss, "clip_fn": fast.clip}
     if clip_in_step:
         extra["grad_clip_norm"] = None
 
     def body(_=None):
         index, info, data = sampler.sample_gather(storage, batch)  # [B], {[B]}, [B]: one fused op, as DQN
-        out = learner_step(q, tgt, opt, inputs_of(data, info["priority_weight"]), **extra)
-        sampler.update_priority(index, out["td_abs"], storage=None)
+        b = inputs_of(data, info["priority_weight"])
+        if side is None:
+            out = learner_step(q, tgt, opt, b, **extra)
+            sampler.update_priority(index, out["td_abs"], storage=None)
+        else:
+            out = learner_step(q, tgt, opt, b, after_forward=lambda td_abs: side.fork(
+                sampler.update_priority, index, td_abs, storage=None), **extra)
+            side.join()
         return out
     return body
 
@@ -188,6 +200,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
     if family == "ours":
         from lightning_per import make_replay_buffer
         from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
+        from lightning_per.dqn.learner import SideStream
 
         rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, packed=True)  # as DQN
         fill(rb, a.capacity, a.obs, a.actions, device)
@@ -207,27 +220,29 @@ def replay_rows(family: str, a, device) -> list[dict]:
                 # as DQN's graph mode: the clip compiled into the Adam step (one function: fewer kernels)
                 steppers = {True: CompiledStep(opt_c, clip=(list(q.parameters()), 10.0)), False: CompiledStep(opt_c)}
                 best_k = max(a.per_graph)
-                # (row, TF32, Inductor mode, updates per graph replay: DQN(updates_per_graph=...), clip in step)
-                variants = [("ours-graph-inductor", False, "default", 1, True),
-                            ("ours-graph-inductor-tf32", True, "default", 1, True)]
-                variants += [(f"ours-graph-inductor-tf32-x{k}", True, "default", k, True) for k in a.per_graph]
+                # (row, TF32, Inductor mode, updates per graph replay: DQN(updates_per_graph=...), clip in step,
+                #  priority update on a side stream concurrent with backward + step, as DQN on CUDA)
+                variants = [("ours-graph-inductor", False, "default", 1, True, True),
+                            ("ours-graph-inductor-tf32", True, "default", 1, True, True)]
+                variants += [(f"ours-graph-inductor-tf32-x{k}", True, "default", k, True, True) for k in a.per_graph]
+                mode = "max-autotune-no-cudagraphs" if a.autotune else "default"
+                tag = "autotune-tf32" if a.autotune else "tf32"
                 if a.autotune:
-                    mode = "max-autotune-no-cudagraphs"
-                    variants += [("ours-graph-inductor-autotune-tf32", True, mode, 1, True)]
-                    variants += [(f"ours-graph-inductor-autotune-tf32-x{k}", True, mode, k, True) for k in a.per_graph]
-                    variants += [(f"ours-graph-inductor-autotune-tf32-x{best_k}-separate-clip", True, mode, best_k,
-                                  False)]
-                else:
-                    variants += [(f"ours-graph-inductor-tf32-x{best_k}-separate-clip", True, "default", best_k,
-                                  False)]
+                    variants += [("ours-graph-inductor-autotune-tf32", True, mode, 1, True, True)]
+                    variants += [(f"ours-graph-inductor-autotune-tf32-x{k}", True, mode, k, True, True)
+                                 for k in a.per_graph]
+                variants += [(f"ours-graph-inductor-{tag}-x{best_k}-separate-clip", True, mode, best_k, False, True),
+                             (f"ours-graph-inductor-{tag}-x{best_k}-serial-priorities", True, mode, best_k, True,
+                              False)]
                 compiled = {"default": fast}
-                for name, tf32, mode, per_graph, clip_in_step in variants:
+                side = SideStream(device)
+                for name, tf32, mode, per_graph, clip_in_step, overlap in variants:
                     torch.backends.cuda.matmul.allow_tf32 = tf32  # TF32 tensor cores for the float32 matmuls
                     if mode not in compiled:
                         compiled[mode] = InductorUpdate(q, tgt, double_dqn=True, huber_delta=1.0,
                                                         grad_clip_norm=10.0, mode=mode)
                     one = graph_body(sampler, storage, learner_step, q, tgt, steppers[clip_in_step], a.batch,
-                                     compiled[mode], clip_in_step=clip_in_step)
+                                     compiled[mode], clip_in_step=clip_in_step, side=side if overlap else None)
 
                     def body(_=None, one=one, per_graph=per_graph):
                         for i in range(per_graph):
@@ -248,7 +263,8 @@ def replay_rows(family: str, a, device) -> list[dict]:
                     seconds = timed(graph, calls, device) / per_graph
                     rows.append(row(name, seconds, count_syncs(graph, 200, device) / per_graph,
                                     compile_s=compile_s, setup_s=setup_s, tf32=tf32, inductor_mode=mode,
-                                    updates_per_graph=per_graph, clip_in_step=clip_in_step))
+                                    updates_per_graph=per_graph, clip_in_step=clip_in_step,
+                                    priorities_on_side_stream=overlap))
                     del graph
                 torch.backends.cuda.matmul.allow_tf32 = False
     else:

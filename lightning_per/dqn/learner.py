@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from lightning_per.dqn.targets import dqn_target, polyak_update, weighted_huber_loss
 
-__all__ = ["MetricSlots", "all_reduce_mean_grads_", "finish_update_", "learner_step", "record_update_metrics_",
-           "td_loss"]
+__all__ = ["MetricSlots", "SideStream", "all_reduce_mean_grads_", "finish_update_", "learner_step",
+           "record_update_metrics_", "td_loss"]
 
 
 def td_loss(q_net: nn.Module, target_net: nn.Module, b: dict[str, Tensor], *, double_dqn: bool = True,
@@ -43,7 +43,8 @@ def td_loss(q_net: nn.Module, target_net: nn.Module, b: dict[str, Tensor], *, do
 def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str, Tensor], *,
                  double_dqn: bool = True, huber_delta: float = 1.0, grad_clip_norm: float | None = 10.0,
                  backward: Callable[[Tensor], None] | None = None, loss_fn: Callable | None = None,
-                 clip_fn: Callable[[], None] | None = None) -> dict[str, Tensor]:
+                 clip_fn: Callable[[], None] | None = None,
+                 after_forward: Callable[[Tensor], None] | None = None) -> dict[str, Tensor]:
     """Double-DQN n-step target, IS-weighted Huber loss, backward, clip, optimizer step (no host reads).
 
     Args:
@@ -62,6 +63,9 @@ def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str
             compute the same thing with this call's ``q_net``, ``target_net`` and settings.
         clip_fn: ``() -> None`` replacing ``clip_grad_norm_(q_net.parameters(), grad_clip_norm,
             foreach=True)`` (e.g. its compiled version); only called when ``grad_clip_norm`` is not None.
+        after_forward: called with ``td_abs`` ``(B,)`` as soon as the loss is computed, before the backward
+            (e.g. the priority update, forked onto a :class:`SideStream` so that it overlaps the backward
+            and the optimizer step).
 
     Returns:
         ``loss`` (0-d), ``td`` (``y - Q``), ``td_abs`` (``|y - Q|``, the new raw priorities), ``q``
@@ -71,6 +75,8 @@ def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str
         loss, td, td_abs, q_taken = td_loss(q_net, target_net, b, double_dqn=double_dqn, huber_delta=huber_delta)
     else:
         loss, td, td_abs, q_taken = loss_fn(b)
+    if after_forward is not None:
+        after_forward(td_abs)
     (backward or Tensor.backward)(loss)
     if grad_clip_norm is not None:
         if clip_fn is None:
@@ -79,6 +85,41 @@ def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str
             clip_fn()
     optimizer.step()
     return {"loss": loss.detach(), "td": td, "td_abs": td_abs, "q": q_taken, "weight": b["weight"]}
+
+
+class SideStream:
+    """Work forked onto a second CUDA stream, joined later: independent parts of an update run concurrently.
+
+    The priority update of a DQN step needs only the TD errors of the forward pass; forked after the forward
+    (:func:`learner_step` ``after_forward``), its kernels run while the backward and the optimizer step run
+    on the current stream, and :meth:`join` (before the next sample reads the priorities) makes the current
+    stream wait for them. Inside a CUDA-graph capture the fork and the join become parallel branches of the
+    graph. On the CPU (``device`` not CUDA) :meth:`fork` just calls.
+
+    Tensors that the forked work reads must stay referenced until :meth:`join` (the caching allocator could
+    otherwise hand their memory to the current stream while the side stream still reads it).
+
+    Args:
+        device: the device of the update.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        device = torch.device(device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def fork(self, fn: Callable[..., None], *args, **kwargs) -> None:
+        """``fn(*args, **kwargs)`` on the side stream, after everything already queued on the current one."""
+        if self.stream is None:
+            fn(*args, **kwargs)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            fn(*args, **kwargs)
+
+    def join(self) -> None:
+        """The current stream waits for the forked work (no host synchronisation)."""
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
 
 
 def all_reduce_mean_grads_(params: Iterable[Tensor], world_size: int, group=None) -> None:
