@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
+from torch.overrides import TorchFunctionMode
 from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 
 from lightning_per import make_replay_buffer
@@ -87,6 +88,48 @@ def test_direct_extend_equals_torchrl_extend(kind, packed, priority, device):
     slow.extend(td.clone())
     _assert_same_state(fast, slow)
     assert torch.equal(fast.sample()["index"], slow.sample()["index"])
+
+
+class _ConflictingIndexedWrites(TorchFunctionMode):
+    """Counts indexed assignments ``t[index] = value`` (1-D int64 ``index``) that write one slot twice with
+    different values: undefined (``Tensor.index_put_``); on CUDA concurrent threads write the slot in no
+    fixed order, so such a write is caught here on any device."""
+
+    def __init__(self):
+        super().__init__()
+        self.conflicts = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__setitem__:
+            _, index, value = args
+            if (isinstance(index, torch.Tensor) and index.dtype == torch.long and index.ndim == 1
+                    and isinstance(value, torch.Tensor) and value.shape[:1] == index.shape):
+                last = {}
+                for position, slot in enumerate(index.tolist()):
+                    last[slot] = position
+                winners = torch.tensor([last[slot] for slot in index.tolist()], device=value.device)
+                self.conflicts += not torch.equal(value, value[winners])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kind", ["proportional", "uniform"])
+def test_batch_longer_than_the_ring_keeps_each_slots_last_write(kind, packed, device):
+    """A batch of more than ``capacity`` items wraps onto itself: each slot holds its last write (as a write
+    of the items one by one would leave it), on the direct and the generic path, and no write repeats a
+    slot with different values (which CUDA resolves in no fixed order)."""
+    fast, slow = _buffers(kind, device, packed)
+    for rb in (fast, slow):
+        rb.extend(transitions(5))
+        with _ConflictingIndexedWrites() as mode:
+            rb.extend(transitions(20, 5).to(device))  # slots 5..15, 0..8: 5..8 written twice
+        assert mode.conflicts == 0
+        assert len(rb) == 16 and rb._writer._cursor == 25 % 16 and rb._writer._write_count == 25
+        stored = rb.storage.get(torch.arange(16, device=device)).cpu()
+        want = transitions(20, 5)[(torch.arange(16) - 9) % 16 + 4]  # slot s: the last item i with (5 + i) % 16 == s
+        for key in want.keys():
+            assert torch.equal(stored[key], want[key]), key
+    _assert_same_state(fast, slow)
 
 
 @pytest.mark.parametrize("packed", [False, True])

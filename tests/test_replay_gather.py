@@ -3,7 +3,8 @@ the replay buffer's direct path, the DQN's captured update) against the unfused 
 ``storage.get(index)`` from the same generator state, and the stored transitions themselves.
 
 Runs the reference backend on every device, and the compiled kernels on CUDA or, without CUDA, on CPU
-tensors through Triton's interpreter (``conftest.py`` sets ``TRITON_INTERPRET=1``).
+tensors through Triton's interpreter (``conftest.py`` sets ``TRITON_INTERPRET=1``); the kernel cases on a
+CPU device of a CUDA machine check the documented fallback to the reference ops.
 """
 
 from __future__ import annotations
@@ -15,20 +16,32 @@ import torch
 from tensordict import TensorDict
 
 from lightning_per import GPUPrioritizedSampler, GPUTensorStorage, make_replay_buffer
+from lightning_per.ops import reference
 from lightning_per.replay.errors import EmptyBufferError
 
 CUDA = torch.cuda.is_available()
 
 
-def _kernels_here() -> bool:
-    """Whether the compiled backend can run on this machine's test device (CUDA, or the interpreter)."""
-    if CUDA:
-        return True
+def _interpreter() -> bool:
+    """Whether the kernels were imported under Triton's interpreter (``TRITON_INTERPRET=1``: CPU tensors)."""
     try:
         from lightning_per.ext import _common
-    except Exception:  # noqa: BLE001 - no triton: the kernel cases are skipped
+    except Exception:  # noqa: BLE001 - no triton: no interpreter either
         return False
     return _common.INTERPRET
+
+
+def _kernels_here() -> bool:
+    """Whether the compiled backend can run on this machine's test device (CUDA, or the interpreter)."""
+    return CUDA or _interpreter()
+
+
+def _kernels_on(device: torch.device) -> bool:
+    """Whether ``backend="kernels"`` gets the compiled kernels on ``device`` (``ext.make_backend``'s rule: CUDA
+    devices, or CPU under the interpreter); elsewhere :func:`lightning_per.ops.select_backend` falls back to
+    the reference ops with a warning (e.g. the CPU case on a CUDA machine, where conftest.py sets no
+    interpreter)."""
+    return device.type == "cuda" or (device.type == "cpu" and _interpreter())
 
 
 BACKENDS = ["reference", pytest.param("kernels", marks=pytest.mark.skipif(
@@ -81,8 +94,10 @@ def test_sample_gather_equals_sample_then_get(device, backend, packed, normaliza
     rb = _buffer(device, backend, packed, weight_normalization=normalization, stratified=stratified)
     sampler, storage = rb.sampler, rb.storage
     assert (sampler._fusable_rows(storage) is not None) == packed
-    if backend == "kernels":
+    if backend == "kernels" and _kernels_on(device):
         assert "sample_proportional_gather" in sampler._ops.COMPILED
+    elif backend == "kernels":  # the documented fallback: the plain-torch reference ops, checked all the same
+        assert sampler._ops is reference
     for _ in range(2):
         state = sampler.generator.get_state()
         index, info, batch = sampler.sample_gather(storage, 8)

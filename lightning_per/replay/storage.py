@@ -114,6 +114,33 @@ def _batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Te
     return out
 
 
+def _state_leaves(stored, prefix: tuple[str, ...] = ()) -> dict[Any, torch.Tensor]:
+    """``{key: tensor}`` (a str, or a tuple for a nested key) of a ``TensorDict.state_dict()``, in either
+    tensordict format: flat with ``"."``-joined keys (e.g. tensordict 0.14) or nested dicts carrying
+    ``"__batch_size"``/``"__device"`` entries at every level (e.g. 0.11); the metadata is skipped."""
+    leaves = {}
+    for name, value in stored.items():
+        if not isinstance(name, str) or name in ("__batch_size", "__device"):
+            continue
+        key = prefix + tuple(name.split("."))
+        if isinstance(value, dict):
+            leaves.update(_state_leaves(value, key))
+        elif isinstance(value, torch.Tensor):
+            leaves[key[0] if len(key) == 1 else key] = value
+    return leaves
+
+
+def _last_writes(cursor: torch.Tensor, max_size: int) -> torch.Tensor:
+    """For each write ``i`` of ``cursor`` ``(n,)`` (slots of a ring of ``max_size``), the position of the last
+    write to the same slot. ``ring[cursor] = data[_last_writes(cursor, max_size)]`` is ``ring[cursor] = data``
+    with a slot written more than once keeping its last write, on every device: indexed assignment with a
+    repeated index is undefined (on CUDA, concurrent threads write the slot in no fixed order). No host sync."""
+    position = torch.arange(cursor.shape[0], device=cursor.device)
+    last = torch.full((max_size,), -1, dtype=torch.long, device=cursor.device)
+    slot = cursor.remainder(max_size)
+    return last.scatter_reduce_(0, slot, position, reduce="amax")[slot]
+
+
 def _set_all(data: TensorDictBase, extra: dict[str, torch.Tensor] | None) -> TensorDictBase:
     """``data.set(key, value)`` for each of ``extra`` (validated: moved to ``data``'s device, shape checked)."""
     for key, value in (extra or {}).items():
@@ -276,7 +303,9 @@ class GPUTensorStorage(LazyTensorStorage):
         """Write ``data`` (batch ``[n]``) at slots ``cursor`` (``(n,)`` int64 tensor, range or int).
 
         A device-to-device copy (``data`` is moved with ``non_blocking=True`` if it is elsewhere).
-        With ``set_cursor`` the host length grows by ``n`` up to ``max_size`` (ring writes).
+        With ``set_cursor`` the host length grows by ``n`` up to ``max_size`` (ring writes). A cursor longer
+        than the ring (a batch of more than ``max_size`` items) repeats slots: each keeps its last write, on
+        every device (plain indexed assignment leaves that undefined on CUDA).
         """
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
             data = data.unsqueeze(0)
@@ -293,6 +322,9 @@ class GPUTensorStorage(LazyTensorStorage):
         if set_cursor:
             self._last_cursor = cursor
             self._len = min(self._len + data.shape[0], self.max_size)
+        if (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.shape[0] > self.max_size
+                and data.shape[:1] == cursor.shape):
+            data = data[_last_writes(cursor, self.max_size)]  # a repeated slot keeps its last write
         self._storage[cursor] = data
         self._bump_revision()
 
@@ -319,17 +351,22 @@ class GPUTensorStorage(LazyTensorStorage):
         """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`_flat_pairs` (already validated): per key
         ``ring[cursor] = value`` (as TensorDict's indexed assignment does), or, when the caller knows
         ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] = value`` (the same writes with no
-        index) and, for a packed ring, the bytes of all fields at once (:meth:`_write_rows`)."""
+        index) and, for a packed ring, the bytes of all fields at once (:meth:`_write_rows`). ``cursor`` holds
+        ring slots, consecutive modulo ``max_size`` (the round-robin writer's): a batch longer than the ring
+        writes only its last ``max_size`` items, each slot's last write (as :meth:`set` does)."""
         device = self._device_cached
         if cursor.device != device:
             cursor = cursor.to(device, non_blocking=True)
-        if start is None or not self._write_rows(start, cursor.shape[0], pairs):
-            stop = None if start is None else start + cursor.shape[0]
+        n = cursor.shape[0]
+        if start is None or not self._write_rows(start, n, pairs):
+            stop = None if start is None else start + n
+            first = max(n - self.max_size, 0)  # > 0: the batch wraps onto itself; its last max_size items
+            slots = cursor[first:] if first else cursor  # hold distinct slots, the ones that survive
             for dest, value in pairs.values():
                 if value.device != device:
                     value = value.to(device, non_blocking=True)
                 if start is None:
-                    dest[cursor] = value
+                    dest[slots] = value[first:] if first else value
                 else:
                     dest[start:stop] = value
         self._last_cursor = cursor
@@ -456,9 +493,11 @@ class GPUTensorStorage(LazyTensorStorage):
             return
         stored = state_dict["_storage"]
         if isinstance(stored, dict) and stored and not self.initialized:
-            # TensorDict.state_dict flattens nested keys with "."; rebuild the nesting first
-            flat = {k: v for k, v in stored.items() if k != "__batch_size" and k != "__device"}
-            item = TensorDict(flat, batch_size=[self.max_size]).unflatten_keys(".")[0]
+            # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
+            # _state_leaves), then let TorchRL load the values
+            item = TensorDict({}, batch_size=[])
+            for key, value in _state_leaves(stored).items():
+                item.set(key, value[0])
             self._allocate(item, torch.device(self.device))
         super().load_state_dict(state_dict)
         if self.initialized:
