@@ -136,7 +136,10 @@ def test_batch_longer_than_the_ring_keeps_each_slots_last_write(kind, packed, de
 def test_direct_extend_matches_torchrl_buffer(packed, device):
     """Slots, lengths and stored rows of TorchRL's own prioritized buffer on a LazyTensorStorage."""
     ours = make_replay_buffer(16, 4, device=device, packed=packed)
-    theirs = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(16, device=device))
+    try:
+        theirs = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(16, device=device))
+    except RuntimeError as err:  # its C++ sum tree did not load (torchrl wheels built for another torch)
+        pytest.skip(f"TorchRL's prioritized buffer is unavailable here: {err}")
     for td in (transitions(5), transitions(7, 5), transitions(9, 12)):
         assert torch.equal(ours.extend(td).cpu(), theirs.extend(td.clone()).cpu())  # same noise: one batch
         assert len(ours) == len(theirs)
