@@ -21,9 +21,10 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
   ...-autotune-  Inductor mode max-autotune-no-cudagraphs (--autotune: every GEMM shape autotuned)
   ...-separate-clip  the gradient clip as its own compiled function before the compiled Adam step; every
                  other Inductor row clips inside the compiled step (CompiledStep(clip=...)), as DQN does
-  ...-serial-priorities  the priority update after the optimizer step on the one stream; every other
-                 Inductor row forks it onto a second stream after the forward (SideStream), concurrent
-                 with the backward and the step, as DQN does on CUDA
+  ...-serial-priorities  the updates one after the other on one stream; every other Inductor row forks
+                 each update's priority update and the next update's sample onto a second stream after the
+                 forward (lightning_per.dqn.learner.pipelined_updates), concurrent with the backward and
+                 the step, as DQN's graph mode does
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
   dqn-fit        the whole DQN LightningModule under Trainer.fit on TorchCartPoleEnv (env steps at the
@@ -139,27 +140,40 @@ def eager_step(rb, learner_step, q, tgt, opt):
 
 
 def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False,
-               side=None):
-    """The captured update of the graph rows: sample + gather (one fused op with the packed storage, as
-    ``DQN._full_update``) -> learner step -> priority update, all on
-    the device; ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones;
-    ``clip_in_step``: ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not);
-    ``side``: a ``SideStream`` that runs the priority update concurrently with the backward and the step
-    (as ``DQN._full_update`` on CUDA), else it runs after them."""
+               side=None, per_graph: int = 1, zero_grad=None):
+    """The captured body of the graph rows: ``per_graph`` updates, each sample + gather (one fused op with the
+    packed storage) -> learner step -> priority update, all on the device (as ``DQN._full_updates``);
+    ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones; ``clip_in_step``:
+    ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not); ``side``: a ``SideStream``
+    on which each update's priority update and the next update's sample run, concurrent with its backward
+    and step (``pipelined_updates``, as DQN's graph mode), else the updates run one after the other on one
+    stream; ``zero_grad``: called before every update but the first (each starts without gradients)."""
+    from lightning_per.dqn.learner import pipelined_updates
+
     extra = {} if fast is None else {"loss_fn": fast.loss, "clip_fn": fast.clip}
     if clip_in_step:
         extra["grad_clip_norm"] = None
 
+    def draw():
+        return sampler.sample_gather(storage, batch)  # [B], {[B]}, [B]: one fused op, as DQN
+
+    def learn(i, sample, after_forward=None):
+        if i and zero_grad is not None:
+            zero_grad()
+        _, info, data = sample
+        return learner_step(q, tgt, opt, inputs_of(data, info["priority_weight"]), after_forward=after_forward,
+                            **extra)
+
+    def write(sample, td_abs):
+        sampler.update_priority(sample[0], td_abs, storage=None)
+
     def body(_=None):
-        index, info, data = sampler.sample_gather(storage, batch)  # [B], {[B]}, [B]: one fused op, as DQN
-        b = inputs_of(data, info["priority_weight"])
-        if side is None:
-            out = learner_step(q, tgt, opt, b, **extra)
-            sampler.update_priority(index, out["td_abs"], storage=None)
-        else:
-            out = learner_step(q, tgt, opt, b, after_forward=lambda td_abs: side.fork(
-                sampler.update_priority, index, td_abs, storage=None), **extra)
-            side.join()
+        if side is not None:
+            return pipelined_updates(per_graph, draw, learn, write, side)
+        for i in range(per_graph):
+            sample = draw()
+            out = learn(i, sample)
+            write(sample, out["td_abs"])
         return out
     return body
 
@@ -243,13 +257,10 @@ def replay_rows(family: str, a, device) -> list[dict]:
                                                         grad_clip_norm=10.0, mode=mode)
                     one = graph_body(sampler, storage, learner_step, q, tgt, steppers[clip_in_step], a.batch,
                                      compiled[mode], clip_in_step=clip_in_step, side=side if overlap else None)
-
-                    def body(_=None, one=one, per_graph=per_graph):
-                        for i in range(per_graph):
-                            if i:  # as DQN(updates_per_graph=K): every update starts without gradients
-                                opt_c.zero_grad(set_to_none=True)
-                            out = one()
-                        return out
+                    # as DQN(updates_per_graph=K): every update starts without gradients
+                    body = graph_body(sampler, storage, learner_step, q, tgt, steppers[clip_in_step], a.batch,
+                                      compiled[mode], clip_in_step=clip_in_step, side=side if overlap else None,
+                                      per_graph=per_graph, zero_grad=lambda: opt_c.zero_grad(set_to_none=True))
 
                     torch.cuda.synchronize(device)
                     t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lightning_per.dqn.targets import dqn_target, polyak_update, weighted_huber_loss
 
 __all__ = ["MetricSlots", "SideStream", "all_reduce_mean_grads_", "finish_update_", "learner_step",
-           "record_update_metrics_", "td_loss"]
+           "pipelined_updates", "record_update_metrics_", "td_loss"]
 
 
 def td_loss(q_net: nn.Module, target_net: nn.Module, b: dict[str, Tensor], *, double_dqn: bool = True,
@@ -120,6 +120,48 @@ class SideStream:
         """The current stream waits for the forked work (no host synchronisation)."""
         if self.stream is not None:
             torch.cuda.current_stream().wait_stream(self.stream)
+
+
+def pipelined_updates(n: int, draw: Callable[[], Any],
+                      learn: Callable[[int, Any, Callable[[Tensor], None]], dict[str, Tensor]],
+                      write: Callable[[Any, Tensor], None], side: SideStream,
+                      finish: Callable[[dict[str, Tensor]], None] | None = None) -> dict[str, Tensor]:
+    """``n`` consecutive prioritized updates (draw -> learn -> priority write), the replay work overlapped.
+
+    After update ``i``'s forward, its priority write and then update ``i + 1``'s draw are forked onto
+    ``side`` (in that order), so they run while update ``i``'s backward and optimizer step run on the
+    current stream; the join before update ``i + 1`` keeps the results of the serial loop: each draw sees
+    the priorities of every earlier update, each update reads its own draw. In a CUDA graph (DQN graph
+    mode, ``updates_per_graph`` = ``n``) the forks become parallel branches.
+
+    Args:
+        n: updates (>= 1).
+        draw: ``() -> sample`` (e.g. ``(index, info, batch)``); the first runs on the current stream.
+        learn: ``(i, sample, after_forward) -> out``: update ``i``'s learner step; it calls
+            ``after_forward(td_abs)`` after its forward (:func:`learner_step` ``after_forward``).
+        write: ``(sample, td_abs) -> None``: the priority update of ``sample``'s slots.
+        side: the second stream.
+        finish: ``(out) -> None`` after each update's join (e.g. metrics that read the new priorities).
+
+    Returns:
+        The last update's ``out``.
+    """
+    pending = [draw()]  # the next update's sample, drawn on the side stream after the previous write
+
+    def replay_work(sample, td_abs: Tensor, last: bool) -> None:
+        write(sample, td_abs)
+        if not last:
+            pending[0] = draw()
+
+    out: dict[str, Tensor] = {}
+    for i in range(n):
+        sample = pending[0]  # referenced until the join: the side stream reads it
+        out = learn(i, sample, lambda td_abs, sample=sample, last=i == n - 1: side.fork(
+            replay_work, sample, td_abs, last))
+        side.join()
+        if finish is not None:
+            finish(out)
+    return out
 
 
 def all_reduce_mean_grads_(params: Iterable[Tensor], world_size: int, group=None) -> None:
