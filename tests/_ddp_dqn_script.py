@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 
 import torch
 
@@ -26,11 +25,13 @@ class _EagerUpdate:
     def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None,
                  state=()) -> None:
         self.body, self.optimizer = body, optimizer
-        self.graph = types.SimpleNamespace(reset=lambda: None)
 
     def __call__(self, inputs=None):
         self.optimizer.zero_grad(set_to_none=True)
         return self.body(inputs or {})
+
+    def release(self) -> None:
+        pass
 
 
 def _eager_graph_path() -> None:

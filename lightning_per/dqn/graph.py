@@ -12,6 +12,7 @@ Two scopes, chosen by :class:`~lightning_per.dqn.DQN` from the replay buffer it 
 
 The target-network copy runs eagerly in both. One replay costs a single CPU launch instead of
 ~100 kernel launches, which is what bounds a small network's update rate on a GPU.
+:class:`CapturedUpdate` is also GA3C's graph mode (``lightning_per/ga3c/module.py``, ``cuda_graph: true``).
 
 Under DDP (``strategy="ddp"``, world size W > 1) the body's backward is ``loss.backward()`` followed by
 one ``torch.distributed.all_reduce`` (SUM, default process group) of all online-network gradients
@@ -34,7 +35,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["CapturedUpdate"]
+__all__ = ["CapturedUpdate", "count_optimizer_step"]
 
 
 class CapturedUpdate:
@@ -60,6 +61,12 @@ class CapturedUpdate:
             e.g. a compiled optimizer step recompiles once its state exists).
         capture_guard: a context-manager factory entered around the capture alone (e.g.
             :func:`lightning_per.dqn.compiled.no_recompiles`: a compilation inside a capture is an error).
+        capture_error_mode: ``torch.cuda.graph``'s ``capture_error_mode``. ``"global"`` (default): while
+            capturing, a potentially unsafe CUDA call (``cudaMalloc``, ``cudaHostAlloc``, a synchronisation,
+            an event query, ...) from *any* thread of the process invalidates the capture. ``"thread_local"``:
+            only the capturing thread's calls do, so other threads may keep using the device meanwhile (the
+            GA3C predictor and trainer threads); they must not draw from a generator the graph registers
+            (the device's default CUDA generator always is).
 
     Raises:
         ValueError: the parameters are not on a CUDA device.
@@ -69,10 +76,11 @@ class CapturedUpdate:
                  optimizer: torch.optim.Optimizer, params: Sequence[Tensor],
                  generators: Sequence[torch.Generator] = (), warmup: int = 3,
                  capture_guard: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 state: Sequence[Tensor] = ()) -> None:
+                 state: Sequence[Tensor] = (), capture_error_mode: str = "global") -> None:
         device = params[0].device
         if device.type != "cuda":
             raise ValueError(f"graph mode (compile=True) needs CUDA tensors, got parameters on {device}")
+        self.device = device
         self.static_in = {k: v.detach().clone() for k, v in inputs.items()}
         saved = _snapshot(params, optimizer)
         saved_state = [t.clone() for t in state]
@@ -94,7 +102,8 @@ class CapturedUpdate:
         for gen in generators:
             self.graph.register_generator_state(gen)
         optimizer.zero_grad(set_to_none=True)
-        with capture_guard() if capture_guard else contextlib.nullcontext(), torch.cuda.graph(self.graph):
+        with capture_guard() if capture_guard else contextlib.nullcontext(), torch.cuda.graph(
+                self.graph, capture_error_mode=capture_error_mode):
             self.static_out = body(self.static_in)
 
     def __call__(self, inputs: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
@@ -103,6 +112,25 @@ class CapturedUpdate:
             self.static_in[key].copy_(value, non_blocking=True)
         self.graph.replay()
         return self.static_out
+
+    def release(self) -> None:
+        """Wait for the device, then free the graph (its memory pool is released once the static tensors
+        are gone too). Call it at the end of a run; the object cannot replay afterwards."""
+        torch.cuda.synchronize(self.device)  # sync-ok: end of a run; no replay may be in flight
+        self.graph.reset()
+
+
+def count_optimizer_step(opt) -> None:
+    """Report an optimizer step taken inside a CUDA graph to Lightning's progress tracking.
+
+    Graph mode steps the raw optimizer inside the graph, past Lightning's optimizer wrapper
+    (``opt``, a ``LightningOptimizer`` from ``self.optimizers()`` under manual optimization): this runs
+    the wrapper's step hooks, which is all that ``LightningOptimizer.step`` adds around ``optimizer.step``,
+    so ``trainer.global_step`` (and ``max_steps``) counts the step."""
+    for hook in ("_on_before_step", "_on_after_step"):
+        fn = getattr(opt, hook, None)
+        if fn is not None:
+            fn()
 
 
 @torch.no_grad()

@@ -30,8 +30,15 @@ from lightning_per.callbacks.episodes import new_episode_ring, push_episode_retu
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
-from lightning_per.dqn.graph import CapturedUpdate
-from lightning_per.dqn.learner import MetricSlots, all_reduce_mean_grads_, finish_update_, learner_step
+from lightning_per.dqn.graph import CapturedUpdate, count_optimizer_step
+from lightning_per.dqn.learner import (
+    MetricSlots,
+    SideStream,
+    all_reduce_mean_grads_,
+    finish_update_,
+    learner_step,
+    pipelined_updates,
+)
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.envs import EnvConfig, make_env
@@ -183,6 +190,7 @@ class DQN(LightningModule):
         self.graph_captures = 0  # CUDA-graph captures of the update (graph mode); one per fit
         self._inductor: InductorUpdate | None = None  # built with the runtime when ``inductor=True``
         self._compiled_step: CompiledStep | None = None  # graph mode + inductor: the compiled Adam step
+        self._side: SideStream | None = None  # graph mode, scope "full": the stream of the priority update
         self._metric_slots: MetricSlots | None = None
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
@@ -365,13 +373,15 @@ class DQN(LightningModule):
         push_episode_returns(ring, count, out.episode_return.to(ring.device), out.done.to(ring.device))
 
     # ------------------------------------------------------------------ learning
-    def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None) -> dict[str, Tensor]:
+    def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None,
+                      after_forward=None) -> dict[str, Tensor]:
         """:func:`~lightning_per.dqn.learner.learner_step` with this module's networks and settings."""
         h, fast = self.hparams, self._inductor
         clip = None if getattr(optimizer, "clips", False) else h.grad_clip_norm  # the compiled step clips itself
         return learner_step(self.q_net, self.target_net, optimizer, b, double_dqn=h.double_dqn,
                             huber_delta=h.huber_delta, grad_clip_norm=clip, backward=backward,
-                            loss_fn=None if fast is None else fast.loss, clip_fn=None if fast is None else fast.clip)
+                            loss_fn=None if fast is None else fast.loss, clip_fn=None if fast is None else fast.clip,
+                            after_forward=after_forward)
 
     @property
     def _steps_per_epoch(self) -> int:
@@ -414,7 +424,7 @@ class DQN(LightningModule):
                 self._capture_full_update(n)
             out = self._captured()  # metrics and the Polyak target update ran inside the graph
             for _ in range(n):
-                _count_optimizer_step(self.optimizers())
+                count_optimizer_step(self.optimizers())
             self._after_update(out, in_graph=True, n=n)
         else:
             batch = self.rb.sample()
@@ -425,41 +435,48 @@ class DQN(LightningModule):
         return out["loss"]
 
     def _capture_full_update(self, n: int = 1) -> None:
-        """Capture ``n`` consecutive :meth:`_full_update` calls in one graph. The warm-up leaves no trace
-        (parameters, optimizer state, target network, priorities, the sampler's generator and the metric
-        sums are rolled back), so the first replay is the first update."""
+        """Capture :meth:`_full_updates` ``(n)`` in one graph. The warm-up leaves no trace (parameters,
+        optimizer state, target network, priorities, the sampler's generator and the metric sums are rolled
+        back), so the first replay is the first update."""
         target, online = self._params
-        optimizer = self.optimizers().optimizer
-
-        def body(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-            for i in range(n):
-                if i:  # each update's backward starts from no gradient (as before the capture), never sums
-                    optimizer.zero_grad(set_to_none=True)
-                out = self._full_update(inputs)
-            return out
-
-        self._captured = CapturedUpdate(body, {}, optimizer, online + target,
+        self._captured = CapturedUpdate(self._full_updates(n), {}, self.optimizers().optimizer, online + target,
                                         generators=[self.rb.sampler.generator], capture_guard=self._capture_guard,
                                         state=[*self.rb.sampler.device_state(), self.metrics.values,
                                                self.metrics.counts])
         self.graph_captures += 1
+
+    def _full_updates(self, n: int):
+        """The captured body: ``n`` consecutive updates, each sample -> batch -> learner step -> priority update
+        -> metrics, on the device; each update's priority update and the next update's sample run on a second
+        stream, concurrent with its backward and optimizer step
+        (:func:`~lightning_per.dqn.learner.pipelined_updates`). Returns ``body(inputs) -> out`` (the last
+        update's outputs; ``inputs`` is ignored: the body samples by itself)."""
+        rb, batch_size = self.rb, self.replay_config.batch_size
+        optimizer = self.optimizers().optimizer
+        backward, stepper = self._graph_backward(), self._graph_optimizer()
+        if self._side is None:
+            self._side = SideStream(self.device)
+
+        def draw():  # sample + gather: one fused op with the packed storage (the replay config's default)
+            return rb.sampler.sample_gather(rb.storage, batch_size)  # ([B], {[B]}, [B])
+
+        def learn(i: int, sample, after_forward) -> dict[str, Tensor]:
+            if i:  # each update's backward starts from no gradient (as before the capture), never sums
+                optimizer.zero_grad(set_to_none=True)
+            _, info, batch = sample
+            return self._learner_step(_batch_inputs(batch, info["priority_weight"]), backward=backward,
+                                      optimizer=stepper, after_forward=after_forward)
+
+        def write(sample, td_abs: Tensor) -> None:  # indices come from the sampler: storage=None
+            rb.sampler.update_priority(sample[0], td_abs, storage=None)
+
+        return lambda _: pipelined_updates(n, draw, learn, write, self._side, finish=self._finish_update)
 
     def _graph_scope(self) -> str:
         """``full`` when the sampler can be captured with the update (ours, proportional, on CUDA)."""
         gen = getattr(self.rb.sampler, "generator", None)
         on_cuda = isinstance(gen, torch.Generator) and gen.device.type == "cuda"
         return "full" if self.replay_config.sampler == "proportional" and on_cuda else "learner"
-
-    def _full_update(self, _: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Sample -> batch -> learner step -> priority update, on the device (the captured body)."""
-        rb = self.rb
-        # sample + gather: one fused op with the packed storage (the replay config's default)
-        index, info, batch = rb.sampler.sample_gather(rb.storage, self.replay_config.batch_size)  # [B], {[B]}, [B]
-        b = _batch_inputs(batch, info["priority_weight"])
-        out = self._learner_step(b, backward=self._graph_backward(), optimizer=self._graph_optimizer())
-        rb.sampler.update_priority(index, out["td_abs"], storage=None)  # indices come from the sampler
-        self._finish_update(out)
-        return out
 
     def _update(self, b: dict[str, Tensor]) -> dict[str, Tensor]:
         opt = self.optimizers()
@@ -472,7 +489,7 @@ class DQN(LightningModule):
                                             b, raw, list(self.q_net.parameters()), capture_guard=self._capture_guard)
             self.graph_captures += 1
         out = self._captured(b)
-        _count_optimizer_step(opt)
+        count_optimizer_step(opt)
         return out
 
     def _after_update(self, out: dict[str, Tensor], in_graph: bool, n: int = 1) -> None:
@@ -532,9 +549,7 @@ class DQN(LightningModule):
         by Lightning) never returns: seen on 2 H200s, the CLI run hung after its last epoch. A later
         ``fit`` captures again (:attr:`graph_captures` counts the captures)."""
         if self._captured is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # sync-ok: end of fit; no replay may be in flight
-            self._captured.graph.reset()
+            self._captured.release()
             self._captured = None
 
     def on_train_epoch_end(self) -> None:
@@ -619,16 +634,6 @@ class DQN(LightningModule):
         elif self.hparams.warmup_steps > 0:
             warnings.warn("checkpoint has no replay buffer (checkpoint_replay=False): it refills during a "
                           "new warm-up", stacklevel=2)
-
-
-def _count_optimizer_step(opt) -> None:
-    """Graph mode steps the raw optimizer inside the CUDA graph, past Lightning's optimizer wrapper:
-    report the step to Lightning's progress tracking (``trainer.global_step``) through the wrapper's
-    step hooks, which is all that ``LightningOptimizer.step`` adds around ``optimizer.step``."""
-    for hook in ("_on_before_step", "_on_after_step"):
-        fn = getattr(opt, hook, None)
-        if fn is not None:
-            fn()
 
 
 def _batch_inputs(batch, weight: Tensor | None) -> dict[str, Tensor]:
