@@ -18,6 +18,10 @@ forward, loss, device metrics), ``backward`` (``on_before_backward`` -> ``on_aft
 On CUDA the device time of ``h2d``, ``forward``, ``backward`` and ``step`` is measured with CUDA events
 (read after the run, so no host synchronisation during it), and host synchronisations during the measured
 updates are counted with ``torch.cuda.set_sync_debug_mode("warn")`` (as :func:`_harness.count_syncs`).
+With ``--cuda-graph`` on CUDA (``cuda_graph: true``, graph mode) ``training_step`` is the whole update,
+so ``forward`` is the copy of the pinned batch into the graph's static inputs plus the one replay (forward,
+loss, backward, clip, optimiser step, metrics), and ``h2d``, ``backward`` and ``step`` are 0 (the row's
+``cuda_graph`` says which mode ran; the capture falls in the warm-up updates).
 
 The ``bare`` figure is the floor: the same net, loss, optimiser and gradient clipping in a plain PyTorch
 loop on one batch already on the device (no Lightning, data path or metrics), timed with
@@ -240,7 +244,7 @@ def bare_update_s(model: GA3C, batch: int, iters: int, device: torch.device) -> 
     (batch,) float32)."""
     c = model.cfg
     model.to(device)
-    opt = model.configure_optimizers()
+    opt = model.make_optimizer()  # eager, as the plain loop runs it
     obs = torch.randint(0, 256, (batch, *model.obs_shape), dtype=torch.uint8, device=device)
     action = torch.randint(0, model.n_actions, (batch,), device=device)
     ret = torch.randn(batch, device=device)
@@ -274,7 +278,8 @@ def bench_learner(args) -> dict:
         max_trainers=max(args.trainers, base.max_trainers), max_updates=total,
         torch_threads=args.torch_threads or base.torch_threads,
         predictors=args.predictors, max_predictors=max(args.predictors, base.max_predictors),
-        dynamic_adjustment=False, status_interval_s=0, wandb_mode="disabled", max_time_s=3600.0))
+        dynamic_adjustment=False, status_interval_s=0, wandb_mode="disabled", max_time_s=3600.0,
+        cuda_graph=args.cuda_graph))
     spec = ((4, args.obs_size, args.obs_size), np.dtype("uint8"), 6)
     with mock.patch.object(ga3c_module, "probe_env", lambda env_spec: spec):  # no environment is made
         model = TimedGA3C(cfg, args.warmup_updates, args.updates, args.synthetic_pps, args.predict_requests)
@@ -287,8 +292,9 @@ def bench_learner(args) -> dict:
         raise RuntimeError(f"learner-only run ended after {model.policy_version} updates, wanted {total}")
     host = dict(model.host)
     host["lightning"] = max(0.0, model.wall - sum(v for k, v in host.items() if k != "lightning"))
-    row = {"row": "learner-only", "device": args.device, "batch": model.stats.snapshot().batch_transitions
-           // max(model.policy_version, 1), "obs": list(spec[0]), "trainers": cfg.trainers, "updates": n,
+    row = {"row": "learner-only", "device": args.device, "cuda_graph": model.graph_captures > 0,
+           "batch": model.stats.snapshot().batch_transitions // max(model.policy_version, 1),
+           "obs": list(spec[0]), "trainers": cfg.trainers, "updates": n,
            "tps": n / model.wall, "ms_per_update": 1e3 * model.wall / n,
            "cpu_ms_per_update": 1e3 * model.cpu_s / n, "batch_queue_mean": model.queue_sum / n,
            "host_ms": {k: 1e3 * v / n for k, v in host.items()},
@@ -312,7 +318,8 @@ def learner_table(row: dict) -> str:
     """Markdown: one line per phase with host (and device) ms per update and its share of the update."""
     per = row["ms_per_update"]
     dev = row.get("device_ms", {})
-    out = [f"learner-only on {row['device']}: batch {row['batch']} x {tuple(row['obs'])} uint8, "
+    mode = " in graph mode (one CUDA graph replay per update)" if row["cuda_graph"] else ""
+    out = [f"learner-only on {row['device']}{mode}: batch {row['batch']} x {tuple(row['obs'])} uint8, "
            f"{row['trainers']} trainer threads, {row['predictors']} predictor threads ({row['pps']:,.0f} "
            f"predictions/s), {row['updates']} updates: **{row['tps']:,.1f} TPS** "
            f"({per:.2f} ms/update, {row['cpu_ms_per_update']:.2f} ms CPU of the learner thread), batch queue "

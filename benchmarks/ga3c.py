@@ -10,6 +10,13 @@ Rows (each measured over ``--seconds`` after ``--warmup`` seconds, one process, 
     python benchmarks/ga3c.py --out benchmarks/results/ga3c.json          # GPU machine, 16 cores
     python benchmarks/ga3c.py --tiny                                      # CPU smoke test (~1 min)
 
+``--cuda-graph``: the GA3C rows (and ``--learner-only``) run with ``cuda_graph: true``, the training update
+replayed as one CUDA graph (``lightning_per/ga3c/module.py``); the rows are named ``ga3c-static-graph`` /
+``ga3c-dynamic-graph`` and the default output is ``ga3c_graph.json`` (``ga3c_learner_<device>[_pps<P>]_graph``),
+so eager and graph runs of one session sit side by side:
+
+    python benchmarks/ga3c.py --rows ga3c-static && python benchmarks/ga3c.py --rows ga3c-static --cuda-graph
+
 ``--learner-only``: the learner alone (module, loss, optimiser, Trainer, data loader, trainer threads) on
 synthetic Pong-shaped batches, no agents (nor predictors unless ``--synthetic-pps``): its maximum TPS and
 the time split per update (see ``benchmarks/_ga3c_learner.py``); writes ``ga3c_learner_<device>[_pps<P>].{json,md}``
@@ -18,6 +25,7 @@ under ``--out``:
     python benchmarks/ga3c.py --learner-only                              # GPU: batch 160 x 4x84x84
     python benchmarks/ga3c.py --learner-only --synthetic-pps 18000 --predictors 2   # + 2 predictor threads
     python benchmarks/ga3c.py --learner-only --tiny                       # CPU smoke: batch 20 x 4x36x36
+    python benchmarks/ga3c.py --learner-only --cuda-graph                 # GPU: the update as one graph replay
 
 Writes JSON ``{"meta": ..., "rows": [...]}`` and a Markdown table next to it.
 """
@@ -101,7 +109,7 @@ def bench_ga3c(args, dynamic: bool) -> dict:
                      trainers=args.trainers, dynamic_adjustment=dynamic, adjust_warmup_s=args.warmup,
                      adjust_window_s=args.adjust_window, target_return=None, status_interval_s=10.0,
                      max_time_s=args.warmup + args.seconds + 60.0, wandb_mode="disabled", device=args.device,
-                     max_agents=max(args.agents, args.max_agents))
+                     max_agents=max(args.agents, args.max_agents), cuda_graph=args.cuda_graph)
     if args.tiny:
         overrides.update(train_min_batch_size=20, predict_batch_size=8, torch_threads=1, max_predictors=2,
                          max_trainers=2)
@@ -127,7 +135,8 @@ def bench_ga3c(args, dynamic: bool) -> dict:
     trainer.fit(model)
     r = rates(window["a"], window["b"], cfg.frame_skip)
     s = model.system_summary
-    return {"row": "ga3c-dynamic" if dynamic else "ga3c-static", "envs": cfg.agents * cfg.envs_per_agent,
+    name = ("ga3c-dynamic" if dynamic else "ga3c-static") + ("-graph" if model.graph_captures else "")
+    return {"row": name, "envs": cfg.agents * cfg.envs_per_agent,
             "steps_per_s": r["steps_per_s"], "fps": r["fps"], "tps": r["tps"], "pps": r["pps"],
             "policy_lag": r["policy_lag"], "train_batch": r["train_batch"],
             "predict_batch": r["predict_batch"],
@@ -256,6 +265,8 @@ def main() -> None:
     ap.add_argument("--torchrl-envs", type=int, default=16)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
+    ap.add_argument("--cuda-graph", action="store_true", help="GA3C rows and --learner-only: cuda_graph=true "
+                    "(the update as one CUDA graph replay; eager on the CPU); rows and files get a graph suffix")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ga3c.json); with "
                     "--learner-only a directory (default benchmarks/results/)")
     ap.add_argument("--learner-only", action="store_true", help="learner alone on synthetic batches")
@@ -291,9 +302,9 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     meta = {"device": args.device, "device_name": name,
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "seconds": args.seconds,
-            "warmup": args.warmup, "config": args.config, "tiny": args.tiny,
+            "warmup": args.warmup, "config": args.config, "tiny": args.tiny, "cuda_graph": args.cuda_graph,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    out = Path(args.out or ROOT / "benchmarks/results/ga3c.json")
+    out = Path(args.out or ROOT / f"benchmarks/results/ga3c{'_graph' if args.cuda_graph else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     out.with_suffix(".md").write_text(_table(rows) + "\n")
@@ -313,7 +324,8 @@ def learner_main(args) -> None:
     meta = {"device_name": name, "cpu_count": os.cpu_count(), "torch": torch.__version__, "config": args.config,
             "tiny": args.tiny, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     pps = f"_pps{int(args.synthetic_pps)}" if row["predictors"] else ""
-    out = Path(args.out or ROOT / "benchmarks/results") / f"ga3c_learner_{row['device']}{pps}.json"
+    graph = "_graph" if row["cuda_graph"] else ""
+    out = Path(args.out or ROOT / "benchmarks/results") / f"ga3c_learner_{row['device']}{pps}{graph}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": [row]}, indent=1))
     out.with_suffix(".md").write_text(learner_table(row) + "\n")

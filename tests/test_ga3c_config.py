@@ -22,7 +22,7 @@ def test_shipped_configs_load(name):
     ("rollout_slots", 1), ("train_min_batch_size", 0), ("optimizer", "sgd"), ("loss_reduction", "max"),
     ("env_backend", "ray"), ("device", "tpu"), ("reward_clip", 0.0), ("rmsprop_eps", 0.0),
     ("max_time_s", 0.0), ("adjust_window_s", 0.0), ("hidden_sizes", []), ("envs_per_agent", True),
-    ("wandb_mode", "maybe"), ("env", ""),
+    ("wandb_mode", "maybe"), ("env", ""), ("cuda_graph", 1), ("cuda_graph", "yes"),
 ])
 def test_bad_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -112,6 +112,12 @@ class GA3CConfig:
     """RMSProp epsilon (GA3C uses 0.1)."""
     grad_clip: float | None = None
     """Gradient norm clip (Lightning ``gradient_clip_val``); None: off, as in the paper."""
+    cuda_graph: bool = False
+    """Graph mode: capture the whole training update (the batch's copy into static device inputs,
+    forward, loss, backward, gradient clip, optimizer step, step metrics) in one CUDA graph at the first
+    update and replay it for every later one: one host launch instead of ~100 kernel launches. Only with
+    one CUDA device (``devices: 1``); on the CPU or under DDP the run trains eagerly and logs one line
+    saying so, so one config serves both machines (see ``lightning_per/ga3c/module.py``)."""
 
     # --- dynamic adjustment (section 4.2) --------------------------------------------------------
     dynamic_adjustment: bool = False
@@ -188,6 +194,8 @@ class GA3CConfig:
                 _check_float(self, name, low=0.0, low_open=True)
         if self.target_return is not None:
             _check_float(self, "target_return")
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
         for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
                               ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
                               ("device", _DEVICES), ("wandb_mode", _WANDB)):

@@ -32,6 +32,44 @@ server runs one serving loop (GA3C changes NP) and copies every request into its
 whereas here a request is an index into the rollout buffer the trainer reads again. The
 collector is a row of ``benchmarks/ga3c.py`` instead.
 
+Graph mode (``cuda_graph: true``, one CUDA device)
+--------------------------------------------------
+A batch always holds the same number of transitions (a trainer thread fills exactly ``capacity`` rows:
+whole rollouts, ``ceil(train_min_batch_size / (t_max * envs_per_agent))`` of them), so the whole update
+can be captured once in a CUDA graph (:class:`~lightning_per.dqn.graph.CapturedUpdate`) and replayed:
+
+.. code-block:: text
+
+    pinned host batch --copy_(non_blocking) on the current stream--> static inputs obs, action, ret
+    replay: forward -> a3c_loss -> backward -> clip_grad_norm_ (grad_clip) -> optimizer step
+            -> step metrics added to GA3C.metrics          (one launch instead of ~100)
+
+- Lightning runs under manual optimization (set in :meth:`GA3C.setup`, once the device is known); the
+  graph steps the raw optimizer and the step is reported to Lightning (``trainer.global_step``) by
+  :func:`~lightning_per.dqn.graph.count_optimizer_step`. The clip threshold is ``grad_clip`` (what
+  the CLI also gives the Trainer as ``gradient_clip_val``, which manual optimization ignores). The
+  Trainer's precision plugin is bypassed: graph mode trains in float32 (the CLI's precision).
+- The optimizer is built with ``capturable=True`` (torch RMSprop/Adam; :class:`RMSpropTF` keeps its
+  step count on the device): its state, step counts included, lives on the device and round-trips
+  through ``state_dict``.
+- The first update captures: three eager warm-up updates on its batch on a side stream, then the
+  parameters, the optimizer state and the metrics are put back and the update is recorded. Predictor
+  threads keep serving meanwhile (they may act on warm-up parameters for those few milliseconds), which is
+  why the capture uses ``capture_error_mode="thread_local"``: under the default ``"global"`` mode their
+  allocations, pinned-memory allocations and synchronisations would invalidate the capture
+  ("operation not permitted when stream is capturing"). They also must not draw from the device's default
+  CUDA generator while it is registered with a capture (torch raises "Offset increment outside graph
+  capture"), so in graph mode :meth:`GA3C.act` samples from a generator of its own (seeded with ``seed``).
+- Predictors keep reading :attr:`GA3C.net`'s parameters, which each replay updates in place, exactly
+  as eager updates do; ``version``, ``size`` and ``version_mean`` stay host numbers as in eager mode.
+- The graph is freed in :meth:`GA3C.teardown`; a later ``fit`` captures again (:attr:`GA3C.graph_captures`).
+  The module stays under manual optimization after the fit (so that ``trainer.global_step`` still reads
+  right): Lightning checks a later ``fit``'s Trainer against that before :meth:`GA3C.setup` runs, so give
+  that Trainer no ``gradient_clip_val`` (graph mode clips with ``grad_clip`` anyway).
+
+Elsewhere (CPU, DDP, or ``cuda_graph: false``) training is eager under Lightning's automatic
+optimization, as without the option.
+
 Metrics: device-side :attr:`GA3C.metrics` (a :class:`~lightning_per.callbacks.MetricAccumulator`),
 logged once an epoch by :class:`~lightning_per.callbacks.AsyncMetricsCallback`; host rates (TPS,
 PPS, steps/s, FPS), NA/NP/NT, queue sizes and episode returns are folded in at the epoch's last
@@ -52,6 +90,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_per.callbacks import MetricAccumulator, new_episode_ring
+from lightning_per.dqn.graph import CapturedUpdate, count_optimizer_step
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.loss import a3c_loss
@@ -118,8 +157,12 @@ class GA3C(pl.LightningModule):
 
     Batches (from the trainer threads): ``obs`` (N, *obs_shape) uint8/float32, ``action`` (N,) int64,
     ``ret`` (N,) float32 n-step returns, on the module's device after Lightning's transfer
-    (:meth:`transfer_batch_to_device`); ``version`` (N,) int64 policy versions, kept on the host, and
-    host numbers ``size`` (N) and ``version_mean``.
+    (:meth:`transfer_batch_to_device`; in graph mode they stay in pinned host memory and are copied into
+    the graph's static inputs); ``version`` (N,) int64 policy versions, kept on the host, and host
+    numbers ``size`` (N) and ``version_mean``.
+
+    Attributes:
+        graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
 
     Raises:
         ValueError: a configuration value out of range (named), or an environment without a
@@ -152,6 +195,10 @@ class GA3C(pl.LightningModule):
         self._epoch_episodes = 0
         self._wall_end: float | None = None
         self.system_summary: dict[str, Any] = {}
+        self._graph_mode = False  # chosen in setup(): cuda_graph on one CUDA device
+        self._captured: CapturedUpdate | None = None
+        self._act_generator: torch.Generator | None = None  # graph mode: act() stays off the default generator
+        self.graph_captures = 0
 
     # ---- policy (predictor threads) --------------------------------------------------------
     @torch.no_grad()
@@ -159,9 +206,12 @@ class GA3C(pl.LightningModule):
         """Sample a ~ pi(.|s) and V(s).
 
         obs (N, *obs_shape) on the module device -> (action (N,) int64, value (N,) float), same device.
+        The draw uses the default generator of the device, or in graph mode one of the module's own
+        (see the module docstring).
         """
         logits, value = self.net(obs)  # [N, A], [N]
-        action = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1).squeeze(1)  # [N]
+        probs = torch.softmax(logits.float(), dim=-1)  # [N, A]
+        action = torch.multinomial(probs, 1, generator=self._act_generator).squeeze(1)  # [N]
         return action, value
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,13 +227,32 @@ class GA3C(pl.LightningModule):
         return self.policy_version
 
     # ---- Lightning hooks -----------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Choose graph mode: ``cuda_graph`` and one CUDA device (a single process). Runs before Lightning
+        builds the optimizer (:meth:`configure_optimizers`), so that one can be made capturable."""
+        on_trainer = self._trainer is not None
+        device = self.trainer.strategy.root_device if on_trainer else self.device
+        world_size = self.trainer.world_size if on_trainer else 1
+        self._graph_mode = self.cfg.cuda_graph and device.type == "cuda" and world_size == 1
+        if self.cfg.cuda_graph and not self._graph_mode:
+            log.info("cuda_graph=True needs one CUDA device; this run is on %s with %d process(es): "
+                     "training eagerly", device, world_size)
+        self.automatic_optimization = not self._graph_mode
+        self._act_generator = torch.Generator(device).manual_seed(self.cfg.seed) if self._graph_mode else None
+
     def configure_optimizers(self):
-        c = self.cfg
+        return self.make_optimizer(capturable=self._graph_mode)
+
+    def make_optimizer(self, capturable: bool = False) -> torch.optim.Optimizer:
+        """The configured optimizer (``optimizer``, ``lr``, ``rmsprop_*``) over this module's parameters;
+        ``capturable=True`` (graph mode) keeps its step counts on the device, so its step can be captured."""
+        c, params = self.cfg, self.parameters()
         if c.optimizer == "rmsprop_tf":
-            return RMSpropTF(self.parameters(), lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps)
+            return RMSpropTF(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps, capturable=capturable)
         if c.optimizer == "rmsprop":
-            return torch.optim.RMSprop(self.parameters(), lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps)
-        return torch.optim.Adam(self.parameters(), lr=c.lr)
+            return torch.optim.RMSprop(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps,
+                                       capturable=capturable)
+        return torch.optim.Adam(params, lr=c.lr, capturable=capturable)
 
     def configure_callbacks(self):
         return [_SystemGuard()]
@@ -223,22 +292,70 @@ class GA3C(pl.LightningModule):
 
     def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
         """Copy what :meth:`training_step` reads (``obs``, ``action``, ``ret``) to ``device``, non-blocking
-        from the trainers' pinned memory on CUDA; ``version`` and the host numbers stay on the host."""
+        from the trainers' pinned memory on CUDA; ``version`` and the host numbers stay on the host. In
+        graph mode nothing moves here: :meth:`training_step` copies the pinned tensors straight into the
+        graph's static inputs."""
+        if self._graph_mode:
+            return batch
         non_blocking = device.type == "cuda"
         return {key: value.to(device, non_blocking=non_blocking) if key in _DEVICE_KEYS else value
                 for key, value in batch.items()}
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        c = self.cfg
-        logits, value = self.net(batch["obs"])  # [N, A], [N]
-        loss, parts = a3c_loss(logits, value, batch["action"], batch["ret"], beta=c.beta,
-                               value_coef=c.value_coef, log_epsilon=c.log_epsilon, reduction=c.loss_reduction)
+        """Eager: the loss (Lightning's automatic optimization does backward, clip and step). Graph mode:
+        the whole update as one replay; returns its detached loss (0-d float32, reused by every replay)."""
         self._lag = self.policy_version - batch["version_mean"]  # host float: no device read
+        if self._graph_mode:
+            return self._graph_update(batch)
+        return self._loss_and_metrics(batch)
+
+    def _loss_and_metrics(self, b: dict[str, Tensor]) -> Tensor:
+        """Forward and A3C loss of ``b`` (``obs``, ``action``, ``ret`` on the device), its step metrics
+        folded into :attr:`metrics` in place; the 0-d loss, attached to the graph of ``net``."""
+        c = self.cfg
+        logits, value = self.net(b["obs"])  # [N, A], [N]
+        loss, parts = a3c_loss(logits, value, b["action"], b["ret"], beta=c.beta,
+                               value_coef=c.value_coef, log_epsilon=c.log_epsilon, reduction=c.loss_reduction)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (publish_host_state)
         values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
         self.metrics.add_vector(_STEP_METRICS, values)
         return loss
+
+    def _graph_update(self, batch: dict) -> Tensor:
+        """Graph mode: copy the pinned ``obs``, ``action``, ``ret`` into the static inputs (non-blocking,
+        current stream) and replay the captured update; the first call captures it."""
+        opt = self.optimizers()
+        inputs = {key: batch[key] for key in _DEVICE_KEYS}  # pinned host tensors
+        if self._captured is None:
+            self._captured = self._capture(opt.optimizer, inputs)
+        elif batch["size"] != self._captured.static_in["obs"].shape[0]:  # copy_ would broadcast a single row
+            raise RuntimeError(f"graph mode captured batches of {self._captured.static_in['obs'].shape[0]} "
+                               f"transitions, got {batch['size']}")
+        out = self._captured(inputs)
+        count_optimizer_step(opt)
+        return out["loss"]
+
+    def _capture(self, optimizer: torch.optim.Optimizer, inputs: dict[str, Tensor]) -> CapturedUpdate:
+        """Capture forward -> loss -> backward -> clip -> ``optimizer`` step -> metrics (see the module
+        docstring), with ``inputs`` (host tensors) fixing the static inputs' shapes."""
+        clip, params = self.cfg.grad_clip, list(self.parameters())
+
+        def update(b: dict[str, Tensor]) -> dict[str, Tensor]:
+            loss = self._loss_and_metrics(b)
+            loss.backward()
+            if clip is not None:  # no host read (error_if_nonfinite=False)
+                torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+            optimizer.step()
+            return {"loss": loss.detach()}
+
+        if isinstance(optimizer, RMSpropTF):
+            optimizer.init_state()  # its square average starts at 1: part of the snapshot, not zeroed
+        first = {key: value.to(self.device, non_blocking=True) for key, value in inputs.items()}
+        captured = CapturedUpdate(update, first, optimizer, params, state=[self.metrics.values, self.metrics.counts],
+                                  capture_error_mode="thread_local")
+        self.graph_captures += 1
+        return captured
 
     def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
         self.policy_version += 1
@@ -303,6 +420,9 @@ class GA3C(pl.LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.shutdown()
+        if self._captured is not None:  # after the predictors stopped
+            self._captured.release()
+            self._captured = None
 
     # ---- host state -> device metrics / episode ring ----------------------------------------
     def publish_host_state(self) -> None:

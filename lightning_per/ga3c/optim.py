@@ -31,6 +31,10 @@ class RMSpropTF(torch.optim.Optimizer):
         momentum: momentum (>= 0).
         centered: subtract the squared running mean of g (TF ``centered=True``).
         weight_decay: L2 penalty added to the gradient (>= 0).
+        capturable: keep the step count on the parameters' device (a 0-d float32 tensor, as torch's
+            optimizers do with ``capturable=True``), so that :meth:`step` can be captured in a CUDA graph;
+            otherwise it is a Python int. The update itself is tensor ops only (no host reads) either way.
+            Before a capture, call :meth:`init_state`.
 
     Raises:
         ValueError: an argument out of range (named in the message).
@@ -38,7 +42,7 @@ class RMSpropTF(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict], lr: float = 3e-4, alpha: float = 0.99,
                  eps: float = 0.1, momentum: float = 0.0, centered: bool = False,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, capturable: bool = False) -> None:
         if not lr > 0.0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= alpha < 1.0:
@@ -50,11 +54,39 @@ class RMSpropTF(torch.optim.Optimizer):
         if not weight_decay >= 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         defaults = dict(lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered,
-                        weight_decay=weight_decay)
+                        weight_decay=weight_decay, capturable=capturable)
         super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict) -> None:  # also run by load_state_dict
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("capturable", False)  # state dicts saved before the option existed
+
+    def init_state(self) -> None:
+        """Create the state of every parameter that has none yet, as its first :meth:`step` would.
+
+        For a CUDA-graph capture: :class:`~lightning_per.dqn.graph.CapturedUpdate` snapshots the
+        optimizer state before its eager warm-up and zeroes the state created during it, but the square
+        average starts at 1 here, so it must exist before the snapshot."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not self.state[p]:
+                    self._init_param_state(p, group)
+
+    def _init_param_state(self, p: Tensor, group: dict) -> None:
+        state = self.state[p]
+        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device) if group["capturable"] else 0
+        state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+        if group["centered"]:
+            state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if group["momentum"] > 0:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch.optim.Optimizer API
+        if (not all(group["capturable"] for group in self.param_groups) and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing()):  # a frozen Python step count otherwise
+            raise RuntimeError("RMSpropTF.step() is being captured in a CUDA graph: build it with capturable=True")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -69,13 +101,8 @@ class RMSpropTF(torch.optim.Optimizer):
                     g = g.add(p, alpha=group["weight_decay"])
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
-                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
-                    if group["centered"]:
-                        state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if group["momentum"] > 0:
-                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
+                    self._init_param_state(p, group)
+                state["step"] += 1  # in place on the device when capturable
                 square_avg = state["square_avg"]
                 square_avg.mul_(alpha).addcmul_(g, g, value=1.0 - alpha)
                 if group["centered"]:
