@@ -134,6 +134,7 @@ def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
     """Five updates on five different batches: the first replay is the first update (the capture's warm-up
     leaves no trace in parameters, optimizer state or metrics), and every later one matches too."""
     eager, graph = (_module(device="cuda", cuda_graph=g, optimizer=optimizer, **extra) for g in (False, True))
+    tol = {"rtol": 1e-4, "atol": 1e-5} if optimizer == "adam" else {"rtol": 1e-5, "atol": 1e-6}
     eager_opt, graph_opt = _start(eager, "cuda"), _start(graph, "cuda")
     assert not graph.automatic_optimization and graph_opt.param_groups[0]["capturable"]
     for i, batch in enumerate(_batches(5, 40, pin=True)):
@@ -142,7 +143,9 @@ def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
         loss = graph.training_step(batch, i)
         torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
         for p, q in zip(eager.parameters(), graph.parameters()):
-            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+            # capturable Adam computes its bias corrections on the device, in float32 tensor ops: the H200 gave
+            # 1 of 8,192 weights 2.7e-6 apart (3.6e-5 relative) after 5 updates (call 21)
+            torch.testing.assert_close(q, p, **tol)
     assert graph.graph_captures == 1
     torch.testing.assert_close(graph.metrics.values, eager.metrics.values, rtol=1e-5, atol=1e-6)
     assert torch.equal(graph.metrics.counts, eager.metrics.counts)
