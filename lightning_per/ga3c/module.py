@@ -59,7 +59,10 @@ can be captured once in a CUDA graph (:class:`~lightning_per.dqn.graph.CapturedU
   allocations, pinned-memory allocations and synchronisations would invalidate the capture
   ("operation not permitted when stream is capturing"). They also must not draw from the device's default
   CUDA generator while it is registered with a capture (torch raises "Offset increment outside graph
-  capture"), so in graph mode :meth:`GA3C.act` samples from a generator of its own (seeded with ``seed``).
+  capture"), so in graph mode :meth:`GA3C.act` samples from a generator of its own (seeded with ``seed``),
+  and predictors run on high-priority streams: torch hands out pooled streams round robin, and a predictor
+  on the capture's own stream would be recorded into the graph (seen once on the H200: "Attempt to
+  increase offset for a CUDA generator not in capture mode").
 - Predictors keep reading :attr:`GA3C.net`'s parameters, which each replay updates in place, exactly
   as eager updates do; ``version``, ``size`` and ``version_mean`` stay host numbers as in eager mode.
 - The graph is freed in :meth:`GA3C.teardown`; a later ``fit`` captures again (:attr:`GA3C.graph_captures`).

@@ -57,7 +57,10 @@ class PredictorThread(_Worker):
     def loop(self) -> None:
         sys_ = self.system
         cuda = sys_.device.type == "cuda"
-        stream = torch.cuda.Stream(sys_.device) if cuda else None
+        # high priority: agents wait for these answers. It also keeps this stream out of the pool of
+        # default-priority streams that CUDA-graph captures take theirs from (torch hands out pooled streams
+        # round robin: a predictor on the capture's own stream would be recorded into the learner's graph)
+        stream = torch.cuda.Stream(sys_.device, priority=-1) if cuda else None
         limit = sys_.cfg.predict_batch_size
         # CUDA: requests are gathered straight into this pinned buffer (one host copy, no per-batch
         # allocation); reusing it is safe because _serve waits for its stream before returning.
