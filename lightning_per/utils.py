@@ -11,11 +11,13 @@ not import Lightning.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import math
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -114,6 +116,21 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     return atomic_write(path, lambda f: f.write(buf.getbuffer()))
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector off for the block (restored after): a collection inside a CUDA-graph capture
+    can run finalizers that free CUDA or pinned memory of unrelated objects, calls a capture forbids from its
+    own thread ("operation failed due to a previous error during capture"); ``torch.cuda.graph`` collects once
+    before it records, so nothing is deferred for long."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), warmup: int = 3) -> Any:
     """Capture one call of ``fn`` in a ``torch.cuda.CUDAGraph`` and return the graph (``graph.replay()``
     reruns it). torch's recipe: ``warmup`` eager calls on a side stream first (allocator, cuBLAS and
@@ -130,7 +147,7 @@ def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), wa
     graph = torch.cuda.CUDAGraph()
     for gen in generators:
         graph.register_generator_state(gen)
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         fn()
     return graph
 

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from lightning_per.utils import gc_paused
+
 __all__ = ["CapturedUpdate", "count_optimizer_step"]
 
 
@@ -102,7 +104,7 @@ class CapturedUpdate:
         for gen in generators:
             self.graph.register_generator_state(gen)
         optimizer.zero_grad(set_to_none=True)
-        with capture_guard() if capture_guard else contextlib.nullcontext(), torch.cuda.graph(
+        with capture_guard() if capture_guard else contextlib.nullcontext(), gc_paused(), torch.cuda.graph(
                 self.graph, capture_error_mode=capture_error_mode):
             self.static_out = body(self.static_in)
 

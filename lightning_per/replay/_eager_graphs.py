@@ -38,6 +38,8 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from lightning_per.utils import gc_paused
+
 __all__ = ["EagerGraphs"]
 
 _WORD = 8  # bytes: outputs start at multiples of 8 bytes in the flat int64 buffer
@@ -149,7 +151,7 @@ class EagerGraphs:
         mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode(0)  # sync-ok: torch.cuda.graph synchronises once before it records
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with gc_paused(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = fn(*inputs)
                 flat, layout = _pack(tuple(out) if out is not None else ())
         finally:
