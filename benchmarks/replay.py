@@ -5,8 +5,9 @@ Rows, measured side by side in one process per implementation family:
   ours-graph        the same step captured in one CUDA graph and replayed
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
-                    default); ``ours-kernels-eager-launches`` is the same buffer with ``eager_graphs=False``
-                    (every kernel launched from the host)
+                    default: the proportional draws and, the ring being full, the priority writes; the rank
+                    sampler's draws are launched); ``ours-kernels-eager-launches`` is the same buffer with
+                    ``eager_graphs=False`` (every kernel launched from the host)
   ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads); the
                     graph rows run what the buffer runs (draw + row gather fused in one launch with the packed
                     storage), the *-unfused rows the former sampler.sample + storage.get (two launches)

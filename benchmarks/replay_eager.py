@@ -64,24 +64,17 @@ def main(argv=None) -> int:
         return ops.sample_proportional_gather(sampler._leaves, sampler._block_sum, sampler._block_min, u,
                                               sampler._beta_t, rows)
 
-    def write_kernel():
-        ops.write_priorities(sampler._raw, sampler._leaves, sampler._block_sum, sampler._block_min,
-                             sampler._max_raw, sampler._n_clamped, sampler._n_dropped, index, prio, N, N,
-                             sampler._alpha_t, sampler._eps)
-
     def step(rb=rb):
         d = rb.sample(B)
         rb.update_priority(d["index"], d["reward"].abs() + 0.01)
 
-    replay = capture(lambda: ops.sample_proportional_gather(
-        sampler._leaves, sampler._block_sum, sampler._block_min,
-        torch.rand(B, generator=gen, device=device, dtype=torch.float64), sampler._beta_t, rows), [gen])
+    replay = capture(lambda: sampler._draw_gather(B, rows), [gen])  # what a cached "gather" graph records
     pieces = {
         "rand": lambda: torch.rand(B, generator=gen, device=device, dtype=torch.float64),
         "sample-kernel": sample_kernel,
         "rows-to-batch": lambda: storage.rows_to_batch(block, {"index": index, "priority_weight": w}),
         "priority-op": lambda: data["reward"].abs() + 0.01,
-        "write-kernel": write_kernel,
+        "write-kernel": lambda: sampler._write_full(index, prio),  # the op a cached "write" graph records
         "sample": lambda: rb.sample(B),
         "update": lambda: rb.update_priority(index, prio),
         "step": step,

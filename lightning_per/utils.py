@@ -23,7 +23,7 @@ from typing import IO, Any
 
 # AtomicCheckpointIO is also importable from here (lazily, see __getattr__ at the bottom).
 __all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "capture_cuda_graph",
-           "json_safe"]
+           "cuda_graph_capture", "gc_paused", "json_safe", "warm_up_on_side_stream"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
@@ -118,10 +118,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's garbage collector off for the block (restored after): a collection inside a CUDA-graph capture
-    can run finalizers that free CUDA or pinned memory of unrelated objects, calls a capture forbids from its
-    own thread ("operation failed due to a previous error during capture"); ``torch.cuda.graph`` collects once
-    before it records, so nothing is deferred for long."""
+    """Python's garbage collector off for the block (its previous state restored after). Around CUDA-graph
+    captures (:func:`cuda_graph_capture`): a collection inside one can run finalizers that free CUDA or pinned
+    memory of unrelated objects, calls a capture forbids from its own thread ("operation failed due to a
+    previous error during capture"). Collections are only deferred to the end of the block. The switch is
+    process-wide: do not nest it across threads (the first thread to leave would turn collection back on)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -131,23 +132,46 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), warmup: int = 3) -> Any:
-    """Capture one call of ``fn`` in a ``torch.cuda.CUDAGraph`` and return the graph (``graph.replay()``
-    reruns it). torch's recipe: ``warmup`` eager calls on a side stream first (allocator, cuBLAS and
-    Triton warm-up), then the capture. ``generators``: custom ``torch.Generator`` objects ``fn`` draws
-    from, registered with the graph so every replay draws new numbers. CUDA only (current device)."""
+@contextlib.contextmanager
+def cuda_graph_capture(graph: Any, generators: Sequence[Any] = (), **graph_kwargs: Any) -> Iterator[None]:
+    """Record the block's CUDA work into ``graph`` (a ``torch.cuda.CUDAGraph``): ``generators`` (CUDA
+    ``torch.Generator`` objects the block draws from) are registered with it first, so each replay draws new
+    numbers; the block runs under ``torch.cuda.graph(graph, **graph_kwargs)`` (e.g. ``pool``,
+    ``capture_error_mode``) with Python's GC paused (:func:`gc_paused`). ``torch.cuda.graph`` synchronises the
+    device and empties the caching allocator before it records."""
     import torch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
     for gen in generators:
         graph.register_generator_state(gen)
-    with gc_paused(), torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph, **graph_kwargs):
+        yield
+
+
+def warm_up_on_side_stream(fn: Callable[[], Any], iters: int, device: Any = None) -> None:
+    """``iters`` calls of ``fn`` on a new side stream of ``device`` (default: the current CUDA device), after
+    the work already queued on the current stream and before any queued later: torch's warm-up before a
+    capture (allocator, cuBLAS, Triton and ``torch.compile`` first calls run outside the graph)."""
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(iters):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), warmup: int = 3) -> Any:
+    """Capture one call of ``fn`` in a ``torch.cuda.CUDAGraph`` and return the graph (``graph.replay()``
+    reruns it). torch's recipe: ``warmup`` eager calls on a side stream first
+    (:func:`warm_up_on_side_stream`), then the capture (:func:`cuda_graph_capture`). ``generators``: custom
+    ``torch.Generator`` objects ``fn`` draws from, registered with the graph so every replay draws new
+    numbers. CUDA only (current device)."""
+    import torch
+
+    warm_up_on_side_stream(fn, warmup)
+    graph = torch.cuda.CUDAGraph()
+    with cuda_graph_capture(graph, generators):
         fn()
     return graph
 

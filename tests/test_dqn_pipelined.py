@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -72,3 +73,14 @@ def test_pipelined_updates_equal_the_serial_loop():
     for a, b in zip(p0, p1):
         assert torch.equal(a, b)
     assert torch.equal(loss0, loss1)
+
+
+def test_a_learn_that_never_forks_the_write_raises():
+    rb, q, target, opt = _setup()
+
+    def learn(i, sample, after_forward):  # forgets after_forward: the priority write would be skipped
+        return learner_step(q, target, opt, _inputs(sample))
+
+    with pytest.raises(RuntimeError, match="after_forward"):
+        pipelined_updates(2, lambda: rb.sampler.sample_gather(rb.storage, B), learn,
+                          lambda sample, td_abs: None, SideStream("cpu"))

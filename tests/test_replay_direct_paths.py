@@ -164,6 +164,16 @@ def test_rejected_extend_changes_nothing_and_raises_like_torchrl(device):
         _assert_same_state(fast, slow)
 
 
+def test_storage_set_with_a_cursor_that_does_not_fit_keeps_the_length(device):
+    rb = make_replay_buffer(16, 4, device=device)
+    rb.extend(transitions(5))
+    storage = rb.storage
+    cursor = storage._last_cursor
+    with pytest.raises(RuntimeError):
+        storage.set(torch.arange(5, 8), transitions(2))  # 3 slots for 2 transitions
+    assert len(storage) == 5 and storage._last_cursor is cursor
+
+
 @pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")
 @pytest.mark.parametrize("packed", [False, True])
 def test_direct_sample_equals_torchrl_sample(packed, device):

@@ -4,9 +4,12 @@ Two scopes, chosen by :class:`~lightning_per.dqn.DQN` from the replay buffer it 
 
 - ``full`` (our proportional :class:`~lightning_per.GPUPrioritizedSampler`): sample -> gather the
   batch from the storage -> forward (online and target) -> double-DQN target -> IS-weighted Huber
-  loss -> backward -> clip -> Adam step (``capturable=True``) -> priority update, all in one graph.
-  The sampler's device generator is registered with the graph, so every replay draws new numbers;
-  the IS exponent beta lives in a device scalar, so annealing reaches the graph.
+  loss -> backward -> clip -> Adam step (``capturable=True``) -> priority update, all in one graph
+  (``updates_per_graph`` such updates per graph). Each update's priority update and the next update's
+  sample are forked onto a second stream after its forward, parallel branches of the graph that run
+  during its backward and step (:func:`~lightning_per.dqn.learner.pipelined_updates`; same results as
+  one stream). The sampler's device generator is registered with the graph, so every replay draws new
+  numbers; the IS exponent beta lives in a device scalar, so annealing reaches the graph.
 - ``learner`` (other samplers): the batch is sampled eagerly and copied into static inputs; the graph
   covers forward, loss, backward, clip and the optimizer step; priorities are updated eagerly.
 
@@ -35,7 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from lightning_per.utils import gc_paused
+from lightning_per.utils import cuda_graph_capture, warm_up_on_side_stream
 
 __all__ = ["CapturedUpdate", "count_optimizer_step"]
 
@@ -81,19 +84,18 @@ class CapturedUpdate:
                  state: Sequence[Tensor] = (), capture_error_mode: str = "global") -> None:
         device = params[0].device
         if device.type != "cuda":
-            raise ValueError(f"graph mode (compile=True) needs CUDA tensors, got parameters on {device}")
+            raise ValueError(f"CapturedUpdate needs params on a CUDA device, got parameters on {device}")
         self.device = device
         self.static_in = {k: v.detach().clone() for k, v in inputs.items()}
         saved = _snapshot(params, optimizer)
         saved_state = [t.clone() for t in state]
         saved_rng = [gen.get_state() for gen in generators]  # CPU byte tensors (no device sync)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                optimizer.zero_grad(set_to_none=True)
-                body(self.static_in)
-        torch.cuda.current_stream(device).wait_stream(side)
+
+        def warm_update() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            body(self.static_in)
+
+        warm_up_on_side_stream(warm_update, warmup, device)
         _restore(params, optimizer, saved)
         with torch.no_grad():
             for t, v in zip(state, saved_state):
@@ -101,11 +103,9 @@ class CapturedUpdate:
         for gen, rng in zip(generators, saved_rng):
             gen.set_state(rng)
         self.graph = torch.cuda.CUDAGraph()
-        for gen in generators:
-            self.graph.register_generator_state(gen)
         optimizer.zero_grad(set_to_none=True)
-        with capture_guard() if capture_guard else contextlib.nullcontext(), gc_paused(), torch.cuda.graph(
-                self.graph, capture_error_mode=capture_error_mode):
+        with capture_guard() if capture_guard else contextlib.nullcontext(), cuda_graph_capture(
+                self.graph, generators, capture_error_mode=capture_error_mode):
             self.static_out = body(self.static_in)
 
     def __call__(self, inputs: dict[str, Tensor] | None = None) -> dict[str, Tensor]:

@@ -97,7 +97,10 @@ class SideStream:
     graph. On the CPU (``device`` not CUDA) :meth:`fork` just calls.
 
     Tensors that the forked work reads must stay referenced until :meth:`join` (the caching allocator could
-    otherwise hand their memory to the current stream while the side stream still reads it).
+    otherwise hand their memory to the current stream while the side stream still reads it). Tensors that the
+    forked work allocates and the current stream reads later are safe as long as all work on the side stream
+    goes through :meth:`fork`: each fork first waits for the current stream, so freed memory the side stream
+    reuses is never still being read.
 
     Args:
         device: the device of the update.
@@ -106,20 +109,21 @@ class SideStream:
     def __init__(self, device: torch.device | str) -> None:
         device = torch.device(device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._device = self.stream.device if self.stream is not None else device  # with its index
 
     def fork(self, fn: Callable[..., None], *args, **kwargs) -> None:
         """``fn(*args, **kwargs)`` on the side stream, after everything already queued on the current one."""
         if self.stream is None:
             fn(*args, **kwargs)
             return
-        self.stream.wait_stream(torch.cuda.current_stream())
+        self.stream.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(self.stream):
             fn(*args, **kwargs)
 
     def join(self) -> None:
         """The current stream waits for the forked work (no host synchronisation)."""
         if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
+            torch.cuda.current_stream(self._device).wait_stream(self.stream)
 
 
 def pipelined_updates(n: int, draw: Callable[[], Any],
@@ -145,19 +149,30 @@ def pipelined_updates(n: int, draw: Callable[[], Any],
 
     Returns:
         The last update's ``out``.
+
+    Raises:
+        RuntimeError: ``learn`` returned without calling ``after_forward`` (its priority write never ran).
     """
     pending = [draw()]  # the next update's sample, drawn on the side stream after the previous write
+    forked = [False]
 
     def replay_work(sample, td_abs: Tensor, last: bool) -> None:
         write(sample, td_abs)
         if not last:
             pending[0] = draw()
 
+    def fork(td_abs: Tensor, sample, last: bool) -> None:
+        forked[0] = True
+        side.fork(replay_work, sample, td_abs, last)
+
     out: dict[str, Tensor] = {}
     for i in range(n):
         sample = pending[0]  # referenced until the join: the side stream reads it
-        out = learn(i, sample, lambda td_abs, sample=sample, last=i == n - 1: side.fork(
-            replay_work, sample, td_abs, last))
+        forked[0] = False
+        out = learn(i, sample, lambda td_abs, sample=sample, last=i == n - 1: fork(td_abs, sample, last))
+        if not forked[0]:
+            raise RuntimeError(f"pipelined_updates: learn returned from update {i} without calling "
+                               "after_forward(td_abs), so its priority write never ran")
         side.join()
         if finish is not None:
             finish(out)

@@ -190,7 +190,7 @@ class DQN(LightningModule):
         self.graph_captures = 0  # CUDA-graph captures of the update (graph mode); one per fit
         self._inductor: InductorUpdate | None = None  # built with the runtime when ``inductor=True``
         self._compiled_step: CompiledStep | None = None  # graph mode + inductor: the compiled Adam step
-        self._side: SideStream | None = None  # graph mode, scope "full": the stream of the priority update
+        self._side: SideStream | None = None  # graph mode, scope "full": priority updates and next draws
         self._metric_slots: MetricSlots | None = None
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None

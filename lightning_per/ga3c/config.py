@@ -113,11 +113,11 @@ class GA3CConfig:
     grad_clip: float | None = None
     """Gradient norm clip (Lightning ``gradient_clip_val``); None: off, as in the paper."""
     cuda_graph: bool = False
-    """Graph mode: capture the whole training update (the batch's copy into static device inputs,
-    forward, loss, backward, gradient clip, optimizer step, step metrics) in one CUDA graph at the first
-    update and replay it for every later one: one host launch instead of ~100 kernel launches. Only with
-    one CUDA device (``devices: 1``); on the CPU or under DDP the run trains eagerly and logs one line
-    saying so, so one config serves both machines (see ``lightning_per/ga3c/module.py``)."""
+    """Graph mode: capture the whole training update (forward, loss, backward, gradient clip, optimizer
+    step, step metrics) in one CUDA graph at the first update and replay it for every later one, after
+    copying each batch into the graph's static device inputs: one replay instead of ~100 kernel launches.
+    Only with one CUDA device (``devices: 1``); on the CPU or under DDP the run trains eagerly and logs one
+    line saying so, so one config serves both machines (see ``lightning_per/ga3c/module.py``)."""
 
     # --- dynamic adjustment (section 4.2) --------------------------------------------------------
     dynamic_adjustment: bool = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         eager_graphs: on CUDA, serve repeated eager calls of one shape (a draw of B slots, with or without
             the row gather; a priority write of B slots into a full buffer) by replaying a CUDA graph
             recorded at the second such call: one launch instead of several, same results, fresh outputs
-            (:mod:`lightning_per.replay._eager_graphs`). Ignored on CPU, under ``torch.compile`` and inside
-            an outer CUDA-graph capture.
+            (a call's outputs of one dtype share an allocation; see :mod:`lightning_per.replay._eager_graphs`).
+            The first capture of each shape synchronises the device once. Ignored on CPU, under
+            ``torch.compile`` and inside an outer CUDA-graph capture. The rank-based sampler's draws are
+            always launched (only its priority writes are served).
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
@@ -212,11 +215,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """
         if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
             return
-        graphs = self._graphs
-        if (graphs is not None and n_valid == self._max_capacity and index.device == raw.device
-                and index.device.type == "cuda" and graphs.active()):  # a full ring: n_valid is fixed
-            graphs.run(("write", index.numel(), self._eps), self._write_full, (index, raw),
-                       (*self.device_state(), self._alpha_t))
+        if n_valid == self._max_capacity and index.device == raw.device and index.device.type == "cuda":
+            # a full ring: n_valid is fixed, so the call shape is (B, eps)
+            self._served(("write", index.numel(), self._eps), self._write_full, (index, raw),
+                         (*self.device_state(), self._alpha_t))
             return
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
@@ -285,13 +287,18 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
         self._check_draw(storage, batch_size)
+        index, weight = self._served(("sample", batch_size, self.stratified, self.weight_normalization),
+                                     lambda: self._draw(batch_size), (), self._draw_state(), (self.generator,))
+        return index, {"priority_weight": weight}
+
+    def _served(self, key: Hashable, fn: Callable, args: tuple[Tensor, ...] = (), state: tuple[Tensor, ...] = (),
+                generators: tuple[torch.Generator, ...] = ()):
+        """``fn(*args)``, served by a cached CUDA graph of ``key`` when :attr:`_graphs` exists (``eager_graphs``
+        on CUDA) and the call is plain eager (:meth:`EagerGraphs.run` documents the other arguments)."""
         graphs = self._graphs
         if graphs is not None and graphs.active():
-            index, weight = graphs.run(("sample", batch_size, self.stratified, self.weight_normalization),
-                                       lambda: self._draw(batch_size), (), self._draw_state(), (self.generator,))
-        else:
-            index, weight = self._draw(batch_size)
-        return index, {"priority_weight": weight}
+            return graphs.run(key, fn, args, state, generators)
+        return fn(*args)
 
     def _check_draw(self, storage, batch_size: int) -> None:
         """The checks every draw makes: ``batch_size`` an int >= 1, a non-empty storage (errors as :meth:`sample`)."""
@@ -371,13 +378,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                 return index, info, storage._read(index, extra)
             return index, info, _set_all(storage.get(index), extra)
         self._check_draw(storage, batch_size)
-        graphs = self._graphs
-        if graphs is not None and graphs.active():
-            block, index, weight = graphs.run(
-                ("gather", batch_size, self.stratified, self.weight_normalization),
-                lambda: self._draw_gather(batch_size, rows), (), (*self._draw_state(), rows), (self.generator,))
-        else:
-            block, index, weight = self._draw_gather(batch_size, rows)
+        block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),
+                                            lambda: self._draw_gather(batch_size, rows), (),
+                                            (*self._draw_state(), rows), (self.generator,))
         extra = {"index": index, "priority_weight": weight} if with_info else None
         return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
 

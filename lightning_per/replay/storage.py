@@ -319,13 +319,13 @@ class GPUTensorStorage(LazyTensorStorage):
         data = data.to(device, non_blocking=True)
         if "index" in data.keys():  # the writer tags batches with their slots; the sampler returns it
             data = data.exclude("index")
-        if set_cursor:
-            self._last_cursor = cursor
-            self._len = min(self._len + data.shape[0], self.max_size)
         if (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.shape[0] > self.max_size
                 and data.shape[:1] == cursor.shape):
             data = data[_last_writes(cursor, self.max_size)]  # a repeated slot keeps its last write
         self._storage[cursor] = data
+        if set_cursor:  # after the write: a cursor that does not fit ``data`` raises with the length unchanged
+            self._last_cursor = cursor
+            self._len = min(self._len + data.shape[0], self.max_size)
         self._bump_revision()
 
     def _flat_pairs(self, data) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
