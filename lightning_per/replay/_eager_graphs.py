@@ -10,48 +10,52 @@ same results.
 The contract that makes this transparent to callers:
 
 * **Fresh outputs.** A graph writes its outputs into memory it owns; the outputs of every call are
-  copied, in the graph, into one flat buffer and :meth:`EagerGraphs.run` returns views of *one clone*
-  of it: a caller may keep them across calls, as with eager ops.
+  copied, in the graph, into one flat buffer per dtype and :meth:`EagerGraphs.run` returns views of *one
+  clone* of each: a caller may keep them across calls, as with eager ops. One call's outputs of one dtype
+  share an allocation (one kept alive keeps the others alive); outputs of different dtypes never do, so
+  ``torch.save`` of them works as for eager outputs.
 * **Inputs by value.** Tensor arguments are copied into the graph's static inputs (``copy_``, which also
-  converts dtypes) before the replay.
+  converts dtypes to the capturing call's) before the replay.
 * **No trace of the capture.** The first call of a shape runs eagerly (it compiles and warms the
   kernels); the second captures without a warm-up, so the capture runs nothing, and the generators the
   call draws from are registered with its graph (each replay draws new numbers, exactly those the eager
   call would draw) with their states restored after the capture. Only graphs that draw register them:
   a registered generator costs every replay two small host-to-device updates (its seed and offset).
-* **Stale graphs are never replayed.** An entry remembers (weakly) the tensors it reads and writes; if
-  any was freed or replaced, the entry is dropped and the call runs eagerly again. The owner calls
-  :meth:`EagerGraphs.clear` when it reallocates its state.
+* **Stale graphs are never replayed.** An entry remembers (weakly) the state tensors the caller names
+  (``state``: what the call reads and writes besides its arguments); if any was freed or replaced, the
+  entry is dropped and the call is captured again. Generators are not checked: the caller keeps the same
+  generator objects (seeding and ``set_state`` act in place). The owner calls :meth:`EagerGraphs.clear`
+  when it reallocates its state.
 * **Only plain eager calls.** Nothing is cached while ``torch.compile`` traces or while the current
   stream is being captured (an outer CUDA graph records the launches itself).
 
-The capture synchronises the device once (``torch.cuda.graph`` does, before it records): a one-time cost
-per call shape, exempt from ``torch.cuda.set_sync_debug_mode`` while it runs. Not thread-safe by itself:
-callers serialise calls on one sampler (the replay buffer's locks do).
+The capture synchronises the device once and empties the caching allocator (``torch.cuda.graph`` does,
+before it records): a one-time cost per call shape, exempt from ``torch.cuda.set_sync_debug_mode`` while it
+runs. A call shape whose capture fails runs eagerly from then on, with one warning. Not thread-safe by
+itself: callers serialise calls on one sampler (the replay buffer's locks do).
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
 
-from lightning_per.utils import gc_paused
+from lightning_per.utils import cuda_graph_capture
 
 __all__ = ["EagerGraphs"]
 
-_WORD = 8  # bytes: outputs start at multiples of 8 bytes in the flat int64 buffer
-
-
 class _Entry:
-    """One captured call: static inputs, the graph, and the layout of its outputs in ``flat``."""
+    """One captured call: static inputs, the graph, its outputs' flat buffers (one per dtype) and where each
+    output lies in them (``layout``: ``(buffer number, shape, strides, offset)``)."""
 
-    __slots__ = ("graph", "inputs", "flat", "layout", "refs")
+    __slots__ = ("graph", "inputs", "flats", "layout", "refs")
 
-    def __init__(self, graph, inputs: tuple[Tensor, ...], flat: Tensor | None, layout: tuple, refs: tuple):
-        self.graph, self.inputs, self.flat, self.layout, self.refs = graph, inputs, flat, layout, refs
+    def __init__(self, graph, inputs: tuple[Tensor, ...], flats: tuple[Tensor, ...], layout: tuple, refs: tuple):
+        self.graph, self.inputs, self.flats, self.layout, self.refs = graph, inputs, flats, layout, refs
 
     def alive(self, tensors: Sequence[Tensor]) -> bool:
         refs = self.refs
@@ -66,17 +70,8 @@ class _Entry:
         for static, value in zip(self.inputs, args):
             static.copy_(value)
         self.graph.replay()
-        if self.flat is None:
-            return ()
-        fresh = self.flat.clone()  # one copy for all outputs: the caller owns them
-        bases = {torch.int64: fresh}
-        out = []
-        for dtype, shape, strides, offset in self.layout:  # one view op per output (+1 per other dtype)
-            base = bases.get(dtype)
-            if base is None:
-                base = bases[dtype] = fresh.view(dtype)
-            out.append(base.as_strided(shape, strides, offset))
-        return tuple(out)
+        fresh = [flat.clone() for flat in self.flats]  # one copy per dtype: the caller owns the outputs
+        return tuple(fresh[i].as_strided(shape, strides, offset) for i, shape, strides, offset in self.layout)
 
 
 class EagerGraphs:
@@ -90,6 +85,7 @@ class EagerGraphs:
         self.max_entries = max_entries
         self._entries: dict[Hashable, _Entry] = {}
         self._seen: set[Hashable] = set()
+        self._failed: set[Hashable] = set()  # call shapes whose capture failed: eager from then on
         self._pool = None
 
     def __len__(self) -> int:
@@ -99,6 +95,7 @@ class EagerGraphs:
         """Forget every graph (call when the tensors they read or write are reallocated)."""
         self._entries.clear()
         self._seen.clear()
+        self._failed.clear()
 
     @staticmethod
     def active() -> bool:
@@ -114,24 +111,32 @@ class EagerGraphs:
             key: the call shape (hashable; everything ``fn`` bakes in: sizes, flags, host scalars).
             fn: the eager call; returns its output tensors (or None). Capturable: no host reads, no
                 allocation whose size depends on device values, CUDA tensors only.
-            args: input tensors, copied by value into the graph's static inputs (same shapes on every
-                call of ``key``; dtypes are converted to the first call's).
+            args: CUDA input tensors, copied by value into the graph's static inputs (same shapes on every
+                call of ``key``; dtypes are converted to those of the capturing call).
             state: the other tensors ``fn`` reads or writes (checked for identity before each replay).
             generators: the CUDA generators ``fn`` draws from (registered with its graph).
 
         Returns:
-            ``fn``'s outputs: fresh tensors (eager results on the first call of a key).
+            ``fn``'s outputs: fresh tensors (eager results on the first call of a key; from the second on,
+            views of one new buffer, with ``fn``'s dtypes and shapes, contiguous).
         """
         entry = self._entries.get(key)
         if entry is not None and not entry.alive(state):
             del self._entries[key]
             entry = None
         if entry is None:
-            if key not in self._seen:  # first call: eager, which compiles and warms up the kernels
+            if key not in self._seen or key in self._failed:  # first call: eager (compiles, warms up)
                 self._seen.add(key)
                 out = fn(*args)
                 return tuple(out) if out is not None else ()
-            entry = self._capture(fn, args, state, generators)
+            try:
+                entry = self._capture(fn, args, state, generators)
+            except Exception as err:  # noqa: BLE001 - any capture failure means: launch this shape eagerly
+                self._failed.add(key)
+                warnings.warn(f"could not capture the eager call {key!r} in a CUDA graph ({err!r}); it runs "
+                              f"eagerly from now on", RuntimeWarning, stacklevel=3)
+                out = fn(*args)
+                return tuple(out) if out is not None else ()
             if len(self._entries) >= self.max_entries:
                 self._entries.pop(next(iter(self._entries)))
             self._entries[key] = entry
@@ -146,39 +151,33 @@ class EagerGraphs:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         saved = [g.get_state() for g in generators]  # CPU byte tensors: no device sync
-        for g in generators:
-            graph.register_generator_state(g)
         mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode(0)  # sync-ok: torch.cuda.graph synchronises once before it records
         try:
-            with gc_paused(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with cuda_graph_capture(graph, generators, pool=self._pool, capture_error_mode="thread_local"):
                 out = fn(*inputs)
-                flat, layout = _pack(tuple(out) if out is not None else ())
+                flats, layout = _pack(tuple(out) if out is not None else ())
         finally:
             torch.cuda.set_sync_debug_mode(mode)
             for g, s in zip(generators, saved):
                 g.set_state(s)
-        return _Entry(graph, inputs, flat, layout, tuple(weakref.ref(t) for t in state))
+        return _Entry(graph, inputs, flats, layout, tuple(weakref.ref(t) for t in state))
 
 
-def _pack(outputs: tuple[Tensor, ...]) -> tuple[Tensor | None, tuple]:
-    """Copy ``outputs`` into one flat ``int64`` buffer (recorded in the graph being captured); return it and
-    each output's ``(dtype, shape, strides, offset)`` as a contiguous view of that buffer viewed as its dtype
-    (offset in elements of that dtype). None for no outputs. Element sizes of 1 to 8 bytes."""
-    if not outputs:
-        return None, ()
-    spans, words = [], 0
+def _pack(outputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], tuple]:
+    """Copy ``outputs`` into one flat buffer per dtype (recorded in the graph being captured); return the
+    buffers and, per output, ``(buffer number, shape, contiguous strides, offset in elements)``."""
+    sizes: dict[torch.dtype, int] = {}
+    spans = []
     for t in outputs:
-        size = t.element_size()
-        if size > _WORD or _WORD % size:
-            raise TypeError(f"eager graphs pack outputs of 1 to 8 bytes per element, got {t.dtype}")
-        spans.append((words, size))
-        words += -(-t.numel() * size // _WORD)
-    flat = torch.empty(words, dtype=torch.int64, device=outputs[0].device)
+        start = sizes.get(t.dtype, 0)
+        spans.append((list(sizes).index(t.dtype) if t.dtype in sizes else len(sizes), start))
+        sizes[t.dtype] = start + t.numel()
+    device = outputs[0].device if outputs else None
+    flats = tuple(torch.empty(n, dtype=dtype, device=device) for dtype, n in sizes.items())
     layout = []
-    for t, (start, size) in zip(outputs, spans):
-        offset = start * (_WORD // size)
+    for t, (i, start) in zip(outputs, spans):
         strides = torch.empty(t.shape, device="meta").stride()  # contiguous strides of the shape
-        flat.view(t.dtype).as_strided(t.shape, strides, offset).copy_(t)
-        layout.append((t.dtype, tuple(t.shape), strides, offset))
-    return flat, tuple(layout)
+        flats[i].as_strided(t.shape, strides, start).copy_(t)
+        layout.append((i, tuple(t.shape), strides, start))
+    return flats, tuple(layout)
