@@ -406,3 +406,28 @@ def test_default_batches_are_plain_tensors_that_torch_save_accepts(tmp_path):
     packed = make("proportional", "cpu", packed=True)
     packed.extend(transitions(16))  # flat keys: one gather, fields are views into the gathered rows
     assert packed.storage.rows is not None and not packed.sample()["observation"].is_contiguous()
+
+
+@pytest.mark.parametrize("src_packed", [False, True])
+def test_a_state_of_another_capacity_is_refused_before_anything_changes(src_packed):
+    src = GPUTensorStorage(8, device="cpu", packed=src_packed)
+    src.set(torch.arange(8), transitions(8))
+    dst = GPUTensorStorage(4, device="cpu")
+    with pytest.raises(ValueError, match="8 slots, this one max_size=4"):
+        dst.load_state_dict(src.state_dict())
+    assert len(dst) == 0 and not dst.initialized
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+        make_replay_buffer(16, 4, device="cuda")
+    with pytest.raises(ValueError, match="device='cuda:0' but CUDA is not available"):
+        GPUTensorStorage(16, device="cuda:0")
+
+
+def test_every_sampler_of_the_factory_accepts_eager_graphs():
+    for kind in ("proportional", "rank", "uniform"):
+        rb = make_replay_buffer(16, 4, sampler=kind, device="cpu", eager_graphs=False)
+        rb.extend(transitions(16))
+        assert rb.sample()["index"].shape == (4,)

@@ -15,7 +15,7 @@ from lightning_per.replay.errors import check_batch_size
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
-from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage, default_device
+from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage, default_device, resolve_device
 
 __all__ = ["GPUPrioritizedReplayBuffer", "make_replay_buffer", "BUFFER_SCHEMA_VERSION"]
 
@@ -114,8 +114,8 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
             raise ValueError("sync=False is not supported by GPUPrioritizedReplayBuffer")
         if sampler not in _SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(_SAMPLERS)}, got {sampler!r}")
-        device = torch.device(device) if device is not None else (
-            torch.device(sampler_device) if sampler_device is not None else None)
+        device = resolve_device(device) if device is not None else (
+            resolve_device(sampler_device, "sampler_device") if sampler_device is not None else None)
         storage = _resolve_storage(storage, device, None)
         device = device or (torch.device(storage.device) if storage.device != "auto" else default_device())
         prioritized = _build_sampler(_SAMPLERS[sampler], storage.max_size, device, alpha=alpha, beta=beta,
@@ -245,10 +245,11 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     if not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     check_batch_size(batch_size)
-    device = torch.device(device) if device is not None else default_device()
+    device = resolve_device(device)
     storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
     if sampler == "uniform":
         seed = sampler_kwargs.pop("seed", None)
+        sampler_kwargs.pop("eager_graphs", None)  # accepted, as for the other samplers: nothing to serve here
         if sampler_kwargs:
             raise ValueError(f"uniform sampler takes no {sorted(sampler_kwargs)}")
         rb = _GPUUniformReplayBuffer(storage=storage, sampler=_build_sampler(GPURandomSampler, capacity, device,

@@ -28,7 +28,7 @@ from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._eager_graphs import EagerGraphs
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
-from lightning_per.replay.storage import GPUTensorStorage, _set_all, default_device
+from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
 
 __all__ = ["GPUPrioritizedSampler"]
 
@@ -94,7 +94,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.stratified = stratified
         self.weight_normalization = weight_normalization
         self._max_priority_within_buffer = False
-        self._device = default_device() if device is None else torch.device(device)
+        self._device = resolve_device(device)
         self._ops = select_backend(self._device, backend)
         self.block = block_size_for(max_capacity + 1)
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)

@@ -10,7 +10,7 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size
-from lightning_per.replay.storage import default_device
+from lightning_per.replay.storage import resolve_device
 
 __all__ = ["GPURandomSampler"]
 
@@ -27,7 +27,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
 
     def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None) -> None:
         super().__init__()
-        self._device = default_device() if device is None else torch.device(device)
+        self._device = resolve_device(device)
         self._init_rng(seed)
 
     @property

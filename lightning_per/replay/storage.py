@@ -31,6 +31,21 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def resolve_device(device: torch.device | str | None, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` (:func:`default_device` for None).
+
+    Raises:
+        ValueError: ``device`` names a CUDA device while CUDA is not available (the message names ``name``).
+    """
+    if device is None:
+        return default_device()
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={str(device)!r} but CUDA is not available on this machine; use {name}='cpu' "
+                         f"or leave it None (CUDA when available, else CPU)")
+    return device
+
+
 def _spec(td: TensorDictBase, skip_batch: int = 1) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
     return {k: (tuple(v.shape[skip_batch:]), v.dtype)
             for k, v in td.items(include_nested=True, leaves_only=True)}
@@ -183,7 +198,7 @@ class GPUTensorStorage(LazyTensorStorage):
             raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
         if ndim != 1:
             raise ValueError(f"GPUTensorStorage is a flat ring: ndim must be 1, got {ndim}")
-        device = default_device() if device is None else torch.device(device)
+        device = resolve_device(device)
         super().__init__(max_size, device=device, ndim=1)
         self.fallback = fallback
         self.packed = bool(packed)
@@ -482,7 +497,7 @@ class GPUTensorStorage(LazyTensorStorage):
         """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
 
         Raises:
-            ValueError: the state was written by a newer schema.
+            ValueError: the state was written by a newer schema, or for another ``max_size``.
         """
         version = state_dict.get("_schema_version", 0)
         if version > STORAGE_SCHEMA_VERSION:
@@ -492,11 +507,16 @@ class GPUTensorStorage(LazyTensorStorage):
             self._load_packed(state_dict)
             return
         stored = state_dict["_storage"]
-        if isinstance(stored, dict) and stored and not self.initialized:
+        leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
+        for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
+            if value.shape[0] != self.max_size:
+                raise ValueError(f"the saved storage holds {value.shape[0]} slots, this one max_size={self.max_size}")
+            break
+        if leaves and not self.initialized:
             # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
             # _state_leaves), then let TorchRL load the values
             item = TensorDict({}, batch_size=[])
-            for key, value in _state_leaves(stored).items():
+            for key, value in leaves.items():
                 item.set(key, value[0])
             self._allocate(item, torch.device(self.device))
         super().load_state_dict(state_dict)
