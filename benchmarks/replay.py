@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     out.with_suffix(".md").write_text(table(rows) + "\n")
     plot(rows, out.with_suffix(".png"))
-    print(table(rows))
+    if args.merge or len({(r["N"], r["B"]) for r in rows}) > 1:  # one (N, B) was printed as it finished
+        print(table(rows))
     return 0
 
 
