@@ -135,6 +135,27 @@ def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
     out["index"], out["w"] = index, w
 
 
+def _replays(step, st, u_static, uniforms):
+    """Capture ``step(out)`` (warm-up on a side stream, then the capture: ``capture_cuda_graph``), put ``st`` back
+    to its state before the warm-up, and replay once per row of ``uniforms`` (copied into ``u_static``).
+    Returns each replay's ``out`` (cloned) and ``st`` after the replays (cloned); ``st`` is then put back again,
+    so the caller can run the same steps eagerly from the same state."""
+    out = {}
+    start = {k: v.clone() for k, v in st.items()}
+    graph = capture(lambda: step(out))
+    for k, v in start.items():
+        st[k].copy_(v)
+    seen = []
+    for u in uniforms:
+        u_static.copy_(u)
+        graph.replay()
+        seen.append({k: v.clone() for k, v in out.items()})
+    after_graph = {k: v.clone() for k, v in st.items()}
+    for k, v in start.items():
+        st[k].copy_(v)
+    return seen, after_graph
+
+
 def test_fused_step_captured_in_cuda_graph_replays_like_eager():
     capacity, batch, steps = 100_003, 256, 20
     st = _written_state(capacity, seed=3)
@@ -142,34 +163,15 @@ def test_fused_step_captured_in_cuda_graph_replays_like_eager():
     beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, ALPHA))
     uniforms = torch.rand(steps, batch, device="cuda", dtype=F64)
     u_static = uniforms[0].clone()
-    out = {}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    start = {k: v.clone() for k, v in st.items()}
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            _fused_step(st, td, beta, alpha, capacity, batch, None, out, u_static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _fused_step(st, td, beta, alpha, capacity, batch, None, out, u_static)
-    for k, v in start.items():
-        st[k].copy_(v)
-    seen = []
-    for i in range(steps):
-        u_static.copy_(uniforms[i])
-        graph.replay()
-        seen.append((out["index"].clone(), out["w"].clone()))
-    after_graph = {k: v.clone() for k, v in st.items()}
-    for k, v in start.items():  # the same steps eagerly, from the same state
-        st[k].copy_(v)
-    for i in range(steps):
+    seen, after_graph = _replays(lambda out: _fused_step(st, td, beta, alpha, capacity, batch, None, out, u_static),
+                                 st, u_static, uniforms)
+    for i in range(steps):  # the same steps eagerly, from the same state
         eager = {}
         _fused_step(st, td, beta, alpha, capacity, batch, None, eager, uniforms[i])
-        assert torch.equal(eager["index"], seen[i][0]) and torch.equal(eager["w"], seen[i][1])
+        assert torch.equal(eager["index"], seen[i]["index"]) and torch.equal(eager["w"], seen[i]["w"])
     for k in st:
         assert torch.equal(st[k], after_graph[k]), k
-    assert len(torch.cat([s[0] for s in seen]).unique()) > 1000
+    assert len(torch.cat([s["index"] for s in seen]).unique()) > 1000
 
 
 def test_sampler_with_kernels_captured_in_cuda_graph():
@@ -329,28 +331,9 @@ def test_sample_gather_captured_in_cuda_graph_replays_like_unfused_eager():
     beta, alpha = (torch.tensor(v, dtype=F64, device="cuda") for v in (0.4, ALPHA))
     uniforms = torch.rand(steps, batch, device="cuda", dtype=F64)
     u_static = uniforms[0].clone()
-    out = {}
-    start = {k: v.clone() for k, v in st.items()}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            _gather_step(st, rows, td, beta, alpha, capacity, out, u_static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _gather_step(st, rows, td, beta, alpha, capacity, out, u_static)
-    for k, v in start.items():
-        st[k].copy_(v)
-    seen = []
-    for i in range(steps):
-        u_static.copy_(uniforms[i])
-        graph.replay()
-        seen.append({k: v.clone() for k, v in out.items()})
-    after_graph = {k: v.clone() for k, v in st.items()}
-    for k, v in start.items():  # the same steps eagerly and unfused, from the same state
-        st[k].copy_(v)
-    for i in range(steps):
+    seen, after_graph = _replays(lambda out: _gather_step(st, rows, td, beta, alpha, capacity, out, u_static),
+                                 st, u_static, uniforms)
+    for i in range(steps):  # the same steps eagerly and unfused, from the same state
         eager = {}
         _gather_step(st, rows, td, beta, alpha, capacity, eager, uniforms[i], fused=False)
         for k in ("index", "w", "rows"):
