@@ -83,17 +83,24 @@ def scan_total(ptr, n, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _pick_combine(ih1, ch1, xh1, il1, cl1, xl1, ih2, ch2, xh2, il2, cl2, xl2):
+    """Combine of :func:`_pick`'s one-pass reduction: the smaller hit position and the larger positive
+    position, each with its cdf and mass (positions are distinct, so no ties but the sentinels)."""
+    first = ih2 < ih1
+    last = il2 > il1
+    return (tl.where(first, ih2, ih1), tl.where(first, ch2, ch1), tl.where(first, xh2, xh1),
+            tl.where(last, il2, il1), tl.where(last, cl2, cl1), tl.where(last, xl2, xl1))
+
+
+@triton.jit
 def _pick(offs, valid, x, cdf, target, n):
     """First position with positive mass and ``cdf > target`` (``n`` if none) with its cdf and mass;
-    the last position with positive mass (``-1`` if none) with its cdf and mass."""
+    the last position with positive mass (``-1`` if none) with its cdf and mass. One reduction pass
+    (six values carried together) instead of six."""
     pos = valid & (x > 0)
     hit = pos & (cdf > target)
-    i_hit = tl.min(tl.where(hit, offs, n), 0)
-    c_hit = tl.sum(tl.where(offs == i_hit, cdf, 0.0), 0)
-    x_hit = tl.sum(tl.where(offs == i_hit, x, 0.0), 0)
-    i_last = tl.max(tl.where(pos, offs, -1), 0)
-    c_last = tl.sum(tl.where(offs == i_last, cdf, 0.0), 0)
-    x_last = tl.sum(tl.where(offs == i_last, x, 0.0), 0)
+    i_hit, c_hit, x_hit, i_last, c_last, x_last = tl.reduce(
+        (tl.where(hit, offs, n), cdf, x, tl.where(pos, offs, -1), cdf, x), 0, _pick_combine)
     return i_hit, c_hit, x_hit, i_last, c_last, x_last
 
 

@@ -1,6 +1,20 @@
-"""Fused priority update: the sampler's whole ``_write`` in two launches, with no O(N) pass.
+"""Fused priority update: the sampler's whole ``_write`` in one launch, with no O(N) pass.
 
-``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``ext.composite.write_priorities``):
+``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``ext.composite.write_priorities``).
+
+Batches of at most ``MAX_ONE_LAUNCH`` entries (every training step, every extend of a rollout): one
+program per entry ``k`` (``_write_one_kernel``). Each program loads all B slots (one vector), cleans
+and transforms its own priority (the rules of ``_scatter_kernel`` below), writes it only if no later
+entry holds the same slot (last write wins), then takes a ticket of its block (``atomic_add``,
+acquire-release, on a per-block int32 counter). The program that draws the block's last ticket (the
+number of entries in that block minus 1) sees every write into the block: it recomputes the block's
+sum and minimum from the leaves and resets the counter. The program that draws the last global ticket
+folds the batch's max raw priority and counters (from the whole vector, with the max raw priority
+every program read before its tickets) and resets that counter. Deterministic (no value depends on
+the order of the programs) and graph-safe (the counters are zero between calls); the counters live
+beside the sampler state (:func:`_tickets`, one int32 per block plus one).
+
+Larger batches up to ``MAX_QUADRATIC`` entries, two launches (the ticket-free path of earlier versions):
 
 * ``_scatter_kernel`` (grid ``ceil(B / 64)``), per entry ``k``: ``clean, bad = sanitize(p_k, default)``
   with ``default = max_raw`` (1 while no priority was seen), ``ok = 0 <= index_k < n_valid``, rejected
@@ -20,6 +34,8 @@ per block (5 launches).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import triton
@@ -44,7 +60,30 @@ from .blocks import BB, MAX_QUADRATIC, row_stats
 from .priority import exponent, sanitize, transform
 from .sample import check_levels
 
-__all__ = ["write_priorities"]
+__all__ = ["write_priorities", "MAX_ONE_LAUNCH"]
+
+#: Largest batch written by the one-launch kernel (each of its B programs holds all B slots in registers).
+MAX_ONE_LAUNCH = 1024
+
+#: Ticket counters of the one-launch kernel per ``leaves`` tensor: ``id -> (weak ref, counters)``.
+_TICKETS: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+
+def _tickets(leaves: Tensor) -> Tensor:
+    """The zeroed ``(n_blocks + 1,)`` int32 counters of ``leaves`` (one per block, one global), made on
+    first use and freed with ``leaves``; every launch leaves them zero again."""
+    entry = _TICKETS.get(id(leaves))
+    if entry is None or entry[0]() is not leaves:
+        key = id(leaves)
+        counters = torch.zeros(leaves.shape[0] + 1, dtype=torch.int32, device=leaves.device)
+        entry = (weakref.ref(leaves, lambda ref, key=key: _forget(key, ref)), counters)
+        _TICKETS[key] = entry
+    return entry[1]
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if _TICKETS.get(key, (None,))[0] is ref:  # not an entry of a newer tensor with the same id
+        del _TICKETS[key]
 
 
 @triton.jit
@@ -64,6 +103,45 @@ def _claim_kernel(index_ptr, scratch_ptr, n, n_valid, trash, ATOMIC: tl.constexp
         tl.atomic_max(scratch_ptr + idx, offs, mask=m)
     else:
         tl.store(scratch_ptr + idx, offs, mask=m)
+
+
+@triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "n_blocks", "alpha_bits", "eps_bits"])
+def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_ptr, nclamp_ptr,
+                      ndrop_ptr, ticket_ptr, alpha_ptr, alpha_bits, eps_bits, n, n_valid, trash, block, n_blocks,
+                      ALPHA_FROM_PTR: tl.constexpr, BP: tl.constexpr, ROW_CHUNK: tl.constexpr):
+    k = tl.program_id(0)
+    offs = tl.arange(0, BP)
+    m = offs < n
+    idx, ok = _slots(index_ptr, offs, m, n_valid, trash)  # every entry's slot
+    mine = tl.load(index_ptr + k).to(tl.int64)
+    mine_ok = (mine >= 0) & (mine < n_valid)
+    mine = tl.where(mine_ok, mine, trash)
+    blk = mine // block
+    mr = tl.load(maxraw_ptr)  # read before any ticket: only the last program writes it
+    default = tl.where(tl.abs(mr) == float("inf"), 1.0, mr)
+    clean, bad = sanitize(tl.load(prio_ptr + k).to(tl.float32), default)
+    clean = tl.where(mine_ok, clean, 0.0)
+    alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
+    stored = tl.where(mine_ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
+    n_later = tl.sum((m & (offs > k) & (idx == mine)).to(tl.int32), 0)
+    n_in_block = tl.sum((m & (idx // block == blk)).to(tl.int32), 0)
+    tl.store(raw_ptr + mine, clean, mask=n_later == 0)
+    tl.store(leaves_ptr + mine, stored, mask=n_later == 0)
+    tl.debug_barrier()  # the writes above happen before this program's release below
+    seen = tl.atomic_add(ticket_ptr + blk, 1, sem="acq_rel")
+    if seen == n_in_block - 1:  # last entry of this block: every write into it is visible
+        tl.debug_barrier()
+        s, low = row_stats(leaves_ptr + blk * block, block, ROW_CHUNK)
+        tl.store(bsum_ptr + blk, s)
+        tl.store(bmin_ptr + blk, low)
+        tl.store(ticket_ptr + blk, 0)
+    done = tl.atomic_add(ticket_ptr + n_blocks, 1, sem="acq_rel")
+    if done == n - 1:  # last program: fold the batch's max raw priority and counters
+        cv, bv = sanitize(tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32), default)
+        tl.store(maxraw_ptr, tl.maximum(mr, tl.max(tl.where(m & ok, cv, float("-inf")), 0)))
+        tl.store(nclamp_ptr, tl.load(nclamp_ptr) + tl.sum((m & bv).to(tl.int64), 0))
+        tl.store(ndrop_ptr, tl.load(ndrop_ptr) + tl.sum((m & ~ok).to(tl.int64), 0))
+        tl.store(ticket_ptr + n_blocks, 0)
 
 
 @triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
@@ -138,12 +216,22 @@ def _refresh_kernel(idx_ptr, flags_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_p
 
 def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
                   n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float, eps: float,
-                  max_chunk: int = MAX_CHUNK, max_quadratic: int = MAX_QUADRATIC) -> None:
+                  max_chunk: int = MAX_CHUNK, max_quadratic: int = MAX_QUADRATIC,
+                  max_one: int = MAX_ONE_LAUNCH) -> None:
     n = index.numel()
     if n == 0:
         return
     nb, block = leaves.shape
     dev = index.device
+    if n <= max_one:
+        row_chunk = chunk_for(block, max_chunk)
+        bp = chunk_for(n, 1 << 30)
+        _write_one_kernel[(n,)](
+            index, priority, raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped,
+            _tickets(leaves), alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps), n,
+            n_valid, trash, block, nb, ALPHA_FROM_PTR=alpha is not None, BP=bp, ROW_CHUNK=row_chunk,
+            num_warps=max(warps_for(row_chunk), 4 if bp <= 512 else 8))
+        return
     parts = cdiv(n, BB)
     quadratic = n <= max_quadratic
     idx = torch.empty(n, dtype=torch.int64, device=dev)  # target slot per entry

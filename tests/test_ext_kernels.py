@@ -97,9 +97,11 @@ def test_all_zero_masses_give_the_last_slot_not_out_of_range(kdev):
 
 
 # ---------------------------------------------------------------------------------------- update
-@pytest.mark.parametrize("max_chunk,max_quadratic", [(4096, 4096), (4, 4096), (4096, 8)])
-def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, max_quadratic):
-    """Duplicated slots with clashing values (last wins), NaN/Inf/negative priorities, rejected slots."""
+@pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4, 4096, 1024), (4096, 4096, 0),
+                                                             (4, 4096, 0), (4096, 8, 0)])
+def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, max_quadratic, max_one):
+    """Duplicated slots with clashing values (last wins), NaN/Inf/negative priorities, rejected slots;
+    each path: one launch with block tickets (max_one), two launches, the O(B) path above max_quadratic."""
     capacity, n_valid = 45, 40
     leaves = make_levels(capacity, kdev, gen, integer=False)[0]
     got, want = fresh_state(leaves), fresh_state(leaves)
@@ -112,7 +114,7 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
         args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha, eps=1e-6)
         update._launch_write(*got.values(), index, prio, n_valid, capacity,
                              *_common.scalar_arg(alpha, "alpha", kdev), 1e-6, max_chunk=max_chunk,
-                             max_quadratic=max_quadratic)
+                             max_quadratic=max_quadratic, max_one=max_one)
         composite.write_priorities(**want, **args)
     for key in ("raw_store", "leaves", "block_min", "max_raw"):
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
@@ -120,6 +122,7 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
     assert got["n_clamped"].item() == want["n_clamped"].item() == 8
     assert got["n_dropped"].item() == want["n_dropped"].item() > 0
     assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
+    assert not update._tickets(got["leaves"]).any()  # the one-launch path leaves its counters at zero
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):

@@ -126,6 +126,32 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
     torch.testing.assert_close(st["leaves"].view(-1)[:capacity], stored, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("batch", [256, 1024])
+def test_one_launch_write_equals_composite_under_clashes(batch):
+    """The one-launch write (block tickets, programs racing on the GPU) against the plain-torch twin, 300
+    calls: slots from a narrow range (many entries per block, repeated slots with clashing values), NaN /
+    Inf / negative priorities, out-of-range slots; exact values, counters, and the tickets back at zero."""
+    capacity, n_valid = 4099, 4000
+    leaves = _written_state(capacity, seed=3)["leaves"]
+    got, want = fresh_state(leaves), fresh_state(leaves)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    alpha = torch.tensor(ALPHA, dtype=F64, device="cuda")
+    for _ in range(300):
+        lo = int(torch.randint(0, capacity - 300, (1,), generator=g, device="cuda").item())
+        index = torch.randint(lo - 20, lo + 300, (batch,), device="cuda", generator=g)
+        prio = torch.rand(batch, device="cuda", generator=g) * 5
+        prio[::97] = float("nan")
+        prio[5::101] = -1.0
+        update.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity,
+                                alpha=alpha, eps=EPS)
+        composite.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
+                                   alpha=alpha, eps=EPS)
+    for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped", "n_dropped"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0, msg=key)
+    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+    assert not update._tickets(got["leaves"]).any()
+
+
 def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
     if u is None:
         u = torch.rand(batch, generator=gen, device="cuda", dtype=F64)
