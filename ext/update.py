@@ -2,21 +2,22 @@
 
 ``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``ext.composite.write_priorities``).
 
-Batches of at most ``MAX_ONE_LAUNCH`` entries (every training step, every extend of a rollout), one
-launch, no atomics (``_write_one_kernel``, one program per entry ``k``): every program loads all B
-slots and priorities (two vectors) and computes the NaN / +inf default and the new running max
-(:func:`batch_default`: the same values whether it read ``max_raw`` before or after program 0 wrote
-it). The *owner* of a block, the first entry whose slot lies in it, writes every entry of its block
-(compacted ``COMPACT`` at a time; an entry is written only if no later entry holds its slot: last
-write wins), then, after a block barrier (its own writes visible to itself), recomputes the block's
-sum and minimum from the leaves; other programs write nothing. Program 0 stores the new running max
-and adds the counters. Deterministic; no state but the sampler's.
+Batches of at most ``MAX_ONE_LAUNCH`` entries (every training step, every extend of a rollout): one
+program per entry ``k`` (``_write_one_kernel``). Each program loads all B slots (one vector), cleans
+and transforms its own priority (the rules of ``_scatter_kernel`` below), writes it only if no later
+entry holds the same slot (last write wins), then takes a ticket of its block (``atomic_add``,
+acquire-release, on a per-block int32 counter). The program that draws the block's last ticket (the
+number of entries in that block minus 1) sees every write into the block: it recomputes the block's
+sum and minimum from the leaves and resets the counter. The program that draws the last global ticket
+folds the batch's max raw priority and counters (from the whole vector, with the max raw priority
+every program read before its tickets) and resets that counter. Deterministic (no value depends on
+the order of the programs) and graph-safe (the counters are zero between calls); the counters live
+beside the sampler state (:func:`_tickets`, one int32 per block plus one).
 
-Larger batches (a pre-pass ``_default_kernel`` stores the batch's default, then), up to
-``MAX_QUADRATIC`` entries, two launches:
+Larger batches up to ``MAX_QUADRATIC`` entries, two launches (the ticket-free path of earlier versions):
 
 * ``_scatter_kernel`` (grid ``ceil(B / 64)``), per entry ``k``: ``clean, bad = sanitize(p_k, default)``
-  with the pre-pass's default, ``ok = 0 <= index_k < n_valid``, rejected
+  with ``default = max_raw`` (1 while no priority was seen), ``ok = 0 <= index_k < n_valid``, rejected
   entries go to the ``trash`` slot with value 0, ``stored = (clean + eps)^alpha``; entry ``k`` writes
   ``raw[idx_k] = clean_k`` and ``leaves[idx_k] = stored_k`` only if no later entry holds the same slot
   (**last write wins**, deterministic: pairwise comparisons, no atomics); per-program partials of
@@ -33,6 +34,8 @@ per block (5 launches).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import triton
@@ -62,8 +65,25 @@ __all__ = ["write_priorities", "MAX_ONE_LAUNCH"]
 #: Largest batch written by the one-launch kernel (each of its B programs holds all B slots in registers).
 MAX_ONE_LAUNCH = 1024
 
-#: Entries of one block an owner program writes per pass (a ``(COMPACT, B)`` selection).
-COMPACT = 16
+#: Ticket counters of the one-launch kernel per ``leaves`` tensor: ``id -> (weak ref, counters)``.
+_TICKETS: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+
+def _tickets(leaves: Tensor) -> Tensor:
+    """The zeroed ``(n_blocks + 1,)`` int32 counters of ``leaves`` (one per block, one global), made on
+    first use and freed with ``leaves``; every launch leaves them zero again."""
+    entry = _TICKETS.get(id(leaves))
+    if entry is None or entry[0]() is not leaves:
+        key = id(leaves)
+        counters = torch.zeros(leaves.shape[0] + 1, dtype=torch.int32, device=leaves.device)
+        entry = (weakref.ref(leaves, lambda ref, key=key: _forget(key, ref)), counters)
+        _TICKETS[key] = entry
+    return entry[1]
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if _TICKETS.get(key, (None,))[0] is ref:  # not an entry of a newer tensor with the same id
+        del _TICKETS[key]
 
 
 @triton.jit
@@ -85,76 +105,43 @@ def _claim_kernel(index_ptr, scratch_ptr, n, n_valid, trash, ATOMIC: tl.constexp
         tl.store(scratch_ptr + idx, offs, mask=m)
 
 
-@triton.jit
-def batch_default(mr, p, ok):
-    """``(default, new_max)`` of ``reference.batch_default_priority``: ``mr`` the running max read,
-    ``p`` the batch's float32 raw priorities, ``ok`` accepted (and in-range) entries."""
-    finite = ok & (p < float("inf"))
-    g = tl.max(tl.where(finite, tl.maximum(p, 0.0), float("-inf")), 0)
-    seen = tl.where(tl.abs(mr) == float("inf"), float("-inf"), mr)
-    m = tl.maximum(seen, g)
-    default = tl.where(m == float("-inf"), 1.0, m)
-    has_high = tl.max((ok & ~(p < float("inf"))).to(tl.int32), 0) > 0
-    return default, tl.where(has_high, tl.maximum(m, default), m)
-
-
-@triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
+@triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "n_blocks", "alpha_bits", "eps_bits"])
 def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_ptr, nclamp_ptr,
-                      ndrop_ptr, alpha_ptr, alpha_bits, eps_bits, n, n_valid, trash, block,
-                      ALPHA_FROM_PTR: tl.constexpr, BP: tl.constexpr, ROW_CHUNK: tl.constexpr,
-                      COMPACT: tl.constexpr):
+                      ndrop_ptr, ticket_ptr, alpha_ptr, alpha_bits, eps_bits, n, n_valid, trash, block, n_blocks,
+                      ALPHA_FROM_PTR: tl.constexpr, BP: tl.constexpr, ROW_CHUNK: tl.constexpr):
     k = tl.program_id(0)
     offs = tl.arange(0, BP)
     m = offs < n
     idx, ok = _slots(index_ptr, offs, m, n_valid, trash)  # every entry's slot
-    ok = ok & m
-    p = tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    default, new_max = batch_default(tl.load(maxraw_ptr), p, ok)
-    clean, bad = sanitize(p, default)
-    clean = tl.where(ok, clean, 0.0)
-    blocks = idx // block
-    blk = tl.sum(tl.where(offs == k, blocks, 0), 0)
-    mine = m & (blocks == blk)
-    if tl.sum((mine & (offs < k)).to(tl.int32), 0) == 0:  # the block's owner
-        count = tl.sum(mine.to(tl.int32), 0)
-        rank = tl.cumsum(mine.to(tl.int32), 0) - 1  # position among the block's entries
-        alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
-        eps = f64_from_bits(eps_bits)
-        for base in range(0, count, COMPACT):
-            r = base + tl.arange(0, COMPACT)
-            sel = mine[None, :] & (rank[None, :] == r[:, None])  # (COMPACT, BP): entry r of the block
-            pos = tl.sum(tl.where(sel, offs[None, :], 0), 1)
-            slot = tl.sum(tl.where(sel, idx[None, :], 0), 1)
-            c = tl.sum(tl.where(sel, clean[None, :], 0.0), 1)
-            accepted = tl.sum((sel & ok[None, :]).to(tl.int32), 1) > 0
-            later = (mine[None, :] & (idx[None, :] == slot[:, None])) & (offs[None, :] > pos[:, None])
-            win = (r < count) & (tl.sum(later.to(tl.int32), 1) == 0)
-            tl.store(raw_ptr + slot, c, mask=win)
-            tl.store(leaves_ptr + slot, tl.where(accepted, transform(c, alpha, eps), 0.0), mask=win)
-        tl.debug_barrier()  # this program's writes, visible to all its threads
+    mine = tl.load(index_ptr + k).to(tl.int64)
+    mine_ok = (mine >= 0) & (mine < n_valid)
+    mine = tl.where(mine_ok, mine, trash)
+    blk = mine // block
+    mr = tl.load(maxraw_ptr)  # read before any ticket: only the last program writes it
+    default = tl.where(tl.abs(mr) == float("inf"), 1.0, mr)
+    clean, bad = sanitize(tl.load(prio_ptr + k).to(tl.float32), default)
+    clean = tl.where(mine_ok, clean, 0.0)
+    alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
+    stored = tl.where(mine_ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
+    n_later = tl.sum((m & (offs > k) & (idx == mine)).to(tl.int32), 0)
+    n_in_block = tl.sum((m & (idx // block == blk)).to(tl.int32), 0)
+    tl.store(raw_ptr + mine, clean, mask=n_later == 0)
+    tl.store(leaves_ptr + mine, stored, mask=n_later == 0)
+    tl.debug_barrier()  # the writes above happen before this program's release below
+    seen = tl.atomic_add(ticket_ptr + blk, 1, sem="acq_rel")
+    if seen == n_in_block - 1:  # last entry of this block: every write into it is visible
+        tl.debug_barrier()
         s, low = row_stats(leaves_ptr + blk * block, block, ROW_CHUNK)
         tl.store(bsum_ptr + blk, s)
         tl.store(bmin_ptr + blk, low)
-    if k == 0:
-        tl.store(maxraw_ptr, new_max)
-        tl.store(nclamp_ptr, tl.load(nclamp_ptr) + tl.sum((m & bad).to(tl.int64), 0))
+        tl.store(ticket_ptr + blk, 0)
+    done = tl.atomic_add(ticket_ptr + n_blocks, 1, sem="acq_rel")
+    if done == n - 1:  # last program: fold the batch's max raw priority and counters
+        cv, bv = sanitize(tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32), default)
+        tl.store(maxraw_ptr, tl.maximum(mr, tl.max(tl.where(m & ok, cv, float("-inf")), 0)))
+        tl.store(nclamp_ptr, tl.load(nclamp_ptr) + tl.sum((m & bv).to(tl.int64), 0))
         tl.store(ndrop_ptr, tl.load(ndrop_ptr) + tl.sum((m & ~ok).to(tl.int64), 0))
-
-
-@triton.jit(do_not_specialize=["n", "n_valid"])
-def _default_kernel(index_ptr, prio_ptr, maxraw_ptr, out_ptr, n, n_valid, BLOCK: tl.constexpr):
-    """One program: ``out = m`` of :func:`batch_default` over all ``n`` entries (the default is
-    ``m``, or 1 where ``m`` is ``-inf``; read that way by ``_scatter_kernel``)."""
-    g = tl.full([], float("-inf"), tl.float32)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        valid = offs < n
-        index = tl.load(index_ptr + offs, mask=valid, other=-1)
-        p = tl.load(prio_ptr + offs, mask=valid, other=0.0).to(tl.float32)
-        finite = valid & (index >= 0) & (index < n_valid) & (p < float("inf"))
-        g = tl.maximum(g, tl.max(tl.where(finite, tl.maximum(p, 0.0), float("-inf")), 0))
-    mr = tl.load(maxraw_ptr)
-    tl.store(out_ptr, tl.maximum(tl.where(tl.abs(mr) == float("inf"), float("-inf"), mr), g))
+        tl.store(ticket_ptr + n_blocks, 0)
 
 
 @triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
@@ -241,12 +228,10 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         bp = chunk_for(n, 1 << 30)
         _write_one_kernel[(n,)](
             index, priority, raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped,
-            alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps), n, n_valid, trash,
-            block, ALPHA_FROM_PTR=alpha is not None, BP=bp, ROW_CHUNK=row_chunk, COMPACT=COMPACT,
+            _tickets(leaves), alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps), n,
+            n_valid, trash, block, nb, ALPHA_FROM_PTR=alpha is not None, BP=bp, ROW_CHUNK=row_chunk,
             num_warps=max(warps_for(row_chunk), 4 if bp <= 512 else 8))
         return
-    seen = torch.empty((), dtype=torch.float32, device=dev)  # m of batch_default, the scatter's default
-    _default_kernel[(1,)](index, priority, max_raw, seen, n, n_valid, BLOCK=1024)
     parts = cdiv(n, BB)
     quadratic = n <= max_quadratic
     idx = torch.empty(n, dtype=torch.int64, device=dev)  # target slot per entry
@@ -261,7 +246,7 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         for atomic in (False, True):
             _claim_kernel[(cdiv(n, 1024),)](index, scratch, n, n_valid, trash, ATOMIC=atomic, BLOCK=1024)
     _scatter_kernel[(parts,)](
-        index, priority, raw_store, leaves, seen, alpha if alpha is not None else max_raw,
+        index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
         f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop, n, n_valid, trash,
         block,
         ALPHA_FROM_PTR=alpha is not None, QUADRATIC=quadratic, BB=BB, num_warps=4)

@@ -128,9 +128,9 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
 
 @pytest.mark.parametrize("batch", [256, 1024])
 def test_one_launch_write_equals_composite_under_clashes(batch):
-    """The one-launch write (block owners, programs racing on the GPU) against the plain-torch twin, 300
-    calls: slots from a narrow range (many entries per block, more than one compaction pass, repeated slots
-    with clashing values), NaN / Inf / negative priorities, out-of-range slots; exact values, counters."""
+    """The one-launch write (block tickets, programs racing on the GPU) against the plain-torch twin, 300
+    calls: slots from a narrow range (many entries per block, repeated slots with clashing values), NaN /
+    Inf / negative priorities, out-of-range slots; exact values, counters, and the tickets back at zero."""
     capacity, n_valid = 4099, 4000
     leaves = _written_state(capacity, seed=3)["leaves"]
     got, want = fresh_state(leaves), fresh_state(leaves)
@@ -149,6 +149,7 @@ def test_one_launch_write_equals_composite_under_clashes(batch):
     for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped", "n_dropped"):
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0, msg=key)
     torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+    assert not update._tickets(got["leaves"]).any()
 
 
 def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):

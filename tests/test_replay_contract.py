@@ -158,19 +158,6 @@ def test_invalid_priorities_are_clamped_and_counted(kind, device):
 
 
 @pytest.mark.parametrize("kind", PRIORITIZED)
-def test_nan_takes_the_max_including_its_own_batch(kind, device):
-    """NaN / +inf take the running max raw priority *including* the accepted values of the same call
-    (what makes the one-launch kernel's rule order-free); the running max follows."""
-    rb = make(kind, device, alpha=1.0, eps=1e-8)
-    rb.extend(transitions(4))
-    rb.update_priority(torch.arange(4), torch.tensor([2.0, 5.0, 1.0, 1.0]))
-    rb.update_priority(torch.tensor([0, 1]), torch.tensor([float("nan"), 7.0]))
-    np.testing.assert_allclose(rb.sampler._raw[:4].cpu().numpy(), [7.0, 7.0, 1.0, 1.0])
-    assert float(rb.sampler._max_raw) == 7.0
-    assert int(rb.sampler.clamped_priority_count) == 1
-
-
-@pytest.mark.parametrize("kind", PRIORITIZED)
 def test_device_index_out_of_range_is_dropped_and_counted(kind, device):
     rb = make(kind, device, alpha=1.0)
     rb.extend(transitions(4))

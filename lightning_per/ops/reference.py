@@ -25,7 +25,6 @@ from torch import Tensor
 __all__ = [
     "block_size_for",
     "sanitize_priority",
-    "batch_default_priority",
     "transform_priority",
     "reduce_blocks",
     "last_write_wins",
@@ -73,32 +72,6 @@ def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, T
     high = ~(p < float("inf"))  # NaN and +inf
     clean = torch.where(high, max_priority.to(torch.float32), p.clamp_min(0))  # -inf, negatives -> 0
     return clean, (high | (p < 0)).sum()
-
-
-def batch_default_priority(max_raw: Tensor, priority: Tensor, ok: Tensor) -> tuple[Tensor, Tensor]:
-    """What NaN / +inf priorities of one write become, and the running max raw priority after it.
-
-    ``m = max(max_raw, max of the batch's accepted finite priorities clamped at 0)`` (a non-finite
-    ``max_raw`` counts as "none seen"); NaN / +inf take ``m`` (1 when ``m`` is still ``-inf``), and the
-    new running max is ``m``, or that default when it is larger. Taking the batch into account makes the
-    rule idempotent: recomputed from the *new* running max, both values come out the same, so the
-    one-launch kernel's programs agree whichever value of ``max_raw`` they read (``ext.update``).
-
-    Args:
-        max_raw: 0-d float32 running max raw priority (``-inf`` before any).
-        priority: ``(B,)`` float raw priorities, B >= 1; ok: ``(B,)`` bool, entries whose slot is accepted.
-
-    Returns:
-        ``(default, new_max)``: 0-d float32 tensors on ``priority.device``.
-    """
-    p = priority.to(torch.float32)
-    finite = ok & (p < float("inf"))  # NaN and +inf excluded; -inf and negatives count as 0
-    g = torch.where(finite, p.clamp_min(0), float("-inf")).amax()
-    seen = torch.where(torch.isinf(max_raw), float("-inf"), max_raw.to(torch.float32))
-    m = torch.maximum(seen, g)
-    default = torch.where(torch.isinf(m), torch.ones_like(m), m)
-    has_high = (ok & ~(p < float("inf"))).any()
-    return default, torch.where(has_high, torch.maximum(m, default), m)
 
 
 def transform_priority(clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor:
@@ -325,13 +298,12 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
 def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
                      n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
                      trash: int, alpha: Tensor | float, eps: float) -> None:
-    """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize (NaN / +inf take
-    the running max including this batch's accepted values: :func:`batch_default_priority`), reject
-    slots outside ``[0, n_valid)`` to ``trash`` with value 0, transform, last write wins, recompute the
-    touched blocks from their leaves, fold the counters."""
-    ok = (index >= 0) & (index < n_valid)  # [B]
-    default, new_max = batch_default_priority(max_raw, priority, ok)
+    """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
+    running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
+    transform, last write wins, recompute the touched blocks from their leaves, fold the counters."""
+    default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
+    ok = (index >= 0) & (index < n_valid)  # [B]
     idx = index.where(ok, trash)  # [B]
     clean = clean.where(ok, 0.0)
     stored = transform_priority(clean, alpha, eps).where(ok, 0.0)  # [B]
@@ -347,7 +319,7 @@ def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block
         s, m = reduce_blocks(leaves[blk])  # repeated blocks write equal values
         block_sum.index_put_((blk,), s)
         block_min.index_put_((blk,), m)
-    max_raw.copy_(new_max)
+    torch.maximum(max_raw, clean.where(ok, float("-inf")).amax(), out=max_raw)
     n_clamped += n_bad
     n_dropped += idx.numel() - ok.sum()
 
