@@ -29,6 +29,7 @@ that interpreter, `--family ours` in ours, then `--merge a.json b.json` writes t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -94,7 +95,8 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
                                               ("ours-kernels-eager-launches", "proportional", "kernels", False)):
         if backend == "kernels" and device.type != "cuda":
             continue
-        if device.type == "cuda":
+        if device.type == "cuda":  # the previous buffer (held by reference cycles of its graphs) freed first
+            gc.collect()
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,  # one gather

@@ -125,6 +125,27 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
     assert not update._tickets(got["leaves"]).any()  # the one-launch path leaves its counters at zero
 
 
+def test_one_launch_write_many_entries_in_one_block(kdev, gen):
+    """40 entries into one block of 8 slots (one block ticket drawn 40 times), every slot repeated with
+    clashing values and a NaN among them: each slot keeps its last value (a Python dict replays the
+    writes), the NaN takes the running max before the call (1 before any), the block sum follows."""
+    leaves = make_levels(45, kdev, gen, integer=False)[0]  # block 8
+    got, want = fresh_state(leaves), fresh_state(leaves)
+    index = torch.randint(0, 8, (40,), generator=gen).to(kdev)
+    prio = (torch.rand(40, generator=gen) * 5).to(kdev)
+    prio[7] = float("nan")
+    update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
+    composite.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
+    for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+    last = dict(zip(index.tolist(), prio.tolist()))  # later pairs overwrite earlier ones
+    for slot, value in last.items():
+        assert got["raw_store"][slot].item() == pytest.approx(1.0 if value != value else value, rel=1e-6)
+    row = got["leaves"][0].double()
+    assert got["block_sum"][0].item() == pytest.approx(row.sum().item(), rel=1e-12)
+
+
 def test_write_priorities_public_op_and_validation(kdev, gen):
     leaves = make_levels(20, kdev, gen)[0]
     st = fresh_state(leaves)
