@@ -91,6 +91,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
     rows = []
     for name, kind, backend, eager_graphs in (("ours-eager", "proportional", "reference", True),
                                               ("ours-rank-eager", "rank", "reference", True),
+                                              ("ours-rank-kernels-eager", "rank", "kernels", True),
                                               ("ours-kernels-eager", "proportional", "kernels", True),
                                               ("ours-kernels-eager-launches", "proportional", "kernels", False)):
         if backend == "kernels" and device.type != "cuda":
