@@ -3,7 +3,8 @@
 Rows, measured side by side in one process per implementation family:
   ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
   ours-graph        the same step captured in one CUDA graph and replayed
-  ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default)
+  ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default); reference ops
+  ours-rank-kernels-eager  the same with the compiled rank-sample kernel (the sort is torch.sort in both)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
                     default: the proportional draws and, the ring being full, the priority writes; the rank
                     sampler's draws are launched); ``ours-kernels-eager-launches`` is the same buffer with
