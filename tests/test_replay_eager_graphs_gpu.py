@@ -24,9 +24,9 @@ def _batch(n, device, seed):
                        "done": torch.zeros(n, dtype=torch.bool)}, [n]).to(device)
 
 
-def _buffer(packed: bool, graphs: bool, backend: str):
+def _buffer(packed: bool, graphs: bool, backend: str, sampler: str = "proportional"):
     dev = torch.device("cuda")
-    rb = make_replay_buffer(N, B, device=dev, packed=packed, backend=backend,
+    rb = make_replay_buffer(N, B, sampler=sampler, device=dev, packed=packed, backend=backend,
                             eager_graphs=graphs, generator=torch.Generator().manual_seed(0))
     rb.extend(_batch(N, dev, 1))  # a full ring: priority writes are graph-served too
     return rb
@@ -52,6 +52,26 @@ def test_graph_served_steps_equal_launches(packed, backend):
         assert torch.equal(x, y)
     assert len(s._graphs) >= 2  # the draw and the write were served by graphs
     assert t._graphs is None
+
+
+@pytest.mark.parametrize("backend", ["kernels", "reference"])
+def test_rank_sampler_graph_served_refresh_and_draw_equal_launches(backend):
+    """The rank-based sampler's re-sort + draw served by one cached graph per call shape: the same slots and
+    weights as launched calls, step after step (priorities change between draws, so every draw re-sorts),
+    ties included (integer-valued priorities: the stable sort's order must be reproduced)."""
+    with_g, without = _buffer(True, True, backend, "rank"), _buffer(True, False, backend, "rank")
+    for step in range(8):
+        a, b = with_g.sample(), without.sample()
+        for key in ("index", "priority_weight", "observation"):
+            assert torch.equal(a[key], b[key]), (step, key)
+        prio = (a["reward"].abs() * 3).floor() + step  # many ties
+        with_g.update_priority(a["index"], prio)
+        without.update_priority(b["index"], prio.clone())
+        if step == 4:
+            with_g.extend(_batch(64, "cuda", 20 + step))
+            without.extend(_batch(64, "cuda", 20 + step))
+    assert torch.equal(with_g.sampler._order, without.sampler._order)
+    assert any(key[0] == "rank" for key in with_g.sampler._graphs._entries)
 
 
 def test_outputs_are_fresh_and_syncs_are_zero_after_capture():

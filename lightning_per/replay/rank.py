@@ -48,6 +48,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         super()._init()
         _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)  # [N] float64
         self._order = torch.arange(self._max_capacity, device=self._device)  # slot holding rank k+1
+        self._sorted_keys = torch.empty(self._max_capacity, dtype=torch.float32, device=self._device)
         self._pending = 0  # priority updates not yet reflected in _order
         self._stale = False
         self._sorted_n = 0
@@ -64,14 +65,29 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         super().mark_update(index, storage=storage)
         self._stale = True
 
+    def _sort(self) -> None:
+        """Rank the written slots by raw priority (descending, stable: ties keep the lower slot first) into
+        ``_order``, in place (cached graphs keep reading the same tensor); unwritten slots rank last."""
+        cap = self._max_capacity
+        keys = torch.where(self._leaves.view(-1)[:cap] > 0, self._raw[:cap], -1.0)  # [N]
+        torch.sort(keys, descending=True, stable=True, out=(self._sorted_keys, self._order))
+
     def _refresh(self, n: int) -> None:
-        written = self._leaves.view(-1)[: self._max_capacity] > 0
-        keys = torch.where(written, self._raw[: self._max_capacity], torch.full_like(self._raw[:1], -1.0))
-        self._order = torch.sort(keys, descending=True, stable=True).indices  # [N]
+        self._sort()
         self._pending, self._stale, self._sorted_n = 0, False, n
+
+    def _rank_draw(self, batch_size: int, n: int, sort: bool) -> tuple[Tensor, Tensor]:
+        """``(index (B,) int64, weight (B,) float32)``: the ranking refreshed first if ``sort``, then the draw."""
+        if sort:
+            self._sort()
+        return self._ops.rank_sample(self._uniforms(batch_size), self._rank_cdf, self._order, n, self._alpha_t,
+                                     self._beta_t, self.stratified, self.weight_normalization)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
+
+        The ranking is refreshed first when it is stale (module docstring); on CUDA the refresh and the draw
+        of a repeated call shape are served by one cached CUDA graph (``eager_graphs``).
 
         Raises:
             ValueError: ``batch_size`` is not an int >= 1.
@@ -79,11 +95,18 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         """
         self._check_draw(storage, batch_size)
         n = len(storage)
-        if self._stale or n != self._sorted_n or self._pending >= self.sort_every:
-            self._refresh(n)
-        index, weight = self._ops.rank_sample(self._uniforms(batch_size), self._rank_cdf, self._order, n,
-                                              self._alpha_t, self._beta_t, self.stratified, self.weight_normalization)
+        sort = self._stale or n != self._sorted_n or self._pending >= self.sort_every
+        if sort:
+            self._pending, self._stale, self._sorted_n = 0, False, n
+        index, weight = self._served(("rank", batch_size, n, sort, self.stratified, self.weight_normalization),
+                                     lambda: self._rank_draw(batch_size, n, sort), (), self._rank_state(),
+                                     (self.generator,))
         return index, {"priority_weight": weight}
+
+    def _rank_state(self) -> tuple[Tensor, ...]:
+        """The device tensors a rank draw reads or writes (besides the generator)."""
+        return (self._raw, self._leaves, self._order, self._sorted_keys, self._rank_cdf, self._alpha_t,
+                self._beta_t)
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
