@@ -86,8 +86,9 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
 
-        The ranking is refreshed first when it is stale (module docstring); on CUDA the refresh and the draw
-        of a repeated call shape are served by one cached CUDA graph (``eager_graphs``).
+        The ranking is refreshed first when it is stale (module docstring); on CUDA, once the ring is full,
+        the refresh and the draw of a repeated call shape are served by one cached CUDA graph
+        (``eager_graphs``; while the ring fills, the filled length changes the call shape every time).
 
         Raises:
             ValueError: ``batch_size`` is not an int >= 1.
@@ -98,9 +99,12 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         sort = self._stale or n != self._sorted_n or self._pending >= self.sort_every
         if sort:
             self._pending, self._stale, self._sorted_n = 0, False, n
-        index, weight = self._served(("rank", batch_size, n, sort, self.stratified, self.weight_normalization),
-                                     lambda: self._rank_draw(batch_size, n, sort), (), self._rank_state(),
-                                     (self.generator,))
+        if n < self._max_capacity:  # n is baked into a draw: only a full ring repeats its call shape
+            index, weight = self._rank_draw(batch_size, n, sort)
+        else:
+            index, weight = self._served(("rank", batch_size, sort, self.stratified, self.weight_normalization),
+                                         lambda: self._rank_draw(batch_size, n, sort), (), self._rank_state(),
+                                         (self.generator,))
         return index, {"priority_weight": weight}
 
     def _rank_state(self) -> tuple[Tensor, ...]:
