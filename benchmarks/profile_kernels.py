@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import sys
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
             pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(25)
             report.append("== cProfile of 500 extends of 64 (eager launches)\n" + text.getvalue())
         del rb
+        gc.collect()  # the buffer and its cached graphs, freed before the next configuration
     print("\n\n".join(report), flush=True)
     if a.out:
         Path(a.out).write_text("\n\n".join(report) + "\n")

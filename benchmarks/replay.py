@@ -6,8 +6,8 @@ Rows, measured side by side in one process per implementation family:
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default); reference ops
   ours-rank-kernels-eager  the same with the compiled rank-sample kernel (the sort is torch.sort in both)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
-                    default: the proportional draws and, the ring being full, the priority writes; the rank
-                    sampler's draws are launched); ``ours-kernels-eager-launches`` is the same buffer with
+                    default: the proportional draws and, the ring being full, the priority writes and the
+                    rank sampler's re-sort + draw); ``ours-kernels-eager-launches`` is the same buffer with
                     ``eager_graphs=False`` (every kernel launched from the host)
   ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads); the
                     graph rows run what the buffer runs (draw + row gather fused in one launch with the packed

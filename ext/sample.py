@@ -96,7 +96,8 @@ def _pick_combine(ih1, ch1, xh1, il1, cl1, xl1, ih2, ch2, xh2, il2, cl2, xl2):
 def _pick(offs, valid, x, cdf, target, n):
     """First position with positive mass and ``cdf > target`` (``n`` if none) with its cdf and mass;
     the last position with positive mass (``-1`` if none) with its cdf and mass. One reduction pass
-    (six values carried together) instead of six."""
+    (six values carried together) instead of six. When a position is not found (``n`` / ``-1``) its cdf
+    and mass are unspecified (callers use them only for found positions)."""
     pos = valid & (x > 0)
     hit = pos & (cdf > target)
     i_hit, c_hit, x_hit, i_last, c_last, x_last = tl.reduce(

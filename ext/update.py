@@ -60,7 +60,7 @@ from .blocks import BB, MAX_QUADRATIC, row_stats
 from .priority import exponent, sanitize, transform
 from .sample import check_levels
 
-__all__ = ["write_priorities", "MAX_ONE_LAUNCH"]
+__all__ = ["write_priorities", "prepare_write", "MAX_ONE_LAUNCH"]
 
 #: Largest batch written by the one-launch kernel (each of its B programs holds all B slots in registers).
 MAX_ONE_LAUNCH = 1024
@@ -71,14 +71,29 @@ _TICKETS: dict[int, tuple[weakref.ref, Tensor]] = {}
 
 def _tickets(leaves: Tensor) -> Tensor:
     """The zeroed ``(n_blocks + 1,)`` int32 counters of ``leaves`` (one per block, one global), made on
-    first use and freed with ``leaves``; every launch leaves them zero again."""
+    first use (:func:`prepare_write`) and freed with ``leaves``; every launch leaves them zero again.
+
+    Raises:
+        RuntimeError: first use while the current stream is being captured (the zero-fill would only be
+            recorded, and an eager write before the first replay would read uninitialised counters).
+    """
     entry = _TICKETS.get(id(leaves))
-    if entry is None or entry[0]() is not leaves:
+    if entry is None or entry[0]() is not leaves or entry[1].numel() != leaves.shape[0] + 1:
+        if leaves.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("write_priorities: the one-launch write's counters for these leaves do not exist "
+                               "yet; call ext.update.prepare_write(leaves) (the samplers do) or write once "
+                               "eagerly before capturing")
         key = id(leaves)
         counters = torch.zeros(leaves.shape[0] + 1, dtype=torch.int32, device=leaves.device)
         entry = (weakref.ref(leaves, lambda ref, key=key: _forget(key, ref)), counters)
         _TICKETS[key] = entry
     return entry[1]
+
+
+def prepare_write(leaves: Tensor) -> None:
+    """Make the one-launch write's counters for ``leaves`` now (outside any CUDA-graph capture): call it
+    when the ``(n_blocks, block)`` leaves are allocated, before a graph may record the first write."""
+    _tickets(leaves)
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -127,7 +142,7 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
     n_in_block = tl.sum((m & (idx // block == blk)).to(tl.int32), 0)
     tl.store(raw_ptr + mine, clean, mask=n_later == 0)
     tl.store(leaves_ptr + mine, stored, mask=n_later == 0)
-    tl.debug_barrier()  # the writes above happen before this program's release below
+    tl.debug_barrier()  # all threads past the writes before the ticket (Triton issues both from one thread today)
     seen = tl.atomic_add(ticket_ptr + blk, 1, sem="acq_rel")
     if seen == n_in_block - 1:  # last entry of this block: every write into it is visible
         tl.debug_barrier()

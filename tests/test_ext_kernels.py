@@ -122,28 +122,48 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
     assert got["n_clamped"].item() == want["n_clamped"].item() == 8
     assert got["n_dropped"].item() == want["n_dropped"].item() > 0
     assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
-    assert not update._tickets(got["leaves"]).any()  # the one-launch path leaves its counters at zero
+    if max_one:  # the one-launch path leaves its counters at zero (made by its first call)
+        assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
 
 
 def test_one_launch_write_many_entries_in_one_block(kdev, gen):
     """40 entries into one block of 8 slots (one block ticket drawn 40 times), every slot repeated with
-    clashing values and a NaN among them: each slot keeps its last value (a Python dict replays the
-    writes), the NaN takes the running max before the call (1 before any), the block sum follows."""
+    clashing values; a NaN as the *last* write of a slot, in a first call (no priority seen: it takes 1) and
+    a second one (it takes the running max before the call). Each slot keeps its last value (a Python dict
+    replays the writes), the block sum is the float64 sum of the row."""
     leaves = make_levels(45, kdev, gen, integer=False)[0]  # block 8
     got, want = fresh_state(leaves), fresh_state(leaves)
-    index = torch.randint(0, 8, (40,), generator=gen).to(kdev)
-    prio = (torch.rand(40, generator=gen) * 5).to(kdev)
-    prio[7] = float("nan")
-    update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
-    composite.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
-    for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-    last = dict(zip(index.tolist(), prio.tolist()))  # later pairs overwrite earlier ones
-    for slot, value in last.items():
-        assert got["raw_store"][slot].item() == pytest.approx(1.0 if value != value else value, rel=1e-6)
-    row = got["leaves"][0].double()
-    assert got["block_sum"][0].item() == pytest.approx(row.sum().item(), rel=1e-12)
+    running_max = None
+    for call in range(2):
+        index = torch.randint(0, 8, (40,), generator=gen)
+        prio = torch.rand(40, generator=gen) * 5
+        index[39], prio[39] = 3, float("nan")  # the last write of slot 3
+        index, prio = index.to(kdev), prio.to(kdev)
+        update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
+        composite.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
+        for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
+        torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+        last = dict(zip(index.tolist(), prio.tolist()))  # later pairs overwrite earlier ones
+        for slot, value in last.items():
+            expected = (1.0 if call == 0 else running_max) if value != value else value
+            assert got["raw_store"][slot].item() == pytest.approx(expected, rel=1e-6), (call, slot)
+        assert got["block_sum"][0].item() == pytest.approx(got["leaves"][0].double().sum().item(), rel=1e-12)
+        assert got["n_clamped"].item() == call + 1
+        running_max = got["max_raw"].item()
+
+
+def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
+    """The compiled backend's sampler makes the one-launch write's counters with its state (outside any
+    CUDA-graph capture that may record its first write), and makes new ones when it reallocates."""
+    from lightning_per import GPUPrioritizedSampler
+
+    s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
+    assert "write_priorities" in s._ops.COMPILED
+    counters = update._TICKETS[id(s._leaves)][1]
+    assert counters.shape == (s.n_blocks + 1,) and not counters.any()
+    s._init()  # a reallocation (e.g. empty())
+    assert id(s._leaves) in update._TICKETS
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):

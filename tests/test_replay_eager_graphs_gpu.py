@@ -24,9 +24,9 @@ def _batch(n, device, seed):
                        "done": torch.zeros(n, dtype=torch.bool)}, [n]).to(device)
 
 
-def _buffer(packed: bool, graphs: bool, backend: str, sampler: str = "proportional"):
+def _buffer(packed: bool, graphs: bool, backend: str, sampler: str = "proportional", **kw):
     dev = torch.device("cuda")
-    rb = make_replay_buffer(N, B, sampler=sampler, device=dev, packed=packed, backend=backend,
+    rb = make_replay_buffer(N, B, sampler=sampler, device=dev, packed=packed, backend=backend, **kw,
                             eager_graphs=graphs, generator=torch.Generator().manual_seed(0))
     rb.extend(_batch(N, dev, 1))  # a full ring: priority writes are graph-served too
     return rb
@@ -54,13 +54,16 @@ def test_graph_served_steps_equal_launches(packed, backend):
     assert t._graphs is None
 
 
+@pytest.mark.parametrize("sort_every", [1, 3])
 @pytest.mark.parametrize("backend", ["kernels", "reference"])
-def test_rank_sampler_graph_served_refresh_and_draw_equal_launches(backend):
+def test_rank_sampler_graph_served_refresh_and_draw_equal_launches(backend, sort_every):
     """The rank-based sampler's re-sort + draw served by one cached graph per call shape: the same slots and
-    weights as launched calls, step after step (priorities change between draws, so every draw re-sorts),
-    ties included (integer-valued priorities: the stable sort's order must be reproduced)."""
-    with_g, without = _buffer(True, True, backend, "rank"), _buffer(True, False, backend, "rank")
-    for step in range(8):
+    weights as launched calls, step after step, ties included (integer-valued priorities: the stable sort's
+    order must be reproduced); with ``sort_every=3`` draws without a re-sort are served too; an alpha change
+    (prefix sums rebuilt in place) and an extend midway."""
+    with_g = _buffer(True, True, backend, "rank", sort_every=sort_every)
+    without = _buffer(True, False, backend, "rank", sort_every=sort_every)
+    for step in range(10):
         a, b = with_g.sample(), without.sample()
         for key in ("index", "priority_weight", "observation"):
             assert torch.equal(a[key], b[key]), (step, key)
@@ -70,8 +73,13 @@ def test_rank_sampler_graph_served_refresh_and_draw_equal_launches(backend):
         if step == 4:
             with_g.extend(_batch(64, "cuda", 20 + step))
             without.extend(_batch(64, "cuda", 20 + step))
+        if step == 6:
+            with_g.sampler.alpha = without.sampler.alpha = 0.4
     assert torch.equal(with_g.sampler._order, without.sampler._order)
-    assert any(key[0] == "rank" for key in with_g.sampler._graphs._entries)
+    keys = [key for key in with_g.sampler._graphs._entries if key[0] == "rank"]
+    assert any(key[2] for key in keys)  # a re-sort + draw graph
+    if sort_every > 1:
+        assert any(not key[2] for key in keys)  # a draw-only graph
 
 
 def test_outputs_are_fresh_and_syncs_are_zero_after_capture():

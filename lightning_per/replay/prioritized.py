@@ -114,6 +114,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
         self._alpha_t = torch.full((), self._alpha, dtype=torch.float32, device=d)
         self._beta_t = torch.full((), self._beta, dtype=torch.float32, device=d)
+        prepare = getattr(self._ops, "prepare_write", None)  # compiled backend: its write's counters, now
+        if prepare is not None:
+            prepare(self._leaves)
         if getattr(self, "_graphs", None) is not None:
             self._graphs.clear()  # they point at the tensors just replaced
 

@@ -30,8 +30,9 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         sort_every: refresh the ranking after this many priority updates (1 = always exact; larger
             values trade freshness for speed). Extends always mark the ranking stale.
 
-    Memory: on top of the proportional sampler, ``(N,)`` int64 slot-by-rank and ``(N,)`` float64
-    prefix sums of ``k^-alpha``.
+    Memory: on top of the proportional sampler, ``(N,)`` int64 slot-by-rank, ``(N,)`` float32 sorted
+    keys and ``(N,)`` float64 prefix sums of ``k^-alpha`` (20 bytes per slot), plus an ``(N,)`` float32
+    temporary and the sort's scratch during each re-sort.
 
     Raises:
         ValueError: ``sort_every`` < 1 (and the base class's checks).
@@ -97,14 +98,14 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         self._check_draw(storage, batch_size)
         n = len(storage)
         sort = self._stale or n != self._sorted_n or self._pending >= self.sort_every
-        if sort:
-            self._pending, self._stale, self._sorted_n = 0, False, n
         if n < self._max_capacity:  # n is baked into a draw: only a full ring repeats its call shape
             index, weight = self._rank_draw(batch_size, n, sort)
         else:
             index, weight = self._served(("rank", batch_size, sort, self.stratified, self.weight_normalization),
                                          lambda: self._rank_draw(batch_size, n, sort), (), self._rank_state(),
                                          (self.generator,))
+        if sort:  # after the sort ran: a failed call leaves the ranking marked stale
+            self._pending, self._stale, self._sorted_n = 0, False, n
         return index, {"priority_weight": weight}
 
     def _rank_state(self) -> tuple[Tensor, ...]:
