@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_per.dqn import DQN
 
@@ -61,6 +61,15 @@ def _class_name(cfg: Any) -> str:
     if isinstance(cfg, dict) or hasattr(cfg, "get"):
         return str(cfg.get("class_path", ""))
     return type(cfg).__name__
+
+
+class _ShortUsageParser(LightningArgumentParser):
+    """The console command's parser: a command-line error prints one usage line before its message, not the
+    ~80 lines of every Trainer and model option (``--help`` still lists them all)."""
+
+    def print_usage(self, file=None) -> None:
+        prog = self.prog.replace(" [options]", "")
+        (file or sys.stderr).write(f"usage: {prog} [-c CONFIG] [options]\n")
 
 
 class LightningPerCLI(LightningCLI):
@@ -100,6 +109,12 @@ class LightningPerCLI(LightningCLI):
     def __init__(self, *args, friendly_errors: bool = False, **kwargs) -> None:
         self.friendly_errors = friendly_errors
         super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """The parser of the command and of each subcommand; short usage lines with ``friendly_errors``."""
+        if self.friendly_errors:
+            self.parser_class = _ShortUsageParser
+        return super().init_parser(**kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:

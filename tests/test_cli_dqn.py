@@ -107,6 +107,18 @@ def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
     assert "gamma" in err and "Traceback" not in err
 
 
+def test_console_command_reports_a_bad_choice_without_the_option_listing(tmp_path, capsys):
+    """A value outside a Literal's choices (jsonargparse's own check) names the key and the choices, after
+    one usage line instead of every option."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", "--model.replay.sampler=bogus"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "sampler" in err and "'proportional', 'rank', 'uniform'" in err and "bogus" in err
+    assert "--trainer.max_epochs" not in err and len(err.splitlines()) < 20, err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_graph_mode_on_cpu_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):
