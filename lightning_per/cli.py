@@ -186,13 +186,18 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``lightning-per``: ``ga3c ...`` goes to ``lightning_per.ga3c.cli:main``
-    (when that module exists), anything else to the LightningCLI (``fit``, ``validate``...)."""
+    (when that module exists), ``fit`` and options to the LightningCLI; another command is a one-line error
+    (exit status 2)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "ga3c":
         if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
             raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
         ga3c = importlib.import_module("lightning_per.ga3c.cli")
         return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
+    if args and not args[0].startswith("-") and args[0] != "fit":  # LightningCLI would offer only 'fit'
+        sys.stderr.write(f"lightning-per: error: unknown command {args[0]!r} (commands: fit, ga3c; see "
+                         f"lightning-per --help)\n")
+        return 2
     cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
     return 0
 

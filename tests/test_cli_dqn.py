@@ -202,6 +202,12 @@ def test_gpu_settings_without_a_gpu_are_one_line_errors(tmp_path, capsys, arg):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_an_unknown_command_names_both_commands(capsys):
+    assert cli.main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "'trian'" in err and "fit" in err and "ga3c" in err and len(err.splitlines()) == 1
+
+
 def test_help_offers_fit_only(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
