@@ -17,6 +17,7 @@ import io
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -147,15 +148,36 @@ def cuda_graph_capture(graph: Any, generators: Sequence[Any] = (), **graph_kwarg
         yield
 
 
+_EAGER_GRAPHS_PAUSED = threading.local()
+
+
+@contextlib.contextmanager
+def eager_graphs_paused() -> Iterator[None]:
+    """Within (this thread only): the samplers' cached CUDA graphs (``eager_graphs``) neither record nor
+    replay; eager calls launch their kernels. :func:`warm_up_on_side_stream` uses it: a warm-up before a
+    capture is about to record those calls itself, so caching them would only cost a sync and memory."""
+    _EAGER_GRAPHS_PAUSED.depth = getattr(_EAGER_GRAPHS_PAUSED, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _EAGER_GRAPHS_PAUSED.depth -= 1
+
+
+def eager_graphs_are_paused() -> bool:
+    """Whether this thread is inside :func:`eager_graphs_paused`."""
+    return getattr(_EAGER_GRAPHS_PAUSED, "depth", 0) > 0
+
+
 def warm_up_on_side_stream(fn: Callable[[], Any], iters: int, device: Any = None) -> None:
     """``iters`` calls of ``fn`` on a new side stream of ``device`` (default: the current CUDA device), after
     the work already queued on the current stream and before any queued later: torch's warm-up before a
-    capture (allocator, cuBLAS, Triton and ``torch.compile`` first calls run outside the graph)."""
+    capture (allocator, cuBLAS, Triton and ``torch.compile`` first calls run outside the graph). The
+    samplers' cached graphs are paused meanwhile (:func:`eager_graphs_paused`)."""
     import torch
 
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), eager_graphs_paused():  # the capture that follows records these calls
         for _ in range(iters):
             fn()
     torch.cuda.current_stream(device).wait_stream(stream)

@@ -70,3 +70,25 @@ def test_a_failed_capture_runs_eagerly_from_then_on(monkeypatch):
         assert torch.equal(graphs.run("k", fn, (x,))[0], x + 1)  # the capture fails: eager, one warning
     assert torch.equal(graphs.run("k", fn, (x,))[0], x + 1)  # no second attempt
     assert len(attempts) == 1 and len(calls) == 3 and len(graphs) == 0
+
+
+def test_paused_eager_graphs_neither_record_nor_replay(monkeypatch):
+    """Inside ``eager_graphs_paused`` (what ``warm_up_on_side_stream`` runs its warm-up in, before an outer
+    capture) calls are not served by cached graphs, in this thread only."""
+    import threading
+
+    from lightning_per.utils import eager_graphs_are_paused, eager_graphs_paused
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert EagerGraphs.active()
+    with eager_graphs_paused():
+        assert not EagerGraphs.active()
+        with eager_graphs_paused():  # nested
+            assert eager_graphs_are_paused()
+        assert not EagerGraphs.active()
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(EagerGraphs.active()))
+        other.start()
+        other.join()
+        assert seen == [True]  # another thread (a GA3C predictor) is not paused
+    assert EagerGraphs.active()

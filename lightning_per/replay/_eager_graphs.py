@@ -26,8 +26,9 @@ The contract that makes this transparent to callers:
   entry is dropped and the call is captured again. Generators are not checked: the caller keeps the same
   generator objects (seeding and ``set_state`` act in place). The owner calls :meth:`EagerGraphs.clear`
   when it reallocates its state.
-* **Only plain eager calls.** Nothing is cached while ``torch.compile`` traces or while the current
-  stream is being captured (an outer CUDA graph records the launches itself).
+* **Only plain eager calls.** Nothing is cached while ``torch.compile`` traces, while the current
+  stream is being captured (an outer CUDA graph records the launches itself) or inside
+  ``lightning_per.utils.eager_graphs_paused`` (the warm-up before such a capture).
 
 The capture synchronises the device once and empties the caching allocator (``torch.cuda.graph`` does,
 before it records): a one-time cost per call shape, exempt from ``torch.cuda.set_sync_debug_mode`` while it
@@ -44,7 +45,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from lightning_per.utils import cuda_graph_capture
+from lightning_per.utils import cuda_graph_capture, eager_graphs_are_paused
 
 __all__ = ["EagerGraphs"]
 
@@ -100,8 +101,9 @@ class EagerGraphs:
     @staticmethod
     def active() -> bool:
         """True when a call may be served by a graph: a plain eager call (not traced by ``torch.compile``,
-        not on a stream being captured)."""
-        return not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+        not on a stream being captured, not inside :func:`lightning_per.utils.eager_graphs_paused`)."""
+        return (not eager_graphs_are_paused() and not torch.compiler.is_compiling()
+                and not torch.cuda.is_current_stream_capturing())
 
     def run(self, key: Hashable, fn: Callable[..., Sequence[Tensor] | None], args: Sequence[Tensor] = (),
             state: Sequence[Tensor] = (), generators: Sequence[torch.Generator] = ()) -> tuple[Tensor, ...]:
