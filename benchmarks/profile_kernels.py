@@ -11,9 +11,12 @@ without the launch gaps between kernels):
 * ``extend64``: ``rb.extend`` of 64 transitions (full ring), plus a cProfile listing of its host time.
 
 Per section it prints each kernel's calls per step and mean device time (us), their sum, and the step's
-wall time per step measured around the same loop (so wall - sum = gaps and host time).
+wall time per step measured around the same loop (so wall - sum = gaps and host time). With ``--out X.txt``
+it also writes ``X.json`` (the sections' rows) and ``X.png`` (device time per step, one stacked bar per
+section); ``--replot X.txt`` rebuilds those two from a text report written earlier (e.g. on the GPU machine).
 
     python benchmarks/profile_kernels.py --capacity 1000000 --batch 256 --out /tmp/profile_kernels.txt
+    python benchmarks/profile_kernels.py --replot benchmarks/results/profile_kernels_s7_call29.txt
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import argparse
 import cProfile
 import gc
 import io
+import json
 import pstats
+import re
 import sys
 import time
 from pathlib import Path
@@ -69,13 +74,80 @@ def render(title: str, rows, wall: float) -> str:
     return "\n".join(lines)
 
 
+def parse(text: str) -> list[dict]:
+    """The sections of a text report (:func:`render`'s format): ``[{"section", "wall_us", "kernels":
+    [{"kernel", "calls_per_step", "mean_us"}]}]``."""
+    sections = []
+    for line in text.splitlines():
+        head = re.match(r"== (.+): wall ([\d.]+) us/step, kernels ([\d.]+) us/step$", line)
+        if head:
+            sections.append({"section": head[1], "wall_us": float(head[2]), "kernels": []})
+            continue
+        row = re.match(r"\s*([\d.]+)\s+([\d.]+)  (\S.*)$", line)
+        if row and sections:
+            sections[-1]["kernels"].append({"kernel": row[3], "calls_per_step": float(row[1]),
+                                            "mean_us": float(row[2])})
+    return sections
+
+
+def short_name(kernel: str) -> str:
+    """A readable label: Triton kernels keep their name, ATen ones their functor (``AbsFunctor`` ...)."""
+    if not kernel.startswith("void "):
+        return kernel
+    found = re.findall(r"(\w+Functor\w*|distribution\w*|CatArrayBatchedCopy|arange\w*|nan_to_num\w*)", kernel)
+    return found[0] if found else kernel[5:40]
+
+
+def plot(sections: list[dict], path: Path) -> None:
+    """One stacked bar per section: device time per step of each kernel (one colour per kernel, in the
+    legend), the step's wall time written after the bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(short_name(k["kernel"]) for sec in sections for k in sec["kernels"]))
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.6 * len(sections)))
+    for y, sec in enumerate(sections):
+        left = 0.0
+        for k in sec["kernels"]:
+            width = k["calls_per_step"] * k["mean_us"]
+            ax.barh(y, width, left=left, color=colours[short_name(k["kernel"])], edgecolor="white")
+            left += width
+        ax.text(left + 0.3, y, f"{left:.1f} us of kernels; wall {sec['wall_us']:.1f} us/step", va="center",
+                fontsize=8)
+    ax.set_yticks(range(len(sections)), [s["section"][:40] for s in sections], fontsize=8)
+    ax.set_xlabel("device time per step (us)")
+    ax.set_xlim(0, 1.6 * max(sum(k["calls_per_step"] * k["mean_us"] for k in s["kernels"]) for s in sections))
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[n]) for n in names]
+    ax.legend(handles, names, fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_outputs(text: str, out: Path) -> None:
+    """``out`` (.txt) and, beside it, ``.json`` and ``.png``."""
+    out.write_text(text)
+    sections = parse(text)
+    out.with_suffix(".json").write_text(json.dumps({"sections": sections}, indent=1) + "\n")
+    plot(sections, out.with_suffix(".png"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replot", default=None, help="a text report: write its .json and .png beside it")
     a = ap.parse_args(argv)
+    if a.replot:
+        path = Path(a.replot)
+        write_outputs(path.read_text(), path)
+        return 0
     if not torch.cuda.is_available():
         print("profile_kernels.py needs CUDA", file=sys.stderr)
         return 2
@@ -112,7 +184,7 @@ def main(argv=None) -> int:
         gc.collect()  # the buffer and its cached graphs, freed before the next configuration
     print("\n\n".join(report), flush=True)
     if a.out:
-        Path(a.out).write_text("\n\n".join(report) + "\n")
+        write_outputs("\n\n".join(report) + "\n", Path(a.out))
     return 0
 
 
