@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -63,13 +64,31 @@ def _class_name(cfg: Any) -> str:
     return type(cfg).__name__
 
 
+def _short_message(message: str) -> str:
+    """jsonargparse's message for a bad value inside an optional dataclass (``model.replay: Does not validate
+    against any of the Union subtypes ... Parser key "sampler": Expected ... Got value: bogus ...``) as one line
+    naming the full option: ``--model.replay.sampler: Expected ... Got value: bogus``; other messages as given."""
+    if "Union subtypes" not in message:
+        return message
+    lines = [line.strip() for line in message.splitlines()]
+    keys = [m[1] for m in (re.match(r'Parser key "([^"]+)":', line) for line in lines) if m]
+    detail = next((line for line in lines if line.startswith("Expected") and "NoneType" not in line), None)
+    if not keys or detail is None:
+        return message
+    return f"--{'.'.join(keys)}: {detail}"
+
+
 class _ShortUsageParser(LightningArgumentParser):
     """The console command's parser: a command-line error prints one usage line before its message, not the
-    ~80 lines of every Trainer and model option (``--help`` still lists them all)."""
+    ~80 lines of every Trainer and model option (``--help`` still lists them all), and a bad value inside a
+    nested option is named in one line (:func:`_short_message`)."""
 
     def print_usage(self, file=None) -> None:
         prog = self.prog.replace(" [options]", "")
         (file or sys.stderr).write(f"usage: {prog} [-c CONFIG] [options]\n")
+
+    def error(self, message: str, ex: Exception | None = None):
+        return super().error(_short_message(message), ex)
 
 
 class LightningPerCLI(LightningCLI):
@@ -150,7 +169,9 @@ class LightningPerCLI(LightningCLI):
         except ValueError as err:
             if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
                 raise
-            self.parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
+            action = getattr(self.parser, "_subcommands_action", None)  # the subcommand's own usage and tip
+            parser = getattr(action, "_name_parser_map", {}).get(self.subcommand, self.parser)
+            parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
 
 
 _DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "

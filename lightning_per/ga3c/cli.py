@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     from lightning_per.ga3c.config import GA3CConfig, field_docs
 
     # the help texts state each field's default themselves (the parser's own default is a sentinel)
-    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--config", default=None, help="YAML file of GA3CConfig fields")
     defaults = GA3CConfig().to_dict()
     for name, doc in field_docs().items():
