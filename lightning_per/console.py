@@ -1,0 +1,56 @@
+"""``lightning-per``, the console command.
+
+Answers ``--help`` and unknown commands at once, without importing torch, TorchRL or Lightning (which take
+~10 s on a small machine); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`,
+``ga3c ...`` to GA3C's command line through it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "COMMANDS"]
+
+#: The commands and what they do (the top-level help).
+COMMANDS = {
+    "fit": "train the DQN LightningModule through Lightning's Trainer (every option: lightning-per fit --help)",
+    "ga3c": "train GA3C, the hybrid CPU/GPU A3C, from a YAML config (lightning-per ga3c --help)",
+}
+
+_HELP = """usage: lightning-per {{fit,ga3c}} [options]
+
+lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer, and GA3C.
+
+commands:
+{commands}
+
+examples:
+  lightning-per fit --config configs/dqn_cartpole.yaml
+  lightning-per fit --config configs/dqn_cartpole.yaml --trainer.max_epochs 5 --model.replay.sampler rank
+  lightning-per ga3c --config configs/ga3c_cartpole.yaml
+"""
+
+
+def help_text() -> str:
+    width = max(map(len, COMMANDS))
+    return _HELP.format(commands="\n".join(f"  {name:<{width}}  {what}" for name, what in COMMANDS.items()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lightning-per``; returns the exit status (2 for a command-line error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        (sys.stdout if args else sys.stderr).write(help_text())
+        return 0 if args else 2
+    if not args[0].startswith("-") and args[0] not in COMMANDS:
+        sys.stderr.write(f"lightning-per: error: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)}; "
+                         f"see lightning-per --help)\n")
+        return 2
+    from lightning_per.cli import main as cli_main  # torch, TorchRL and Lightning from here on
+
+    return cli_main(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

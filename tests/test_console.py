@@ -1,0 +1,61 @@
+"""The console command ``lightning-per`` (``lightning_per.console``): top-level help and unknown commands
+answer without importing torch, TorchRL or Lightning; ``import lightning_per`` stays light; the public
+names still import as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lightning_per import console
+
+
+def _fresh(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=120).stdout
+
+
+def test_help_lists_both_commands(capsys):
+    assert console.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "fit" in out and "ga3c" in out and "lightning-per fit --help" in out
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert console.main([]) == 2
+    assert "commands:" in capsys.readouterr().err
+
+
+def test_an_unknown_command_is_one_line(capsys):
+    assert console.main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "'trian'" in err and "fit, ga3c" in err and len(err.splitlines()) == 1
+
+
+def test_help_and_errors_import_no_heavy_module():
+    out = _fresh("import sys, contextlib, io\n"
+                 "from lightning_per import console\n"
+                 "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+                 "    console.main(['--help']); console.main(['trian'])\n"
+                 "print(sorted(m for m in ('torch', 'torchrl', 'lightning', 'tensordict') if m in sys.modules))")
+    assert out.strip() == "[]"
+
+
+def test_public_names_import_on_first_use():
+    out = _fresh("import sys, lightning_per\n"
+                 "print('torchrl' in sys.modules)\n"
+                 "from lightning_per import GPUPrioritizedReplayBuffer, make_replay_buffer\n"
+                 "from torchrl.data import TensorDictPrioritizedReplayBuffer\n"
+                 "print(issubclass(GPUPrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer),\n"
+                 "      lightning_per.make_replay_buffer is make_replay_buffer,\n"
+                 "      'GPUTensorStorage' in dir(lightning_per))")
+    assert out.split() == ["False", "True", "True", "True"]
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    import lightning_per
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        lightning_per.nope  # noqa: B018
