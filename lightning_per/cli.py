@@ -155,6 +155,10 @@ class LightningPerCLI(LightningCLI):
         if model.get("compile") and (accelerator == "cpu" or not cuda):
             raise ValueError("model.compile=true captures the update in a CUDA graph and needs a GPU: set "
                              "--model.compile false on this machine")
+        for key in ("max_epochs", "max_steps"):  # Lightning reads any negative as "no limit"; -1 is its spelling
+            value = trainer.get(key)
+            if isinstance(value, int) and value < -1:
+                raise ValueError(f"trainer.{key} must be >= 0, or -1 for no limit, got {value}")
         ckpt = cfg.get("ckpt_path")
         if ckpt is not None and ckpt not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt) \
                 and not os.path.exists(ckpt):

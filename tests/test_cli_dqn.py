@@ -179,6 +179,7 @@ def test_a_stop_inside_an_epoch_logs_current_host_counters(tmp_path):
 @pytest.mark.parametrize("arg, match", [
     ("--model.env.id=CartPol-v1", "env.id 'CartPol-v1'"),
     ("--ckpt_path=does/not/exist.ckpt", "ckpt_path 'does/not/exist.ckpt' does not exist"),
+    ("--trainer.max_epochs=-5", "trainer.max_epochs must be >= 0, or -1 for no limit, got -5"),
 ])
 def test_setup_errors_are_one_line_and_leave_the_run_dir_alone(tmp_path, capsys, arg, match):
     (tmp_path / "summary.json").write_text('{"status": "done"}')
