@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_per import console
 from lightning_per.dqn import DQN
 
 __all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS"]
@@ -220,9 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ga3c = importlib.import_module("lightning_per.ga3c.cli")
         return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
     if args and not args[0].startswith("-") and args[0] != "fit":  # LightningCLI would offer only 'fit'
-        sys.stderr.write(f"lightning-per: error: unknown command {args[0]!r} (commands: fit, ga3c; see "
-                         f"lightning-per --help)\n")
-        return 2
+        return console.main(args)  # its one-line error naming every command
     cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
     return 0
 
