@@ -204,6 +204,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")  # Lightning's
     return LightningPerCLI(DQN, seed_everything_default=0,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
                            run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors,

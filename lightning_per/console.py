@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from lightning_per.cli import main as cli_main  # torch, TorchRL and Lightning from here on
 
-    return cli_main(args)
+    return cli_main(argv)  # None: the LightningCLI reads sys.argv itself (given both, it warns)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -59,3 +59,15 @@ def test_unknown_attribute_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         lightning_per.nope  # noqa: B018
+
+
+def test_fit_hands_its_arguments_over_as_given(monkeypatch):
+    """From the console script (argv None) the LightningCLI reads sys.argv itself: handing it both an args list
+    and sys.argv makes it warn on every run."""
+    import lightning_per.cli as cli
+
+    got = []
+    monkeypatch.setattr(cli, "main", lambda argv=None: got.append(argv) or 0)
+    monkeypatch.setattr(sys, "argv", ["lightning-per", "fit", "--config", "x.yaml"])
+    assert console.main() == 0 and console.main(["fit", "--help"]) == 0
+    assert got == [None, ["fit", "--help"]]
