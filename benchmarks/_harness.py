@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-__all__ = ["timed", "count_syncs", "capture", "REPEAT"]
+__all__ = ["timed", "count_syncs", "capture", "host_profile", "REPEAT"]
 
 #: Calls captured per CUDA graph in the benchmarks' ``-x{REPEAT}`` rows: one host launch per REPEAT calls, so
 #: those rows show the device time per call; one-call graph rows include the host's graph-launch cost
@@ -59,3 +59,20 @@ def capture(fn, generators=()):
     from lightning_per.utils import capture_cuda_graph  # not at the top: TorchRL-anchor runs import no lightning_per
 
     return capture_cuda_graph(fn, generators).replay
+
+
+def host_profile(fn, calls: int, rows: int) -> str:
+    """cProfile of ``calls`` calls of ``fn``: the ``rows`` functions with the most host time of their own
+    (``tottime``), as text."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    text = io.StringIO()
+    pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(rows)
+    return text.getvalue()

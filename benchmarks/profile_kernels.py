@@ -22,11 +22,8 @@ section); ``--replot X.txt`` rebuilds those two from a text report written earli
 from __future__ import annotations
 
 import argparse
-import cProfile
 import gc
-import io
 import json
-import pstats
 import re
 import sys
 import time
@@ -37,6 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import host_profile  # noqa: E402
 from replay import REPEAT, batch, fill, graph_step, step_fn  # noqa: E402
 
 
@@ -172,14 +170,7 @@ def main(argv=None) -> int:
                 rb.extend(new)
 
             report.append(render("extend64 (eager launches)", *kernel_table(extend, a.reps, 1)))
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(500):
-                extend()
-            pr.disable()
-            text = io.StringIO()
-            pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(25)
-            report.append("== cProfile of 500 extends of 64 (eager launches)\n" + text.getvalue())
+            report.append("== cProfile of 500 extends of 64 (eager launches)\n" + host_profile(extend, 500, 25))
         del rb
         gc.collect()  # the buffer and its cached graphs, freed before the next configuration
     print("\n\n".join(report), flush=True)

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import host_profile  # noqa: E402
 from replay import batch, fill  # noqa: E402
 
 
@@ -85,18 +86,7 @@ def profile_backend(backend: str, a, device) -> list[str]:
         print(table)
         report += [head, table]
     if a.cprofile:
-        import cProfile
-        import io
-        import pstats
-
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(200):
-            sampler_step()
-        pr.disable()
-        text = io.StringIO()
-        pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(30)
-        report += [f"== {backend}: cProfile of 200 sampler steps", text.getvalue()]
+        report += [f"== {backend}: cProfile of 200 sampler steps", host_profile(sampler_step, 200, 30)]
     return report
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import os
 import pstats
@@ -69,6 +68,7 @@ if ARGS is not None and ARGS.backend == "kernels":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (torchrl imports it)
 
 import torch  # noqa: E402
+from _harness import host_profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "lift_fresh", "detach", "alias", "_unsafe_view",
@@ -176,15 +176,8 @@ def measure(fn, iters: int, repeats: int) -> dict:
 
 
 def profile_text(fn, calls: int = 2000, top: int = 15) -> str:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(calls):
-        fn()
-    pr.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(pr, stream=text)
-    stats.sort_stats("tottime").print_stats(top)
-    lines = text.getvalue().splitlines()
+    """:func:`_harness.host_profile` from its column header on, paths relative to the working directory."""
+    lines = host_profile(fn, calls, top).splitlines()
     start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
     return "\n".join(line.replace(str(Path.cwd()) + "/", "") for line in lines[start:] if line.strip())
 
