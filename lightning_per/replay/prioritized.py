@@ -61,8 +61,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             recorded at the second such call: one launch instead of several, same results, fresh outputs
             (a call's outputs of one dtype share an allocation; see :mod:`lightning_per.replay._eager_graphs`).
             The first capture of each shape synchronises the device once. Ignored on CPU, under
-            ``torch.compile`` and inside an outer CUDA-graph capture. The rank-based sampler's draws are
-            always launched (only its priority writes are served).
+            ``torch.compile``, inside an outer CUDA-graph capture and during a capture's warm-up. The
+            rank-based sampler serves its re-sort + draw too, once the buffer is full.
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
