@@ -5,7 +5,10 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
 ``(n_blocks,)`` float64), with ``c = 1 - 2^-40`` (:data:`SHRINK`):
 
 1. ``u_k = (k + U_k) / B`` (stratified, PER paper App. B.2.1; on CUDA computed as ``(k + U_k) * (1/B)``,
-   as torch divides by a host scalar) or ``u_k = U_k``; float64.
+   as torch divides by a host scalar) or ``u_k = U_k``; float64. ``U_k`` is read from ``u`` (``torch.rand``),
+   or, with a device RNG state (``rng=``), drawn by the program itself (``_device_uniform``: Philox4x32-10,
+   one counter per draw position in device memory): no ``torch.rand`` launch, and a CUDA graph that replays
+   the kernel draws new numbers without registering a generator.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` its
    last value, target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
    block_sum_b)``.
@@ -57,7 +60,7 @@ from ._common import (
 )
 
 __all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
-           "sample_proportional_gather"]
+           "sample_proportional_gather", "new_rng_state", "DEVICE_RNG_DRAWS"]
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -164,6 +167,31 @@ def _min_all(ptr, n, CHUNK: tl.constexpr):
     return acc
 
 
+#: Draws per call that the device RNG serves (one counter per draw position ``k``): the length of the RNG
+#: state is ``1 + DEVICE_RNG_DRAWS`` int64 (seed, counters). Larger batches draw their uniforms with torch.
+DEVICE_RNG_DRAWS = 1 << 16
+
+
+@triton.jit
+def _device_uniform(rng_ptr, k):
+    """Draw ``k``'s uniform ``U`` in ``[0, 1)`` (float64, 53 random bits) from the device RNG state ``rng``
+    (``(1 + DEVICE_RNG_DRAWS,)`` int64: the seed, then one counter per draw position), and count the draw.
+
+    ``U`` = Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3", SC'11) keyed
+    by the seed's two 32-bit halves, at counter ``(c_lo, c_hi, k, 0)`` with ``c = rng[1 + k]`` (the number
+    of earlier draws at position ``k``); of its four 32-bit outputs ``x0, x1``:
+    ``U = ((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53`` (the 53-bit construction of MT19937's
+    ``genrand_res53``). Program ``k`` alone reads and writes its counter, so no two programs race and a
+    replayed CUDA graph draws new numbers with no host update; the stream of a position does not depend
+    on the batch sizes drawn."""
+    seed = tl.load(rng_ptr)
+    count = tl.load(rng_ptr + 1 + k)
+    tl.store(rng_ptr + 1 + k, count + 1)
+    x0, x1, _x2, _x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), k.to(tl.uint32),
+                                 (k * 0).to(tl.uint32))
+    return ((x0 >> 5).to(tl.float64) * 67108864.0 + (x1 >> 6).to(tl.float64)) * 1.1102230246251565e-16  # 2^-53
+
+
 @triton.jit
 def _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
           STRATIFIED: tl.constexpr, RECIP: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
@@ -189,9 +217,12 @@ def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, i
                    n_blocks, block, inv_bits, shrink_bits,
                    STRATIFIED: tl.constexpr, RECIP: tl.constexpr, WEIGHTS: tl.constexpr,
                    BETA_FROM_PTR: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
-                   ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
+                   ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr, DEVICE_RNG: tl.constexpr):
     k = tl.program_id(0)
-    u = tl.load(u_ptr + k)  # float64
+    if DEVICE_RNG:  # u_ptr is the int64 RNG state (seed, counters)
+        u = _device_uniform(u_ptr, k)
+    else:
+        u = tl.load(u_ptr + k)  # float64
     if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
         p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
     index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
@@ -233,17 +264,51 @@ def _check_u(u: Tensor, device: torch.device) -> None:
         raise ValueError("u must hold at least one draw (B >= 1)")
 
 
-def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor,
+def check_rng(rng: Tensor, device: torch.device) -> None:
+    """Validate a device RNG state: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device`` (:func:`new_rng_state`)."""
+    expect(rng, "rng", torch.int64, (1 + DEVICE_RNG_DRAWS,), device=device)
+
+
+def new_rng_state(seed: int, device: torch.device | str) -> Tensor:
+    """A fresh device RNG state for the ``rng`` argument of :func:`sample_proportional` and
+    :func:`sample_proportional_gather`: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device``, the seed (taken
+    modulo 2^63) then zeroed counters (``_device_uniform`` documents the stream)."""
+    state = torch.zeros(1 + DEVICE_RNG_DRAWS, dtype=torch.int64, device=device)
+    state[0] = int(seed) % (1 << 63)
+    return state
+
+
+def _draws(u, rng: Tensor | None, device: torch.device) -> int:
+    """B, with the checks of the two forms of ``u``: ``(B,)`` float64 uniforms, or the int B with ``rng``."""
+    if rng is None:
+        _check_u(u, device)
+        return u.numel()
+    if compiling():
+        raise ValueError("rng (uniforms drawn in the kernel) is not supported while torch.compile traces; "
+                         "pass u = (B,) float64 uniforms")
+    if isinstance(u, bool) or not isinstance(u, int) or not 1 <= u <= DEVICE_RNG_DRAWS:
+        raise ValueError(f"u must be the batch size B, an int in [1, {DEVICE_RNG_DRAWS}], when rng is given; "
+                         f"got {u!r}")
+    if not validated((rng,)):
+        check_rng(rng, device)
+        remember_validated((rng,))
+    return u
+
+
+def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, u: Tensor | int,
                    beta: Tensor | None, beta_value: float, stratified: bool,
-                   max_chunk: int = MAX_CHUNK) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch ``_sample_kernel``: ``(index (B,) int64, p_sel (B,) float32, w (B,) float32 or (0,))``."""
+                   max_chunk: int = MAX_CHUNK, rng: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch ``_sample_kernel``: ``(index (B,) int64, p_sel (B,) float32, w (B,) float32 or (0,))``; ``u`` is
+    the ``(B,)`` uniforms, or B when the kernel draws them from ``rng``."""
     n_blocks, block = leaves.shape
-    n = u.numel()
-    leaves, block_sum, u = leaves.contiguous(), block_sum.contiguous(), u.contiguous()
-    index = torch.empty(n, dtype=torch.int64, device=u.device)
-    p_sel = torch.empty(n, dtype=torch.float32, device=u.device)
+    device = leaves.device
+    n = u if rng is not None else u.numel()
+    u = rng if rng is not None else u.contiguous()
+    leaves, block_sum = leaves.contiguous(), block_sum.contiguous()
+    index = torch.empty(n, dtype=torch.int64, device=device)
+    p_sel = torch.empty(n, dtype=torch.float32, device=device)
     weights = block_min is not None
-    w = torch.empty(n if weights else 0, dtype=torch.float32, device=u.device)
+    w = torch.empty(n if weights else 0, dtype=torch.float32, device=device)
     nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
     _sample_kernel[(n,)](
         leaves, block_sum, block_min.contiguous() if weights else p_sel, u,
@@ -251,7 +316,8 @@ def _launch_sample(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, 
         n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
         STRATIFIED=bool(stratified), RECIP=u.is_cuda, WEIGHTS=weights,
         BETA_FROM_PTR=beta is not None, NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk,
-        ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk, num_warps=warps_for(max(nb_chunk, row_chunk)))
+        ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk, DEVICE_RNG=rng is not None,
+        num_warps=warps_for(max(nb_chunk, row_chunk)))
     return index, p_sel, w
 
 
@@ -280,7 +346,9 @@ def _is_weights_op(p_sel: Tensor, p_min: Tensor, beta: Tensor | None, beta_value
     return _launch_is_weights(p_sel, p_min, beta, beta_value)
 
 
-def _sample(leaves, block_sum, block_min, u, beta, beta_value, stratified):
+def _sample(leaves, block_sum, block_min, u, beta, beta_value, stratified, rng=None):
+    if rng is not None:  # eager only (_draws refuses it while compiling)
+        return _launch_sample(leaves, block_sum, block_min, u, beta, beta_value, stratified, rng=rng)
     if compiling():
         return torch.ops.lightning_per.sample_proportional(leaves, block_sum, block_min, u, beta, beta_value,
                                                            bool(stratified))
@@ -316,9 +384,9 @@ def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
     return two_level_search_with_values(leaves, block_sum, u)[0]
 
 
-def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                        beta: Tensor | float, stratified: bool = True,
-                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor | int,
+                        beta: Tensor | float, stratified: bool = True, normalize: str = "buffer", *,
+                        rng: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fused proportional draw ``(index, w)`` from i.i.d. uniforms ``u`` (module docstring, steps 1-4).
 
     Equals ``ext.composite.sample_proportional`` (the sampler's reference sequence:
@@ -327,24 +395,32 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
     Args:
         leaves: ``(n_blocks, block)`` float32; block_sum: ``(n_blocks,)`` float64; block_min:
             ``(n_blocks,)`` float32 minimum positive leaf per block (``+inf`` if none).
-        u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1.
+        u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1; or, with ``rng``, the int B.
         beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).
         stratified: one draw per equal-mass segment.
         normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
+        rng: a device RNG state (:func:`new_rng_state`): the kernel draws the uniforms itself (Philox, see
+            ``_device_uniform``) and counts them in ``rng``, in place; no ``torch.rand`` launch and nothing
+            to register with a CUDA graph. B <= ``DEVICE_RNG_DRAWS``; eager calls and CUDA graphs only
+            (not while ``torch.compile`` traces).
 
     Returns:
         ``index`` ``(B,)`` int64 and ``w`` ``(B,)`` float32 in ``(0, 1]``, on ``leaves.device``.
+
+    Raises:
+        ValueError, TypeError: a shape, dtype or device, ``u`` not an int in range with ``rng``, or ``rng``
+            while ``torch.compile`` traces.
     """
     state = (leaves, block_sum, block_min)
     if not validated(state):
         check_levels(leaves, block_sum)
         expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
         remember_validated(state)
-    _check_u(u, leaves.device)
+    _draws(u, rng, leaves.device)
     if normalize not in ("buffer", "batch"):
         raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
     beta_t, beta_v = scalar_arg(beta, "beta", leaves.device)
-    index, _, w = _sample(leaves, block_sum, block_min, u, beta_t, beta_v, stratified)
+    index, _, w = _sample(leaves, block_sum, block_min, u, beta_t, beta_v, stratified, rng)
     return index, (w / w.max() if normalize == "batch" else w)
 
 
@@ -388,7 +464,7 @@ def _sample_gather_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_
                           n_blocks, block, inv_bits, shrink_bits,
                           STRATIFIED: tl.constexpr, RECIP: tl.constexpr, BETA_FROM_PTR: tl.constexpr,
                           NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr, ROW_CHUNK: tl.constexpr,
-                          ROW_ONE: tl.constexpr, W_CHUNK: tl.constexpr):
+                          ROW_ONE: tl.constexpr, W_CHUNK: tl.constexpr, DEVICE_RNG: tl.constexpr):
     """``_sample_kernel`` (weights on) that also copies the drawn row: ``out[k, :] = rows[index_k, :]``.
 
     One program per draw, as ``_sample_kernel``; after the search the program copies its row in
@@ -396,7 +472,10 @@ def _sample_gather_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_
     no p_sel output). A slot ``>= n_rows`` (only the all-zero-priority fallback slot can be) reads zeros
     instead of memory outside the ring."""
     k = tl.program_id(0)
-    u = tl.load(u_ptr + k)  # float64
+    if DEVICE_RNG:  # u_ptr is the int64 RNG state (seed, counters)
+        u = _device_uniform(u_ptr, k)
+    else:
+        u = tl.load(u_ptr + k)  # float64
     p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)  # independent of the search: issued first
     index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
                      STRATIFIED, RECIP, NB_CHUNK, NB_ONE, ROW_CHUNK, ROW_ONE)
@@ -421,18 +500,22 @@ def _check_rows(rows: Tensor, device: torch.device) -> None:
                          f"{tuple(rows.stride())}")
 
 
-def _launch_sample_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | None,
-                          beta_value: float, stratified: bool, rows: Tensor, max_chunk: int = MAX_CHUNK,
-                          max_gather_chunk: int = GATHER_CHUNK) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch ``_sample_gather_kernel``: ``(index (B,) int64, w (B,) float32, rows[index] (B, W) int64)``."""
+def _launch_sample_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor | int,
+                          beta: Tensor | None, beta_value: float, stratified: bool, rows: Tensor,
+                          max_chunk: int = MAX_CHUNK, max_gather_chunk: int = GATHER_CHUNK,
+                          rng: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch ``_sample_gather_kernel``: ``(index (B,) int64, w (B,) float32, rows[index] (B, W) int64)``;
+    ``u`` is the ``(B,)`` uniforms, or B when the kernel draws them from ``rng``."""
     n_blocks, block = leaves.shape
-    n = u.numel()
+    device = leaves.device
+    n = u if rng is not None else u.numel()
+    u = rng if rng is not None else u.contiguous()
     n_rows, width = rows.shape
-    leaves, block_sum, u = leaves.contiguous(), block_sum.contiguous(), u.contiguous()
+    leaves, block_sum = leaves.contiguous(), block_sum.contiguous()
     block_min = block_min.contiguous()
-    index = torch.empty(n, dtype=torch.int64, device=u.device)
-    w = torch.empty(n, dtype=torch.float32, device=u.device)
-    out = torch.empty((n, width), dtype=rows.dtype, device=u.device)
+    index = torch.empty(n, dtype=torch.int64, device=device)
+    w = torch.empty(n, dtype=torch.float32, device=device)
+    out = torch.empty((n, width), dtype=rows.dtype, device=device)
     nb_chunk, row_chunk = chunk_for(n_blocks, max_chunk), chunk_for(block, max_chunk)
     w_chunk = chunk_for(width, max_gather_chunk)
     _sample_gather_kernel[(n,)](
@@ -441,7 +524,7 @@ def _launch_sample_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, 
         n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
         STRATIFIED=bool(stratified), RECIP=u.is_cuda, BETA_FROM_PTR=beta is not None,
         NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk, ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk,
-        W_CHUNK=w_chunk, num_warps=gather_warps(warps_for(max(nb_chunk, row_chunk)), w_chunk))
+        W_CHUNK=w_chunk, DEVICE_RNG=rng is not None, num_warps=gather_warps(warps_for(max(nb_chunk, row_chunk)), w_chunk))
     return index, w, out
 
 
@@ -455,9 +538,10 @@ def _sample_gather_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: T
     return _launch_sample_gather(leaves, block_sum, block_min, u, beta, beta_value, stratified, rows)
 
 
-def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor | int,
                                beta: Tensor | float, rows: Tensor, stratified: bool = True,
-                               normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
+                               normalize: str = "buffer", *, rng: Tensor | None = None
+                               ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`sample_proportional` that also gathers the drawn rows of a packed ring, in the same launch.
 
     Equals ``reference.sample_proportional_gather`` (``sample_proportional`` then ``rows[index]``): the
@@ -465,12 +549,16 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
     inlined code), and the rows bit for bit.
 
     Args:
-        leaves, block_sum, block_min, u, beta, stratified, normalize: as :func:`sample_proportional`.
+        leaves, block_sum, block_min, u, beta, stratified, normalize, rng: as :func:`sample_proportional`
+            (with ``rng``, the same draws as :func:`sample_proportional` from the same RNG state).
         rows: ``(N, W)`` int64 ring (``GPUTensorStorage(packed=True).rows``), rows contiguous, on the
             device of ``leaves``; slots index its rows.
 
     Returns:
         ``index`` ``(B,)`` int64, ``w`` ``(B,)`` float32, ``batch_rows`` ``(B, W)`` int64 (a fresh tensor).
+
+    Raises:
+        As :func:`sample_proportional`, and for a ``rows`` that is not a non-empty int64 ``(N, W)`` ring.
     """
     state = (leaves, block_sum, block_min, rows)
     if not validated(state):
@@ -478,11 +566,14 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
         expect(block_min, "block_min", torch.float32, block_sum.shape, device=leaves.device)
         _check_rows(rows, leaves.device)
         remember_validated(state)
-    _check_u(u, leaves.device)
+    _draws(u, rng, leaves.device)
     if normalize not in ("buffer", "batch"):
         raise ValueError(f"normalize must be 'buffer' or 'batch', got {normalize!r}")
     beta_t, beta_v = scalar_arg(beta, "beta", leaves.device)
-    if compiling():
+    if rng is not None:
+        index, w, out = _launch_sample_gather(leaves, block_sum, block_min, u, beta_t, beta_v, stratified, rows,
+                                              rng=rng)
+    elif compiling():
         index, w, out = torch.ops.lightning_per.sample_proportional_gather(
             leaves, block_sum, block_min, u, beta_t, beta_v, bool(stratified), rows)
     else:

@@ -24,6 +24,7 @@ triton = pytest.importorskip("triton")
 import lightning_per.ext as ext  # noqa: E402
 from lightning_per.ext import _common, blocks, composite, priority, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
+from _philox import expected_uniforms  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
@@ -265,17 +266,30 @@ def test_make_backend_exposes_reference_names_and_passes_self_check(kdev):
 
 
 @pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])
-def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls):
+def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls, monkeypatch):
+    """Same slots, weights and stored state as the reference sampler given the same uniforms: the rank
+    sampler's come from the same seeded generator; the proportional kernels draw theirs from the device RNG,
+    whose documented Philox stream (tests/_philox.py) the reference sampler is fed."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback allowed here
         fast = cls(45, 0.6, 0.4, device=kdev, backend="kernels", seed=3)
     slow = cls(45, 0.6, 0.4, device=kdev, backend="reference", seed=3)
     assert fast._ops is not reference and "two_level_search_with_values" in fast._ops.COMPILED
+    assert (fast._device_rng is not None) == (cls is GPUPrioritizedSampler)
+    if fast._device_rng is not None:
+        assert int(fast._device_rng[0]) == 3  # seeded from the generator's seed
+
+        def philox_uniforms(batch_size):
+            counts = fast._device_rng[1:1 + batch_size].cpu().numpy().copy()
+            return torch.from_numpy(expected_uniforms(3, counts)).to(kdev)
+
+        monkeypatch.setattr(slow, "_uniforms", philox_uniforms)
     storage = _Len(40)
     for s in (fast, slow):
         s.mark_update(torch.arange(40), storage=storage)
     for _ in range(2):
-        (i_fast, info_fast), (i_slow, info_slow) = fast.sample(storage, 8), slow.sample(storage, 8)
+        i_slow, info_slow = slow.sample(storage, 8)  # first: it reads the counters before the kernel counts
+        i_fast, info_fast = fast.sample(storage, 8)
         torch.testing.assert_close(i_fast, i_slow, rtol=0, atol=0)
         torch.testing.assert_close(info_fast["priority_weight"], info_slow["priority_weight"], rtol=1e-6,
                                    atol=0)

@@ -114,7 +114,7 @@ def test_replaced_state_is_never_replayed():
     fresh = make_replay_buffer(N, B, device="cuda", packed=True, backend="kernels",
                                eager_graphs=False, generator=torch.Generator().manual_seed(0))
     fresh.extend(_batch(N, "cuda", 2))
-    sampler.generator.set_state(fresh.sampler.generator.get_state())
+    sampler.set_rng_state(fresh.sampler.get_rng_state())
     for _ in range(4):
         a, b = rb.sample(), fresh.sample()
         assert torch.equal(a["index"], b["index"])

@@ -99,9 +99,9 @@ def test_sample_gather_equals_sample_then_get(device, backend, packed, normaliza
     elif backend == "kernels":  # the documented fallback: the plain-torch reference ops, checked all the same
         assert sampler._ops is reference
     for _ in range(2):
-        state = sampler.generator.get_state()
+        state = sampler.get_rng_state()
         index, info, batch = sampler.sample_gather(storage, 8)
-        sampler.generator.set_state(state)
+        sampler.set_rng_state(state)
         want_index, want_info = sampler.sample(storage, 8)
         assert torch.equal(index, want_index)
         assert torch.equal(info["priority_weight"], want_info["priority_weight"])
@@ -114,9 +114,9 @@ def test_sample_gather_equals_sample_then_get(device, backend, packed, normaliza
 @pytest.mark.parametrize("packed", [True, False])
 def test_buffer_sample_equals_sampler_sample_then_get(device, backend, packed):
     rb = _buffer(device, backend, packed)
-    state = rb.sampler.generator.get_state()
+    state = rb.sampler.get_rng_state()
     data, info = rb.sample(return_info=True)
-    rb.sampler.generator.set_state(state)
+    rb.sampler.set_rng_state(state)
     index, want_info = rb.sampler.sample(rb.storage, 8)
     want = rb.storage.get(index)
     want.set("index", index)
@@ -138,9 +138,9 @@ def test_rank_sampler_never_takes_the_proportional_fused_op(device):
     """The rank-based sampler inherits sample_gather: it must draw by rank (its own sample), not fuse."""
     rb = _buffer(device, "reference", sampler="rank")
     assert rb.sampler._fusable_rows(rb.storage) is None
-    state = rb.sampler.generator.get_state()
+    state = rb.sampler.get_rng_state()
     data = rb.sample()
-    rb.sampler.generator.set_state(state)
+    rb.sampler.set_rng_state(state)
     index, info = rb.sampler.sample(rb.storage, 8)
     assert torch.equal(data["index"], index)
     assert torch.equal(data["priority_weight"], info["priority_weight"])
@@ -153,9 +153,9 @@ def test_nested_keys_fall_back_to_sample_then_get(device):
     storage.set(torch.arange(10), data)
     sampler.mark_update(torch.arange(10), storage=storage)
     assert storage.gather_rows is None and sampler._fusable_rows(storage) is None
-    state = sampler.generator.get_state()
+    state = sampler.get_rng_state()
     index, _, batch = sampler.sample_gather(storage, 4)
-    sampler.generator.set_state(state)
+    sampler.set_rng_state(state)
     want_index, _ = sampler.sample(storage, 4)
     assert torch.equal(index, want_index)
     _assert_same_batch(batch, storage.get(want_index))
@@ -234,9 +234,9 @@ def test_wide_rows_take_the_separate_gather(monkeypatch):
     calls = []
     monkeypatch.setattr(rb.sampler._ops, "sample_proportional_gather",
                         lambda *a, **k: calls.append(1), raising=False)
-    state = rb.sampler.generator.get_state()
+    state = rb.sampler.get_rng_state()
     index, info, batch = rb.sampler.sample_gather(rb.storage, 8)
-    rb.sampler.generator.set_state(state)
+    rb.sampler.set_rng_state(state)
     want_index, want_info = rb.sampler.sample(rb.storage, 8)
     assert not calls and torch.equal(index, want_index)
     torch.testing.assert_close(info["priority_weight"], want_info["priority_weight"], rtol=0, atol=0)

@@ -52,10 +52,15 @@ class DeviceRNGMixin:
         if fp != self._rng_fingerprint:
             self._rng_fingerprint = fp
             self.generator.manual_seed(fp)
+            self._seeded()
 
     def manual_seed(self, seed: int) -> None:
         """Seed the device generator directly (reproducible runs without a buffer generator)."""
         self.generator.manual_seed(int(seed))
+        self._seeded()
+
+    def _seeded(self) -> None:
+        """Hook: the generator was just seeded (samplers with other random state derived from it re-derive it)."""
 
     def _rng_state(self) -> dict:
         return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}

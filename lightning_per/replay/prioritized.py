@@ -55,7 +55,12 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
         seed: seed of the device generator when no buffer generator is set (default: drawn from
-            torch's default CPU generator, so ``torch.manual_seed`` makes runs reproducible).
+            torch's default CPU generator, so ``torch.manual_seed`` makes runs reproducible). With the
+            compiled kernels the draws take their uniforms inside the sample kernel from a Philox stream
+            keyed by the generator's seed (its counters in device memory, restarted whenever the sampler
+            is seeded, saved in ``state_dict``; see :meth:`get_rng_state`): one launch less per draw and
+            nothing to register with a CUDA graph. The same seed then gives other draws than the reference
+            ops (which use ``torch.rand``); each backend is reproducible on its own.
         eager_graphs: on CUDA, serve repeated eager calls of one shape (a draw of B slots, with or without
             the row gather; a priority write of B slots into a full buffer) by replaying a CUDA graph
             recorded at the second such call: one launch instead of several, same results, fresh outputs
@@ -71,6 +76,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     Raises:
         ValueError: a bad argument (named in the message).
     """
+
+    #: Whether this class's draws (:meth:`_draw`, :meth:`_draw_gather`) may take their uniforms from the compiled
+    #: kernels' device RNG (a subclass with its own draw sets False).
+    _uses_device_rng = True
 
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
                  device: torch.device | str | None = None, stratified: bool = True,
@@ -100,6 +109,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
         self._init_rng(seed)
         self._graphs = EagerGraphs() if eager_graphs and self._device.type == "cuda" else None
+        new_rng_state = getattr(self._ops, "new_rng_state", None)
+        #: the compiled draws' RNG state (seed, one counter per draw position; ``ext.sample._device_uniform``),
+        #: seeded from :attr:`generator`; None when the draws use ``torch.rand`` (reference ops, rank sampler)
+        self._device_rng = (new_rng_state(self.generator.initial_seed(), self._device)
+                            if new_rng_state is not None and self._uses_device_rng else None)
         self._init()
 
     # ------------------------------------------------------------------ state
@@ -191,10 +205,14 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """The device tensors that sampling reads and priority updates write, in place: raw priorities
         ``(n_blocks * block,) float32``, stored values ``(n_blocks, block) float32``, block sums
         ``(n_blocks,) float64``, block minima ``(n_blocks,) float32``, and the 0-d max raw priority and
-        clamped / dropped counters. For snapshots around work that must leave no trace (e.g. a CUDA-graph
-        warm-up, :class:`~lightning_per.dqn.graph.CapturedUpdate`); restore them with ``copy_``."""
-        return [self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw, self._n_clamped,
-                self._n_dropped]
+        clamped / dropped counters, and with the compiled ops the draws' RNG state ``(1 + 65536,) int64``
+        (seed, counters). For snapshots around work that must leave no trace (e.g. a CUDA-graph warm-up,
+        :class:`~lightning_per.dqn.graph.CapturedUpdate`); restore them with ``copy_``."""
+        state = [self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw, self._n_clamped,
+                 self._n_dropped]
+        if self._device_rng is not None:
+            state.append(self._device_rng)
+        return state
 
     # ------------------------------------------------------------------ core
     def _filled(self, storage) -> int:
@@ -291,7 +309,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """
         self._check_draw(storage, batch_size)
         index, weight = self._served(("sample", batch_size, self.stratified, self.weight_normalization),
-                                     lambda: self._draw(batch_size), (), self._draw_state(), (self.generator,))
+                                     lambda: self._draw(batch_size), (), self._draw_state(batch_size),
+                                     self._draw_generators(batch_size))
         return index, {"priority_weight": weight}
 
     def _served(self, key: Hashable, fn: Callable, args: tuple[Tensor, ...] = (), state: tuple[Tensor, ...] = (),
@@ -313,8 +332,18 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
         return torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)
 
+    def _device_draws(self, batch_size: int) -> bool:
+        """True when a draw of ``batch_size`` takes its uniforms from the kernels' device RNG
+        (:attr:`_device_rng`, not while ``torch.compile`` traces), else from :attr:`generator`."""
+        return (self._device_rng is not None and batch_size <= self._ops.DEVICE_RNG_DRAWS
+                and not torch.compiler.is_compiling())
+
     def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
         """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights."""
+        if self._device_draws(batch_size):  # one launch: the kernel draws its uniforms
+            return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, batch_size,
+                                                 self._beta_t, self.stratified, self.weight_normalization,
+                                                 rng=self._device_rng)
         return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min,
                                              self._uniforms(batch_size), self._beta_t, self.stratified,
                                              self.weight_normalization)
@@ -322,14 +351,46 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def _draw_gather(self, batch_size: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(batch rows (B, W) int64, index (B,) int64, weight (B,) float32)``: :meth:`_draw` and the rows
         of the drawn slots, one fused op (rows first: the cached graphs' outputs start with them)."""
-        index, weight, block = self._ops.sample_proportional_gather(
-            self._leaves, self._block_sum, self._block_min, self._uniforms(batch_size), self._beta_t, rows,
-            self.stratified, self.weight_normalization)  # [B], [B], [B, W]
+        if self._device_draws(batch_size):
+            index, weight, block = self._ops.sample_proportional_gather(
+                self._leaves, self._block_sum, self._block_min, batch_size, self._beta_t, rows, self.stratified,
+                self.weight_normalization, rng=self._device_rng)
+        else:
+            index, weight, block = self._ops.sample_proportional_gather(
+                self._leaves, self._block_sum, self._block_min, self._uniforms(batch_size), self._beta_t, rows,
+                self.stratified, self.weight_normalization)  # [B], [B], [B, W]
         return block, index, weight
 
-    def _draw_state(self) -> tuple[Tensor, ...]:
-        """The device tensors a draw reads (besides the generator)."""
+    def _draw_state(self, batch_size: int) -> tuple[Tensor, ...]:
+        """The device tensors a draw of ``batch_size`` reads or writes (besides a generator)."""
+        if self._device_draws(batch_size):
+            return self._leaves, self._block_sum, self._block_min, self._beta_t, self._device_rng
         return self._leaves, self._block_sum, self._block_min, self._beta_t
+
+    def _draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
+        """The generators a draw of ``batch_size`` consumes (none with the device RNG: nothing for a CUDA graph
+        to register, no per-replay seed/offset update)."""
+        return () if self._device_draws(batch_size) else (self.generator,)
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """The state of every random stream the draws use, to replay them with :meth:`set_rng_state`:
+        ``{"generator": CPU uint8 tensor, "device_rng": (1 + 65536,) int64 device tensor or None}`` (the
+        compiled draws' seed and counters, copied). No host sync."""
+        return {"generator": self.generator.get_state(),
+                "device_rng": None if self._device_rng is None else self._device_rng.clone()}
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it)."""
+        self.generator.set_state(state["generator"])
+        if self._device_rng is not None and state.get("device_rng") is not None:
+            self._device_rng.copy_(state["device_rng"])
+
+    def _seeded(self) -> None:
+        """The generator was seeded: the device RNG takes its seed and restarts its counters (in place)."""
+        rng = getattr(self, "_device_rng", None)
+        if rng is not None:
+            rng[1:].zero_()
+            rng[:1].fill_(self.generator.initial_seed() % (1 << 63))
 
     def _fusable_rows(self, storage) -> Tensor | None:
         """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
@@ -383,7 +444,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._check_draw(storage, batch_size)
         block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),
                                             lambda: self._draw_gather(batch_size, rows), (),
-                                            (*self._draw_state(), rows), (self.generator,))
+                                            (*self._draw_state(batch_size), rows), self._draw_generators(batch_size))
         extra = {"index": index, "priority_weight": weight} if with_info else None
         return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
 
@@ -403,6 +464,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             "n_clamped": self._n_clamped.clone(), "n_dropped": self._n_dropped.clone(),
             "written": (self._leaves.view(-1) > 0).clone(),
             "rng": self._rng_state(),
+            "device_rng": None if self._device_rng is None else self._device_rng.clone(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -424,6 +486,12 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._leaves.view(-1).copy_(state_dict["written"].to(d).to(torch.float32))  # mask, then values
         self._rebuild()
         self._load_rng_state(state_dict["rng"])
+        if self._device_rng is not None:  # the draws' stream: as saved, or restarted from the restored seed
+            saved = state_dict.get("device_rng")
+            if saved is not None and saved.shape == self._device_rng.shape:
+                self._device_rng.copy_(saved.to(d))
+            else:
+                self._seeded()
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Write the state to ``path/sampler.pt`` (whole tensors, atomic rename) + a JSON summary."""

@@ -38,6 +38,8 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         ValueError: ``sort_every`` < 1 (and the base class's checks).
     """
 
+    _uses_device_rng = False  # the rank draw takes torch.rand uniforms from the generator
+
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
                  sort_every: int = 1, **kwargs) -> None:
         if not isinstance(sort_every, int) or sort_every < 1:

@@ -1,0 +1,169 @@
+"""The kernels' device RNG (``ext.sample._device_uniform``): uniforms drawn inside the sample kernels.
+
+The oracle is an independent NumPy Philox4x32-10 written from the algorithm's definition (Salmon et al.
+2011, SC'11, section 4; round constants and key schedule as published with Random123), checked first
+against Random123's known-answer vectors (``kat_vectors``: ``philox4x32 10``), then used to predict
+the kernel's uniforms bit for bit: a draw from the RNG state must return exactly what the same kernel
+returns from those uniforms passed in, and the counters must count the draws per position.
+
+Runs on CUDA (``gpu``) or, without CUDA, on CPU tensors through Triton's interpreter (see
+``test_ext_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
+
+triton = pytest.importorskip("triton")
+from lightning_per.ext import _common, sample  # noqa: E402
+from lightning_per.ext.selfcheck import make_levels  # noqa: E402
+from _philox import expected_uniforms, philox4x32_10  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+if CUDA:
+    KDEVS = [pytest.param("cuda", marks=pytest.mark.gpu)]
+elif _common.INTERPRET and isinstance(triton.language.cumsum, InterpretedFunction):
+    KDEVS = ["cpu"]
+else:
+    KDEVS = [pytest.param("cpu", marks=pytest.mark.skip(
+        reason="triton was imported without TRITON_INTERPRET=1 (see conftest.py)"))]
+
+@pytest.mark.parametrize("ctr,key,out", [  # Random123 kat_vectors, philox4x32 10
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_numpy_philox_matches_known_answers(ctr, key, out):
+    got = philox4x32_10(np.array([ctr], dtype=np.uint64), np.array([key], dtype=np.uint64))
+    assert got[0].tolist() == list(out)
+
+
+def _levels(device, capacity=50):
+    return make_levels(capacity, torch.device(device), torch.Generator().manual_seed(7), integer=False)
+
+
+@pytest.mark.parametrize("device", KDEVS)
+@pytest.mark.parametrize("gather", [False, True])
+def test_kernel_draws_the_documented_philox_stream(device, gather):
+    leaves, bsum, bmin = _levels(device)
+    seed = 0x1234_5678_9ABC_DEF % (1 << 63)
+    rng = sample.new_rng_state(seed, device)
+    rng[1 + 3] = 2**32 + 5  # a counter past 2^32: its high word reaches the Philox counter
+    rows = torch.arange(leaves.numel() * 3, dtype=torch.int64, device=device).view(-1, 3)
+    B = 9
+    for call in range(3):  # counters advance one per call at positions < B, others stay
+        counts = rng[1:1 + B].cpu().numpy().copy()  # (on CPU .numpy() shares rng's memory)
+        u = torch.from_numpy(expected_uniforms(seed, counts)).to(device)
+        if gather:
+            want = sample.sample_proportional_gather(leaves, bsum, bmin, u, 0.4, rows)
+            got = sample.sample_proportional_gather(leaves, bsum, bmin, B, 0.4, rows, rng=rng)
+        else:
+            want = sample.sample_proportional(leaves, bsum, bmin, u, 0.4)
+            got = sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        np.testing.assert_array_equal(rng[1:1 + B].cpu().numpy(), counts + 1)
+        assert int(rng[1 + B:].count_nonzero()) == 0 and int(rng[0]) == seed
+
+
+def test_uniform_stream_is_uniform():
+    """The 53-bit construction of the oracle's stream is U[0, 1): Kolmogorov-Smirnov on 20,000 draws
+    (200 positions x 100 counters) at level 0.001; the test's power against a stream squeezed into
+    [0, 0.99) is > 0.99 (KS distance 0.01 vs critical 0.0138 needs n ~ 2e4 at this level: 0.01 > 1.95/sqrt(n))."""
+    from scipy import stats
+
+    u = np.concatenate([expected_uniforms(42, np.full(200, c)) for c in range(100)])
+    assert u.min() >= 0 and u.max() < 1
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+
+
+@pytest.mark.parametrize("device", KDEVS)
+def test_rng_argument_errors_name_the_argument(device):
+    leaves, bsum, bmin = _levels(device)
+    rng = sample.new_rng_state(1, device)
+    with pytest.raises(ValueError, match="u must be the batch size"):
+        sample.sample_proportional(leaves, bsum, bmin, 0, 0.4, rng=rng)
+    with pytest.raises(ValueError, match="u must be the batch size"):
+        sample.sample_proportional(leaves, bsum, bmin, sample.DEVICE_RNG_DRAWS + 1, 0.4, rng=rng)
+    with pytest.raises(ValueError, match="rng must have"):
+        sample.sample_proportional(leaves, bsum, bmin, 4, 0.4, rng=rng[:10])
+    assert int(rng[1:].count_nonzero()) == 0  # nothing drawn by the refused calls
+
+
+def _sampler(device, seed, **kw):
+    from lightning_per import GPUPrioritizedSampler
+
+    s = GPUPrioritizedSampler(45, 0.6, 0.4, device=device, backend="kernels", seed=seed, **kw)
+    s.mark_update(torch.arange(40), storage=_Len(40))
+    return s
+
+
+class _Len:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("device", KDEVS)
+def test_sampler_device_rng_follows_seeding_and_checkpoints(device):
+    storage = _Len(40)
+    s = _sampler(device, 5)
+    assert s._device_rng is not None and int(s._device_rng[0]) == 5 and int(s._device_rng[1:].count_nonzero()) == 0
+    first = [s.sample(storage, 8)[0] for _ in range(2)]
+    assert s._device_rng[1:9].tolist() == [2] * 8  # two draws counted at positions 0..7
+    ckpt = s.state_dict()
+    cont = [s.sample(storage, 8)[0] for _ in range(2)]
+    other = _sampler(device, 99)
+    other.load_state_dict(ckpt)  # resumes the stream where the checkpoint left it
+    for a, b in zip(cont, [other.sample(storage, 8)[0] for _ in range(2)]):
+        assert torch.equal(a, b)
+    s.manual_seed(5)  # reseeding restarts the stream: the first draws again
+    assert s._device_rng[1:].count_nonzero() == 0
+    for a, b in zip(first, [s.sample(storage, 8)[0] for _ in range(2)]):
+        assert torch.equal(a, b)
+    s._rng = torch.Generator().manual_seed(1)  # a buffer generator (TorchRL's set_rng): a new derived seed
+    assert int(s._device_rng[0]) == s.generator.initial_seed() % (1 << 63) != 5
+
+
+@pytest.mark.parametrize("device", KDEVS)
+def test_batches_beyond_the_device_rng_draw_with_the_generator(device, monkeypatch):
+    s = _sampler(device, 5)
+    monkeypatch.setattr(s._ops, "DEVICE_RNG_DRAWS", 4)
+    state = s.generator.get_state()
+    index, _ = s.sample(_Len(40), 8)
+    assert int(s._device_rng[1:].count_nonzero()) == 0  # not counted: the generator drew
+    assert not torch.equal(s.generator.get_state(), state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_graph_replays_draw_the_next_numbers_of_the_stream():
+    """A CUDA graph of the draw, captured with no generator registered: each replay draws the stream's next
+    uniforms (the oracle's, counter 0, 1, 2 at every position), not the captured ones again."""
+    leaves, bsum, bmin = make_levels(3000, torch.device("cuda"), torch.Generator().manual_seed(2), integer=False)
+    seed, B = 77, 256
+    rng = sample.new_rng_state(seed, "cuda")
+    sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)  # compile + warm up (counts 1)
+    rng[1:].zero_()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        index, w = sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)
+    rng[1:].zero_()  # the capture ran nothing; zeroed again for clarity
+    for count in range(3):
+        graph.replay()
+        u = torch.from_numpy(expected_uniforms(seed, np.full(B, count))).cuda()
+        want_index, want_w = sample.sample_proportional(leaves, bsum, bmin, u, 0.4)
+        assert torch.equal(index, want_index) and torch.equal(w, want_w)
+    assert rng[1:1 + B].eq(3).all() and rng[1 + B:].eq(0).all()
