@@ -18,6 +18,7 @@ triton = pytest.importorskip("triton")
 import lightning_per.ext as ext  # noqa: E402
 from lightning_per.ext import composite, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
+from _philox import expected_uniforms  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
@@ -72,17 +73,26 @@ def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
 
 
 @pytest.mark.parametrize("capacity", [1001, 1_000_000])
-def test_sampler_kernels_backend_tracks_reference_backend(capacity):
+def test_sampler_kernels_backend_tracks_reference_backend(capacity, monkeypatch):
+    """The kernels' sampler (cached eager graphs, uniforms drawn in the kernel) against the reference sampler
+    fed the uniforms of the documented device Philox stream (tests/_philox.py): same slots, weights, state."""
     storage = _Len(capacity)
     fast = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=7)
-    slow = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="reference", seed=7)
-    assert "two_level_search_with_values" in fast._ops.COMPILED
+    slow = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="reference", seed=7,
+                                 eager_graphs=False)  # its uniforms come from the host below
+    assert "two_level_search_with_values" in fast._ops.COMPILED and int(fast._device_rng[0]) == 7
+
+    def philox_uniforms(batch_size):
+        counts = fast._device_rng[1:1 + batch_size].cpu().numpy()
+        return torch.from_numpy(expected_uniforms(7, counts)).cuda()
+
+    monkeypatch.setattr(slow, "_uniforms", philox_uniforms)
     td = torch.rand(capacity, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0)) * 5
     for s in (fast, slow):
         for start in range(0, capacity, 1 << 16):  # the per-op _write gathers (B, block) rows: chunk it
             s.mark_update(torch.arange(start, min(capacity, start + (1 << 16))), storage=storage)
     for _ in range(20):
-        (i_f, info_f), (i_s, info_s) = fast.sample(storage, 256), slow.sample(storage, 256)
+        (i_s, info_s), (i_f, info_f) = slow.sample(storage, 256), fast.sample(storage, 256)  # slow reads first
         assert torch.equal(i_f, i_s)
         torch.testing.assert_close(info_f["priority_weight"], info_s["priority_weight"], rtol=1e-6, atol=0)
         fast.update_priority(i_f, td[i_f], storage=storage)
