@@ -51,7 +51,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("tune_warps.py times CUDA kernels: it needs a GPU", file=sys.stderr)
         return 2
-    from lightning_per import ext, make_replay_buffer
+    from lightning_per import make_replay_buffer
+    from lightning_per.ops.dispatch import load_ext
+
+    ext = load_ext()  # lightning_per.ext, installed or from the source tree
 
     dev, B = torch.device("cuda"), args.batch
     rows = []
