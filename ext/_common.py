@@ -82,8 +82,13 @@ def chunk_for(n: int, max_chunk: int = MAX_CHUNK) -> int:
 
 
 def warps_for(chunk: int) -> int:
-    """Warps per program for a chunk of ``chunk`` float64 values (<= 16 values per thread)."""
-    return 4 if chunk <= 2048 else 8
+    """Warps per program that scans chunks of ``chunk`` float64 values: 4 for every chunk up to ``MAX_CHUNK``.
+
+    Measured on the H200 (``benchmarks/tune_warps.py``, ``benchmarks/results/tune_warps_s8_call35.json``, the
+    replay step at 16 per CUDA graph): at N = 1e6 (chunks of 1,024) 4 warps beat 2, 8 and 16 for both the
+    sample + gather and the write kernel; at N = 1e7 (chunks of 4,096) 4 warps took the step from 30.2 us
+    (8 warps, the former choice) to 25.0 with the sample + gather kernel and to 29.4 with the write."""
+    return 4
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:

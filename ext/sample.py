@@ -12,8 +12,11 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` its
    last value, target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
    block_sum_b)``.
-3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves, total ``R``; ``j`` = the first leaf with
-   ``D_j > min(r, R c)``; ``index = b * block + j``, ``p = leaves[b, j]``.
+3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves; ``j`` = the first leaf with
+   ``D_j > min(r, R c)``, ``R = block_sum_b`` (the row's total as the priority write and ``reduce_blocks``
+   keep it: the total of this same scan, which the reference recomputes as ``row_cdf[-1]``; taking the stored
+   value saves the kernel a reduction, and for rows wider than ``MAX_CHUNK`` a whole pass);
+   ``index = b * block + j``, ``p = leaves[b, j]``.
 4. IS weight (PER section 3.4, buffer normalisation), float32 like the reference:
    ``w_k = powf(p / min_b block_min_b, float32(-beta))``.
 
@@ -109,17 +112,25 @@ def _pick(offs, valid, x, cdf, target, n):
 
 
 @triton.jit
-def _locate(ptr, n, value, shrink, IS_FRACTION: tl.constexpr, CHUNK: tl.constexpr, ONE: tl.constexpr):
+def _locate(ptr, n, value, shrink, known_total, IS_FRACTION: tl.constexpr, CHUNK: tl.constexpr,
+            ONE: tl.constexpr, KNOWN_TOTAL: tl.constexpr):
     """Inverse CDF over the ``n`` masses at ``ptr`` (float32 or float64, scanned in float64).
 
-    ``S`` = scanned total; target ``t = value * (S * shrink)`` if ``IS_FRACTION`` else
-    ``min(value, S * shrink)``. Returns ``(pos, C_pos, x_pos, t)``: int32 position (module docstring
-    rule), its inclusive prefix sum, its mass (float64, exact), and ``t``. ``ONE`` (``n <= CHUNK``):
-    one load and one scan; else two passes (total, then search; chunks after the hit load nothing).
+    ``S`` = scanned total, or ``known_total`` if ``KNOWN_TOTAL`` (a stored total of these masses: no
+    reduction, and no first pass when ``n > CHUNK``); target ``t = value * (S * shrink)`` if
+    ``IS_FRACTION`` else ``min(value, S * shrink)``. Returns ``(pos, C_pos, x_pos, t)``: int32 position
+    (module docstring rule), its inclusive prefix sum, its mass (float64, exact), and ``t``. ``ONE``
+    (``n <= CHUNK``): one load and one scan; else two passes (total, then search; chunks after the hit
+    load nothing), one with ``KNOWN_TOTAL``.
     """
     if ONE:
         offs, valid, x, cdf = _chunk(ptr, 0, n, 0.0, n > 0, CHUNK)
-        total = tl.max(tl.where(valid, cdf, 0.0), 0)
+        if KNOWN_TOTAL:
+            total = known_total
+        else:
+            total = tl.max(tl.where(valid, cdf, 0.0), 0)
+    elif KNOWN_TOTAL:
+        total = known_total
     else:
         total = scan_total(ptr, n, CHUNK)
     scaled = total * shrink
@@ -205,10 +216,11 @@ def _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
         else:
             u = (k.to(tl.float64) + u) / tl.num_programs(0).to(tl.float64)
     shrink = f64_from_bits(shrink_bits)
-    blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, True, NB_CHUNK, NB_ONE)
+    blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, 0.0, True, NB_CHUNK, NB_ONE, False)
     r = target - (c_blk - s_blk)  # mass left inside block blk (s_blk = block_sum[blk])
     row = blk.to(tl.int64) * block
-    j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, False, ROW_CHUNK, ROW_ONE)
+    # the row's total is its stored block sum (the write keeps it as this scan's total): no reduction
+    j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, s_blk, False, ROW_CHUNK, ROW_ONE, True)
     return row + j, x_j.to(tl.float32)  # p = leaves[blk, j], exactly
 
 

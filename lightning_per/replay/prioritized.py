@@ -287,8 +287,18 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         index = check_index(index, n_valid)
         if index.device != self._device:
             index = index.to(self._device, non_blocking=True)
+        if n_valid == self._max_capacity and index.device.type == "cuda" and index.numel():
+            # a full ring (every extend once the buffer has filled): the default priority is computed in the
+            # cached graph too, so the call copies only the slots in
+            self._served(("mark", index.numel(), self._eps), self._mark_full, (index,),
+                         (*self.device_state(), self._alpha_t))
+            return
         # one op: the default priority of each new slot, a fresh contiguous (B,) tensor
         self._write(index, self._default_priority(self._max_raw.expand(index.shape)), n_valid)
+
+    def _mark_full(self, index: Tensor) -> None:
+        """:meth:`mark_update` into a full ring: the default priority, then :meth:`_write_full`."""
+        self._write_full(index, self._default_priority(self._max_raw.expand(index.shape)))
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None
