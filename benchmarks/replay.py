@@ -3,6 +3,8 @@
 Rows, measured side by side in one process per implementation family:
   ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
   ours-graph        the same step captured in one CUDA graph and replayed
+  *-sample-update   the graph rows without the step's priority math: the new priorities are a given (B,)
+                    tensor, so the graph holds only the replay's work (sample + read + update_priority)
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default); reference ops
   ours-rank-kernels-eager  the same with the compiled rank-sample kernel (the sort is torch.sort in both)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
@@ -65,11 +67,14 @@ def step_fn(rb, B: int):
     return step
 
 
-def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True):
+def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True, priority=None):
     """Capture ``repeat`` x (sample + read the batch + update_priority) in one CUDA graph; return replay.
 
     ``fused``: what the buffer does (``sampler.sample_gather``: with the packed storage and the kernels one
-    launch draws and gathers); else the unfused sequence ``sampler.sample`` + ``storage.get`` (two launches)."""
+    launch draws and gathers); else the unfused sequence ``sampler.sample`` + ``storage.get`` (two launches).
+    ``priority``: a ``(B,)`` tensor of new priorities to write (the replay's own work only: sample + read +
+    update, the ``-sample-update`` rows); default the step's ``reward.abs() + 0.01`` of the batch (two more
+    kernels, the learner's side)."""
     sampler, storage = rb.sampler, rb.storage
     gather = fused and hasattr(sampler, "sample_gather")
 
@@ -80,7 +85,8 @@ def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True):
             else:
                 index, info = sampler.sample(storage, B)
                 data = storage.get(index)
-            sampler.update_priority(index, data["reward"].abs() + 0.01, storage=storage)
+            new = data["reward"].abs() + 0.01 if priority is None else priority
+            sampler.update_priority(index, new, storage=storage)
         return info["priority_weight"]
 
     return capture(body, [sampler.generator])
@@ -119,6 +125,14 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
             replay = graph_step(rb, B, device, REPEAT)  # the host's graph-launch cost amortised
             rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}"),
                          "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
+            if backend == "kernels":  # the replay's own work: new priorities given (no priority math)
+                given = torch.rand(B, device=device, generator=torch.Generator(device=device).manual_seed(1)) + 0.01
+                replay = graph_step(rb, B, device, priority=given)
+                rows.append({**row, "impl": name.replace("eager", "graph-sample-update"),
+                             "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
+                replay = graph_step(rb, B, device, REPEAT, priority=given)
+                rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}-sample-update"),
+                             "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
             if backend == "kernels":  # the same steps with the draw and the gather as two launches
                 replay = graph_step(rb, B, device, fused=False)
                 rows.append({**row, "impl": name.replace("eager", "graph-unfused"),

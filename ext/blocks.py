@@ -2,8 +2,9 @@
 ``last_writer`` (compiled versions of the reference ops of the same names), plus the ``@triton.jit``
 row reduction the fused update (:mod:`.update`) shares.
 
-* ``reduce_blocks``: one program per row; ``sum`` = the float64 chunked prefix-sum total (the same scan
-  the sample kernel runs over a row), ``min`` = minimum of the non-zero leaves (``+inf`` if none).
+* ``reduce_blocks``: one program per row; ``sum`` = the float64 sum (a tree reduction per chunk of at most
+  ``MAX_CHUNK``, chunk sums added in order: the reference's scan total up to rounding), ``min`` = minimum of
+  the non-zero leaves (``+inf`` if none).
 * ``last_write_wins``: ``out[k] = values[max{j : index[j] == index[k]}]`` by O(B^2) comparisons spread
   over ``ceil(B / 64)`` programs, for ``B <= MAX_QUADRATIC``; larger batches use the reference's
   O(B log B) sort (``last_write_wins``) or O(B) scatter-amax (``last_writer``).
@@ -19,7 +20,6 @@ from torch import Tensor
 from lightning_per.ops import reference
 
 from ._common import MAX_CHUNK, cdiv, check_device, chunk_for, compiling, expect, register_op, warps_for
-from .sample import _chunk
 
 __all__ = ["reduce_blocks", "last_write_wins", "last_writer", "row_stats", "MAX_QUADRATIC", "BB"]
 
@@ -31,14 +31,16 @@ BB = 64
 
 @triton.jit
 def row_stats(row_ptr, block, CHUNK: tl.constexpr):
-    """``(float64 scan total, float32 min of non-zero)`` of the ``block`` float32 leaves at ``row_ptr``."""
-    carry = tl.zeros([], tl.float64)
-    low = tl.full([], float("inf"), tl.float64)
+    """``(float64 sum, float32 min of non-zero)`` of the ``block`` float32 leaves at ``row_ptr``: two
+    independent reductions per chunk of at most ``CHUNK`` (no scan), chunk sums added in order."""
+    total = tl.zeros([], tl.float64)
+    low = tl.full([], float("inf"), tl.float32)
     for start in range(0, block, CHUNK):
-        offs, valid, x, cdf = _chunk(row_ptr, start, block, carry, block > 0, CHUNK)
-        carry = tl.max(tl.where(valid, cdf, 0.0), 0)
-        low = tl.minimum(low, tl.min(tl.where(valid & (x != 0), x, float("inf")), 0))
-    return carry, low.to(tl.float32)
+        offs = start + tl.arange(0, CHUNK)
+        x = tl.load(row_ptr + offs, mask=offs < block, other=0.0)
+        total += tl.sum(x.to(tl.float64), 0)
+        low = tl.minimum(low, tl.min(tl.where(x != 0, x, float("inf")), 0))
+    return total, low
 
 
 @triton.jit(do_not_specialize=["block"])

@@ -9,8 +9,9 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
    or, with a device RNG state (``rng=``), drawn by the program itself (``_device_uniform``: Philox4x32-10,
    one counter per draw position in device memory): no ``torch.rand`` launch, and a CUDA graph that replays
    the kernel draws new numbers without registering a generator.
-2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` its
-   last value, target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
+2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` the
+   float64 sum of the block sums (a tree reduction run beside the scan: its last value up to rounding,
+   which the ``c`` margin of ``2^-40`` dwarfs, so ``t < C_last`` still holds), target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
    block_sum_b)``.
 3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves; ``j`` = the first leaf with
    ``D_j > min(r, R c)``, ``R = block_sum_b`` (the row's total as the priority write and ``reduce_blocks``
@@ -80,12 +81,13 @@ def _chunk(ptr, start, n, carry, live, CHUNK: tl.constexpr):
 
 @triton.jit
 def scan_total(ptr, n, CHUNK: tl.constexpr):
-    """Last inclusive prefix sum of ``ptr[0:n]`` in float64, chunk by chunk (the search's total)."""
-    carry = tl.zeros([], tl.float64)
+    """Sum of ``ptr[0:n]`` in float64: a tree reduction per chunk, chunks added in order (the search's
+    total; equal to the scan's last value up to rounding, far inside the ``SHRINK`` margin)."""
+    total = tl.zeros([], tl.float64)
     for start in range(0, n, CHUNK):
-        offs, valid, x, cdf = _chunk(ptr, start, n, carry, n > 0, CHUNK)
-        carry = tl.max(tl.where(valid, cdf, 0.0), 0)
-    return carry
+        offs = start + tl.arange(0, CHUNK)
+        total += tl.sum(tl.load(ptr + offs, mask=offs < n, other=0.0).to(tl.float64), 0)
+    return total
 
 
 @triton.jit
@@ -127,8 +129,8 @@ def _locate(ptr, n, value, shrink, known_total, IS_FRACTION: tl.constexpr, CHUNK
         offs, valid, x, cdf = _chunk(ptr, 0, n, 0.0, n > 0, CHUNK)
         if KNOWN_TOTAL:
             total = known_total
-        else:
-            total = tl.max(tl.where(valid, cdf, 0.0), 0)
+        else:  # a reduction of x beside the scan, not after it (the max of cdf would wait for the scan)
+            total = tl.sum(x, 0)
     elif KNOWN_TOTAL:
         total = known_total
     else:

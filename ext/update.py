@@ -23,7 +23,7 @@ Larger batches up to ``MAX_QUADRATIC`` entries, two launches (the ticket-free pa
   (**last write wins**, deterministic: pairwise comparisons, no atomics); per-program partials of
   ``max(clean over ok)``, ``#bad`` and ``#rejected``.
 * ``_refresh_kernel`` (grid ``B``): the first entry of each touched block recomputes that block's
-  ``block_sum`` (float64 scan total) and ``block_min`` (min of non-zero leaves) *from the leaves*
+  ``block_sum`` (float64 sum) and ``block_min`` (min of non-zero leaves) *from the leaves*
   (never by deltas: no drift); program 0 folds the partials into ``max_raw``, ``n_clamped`` and
   ``n_dropped``. Traffic O(B * block) = O(B sqrt(N)).
 
@@ -138,8 +138,11 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
     clean = tl.where(mine_ok, clean, 0.0)
     alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
     stored = tl.where(mine_ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
-    n_later = tl.sum((m & (offs > k) & (idx == mine)).to(tl.int32), 0)
-    n_in_block = tl.sum((m & (idx // block == blk)).to(tl.int32), 0)
+    # two counts in one reduction (B <= MAX_ONE_LAUNCH < 2^15): later entries of my slot in the low 16 bits,
+    # entries of my block above them
+    both = tl.sum(tl.where(m & (offs > k) & (idx == mine), 1, 0) + tl.where(m & (idx // block == blk), 65536, 0), 0)
+    n_later = both & 0xFFFF
+    n_in_block = both >> 16
     tl.store(raw_ptr + mine, clean, mask=n_later == 0)
     tl.store(leaves_ptr + mine, stored, mask=n_later == 0)
     tl.debug_barrier()  # all threads past the writes before the ticket (Triton issues both from one thread today)
