@@ -36,9 +36,12 @@ def _buffer(packed: bool, graphs: bool, backend: str, sampler: str = "proportion
 @pytest.mark.parametrize("packed", [True, False])
 def test_graph_served_steps_equal_launches(packed, backend):
     with_g, without = _buffer(packed, True, backend), _buffer(packed, False, backend)
+    for i, (x, y) in enumerate(zip(with_g.sampler.device_state(), without.sampler.device_state())):
+        assert torch.equal(x, y), ("state after the first extend", i)
     for step in range(6):  # step 0 eager, step 1 captures, steps 2.. replay
         a, b = with_g.sample(), without.sample()
         assert set(a.keys()) == set(b.keys())
+        assert torch.equal(a["index"], b["index"]), (step, int((a["index"] != b["index"]).sum()), "draws differ")
         for key in a.keys():
             assert torch.equal(a[key], b[key]), (step, key)
         prio = a["reward"].abs() + 0.01 * (step + 1)
