@@ -133,6 +133,11 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
     mine = tl.where(mine_ok, mine, trash)
     blk = mine // block
     mr = tl.load(maxraw_ptr)  # read before any ticket: only the last program writes it
+    # the fold's inputs, loaded now with everything else (only the last program uses them): its tail then
+    # runs from registers, with no memory round trip before its stores
+    n_clamped0 = tl.load(nclamp_ptr)
+    n_dropped0 = tl.load(ndrop_ptr)
+    every = tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32)
     default = tl.where(tl.abs(mr) == float("inf"), 1.0, mr)
     clean, bad = sanitize(tl.load(prio_ptr + k).to(tl.float32), default)
     clean = tl.where(mine_ok, clean, 0.0)
@@ -155,10 +160,10 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
         tl.store(ticket_ptr + blk, 0)
     done = tl.atomic_add(ticket_ptr + n_blocks, 1, sem="acq_rel")
     if done == n - 1:  # last program: fold the batch's max raw priority and counters
-        cv, bv = sanitize(tl.load(prio_ptr + offs, mask=m, other=0.0).to(tl.float32), default)
+        cv, bv = sanitize(every, default)
         tl.store(maxraw_ptr, tl.maximum(mr, tl.max(tl.where(m & ok, cv, float("-inf")), 0)))
-        tl.store(nclamp_ptr, tl.load(nclamp_ptr) + tl.sum((m & bv).to(tl.int64), 0))
-        tl.store(ndrop_ptr, tl.load(ndrop_ptr) + tl.sum((m & ~ok).to(tl.int64), 0))
+        tl.store(nclamp_ptr, n_clamped0 + tl.sum((m & bv).to(tl.int64), 0))
+        tl.store(ndrop_ptr, n_dropped0 + tl.sum((m & ~ok).to(tl.int64), 0))
         tl.store(ticket_ptr + n_blocks, 0)
 
 
