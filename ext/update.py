@@ -8,9 +8,10 @@ and transforms its own priority (the rules of ``_scatter_kernel`` below), writes
 entry holds the same slot (last write wins), then takes a ticket of its block (``atomic_add``,
 acquire-release, on a per-block int32 counter). The program that draws the block's last ticket (the
 number of entries in that block minus 1) sees every write into the block: it recomputes the block's
-sum and minimum from the leaves and resets the counter. The program that draws the last global ticket
-folds the batch's max raw priority and counters (from the whole vector, with the max raw priority
-every program read before its tickets) and resets that counter. Deterministic (no value depends on
+sum and minimum from the leaves and resets the counter. Right after its block ticket each program takes a
+global ticket (release); the program that draws the last one resets it (an acquire exchange) and folds the
+batch's max raw priority and counters from registers (the whole priority vector, the max raw priority
+and the counters, all loaded at the start, before any ticket), in parallel with the block refreshes. Deterministic (no value depends on
 the order of the programs) and graph-safe (the counters are zero between calls); the counters live
 beside the sampler state (:func:`_tickets`, one int32 per block plus one).
 
@@ -152,19 +153,24 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
     tl.store(leaves_ptr + mine, stored, mask=n_later == 0)
     tl.debug_barrier()  # all threads past the writes before the ticket (Triton issues both from one thread today)
     seen = tl.atomic_add(ticket_ptr + blk, 1, sem="acq_rel")
+    # The global ticket at once, release only (an acquire would hold back the refresh's loads below): the fold
+    # reads nothing from memory (its inputs were loaded at the start, before this release), so it need not
+    # wait for a block refresh, nor a refresh for the global ticket. The last holder resets the ticket with an
+    # acquire exchange before its stores: it then synchronises with every program's release (the increments
+    # form one release sequence), so its stores of max_raw and the counters follow all programs' reads.
+    done = tl.atomic_add(ticket_ptr + n_blocks, 1, sem="release")
     if seen == n_in_block - 1:  # last entry of this block: every write into it is visible
         tl.debug_barrier()
         s, low = row_stats(leaves_ptr + blk * block, block, ROW_CHUNK)
         tl.store(bsum_ptr + blk, s)
         tl.store(bmin_ptr + blk, low)
         tl.store(ticket_ptr + blk, 0)
-    done = tl.atomic_add(ticket_ptr + n_blocks, 1, sem="acq_rel")
     if done == n - 1:  # last program: fold the batch's max raw priority and counters
+        tl.atomic_xchg(ticket_ptr + n_blocks, 0, sem="acquire")  # the reset, and the acquire (see above)
         cv, bv = sanitize(every, default)
         tl.store(maxraw_ptr, tl.maximum(mr, tl.max(tl.where(m & ok, cv, float("-inf")), 0)))
         tl.store(nclamp_ptr, n_clamped0 + tl.sum((m & bv).to(tl.int64), 0))
         tl.store(ndrop_ptr, n_dropped0 + tl.sum((m & ~ok).to(tl.int64), 0))
-        tl.store(ticket_ptr + n_blocks, 0)
 
 
 @triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
