@@ -196,9 +196,12 @@ def _device_uniform(rng_ptr, k):
     ``U = ((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53`` (the 53-bit construction of MT19937's
     ``genrand_res53``). Program ``k`` alone reads and writes its counter, so no two programs race and a
     replayed CUDA graph draws new numbers with no host update; the stream of a position does not depend
-    on the batch sizes drawn."""
+    on the batch sizes drawn. Every thread of the program reads the counter: a barrier lets them all read it
+    before one of them stores the next value (without it a late warp could read the new count and search
+    with another uniform than the rest of its program)."""
     seed = tl.load(rng_ptr)
     count = tl.load(rng_ptr + 1 + k)
+    tl.debug_barrier()
     tl.store(rng_ptr + 1 + k, count + 1)
     x0, x1, _x2, _x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), k.to(tl.uint32),
                                  (k * 0).to(tl.uint32))
