@@ -11,8 +11,8 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
    the kernel draws new numbers without registering a generator.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` the
    float64 sum of the block sums (a tree reduction run beside the scan: its last value up to rounding,
-   which the ``c`` margin of ``2^-40`` dwarfs, so ``t < C_last`` still holds), target ``t = u_k (S c)``; ``b`` = the first block with ``C_b > t``; ``r = t - (C_b -
-   block_sum_b)``.
+   which the ``c`` margin of ``2^-40`` dwarfs, so ``t < C_last`` still holds), target ``t = u_k (S c)``;
+   ``b`` = the first block with ``C_b > t``; ``r = t - (C_b - block_sum_b)``.
 3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves; ``j`` = the first leaf with
    ``D_j > min(r, R c)``, ``R = block_sum_b`` (the row's total as the priority write and ``reduce_blocks``
    keep it: the total of this same scan, which the reference recomputes as ``row_cdf[-1]``; taking the stored
@@ -541,7 +541,8 @@ def _launch_sample_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, 
         n_blocks, block, f64_bits(1.0 / n), f64_bits(SHRINK),
         STRATIFIED=bool(stratified), RECIP=u.is_cuda, BETA_FROM_PTR=beta is not None,
         NB_CHUNK=nb_chunk, NB_ONE=n_blocks <= nb_chunk, ROW_CHUNK=row_chunk, ROW_ONE=block <= row_chunk,
-        W_CHUNK=w_chunk, DEVICE_RNG=rng is not None, num_warps=gather_warps(warps_for(max(nb_chunk, row_chunk)), w_chunk))
+        W_CHUNK=w_chunk, DEVICE_RNG=rng is not None,
+        num_warps=gather_warps(warps_for(max(nb_chunk, row_chunk)), w_chunk))
     return index, w, out
 
 

@@ -11,9 +11,9 @@ number of entries in that block minus 1) sees every write into the block: it rec
 sum and minimum from the leaves and resets the counter. Right after its block ticket each program takes a
 global ticket (release); the program that draws the last one resets it (an acquire exchange) and folds the
 batch's max raw priority and counters from registers (the whole priority vector, the max raw priority
-and the counters, all loaded at the start, before any ticket), in parallel with the block refreshes. Deterministic (no value depends on
-the order of the programs) and graph-safe (the counters are zero between calls); the counters live
-beside the sampler state (:func:`_tickets`, one int32 per block plus one).
+and the counters, all loaded at the start, before any ticket), in parallel with the block refreshes.
+Deterministic (no value depends on the order of the programs) and graph-safe (the counters are zero
+between calls); the counters live beside the sampler state (:func:`_tickets`, one int32 per block plus one).
 
 Larger batches up to ``MAX_QUADRATIC`` entries, two launches (the ticket-free path of earlier versions):
 

@@ -23,9 +23,9 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
 
 triton = pytest.importorskip("triton")
+from _philox import expected_uniforms, philox4x32_10  # noqa: E402
 from lightning_per.ext import _common, sample  # noqa: E402
 from lightning_per.ext.selfcheck import make_levels  # noqa: E402
-from _philox import expected_uniforms, philox4x32_10  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if CUDA:
@@ -60,7 +60,7 @@ def test_kernel_draws_the_documented_philox_stream(device, gather):
     rng[1 + 3] = 2**32 + 5  # a counter past 2^32: its high word reaches the Philox counter
     rows = torch.arange(leaves.numel() * 3, dtype=torch.int64, device=device).view(-1, 3)
     B = 9
-    for call in range(3):  # counters advance one per call at positions < B, others stay
+    for _ in range(3):  # counters advance one per call at positions < B, others stay
         counts = rng[1:1 + B].cpu().numpy().copy()  # (on CPU .numpy() shares rng's memory)
         u = torch.from_numpy(expected_uniforms(seed, counts)).to(device)
         if gather:

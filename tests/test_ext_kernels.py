@@ -22,9 +22,9 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 import lightning_per.ext as ext  # noqa: E402
+from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import _common, blocks, composite, priority, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
-from _philox import expected_uniforms  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402

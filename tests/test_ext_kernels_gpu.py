@@ -16,9 +16,9 @@ pytestmark = pytest.mark.gpu
 triton = pytest.importorskip("triton")
 
 import lightning_per.ext as ext  # noqa: E402
+from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import composite, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
-from _philox import expected_uniforms  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
