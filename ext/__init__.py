@@ -87,12 +87,13 @@ def make_backend(device: torch.device | str) -> types.ModuleType:
     compiled = tuple(name for name in COMPILED_OPS if name in names) + FUSED_OPS
     for name in compiled:
         setattr(backend, name, kernels[name])
-    from .sample import DEVICE_RNG_DRAWS, new_rng_state
+    from .sample import DEVICE_RNG_DRAWS, new_rng_state, seed_word
     from .update import prepare_write
 
     backend.prepare_write = prepare_write  # the write's counters, made outside any capture
     backend.new_rng_state = new_rng_state  # the proportional draws' in-kernel uniforms (``rng=``)
     backend.DEVICE_RNG_DRAWS = DEVICE_RNG_DRAWS
+    backend.seed_word = seed_word
     backend.__all__ = names + [n for n in FUSED_OPS if n not in names]
     backend.COMPILED = compiled
     backend.device = device

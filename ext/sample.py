@@ -10,8 +10,9 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
    one counter per draw position in device memory): no ``torch.rand`` launch, and a CUDA graph that replays
    the kernel draws new numbers without registering a generator.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` the
-   float64 sum of the block sums (a tree reduction run beside the scan: its last value up to rounding,
-   which the ``c`` margin of ``2^-40`` dwarfs, so ``t < C_last`` still holds), target ``t = u_k (S c)``;
+   float64 sum of the block sums (a tree reduction: beside the scan when one chunk holds them all, else a
+   first pass; equal to ``C_last`` up to rounding, which the ``c`` margin of ``2^-40`` covers for any but
+   contrived magnitudes, and the positive-mass rule below covers the rest), target ``t = u_k (S c)``;
    ``b`` = the first block with ``C_b > t``; ``r = t - (C_b - block_sum_b)``.
 3. Leaf: float64 scan ``D`` of row ``b``'s float32 leaves; ``j`` = the first leaf with
    ``D_j > min(r, R c)``, ``R = block_sum_b`` (the row's total as the priority write and ``reduce_blocks``
@@ -64,7 +65,7 @@ from ._common import (
 )
 
 __all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
-           "sample_proportional_gather", "new_rng_state", "DEVICE_RNG_DRAWS"]
+           "sample_proportional_gather", "new_rng_state", "seed_word", "DEVICE_RNG_DRAWS", "RNG_DOMAIN"]
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -80,7 +81,7 @@ def _chunk(ptr, start, n, carry, live, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def scan_total(ptr, n, CHUNK: tl.constexpr):
+def sum_total(ptr, n, CHUNK: tl.constexpr):
     """Sum of ``ptr[0:n]`` in float64: a tree reduction per chunk, chunks added in order (the search's
     total; equal to the scan's last value up to rounding, far inside the ``SHRINK`` margin)."""
     total = tl.zeros([], tl.float64)
@@ -118,7 +119,8 @@ def _locate(ptr, n, value, shrink, known_total, IS_FRACTION: tl.constexpr, CHUNK
             ONE: tl.constexpr, KNOWN_TOTAL: tl.constexpr):
     """Inverse CDF over the ``n`` masses at ``ptr`` (float32 or float64, scanned in float64).
 
-    ``S`` = scanned total, or ``known_total`` if ``KNOWN_TOTAL`` (a stored total of these masses: no
+    ``S`` = the float64 sum of the masses (:func:`sum_total`; in one chunk a reduction beside the scan), or
+    ``known_total`` if ``KNOWN_TOTAL`` (a stored total of these masses: no
     reduction, and no first pass when ``n > CHUNK``); target ``t = value * (S * shrink)`` if
     ``IS_FRACTION`` else ``min(value, S * shrink)``. Returns ``(pos, C_pos, x_pos, t)``: int32 position
     (module docstring rule), its inclusive prefix sum, its mass (float64, exact), and ``t``. ``ONE``
@@ -134,7 +136,7 @@ def _locate(ptr, n, value, shrink, known_total, IS_FRACTION: tl.constexpr, CHUNK
     elif KNOWN_TOTAL:
         total = known_total
     else:
-        total = scan_total(ptr, n, CHUNK)
+        total = sum_total(ptr, n, CHUNK)
     scaled = total * shrink
     if IS_FRACTION:
         # min(): value < 1 so a no-op, but it keeps t a rounded product (no FMA into r = t - ...)
@@ -184,6 +186,9 @@ def _min_all(ptr, n, CHUNK: tl.constexpr):
 #: state is ``1 + DEVICE_RNG_DRAWS`` int64 (seed, counters). Larger batches draw their uniforms with torch.
 DEVICE_RNG_DRAWS = 1 << 16
 
+#: Fourth Philox counter word of the device RNG ("PER!"): keeps its blocks apart from torch's CUDA generator's.
+RNG_DOMAIN = 0x50455221
+
 
 @triton.jit
 def _device_uniform(rng_ptr, k):
@@ -191,8 +196,10 @@ def _device_uniform(rng_ptr, k):
     (``(1 + DEVICE_RNG_DRAWS,)`` int64: the seed, then one counter per draw position), and count the draw.
 
     ``U`` = Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3", SC'11) keyed
-    by the seed's two 32-bit halves, at counter ``(c_lo, c_hi, k, 0)`` with ``c = rng[1 + k]`` (the number
-    of earlier draws at position ``k``); of its four 32-bit outputs ``x0, x1``:
+    by the seed's two 32-bit halves (its 64-bit pattern), at counter ``(c_lo, c_hi, k, D)`` with
+    ``c = rng[1 + k]`` (the number of earlier draws at position ``k``) and ``D = 0x50455221`` (:data:`RNG_DOMAIN`:
+    torch's CUDA generator, seeded alike, uses counters ``(offset / 4, 0, thread, 0)``; the fourth word keeps
+    the two streams on different Philox blocks); of its four 32-bit outputs ``x0, x1``:
     ``U = ((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53`` (the 53-bit construction of MT19937's
     ``genrand_res53``). Program ``k`` alone reads and writes its counter, so no two programs race and a
     replayed CUDA graph draws new numbers with no host update; the stream of a position does not depend
@@ -204,7 +211,7 @@ def _device_uniform(rng_ptr, k):
     tl.debug_barrier()
     tl.store(rng_ptr + 1 + k, count + 1)
     x0, x1, _x2, _x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), k.to(tl.uint32),
-                                 (k * 0).to(tl.uint32))
+                                 (k * 0 + 0x50455221).to(tl.uint32))  # RNG_DOMAIN
     return ((x0 >> 5).to(tl.float64) * 67108864.0 + (x1 >> 6).to(tl.float64)) * 1.1102230246251565e-16  # 2^-53
 
 
@@ -286,12 +293,17 @@ def check_rng(rng: Tensor, device: torch.device) -> None:
     expect(rng, "rng", torch.int64, (1 + DEVICE_RNG_DRAWS,), device=device)
 
 
+def seed_word(seed: int) -> int:
+    """The int64 holding the 64-bit pattern of ``seed`` (taken modulo 2^64): what the RNG state stores."""
+    return ((int(seed) & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63)) - (1 << 63)
+
+
 def new_rng_state(seed: int, device: torch.device | str) -> Tensor:
     """A fresh device RNG state for the ``rng`` argument of :func:`sample_proportional` and
-    :func:`sample_proportional_gather`: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device``, the seed (taken
-    modulo 2^63) then zeroed counters (``_device_uniform`` documents the stream)."""
+    :func:`sample_proportional_gather`: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device``, the seed's 64 bits
+    (:func:`seed_word`) then zeroed counters (``_device_uniform`` documents the stream)."""
     state = torch.zeros(1 + DEVICE_RNG_DRAWS, dtype=torch.int64, device=device)
-    state[0] = int(seed) % (1 << 63)
+    state[0] = seed_word(seed)
     return state
 
 
@@ -378,7 +390,8 @@ def two_level_search_with_values(leaves: Tensor, block_sum: Tensor, u: Tensor) -
 
     Args:
         leaves: ``(n_blocks, block)`` float32 stored values (0 = empty), CUDA.
-        block_sum: ``(n_blocks,)`` float64 row sums of ``leaves``.
+        block_sum: ``(n_blocks,)`` float64 row sums of ``leaves`` (each row's search takes its block sum as the
+            row's total, so they must be the sums of these leaves, as ``reduce_blocks`` makes them).
         u: ``(B,)`` float64 draws in ``[0, 1)``.
 
     Returns:
@@ -410,7 +423,8 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
     ``stratified_uniforms`` -> ``two_level_search_with_values`` -> ``is_weights(p, block_min.amin())``).
 
     Args:
-        leaves: ``(n_blocks, block)`` float32; block_sum: ``(n_blocks,)`` float64; block_min:
+        leaves: ``(n_blocks, block)`` float32; block_sum: ``(n_blocks,)`` float64 row sums of ``leaves`` (as
+            :func:`two_level_search_with_values`); block_min:
             ``(n_blocks,)`` float32 minimum positive leaf per block (``+inf`` if none).
         u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1; or, with ``rng``, the int B.
         beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).

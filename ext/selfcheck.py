@@ -168,6 +168,26 @@ def _check_rank(ops, device: torch.device, gen: torch.Generator) -> None:
         _close(f"rank_sample[{normalize}].weight", gw, ww, 1e-6)
 
 
+def _check_device_rng(ops, device: torch.device, gen: torch.Generator) -> None:
+    """The in-kernel uniforms (``rng=``): both sample kernels build and run, draw the same slots and weights from
+    equal states, count one draw per position, and land on written slots."""
+    capacity, batch = 37, 8
+    leaves, bs, bm = make_levels(capacity, device, gen)
+    rows = torch.randint(-2**62, 2**62, (capacity, 5), generator=gen).to(device)
+    first, second = ops.new_rng_state(12345, device), ops.new_rng_state(12345, device)
+    gi, gw = ops.sample_proportional(leaves, bs, bm, batch, 0.4, rng=first)
+    hi, hw, hr = ops.sample_proportional_gather(leaves, bs, bm, batch, 0.4, rows, rng=second)
+    _equal("device rng: sample vs sample_gather index", gi, hi)
+    _equal("device rng: sample vs sample_gather weight", gw, hw)
+    _equal("device rng: gathered rows", hr, rows[gi])
+    _equal("device rng: counters", first, second)
+    counted = torch.zeros_like(first)
+    counted[0], counted[1:1 + batch] = first[0], 1
+    _equal("device rng: one count per draw", first, counted)
+    if not bool((leaves.view(-1)[gi] > 0).all()):  # sync-ok: one-time self-check
+        raise RuntimeError("device rng: a draw landed on an empty slot")
+
+
 def self_check(ops, device: torch.device, seed: int = 0) -> None:
     """Run every compiled op of ``ops`` on ``device`` against the reference.
 
@@ -180,3 +200,4 @@ def self_check(ops, device: torch.device, seed: int = 0) -> None:
     _check_priority_ops(ops, device, gen)
     _check_write(ops, device, gen)
     _check_rank(ops, device, gen)
+    _check_device_rng(ops, device, gen)

@@ -27,12 +27,17 @@ def philox4x32_10(ctr: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.stack(c, axis=1).astype(np.uint32)
 
 
+#: the fourth counter word the replay kernels document ("PER!")
+DOMAIN = 0x50455221
+
+
 def expected_uniforms(seed: int, counts: np.ndarray) -> np.ndarray:
-    """The documented stream: Philox keyed by the seed's halves at ``(c_lo, c_hi, k, 0)``, then
-    ``((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53``."""
+    """The documented stream: Philox keyed by the halves of the seed's 64 bits at ``(c_lo, c_hi, k, DOMAIN)``,
+    then ``((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53``."""
     k = np.arange(len(counts), dtype=np.uint64)
     counts = counts.astype(np.uint64)
-    ctr = np.stack([counts & MASK, counts >> np.uint64(32), k, np.zeros_like(k)], axis=1)
+    seed &= 0xFFFFFFFFFFFFFFFF
+    ctr = np.stack([counts & MASK, counts >> np.uint64(32), k, np.full_like(k, DOMAIN)], axis=1)
     key = np.tile(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint64), (len(counts), 1))
     x = philox4x32_10(ctr, key).astype(np.uint64)
     return ((x[:, 0] >> np.uint64(5)).astype(np.float64) * 67108864.0

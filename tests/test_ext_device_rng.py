@@ -3,8 +3,9 @@
 The oracle is an independent NumPy Philox4x32-10 written from the algorithm's definition (Salmon et al.
 2011, SC'11, section 4; round constants and key schedule as published with Random123), checked first
 against Random123's known-answer vectors (``kat_vectors``: ``philox4x32 10``), then used to predict
-the kernel's uniforms bit for bit: a draw from the RNG state must return exactly what the same kernel
-returns from those uniforms passed in, and the counters must count the draws per position.
+the kernel's uniforms bit for bit (a test kernel stores them), and the sample kernels' draws: a draw from
+the RNG state must return exactly what the same kernel returns from the oracle's uniforms passed in, and
+the counters must count the draws per position.
 
 Runs on CUDA (``gpu``) or, without CUDA, on CPU tensors through Triton's interpreter (see
 ``test_ext_kernels.py``).
@@ -23,8 +24,10 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
 
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 from _philox import expected_uniforms, philox4x32_10  # noqa: E402
 from lightning_per.ext import _common, sample  # noqa: E402
+from lightning_per.ext.sample import _device_uniform  # noqa: E402
 from lightning_per.ext.selfcheck import make_levels  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
@@ -49,6 +52,29 @@ def test_numpy_philox_matches_known_answers(ctr, key, out):
 
 def _levels(device, capacity=50):
     return make_levels(capacity, torch.device(device), torch.Generator().manual_seed(7), integer=False)
+
+
+@triton.jit
+def _store_uniforms(rng_ptr, out_ptr):
+    k = tl.program_id(0)
+    tl.store(out_ptr + k, _device_uniform(rng_ptr, k))
+
+
+@pytest.mark.parametrize("device", KDEVS)
+@pytest.mark.parametrize("seed", [0x1234_5678_9ABC_DEF, 2**64 - 12345])  # the second: the top bit set
+def test_device_uniforms_are_the_documented_stream_bit_for_bit(device, seed):
+    """The uniforms themselves (a test kernel stores what ``_device_uniform`` returns), equal to the oracle's
+    float64 values exactly: all 53 bits, the seed's 64 bits, counters past 2^32, the domain word."""
+    B = 300
+    rng = sample.new_rng_state(seed, device)
+    assert int(rng[0]) == sample.seed_word(seed) and sample.seed_word(seed) % 2**64 == seed % 2**64
+    rng[1 + 7] = 2**32 + 5
+    for _ in range(2):
+        counts = rng[1:1 + B].cpu().numpy().copy()
+        out = torch.empty(B, dtype=torch.float64, device=device)
+        _store_uniforms[(B,)](rng, out)
+        np.testing.assert_array_equal(out.cpu().numpy(), expected_uniforms(seed, counts))
+        np.testing.assert_array_equal(rng[1:1 + B].cpu().numpy(), counts + 1)
 
 
 @pytest.mark.parametrize("device", KDEVS)
@@ -167,3 +193,28 @@ def test_graph_replays_draw_the_next_numbers_of_the_stream():
         want_index, want_w = sample.sample_proportional(leaves, bsum, bmin, u, 0.4)
         assert torch.equal(index, want_index) and torch.equal(w, want_w)
     assert rng[1:1 + B].eq(3).all() and rng[1 + B:].eq(0).all()
+
+
+@pytest.mark.parametrize("device", KDEVS)
+def test_checkpoint_without_device_rng_warns_and_does_not_restart_the_stream(device):
+    storage = _Len(40)
+    s = _sampler(device, 5)
+    first = s.sample(storage, 8)[0]
+    ckpt = s.state_dict()
+    del ckpt["device_rng"]  # as written before the device RNG existed
+    other = _sampler(device, 5)
+    with pytest.warns(RuntimeWarning, match="no 'device_rng'"):
+        other.load_state_dict(ckpt)
+    assert int(other._device_rng[1:].count_nonzero()) == 0 and int(other._device_rng[0]) != 5
+    assert not torch.equal(other.sample(storage, 8)[0], first)  # not the original run's first draw again
+
+
+@pytest.mark.parametrize("device", KDEVS)
+def test_set_rng_state_without_device_rng_raises_and_changes_nothing(device):
+    s = _sampler(device, 5)
+    before = s.get_rng_state()
+    with pytest.raises(ValueError, match="device_rng"):
+        s.set_rng_state({"generator": torch.Generator().manual_seed(9).get_state(), "device_rng": None})
+    after = s.get_rng_state()
+    assert torch.equal(after["generator"], before["generator"]) and torch.equal(after["device_rng"],
+                                                                                  before["device_rng"])

@@ -127,8 +127,9 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
         assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
 
 
-def test_one_launch_write_many_entries_in_one_block(kdev, gen):
-    """40 entries into one block of 8 slots (one block ticket drawn 40 times), every slot repeated with
+@pytest.mark.parametrize("n", [40, update.MAX_ONE_LAUNCH])  # the largest one-launch batch: the most entries per
+def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and per slot the packed counts hold
+    """``n`` entries into one block of 8 slots (one block ticket drawn n times), every slot repeated with
     clashing values; a NaN as the *last* write of a slot, in a first call (no priority seen: it takes 1) and
     a second one (it takes the running max before the call). Each slot keeps its last value (a Python dict
     replays the writes), the block sum is the float64 sum of the row."""
@@ -136,9 +137,9 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen):
     got, want = fresh_state(leaves), fresh_state(leaves)
     running_max = None
     for call in range(2):
-        index = torch.randint(0, 8, (40,), generator=gen)
-        prio = torch.rand(40, generator=gen) * 5
-        index[39], prio[39] = 3, float("nan")  # the last write of slot 3
+        index = torch.randint(0, 8, (n,), generator=gen)
+        prio = torch.rand(n, generator=gen) * 5
+        index[n - 1], prio[n - 1] = 3, float("nan")  # the last write of slot 3
         index, prio = index.to(kdev), prio.to(kdev)
         update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
         composite.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)

@@ -8,8 +8,9 @@ Two scopes, chosen by :class:`~lightning_per.dqn.DQN` from the replay buffer it 
   (``updates_per_graph`` such updates per graph). Each update's priority update and the next update's
   sample are forked onto a second stream after its forward, parallel branches of the graph that run
   during its backward and step (:func:`~lightning_per.dqn.learner.pipelined_updates`; same results as
-  one stream). The sampler's device generator is registered with the graph, so every replay draws new
-  numbers; the IS exponent beta lives in a device scalar, so annealing reaches the graph.
+  one stream). Every replay draws new numbers: the compiled kernels draw their uniforms from counters in
+  device memory, and otherwise the sampler's device generator is registered with the graph; the IS exponent
+  beta lives in a device scalar, so annealing reaches the graph.
 - ``learner`` (other samplers): the batch is sampled eagerly and copied into static inputs; the graph
   covers forward, loss, backward, clip and the optimizer step; priorities are updated eagerly.
 

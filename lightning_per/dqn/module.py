@@ -440,10 +440,19 @@ class DQN(LightningModule):
         back), so the first replay is the first update."""
         target, online = self._params
         self._captured = CapturedUpdate(self._full_updates(n), {}, self.optimizers().optimizer, online + target,
-                                        generators=[self.rb.sampler.generator], capture_guard=self._capture_guard,
+                                        generators=self._graph_generators(), capture_guard=self._capture_guard,
                                         state=[*self.rb.sampler.device_state(), self.metrics.values,
                                                self.metrics.counts])
         self.graph_captures += 1
+
+    def _graph_generators(self) -> list[torch.Generator]:
+        """The generators the captured update draws from: the sampler's, unless its compiled kernels draw their
+        uniforms themselves (then none: no per-replay seed/offset update)."""
+        sampler = self.rb.sampler
+        draw_generators = getattr(sampler, "draw_generators", None)
+        if draw_generators is None:  # e.g. the uniform sampler
+            return [sampler.generator]
+        return list(draw_generators(self.replay_config.batch_size))
 
     def _full_updates(self, n: int):
         """The captured body: ``n`` consecutive updates, each sample -> batch -> learner step -> priority update

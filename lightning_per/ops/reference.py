@@ -100,8 +100,9 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
         ``(sum, min)``: ``(K,)`` float64 sums (accumulated in float64), ``(K,)`` float32 minima over
         the positive entries (``+inf`` where a row has none).
     """
-    # the last element of the float64 inclusive scan: bit-identical to the row total that
-    # two_level_search computes with the same op, so a draw never falls past its block's mass
+    # the last element of the float64 inclusive scan: bit-identical to the row total that the reference's
+    # two_level_search computes with the same op, so its draws never fall past a block's mass (the compiled
+    # kernels sum rows as a tree instead and rely on their search's positive-mass rule for that)
     total = torch.cumsum(rows, 1, dtype=torch.float64)[:, -1].contiguous()
     pos_min = rows.masked_fill(rows == 0, float("inf")).amin(dim=1)
     return total, pos_min

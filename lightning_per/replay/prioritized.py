@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._eager_graphs import EagerGraphs
-from lightning_per.replay._rng import DeviceRNGMixin
+from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
 from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
 
@@ -390,17 +391,33 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                 "device_rng": None if self._device_rng is None else self._device_rng.clone()}
 
     def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
-        """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it)."""
-        self.generator.set_state(state["generator"])
-        if self._device_rng is not None and state.get("device_rng") is not None:
-            self._device_rng.copy_(state["device_rng"])
+        """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it).
 
-    def _seeded(self) -> None:
-        """The generator was seeded: the device RNG takes its seed and restarts its counters (in place)."""
+        Raises:
+            ValueError: ``state`` lacks the ``"device_rng"`` this sampler draws from (e.g. the state of a
+                sampler on the reference ops), or holds one of another shape; nothing is changed.
+        """
+        saved = state.get("device_rng")
+        if self._device_rng is not None and (saved is None or saved.shape != self._device_rng.shape):
+            raise ValueError(f"state['device_rng'] must be a {tuple(self._device_rng.shape)} int64 tensor (this "
+                             f"sampler's compiled draws use it), got {None if saved is None else tuple(saved.shape)}")
+        self.generator.set_state(state["generator"])
+        if self._device_rng is not None:
+            self._device_rng.copy_(saved)
+
+    def _seeded(self, seed: int | None = None) -> None:
+        """The generator was seeded: the device RNG takes ``seed`` (default the generator's seed) and restarts
+        its counters (in place)."""
         rng = getattr(self, "_device_rng", None)
         if rng is not None:
             rng[1:].zero_()
-            rng[:1].fill_(self.generator.initial_seed() % (1 << 63))
+            rng[:1].fill_(self._ops.seed_word(self.generator.initial_seed() if seed is None else seed))
+
+    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
+        """The torch generators a draw of ``batch_size`` consumes: what a CUDA graph that records such draws must
+        register (none when the compiled kernels draw the uniforms themselves; registering a generator costs
+        every replay a host-to-device update of its seed and offset)."""
+        return self._draw_generators(batch_size)
 
     def _fusable_rows(self, storage) -> Tensor | None:
         """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
@@ -496,12 +513,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._leaves.view(-1).copy_(state_dict["written"].to(d).to(torch.float32))  # mask, then values
         self._rebuild()
         self._load_rng_state(state_dict["rng"])
-        if self._device_rng is not None:  # the draws' stream: as saved, or restarted from the restored seed
+        if self._device_rng is not None:  # the draws' stream as saved
             saved = state_dict.get("device_rng")
             if saved is not None and saved.shape == self._device_rng.shape:
                 self._device_rng.copy_(saved.to(d))
-            else:
-                self._seeded()
+            else:  # a checkpoint without it (older, or from the reference ops): a stream of its own, not a restart
+                warnings.warn("sampler checkpoint has no 'device_rng' (the compiled draws' random state): seeding "
+                              "it from the restored generator's state; the draws differ from the original run's",
+                              RuntimeWarning, stacklevel=2)
+                self._seeded(_fingerprint(self.generator))
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Write the state to ``path/sampler.pt`` (whole tensors, atomic rename) + a JSON summary."""
