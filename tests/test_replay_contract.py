@@ -431,3 +431,26 @@ def test_every_sampler_of_the_factory_accepts_eager_graphs():
         rb = make_replay_buffer(16, 4, sampler=kind, device="cpu", eager_graphs=False)
         rb.extend(transitions(16))
         assert rb.sample()["index"].shape == (4,)
+
+
+@pytest.mark.parametrize("src,dst", [("proportional", "rank"), ("rank", "proportional"),
+                                     ("proportional", "uniform"), ("uniform", "proportional")])
+def test_a_checkpoint_of_another_sampler_kind_is_refused(src, dst):
+    a = make_replay_buffer(16, 4, sampler=src, device="cpu", seed=1)
+    b = make_replay_buffer(16, 4, sampler=dst, device="cpu", seed=2)
+    with pytest.raises(ValueError, match="sampler checkpoint|not a prioritized sampler checkpoint"):
+        b.sampler.load_state_dict(a.sampler.state_dict())
+
+
+@pytest.mark.parametrize("sampler", ["proportional", "rank", "uniform"])
+def test_every_sampler_replays_draws_with_get_and_set_rng_state(sampler):
+    rb = make_replay_buffer(64, 8, sampler=sampler, device="cpu", seed=3)
+    rb.extend(TensorDict({"x": torch.arange(64.0)}, [64]))
+    state = rb.sampler.get_rng_state()
+    first = rb.sample()["index"]
+    rb.sampler.set_rng_state(state)
+    assert torch.equal(rb.sample()["index"], first)
+    with pytest.raises(TypeError, match="get_rng_state"):
+        rb.sampler.set_rng_state(torch.Generator().get_state())  # a generator's own state
+    with pytest.raises(ValueError, match="get_rng_state"):
+        rb.sampler.set_rng_state(rb.sampler.state_dict())  # a checkpoint, not an RNG state

@@ -62,9 +62,36 @@ class DeviceRNGMixin:
     def _seeded(self) -> None:
         """Hook: the generator was just seeded (samplers with other random state derived from it re-derive it)."""
 
+    def get_rng_state(self) -> dict:
+        """The state of the random streams the draws use, to replay them with :meth:`set_rng_state`:
+        ``{"generator": CPU uint8 tensor, "device_rng": None}`` here (samplers with more state add it)."""
+        return {"generator": self.generator.get_state(), "device_rng": None}
+
+    def set_rng_state(self, state: dict) -> None:
+        """Restore a :meth:`get_rng_state` result.
+
+        Raises:
+            TypeError, ValueError: ``state`` is not such a dict (see :func:`check_rng_state`); nothing changes.
+        """
+        check_rng_state(state)
+        self.generator.set_state(state["generator"])
+
     def _rng_state(self) -> dict:
         return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}
 
     def _load_rng_state(self, state: dict) -> None:
         self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
         self._rng_fingerprint = state["fingerprint"]
+
+
+def check_rng_state(state) -> None:
+    """Raise a clear error unless ``state`` looks like a sampler's ``get_rng_state()`` result: a dict with a
+    ``"generator"`` uint8 tensor (and optionally ``"device_rng"``)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be the dict returned by get_rng_state() ({{'generator', 'device_rng'}}), got "
+                        f"{type(state).__name__}" + (" (a generator's own state? pass sampler.get_rng_state())"
+                                                     if isinstance(state, torch.Tensor) else ""))
+    gen = state.get("generator")
+    if not (isinstance(gen, torch.Tensor) and gen.dtype == torch.uint8):
+        raise ValueError(f"state must be the dict returned by get_rng_state() ({{'generator', 'device_rng'}}), got "
+                         f"keys {sorted(map(str, state))}")

@@ -90,3 +90,24 @@ def _check_range(index: Tensor, n_valid: int) -> None:
         if lo < 0 or hi >= n_valid:
             raise IndexError(f"index values must lie in [0, {n_valid}) (the filled slots), got range "
                              f"[{lo}, {hi}]")
+
+
+#: Our sampler classes, whose checkpoints name their kind (``state_dict()["kind"]``).
+SAMPLER_KINDS = ("GPURankBasedSampler", "GPUPrioritizedSampler", "GPURandomSampler")
+
+
+def check_kind(state_dict, sampler) -> None:
+    """Refuse a sampler checkpoint of another kind than ``sampler``'s (its nearest class among
+    :data:`SAMPLER_KINDS`: a user subclass loads its base's checkpoints).
+
+    Raises:
+        TypeError: ``state_dict`` is not a dict.
+        ValueError: it names another of our sampler kinds.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a sampler's state_dict() (a dict), got {type(state_dict).__name__}")
+    own = next((c.__name__ for c in type(sampler).__mro__ if c.__name__ in SAMPLER_KINDS), None)
+    kind = state_dict.get("kind")
+    if kind in SAMPLER_KINDS and own is not None and kind != own:
+        raise ValueError(f"sampler checkpoint is from {kind}; this buffer's sampler is {own} (build the buffer "
+                         f"with the checkpoint's sampler kind)")

@@ -27,8 +27,14 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._eager_graphs import EagerGraphs
-from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_index_priority
+from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint, check_rng_state
+from lightning_per.replay.errors import (
+    EmptyBufferError,
+    check_batch_size,
+    check_index,
+    check_index_priority,
+    check_kind,
+)
 from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
 
 __all__ = ["GPUPrioritizedSampler"]
@@ -394,9 +400,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it).
 
         Raises:
-            ValueError: ``state`` lacks the ``"device_rng"`` this sampler draws from (e.g. the state of a
-                sampler on the reference ops), or holds one of another shape; nothing is changed.
+            TypeError, ValueError: ``state`` is not a ``get_rng_state()`` dict, or lacks the ``"device_rng"`` this
+                sampler draws from (e.g. the state of a sampler on the reference ops, or of another kind), or
+                holds one of another shape; nothing is changed.
         """
+        check_rng_state(state)
         saved = state.get("device_rng")
         if self._device_rng is not None and (saved is None or saved.shape != self._device_rng.shape):
             raise ValueError(f"state['device_rng'] must be a {tuple(self._device_rng.shape)} int64 tensor (this "
@@ -495,6 +503,14 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (in place).
+
+        Raises:
+            ValueError: a checkpoint of another sampler kind or schema, or of another ``max_capacity``.
+        """
+        check_kind(state_dict, self)
+        if "max_capacity" not in state_dict:
+            raise ValueError(f"not a prioritized sampler checkpoint (keys {sorted(map(str, state_dict))})")
         version = state_dict.get("_schema_version", 0)
         if version != SAMPLER_SCHEMA_VERSION:
             raise ValueError(f"sampler checkpoint schema {version} is not {SAMPLER_SCHEMA_VERSION}")

@@ -9,7 +9,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from lightning_per.replay._rng import DeviceRNGMixin
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind
 from lightning_per.replay.storage import resolve_device
 
 __all__ = ["GPURandomSampler"]
@@ -44,9 +44,17 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         return index, {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_schema_version": 1, "rng": self._rng_state()}
+        return {"_schema_version": 1, "kind": type(self).__name__, "rng": self._rng_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`.
+
+        Raises:
+            ValueError: a checkpoint of another sampler kind, or one without the generator's state.
+        """
+        check_kind(state_dict, self)
+        if "rng" not in state_dict:
+            raise ValueError(f"not a uniform sampler checkpoint (keys {sorted(map(str, state_dict))})")
         self._load_rng_state(state_dict["rng"])
 
     def dumps(self, path) -> None:
