@@ -69,7 +69,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             nothing to register with a CUDA graph. The same seed then gives other draws than the reference
             ops (which use ``torch.rand``); each backend is reproducible on its own.
         eager_graphs: on CUDA, serve repeated eager calls of one shape (a draw of B slots, with or without
-            the row gather; a priority write of B slots into a full buffer) by replaying a CUDA graph
+            the row gather; a priority write of B slots into a full buffer, and the default priorities an
+            extend of B items writes there) by replaying a CUDA graph
             recorded at the second such call: one launch instead of several, same results, fresh outputs
             (a call's outputs of one dtype share an allocation; see :mod:`lightning_per.replay._eager_graphs`).
             The first capture of each shape synchronises the device once. Ignored on CPU, under
