@@ -8,9 +8,10 @@ while ``torch.compile`` traces.
 
 * :mod:`.sample` - ``two_level_search(_with_values)``, ``is_weights`` and the fused
   ``sample_proportional`` (draws -> block search -> leaf search -> IS weight, one launch), and
-  ``sample_proportional_gather`` (the same, plus the drawn rows of a packed ring, still one launch).
+  ``sample_proportional_gather`` (the same, plus the drawn rows of a packed ring, still one launch); both
+  take uniforms, or draw them in the kernel from a device RNG state (``new_rng_state``, ``rng=``).
 * :mod:`.update` - the fused ``write_priorities`` (sanitize, transform, last write wins, scatter, touched
-  block sums/minima from the leaves, counters; two launches).
+  block sums/minima from the leaves, counters; one launch up to ``MAX_ONE_LAUNCH`` entries, else two or five).
 * :mod:`.blocks` - ``reduce_blocks``, ``last_write_wins``, ``last_writer``.
 * :mod:`.priority` - ``sanitize_priority``, ``transform_priority``.
 * :mod:`.rank` - the fused ``rank_sample`` (rank search -> slot -> IS weight, one launch).
@@ -58,8 +59,8 @@ def make_backend(device: torch.device | str) -> types.ModuleType:
     Returns:
         A module object exposing every name of ``lightning_per.ops.reference.__all__`` (same
         signatures), ``sample_proportional``, ``write_priorities``, ``rank_sample``,
-        ``sample_proportional_gather``, and ``COMPILED``
-        (the names that run kernels).
+        ``sample_proportional_gather``, ``COMPILED`` (the names that run kernels), and the helpers
+        ``prepare_write``, ``new_rng_state``, ``seed_word``, ``DEVICE_RNG_DRAWS``.
 
     Raises:
         RuntimeError: the device is not supported, Triton or a kernel fails to build, or a kernel's
