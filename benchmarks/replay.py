@@ -92,6 +92,17 @@ def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True, priority
     return capture(body, [sampler.generator])
 
 
+def graph_rows(rb, row: dict, name: str, B: int, device, iters: int, suffix: str = "", **kw) -> list[dict]:
+    """Rows of the step (variant ``kw`` of :func:`graph_step`) in one graph per step and REPEAT per graph (the
+    host's graph-launch cost amortised), named after the eager row ``name`` with ``graph[-xREPEAT]{suffix}``."""
+    replay = graph_step(rb, B, device, **kw)
+    one = timed(replay, iters * 4, device) * 1e6
+    replay = graph_step(rb, B, device, REPEAT, **kw)
+    many = timed(replay, iters, device) / REPEAT * 1e6
+    return [{**row, "impl": name.replace("eager", f"graph{suffix}"), "step_us": one, "syncs_per_step": 0.0},
+            {**row, "impl": name.replace("eager", f"graph-x{REPEAT}{suffix}"), "step_us": many, "syncs_per_step": 0.0}]
+
+
 def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
     from lightning_per import make_replay_buffer
 
@@ -119,27 +130,11 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
                "bytes_per_slot": mem, "transition_bytes": TRANSITION_BYTES}
         rows.append(row)
         if device.type == "cuda" and kind == "proportional" and eager_graphs:
-            replay = graph_step(rb, B, device)
-            rows.append({**row, "impl": name.replace("eager", "graph"),
-                         "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
-            replay = graph_step(rb, B, device, REPEAT)  # the host's graph-launch cost amortised
-            rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}"),
-                         "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
+            rows += graph_rows(rb, row, name, B, device, iters)
             if backend == "kernels":  # the replay's own work: new priorities given (no priority math)
                 given = torch.rand(B, device=device, generator=torch.Generator(device=device).manual_seed(1)) + 0.01
-                replay = graph_step(rb, B, device, priority=given)
-                rows.append({**row, "impl": name.replace("eager", "graph-sample-update"),
-                             "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
-                replay = graph_step(rb, B, device, REPEAT, priority=given)
-                rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}-sample-update"),
-                             "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
-            if backend == "kernels":  # the same steps with the draw and the gather as two launches
-                replay = graph_step(rb, B, device, fused=False)
-                rows.append({**row, "impl": name.replace("eager", "graph-unfused"),
-                             "step_us": timed(replay, iters * 4, device) * 1e6, "syncs_per_step": 0.0})
-                replay = graph_step(rb, B, device, REPEAT, fused=False)
-                rows.append({**row, "impl": name.replace("eager", f"graph-x{REPEAT}-unfused"),
-                             "step_us": timed(replay, iters, device) / REPEAT * 1e6, "syncs_per_step": 0.0})
+                rows += graph_rows(rb, row, name, B, device, iters, "-sample-update", priority=given)
+                rows += graph_rows(rb, row, name, B, device, iters, "-unfused", fused=False)  # two launches
         del rb
     # the floor: uniform indices + gather of the raw tensors
     data = batch(N, device)

@@ -13,31 +13,17 @@ Runs on CUDA (``gpu``) or, without CUDA, on CPU tensors through Triton's interpr
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
-
-triton = pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
+from _kernel_devices import CUDA, KDEVS, triton  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms, philox4x32_10  # noqa: E402
-from lightning_per.ext import _common, sample  # noqa: E402
+from lightning_per.ext import sample  # noqa: E402
 from lightning_per.ext.sample import _device_uniform  # noqa: E402
 from lightning_per.ext.selfcheck import make_levels  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-if CUDA:
-    KDEVS = [pytest.param("cuda", marks=pytest.mark.gpu)]
-elif _common.INTERPRET and isinstance(triton.language.cumsum, InterpretedFunction):
-    KDEVS = ["cpu"]
-else:
-    KDEVS = [pytest.param("cpu", marks=pytest.mark.skip(
-        reason="triton was imported without TRITON_INTERPRET=1 (see conftest.py)"))]
+tl = triton.language
+
 
 @pytest.mark.parametrize("ctr,key,out", [  # Random123 kat_vectors, philox4x32 10
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

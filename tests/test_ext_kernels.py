@@ -10,33 +10,18 @@ graphs, sync-free) live in ``test_ext_kernels_gpu.py``.
 
 from __future__ import annotations
 
-import os
 import warnings
 
+import lightning_per.ext as ext  # noqa: E402
 import pytest
 import torch
-
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet
-
-triton = pytest.importorskip("triton")
-import lightning_per.ext as ext  # noqa: E402
+from _kernel_devices import KDEVS  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import _common, blocks, composite, priority, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
-
-if CUDA:
-    KDEVS = [pytest.param("cuda", marks=pytest.mark.gpu)]
-elif _common.INTERPRET and isinstance(triton.language.cumsum, InterpretedFunction):
-    KDEVS = ["cpu"]
-else:  # triton (or the kernels) imported earlier in this process without the interpreter
-    KDEVS = [pytest.param("cpu", marks=pytest.mark.skip(
-        reason="triton was imported without TRITON_INTERPRET=1 (see conftest.py)"))]
 
 
 @pytest.fixture(params=KDEVS)
