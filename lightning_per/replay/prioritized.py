@@ -328,7 +328,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._check_draw(storage, batch_size)
         index, weight = self._served(("sample", batch_size, self.stratified, self.weight_normalization),
                                      lambda: self._draw(batch_size), (), self._draw_state(batch_size),
-                                     self._draw_generators(batch_size))
+                                     self.draw_generators(batch_size))
         return index, {"priority_weight": weight}
 
     def _served(self, key: Hashable, fn: Callable, args: tuple[Tensor, ...] = (), state: tuple[Tensor, ...] = (),
@@ -385,11 +385,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             return self._leaves, self._block_sum, self._block_min, self._beta_t, self._device_rng
         return self._leaves, self._block_sum, self._block_min, self._beta_t
 
-    def _draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
-        """The generators a draw of ``batch_size`` consumes (none with the device RNG: nothing for a CUDA graph
-        to register, no per-replay seed/offset update)."""
-        return () if self._device_draws(batch_size) else (self.generator,)
-
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use, to replay them with :meth:`set_rng_state`:
         ``{"generator": CPU uint8 tensor, "device_rng": (1 + 65536,) int64 device tensor or None}`` (the
@@ -426,7 +421,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """The torch generators a draw of ``batch_size`` consumes: what a CUDA graph that records such draws must
         register (none when the compiled kernels draw the uniforms themselves; registering a generator costs
         every replay a host-to-device update of its seed and offset)."""
-        return self._draw_generators(batch_size)
+        return () if self._device_draws(batch_size) else (self.generator,)
 
     def _fusable_rows(self, storage) -> Tensor | None:
         """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
@@ -480,7 +475,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._check_draw(storage, batch_size)
         block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),
                                             lambda: self._draw_gather(batch_size, rows), (),
-                                            (*self._draw_state(batch_size), rows), self._draw_generators(batch_size))
+                                            (*self._draw_state(batch_size), rows), self.draw_generators(batch_size))
         extra = {"index": index, "priority_weight": weight} if with_info else None
         return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
 
