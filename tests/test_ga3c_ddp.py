@@ -1,5 +1,5 @@
-"""GA3C under Lightning DDP on the CPU (gloo, 2 ranks): one GA3C system per rank, agents split across
-the ranks, gradients all-reduced by DDP. Independent check: both ranks end with bit-identical network
+"""GA3C under Lightning DDP, 2 ranks (CPU: gloo; 2 GPUs: NCCL, `gpu` marker): one GA3C system per rank,
+agents split across the ranks, gradients all-reduced by DDP. Independent check: both ranks end with bit-identical network
 weights although each trains on its own agents' experience (true only if every update averaged the
 gradients), and every rank took the same number of optimizer steps."""
 
@@ -15,14 +15,16 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.slow
+_TWO_GPUS = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
 
 ROOT = Path(__file__).parents[1]
 UPDATES = 30
 
 
-def test_two_rank_ga3c_on_cpu_splits_agents_and_keeps_weights_identical(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_TWO_GPUS)])
+def test_two_rank_ga3c_splits_agents_and_keeps_weights_identical(tmp_path, device):
     args = [sys.executable, str(ROOT / "tests" / "_ga3c_ddp_script.py"),
-            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--devices", "2", "--device", "cpu",
+            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--devices", "2", "--device", device,
             "--agents", "3", "--envs_per_agent", "2", "--train_min_batch_size", "20",
             "--max_updates", str(UPDATES), "--updates_per_epoch", "15", "--max_time_s", "150",
             "--target_return", "null", "--dynamic_adjustment", "false", "--wandb_mode", "disabled",
