@@ -1,6 +1,6 @@
 """GA3C under Lightning DDP, 2 ranks (CPU: gloo; 2 GPUs: NCCL, `gpu` marker): one GA3C system per rank,
-agents split across the ranks, gradients all-reduced by DDP. Independent check: both ranks end with bit-identical network
-weights although each trains on its own agents' experience (true only if every update averaged the
+agents split across the ranks, gradients all-reduced by DDP. Independent check: both ranks end with
+bit-identical network weights although each trains on its own agents' experience (true only if every update averaged the
 gradients), and every rank took the same number of optimizer steps."""
 
 from __future__ import annotations
