@@ -219,17 +219,20 @@ def test_one_graph_of_four_updates_equals_four_one_update_graphs(target):
 
 
 @pytest.mark.gpu
-def test_full_scope_graph_updates_equal_eager_updates():
-    """Graph mode (scope "full": sample, learner step and the priority update, forked onto a second stream after
-    the forward, in one CUDA graph) draws the same slots and leaves the same priorities, Adam moments and
-    metrics as the eager updates (one stream, the priority update after the step). lr = 1e-12 as in the test
-    above, so float rounding differences between the graph's kernels and the eager ones are not amplified."""
+@pytest.mark.parametrize("overlap_replay", [True, False])
+def test_full_scope_graph_updates_equal_eager_updates(overlap_replay):
+    """Graph mode (scope "full": sample, learner step and the priority update in one CUDA graph; the priority
+    update forked onto a second stream after the forward, or with ``overlap_replay=False`` after the step on
+    one stream) draws the same slots and leaves the same priorities, Adam moments and metrics as the eager
+    updates (one stream, the priority update after the step). lr = 1e-12 as in the test above, so float
+    rounding differences between the graph's kernels and the eager ones are not amplified."""
     runs = []
     for compile_ in (False, True):
         torch.manual_seed(0)
         m = DQN(env=EnvConfig(backend="torch", num_envs=8), hidden_sizes=(64, 64), warmup_steps=256,
                 replay=ReplayConfig(capacity=4096, batch_size=64, beta=0.5, beta_end=0.5), compile=compile_,
-                lr=1e-12, replay_ratio=1e6, updates_per_epoch=12, updates_per_step=4, target_tau=0.01)
+                lr=1e-12, replay_ratio=1e6, updates_per_epoch=12, updates_per_step=4, target_tau=0.01,
+                overlap_replay=overlap_replay)
         m.to("cuda")
         m.build_runtime("cuda")
         opt = m.configure_optimizers()

@@ -121,6 +121,11 @@ class DQN(LightningModule):
             and a hard target copy due inside a block runs after it (up to ``updates_per_graph - 1``
             updates late). Above 1 the host launches a step's updates in one go and the GPU queue stays
             full: what a host-bound small network (and DDP's lock-step all-reduce) needs.
+        overlap_replay: graph mode with the whole update captured (``compile=True``, our proportional sampler
+            on CUDA): run each update's priority update and the next update's draw on a second stream,
+            concurrent with its backward and optimizer step (:func:`~lightning_per.dqn.learner.pipelined_updates`;
+            the same draws and priorities as one stream). False keeps every update's replay work on the
+            update's stream, one after the other.
         max_env_steps: stop training once this many env steps were taken (None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
@@ -159,7 +164,7 @@ class DQN(LightningModule):
                  target_tau: float | None = None, epsilon_start: float = 1.0, epsilon_end: float = 0.01,
                  epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
                  updates_per_epoch: int = 500, updates_per_step: int = 1, updates_per_graph: int = 1,
-                 max_env_steps: int | None = None,
+                 overlap_replay: bool = True, max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
                  checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
@@ -456,15 +461,13 @@ class DQN(LightningModule):
 
     def _full_updates(self, n: int):
         """The captured body: ``n`` consecutive updates, each sample -> batch -> learner step -> priority update
-        -> metrics, on the device; each update's priority update and the next update's sample run on a second
-        stream, concurrent with its backward and optimizer step
-        (:func:`~lightning_per.dqn.learner.pipelined_updates`). Returns ``body(inputs) -> out`` (the last
-        update's outputs; ``inputs`` is ignored: the body samples by itself)."""
+        -> metrics, on the device; with ``overlap_replay`` (the default) each update's priority update and the
+        next update's sample run on a second stream, concurrent with its backward and optimizer step
+        (:func:`~lightning_per.dqn.learner.pipelined_updates`), else one after the other. Returns
+        ``body(inputs) -> out`` (the last update's outputs; ``inputs`` is ignored: the body samples by itself)."""
         rb, batch_size = self.rb, self.replay_config.batch_size
         optimizer = self.optimizers().optimizer
         backward, stepper = self._graph_backward(), self._graph_optimizer()
-        if self._side is None:
-            self._side = SideStream(self.device)
 
         def draw():  # sample + gather: one fused op with the packed storage (the replay config's default)
             return rb.sampler.sample_gather(rb.storage, batch_size)  # ([B], {[B]}, [B])
@@ -479,7 +482,19 @@ class DQN(LightningModule):
         def write(sample, td_abs: Tensor) -> None:  # indices come from the sampler: storage=None
             rb.sampler.update_priority(sample[0], td_abs, storage=None)
 
-        return lambda _: pipelined_updates(n, draw, learn, write, self._side, finish=self._finish_update)
+        if self.hparams.overlap_replay:
+            if self._side is None:
+                self._side = SideStream(self.device)
+            return lambda _: pipelined_updates(n, draw, learn, write, self._side, finish=self._finish_update)
+
+        def serial(_):  # every update's replay work on the update's stream, after its step
+            for i in range(n):
+                sample = draw()
+                out = learn(i, sample, None)
+                write(sample, out["td_abs"])
+                self._finish_update(out)
+            return out
+        return serial
 
     def _graph_scope(self) -> str:
         """``full`` when the sampler can be captured with the update (ours, proportional, on CUDA)."""
