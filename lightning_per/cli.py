@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -30,11 +31,12 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from lightning_per import console
 from lightning_per.dqn import DQN
 
-__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS"]
+__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -57,6 +59,33 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     ],
     "plugins": [{"class_path": _CB + "AtomicCheckpointIO"}],
 }
+
+
+#: Model options a resumed run may change from the command line (they bound the run; they do not change what
+#: the checkpoint holds). Any other ``--model.X`` that differs from the checkpoint is refused.
+RESUME_OVERRIDABLE = frozenset({"max_env_steps", "target_return", "sigterm_check_interval"})
+
+
+def _model_options_given(args: Sequence[str]) -> set[str]:
+    """The ``--model.X`` keys (``X`` dotted, e.g. ``replay.sampler``) given on the command line ``args``."""
+    return {a[len("--model."):].split("=", 1)[0] for a in map(str, args) if a.startswith("--model.")}
+
+
+def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """A (nested) model config (jsonargparse Namespace or dict) as ``{"replay.sampler": value, ...}``."""
+    if hasattr(cfg, "as_dict"):
+        cfg = cfg.as_dict()
+    if not isinstance(cfg, dict):
+        return {prefix[:-1]: cfg} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) or hasattr(v, "as_dict") else {prefix + k: v})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists: a checkpoint's ``(256, 256)`` equals a config's ``[256, 256]``."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _class_name(cfg: Any) -> str:
@@ -128,7 +157,64 @@ class LightningPerCLI(LightningCLI):
 
     def __init__(self, *args, friendly_errors: bool = False, **kwargs) -> None:
         self.friendly_errors = friendly_errors
+        raw = kwargs.get("args")
+        self._given = _model_options_given(sys.argv[1:] if raw is None else raw)
         super().__init__(*args, **kwargs)
+
+    def _report(self, err: ValueError) -> None:
+        """Raise ``err``; with ``friendly_errors`` (the console command) a short command-line error (exit 2)."""
+        if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
+            raise err
+        action = getattr(self.parser, "_subcommands_action", None)  # the subcommand's own usage and tip
+        subcommand = getattr(self, "subcommand", None) or self.config.get("subcommand")  # (unset before instantiation)
+        parser = getattr(action, "_name_parser_map", {}).get(subcommand, self.parser)
+        parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's step (``--ckpt_path``: the checkpoint's hyperparameters replace the model settings, so a
+        resumed run builds the model it saved), made explicit:
+
+        * a ``ckpt_path`` that is a directory or not a checkpoint ``torch.load`` reads is a one-line error;
+        * a model option given on the command line (``--model.X``) that differs from the checkpoint's value
+          wins when it only bounds the run (:data:`RESUME_OVERRIDABLE`: e.g. ``--model.max_env_steps`` to
+          train further) and is an error otherwise (the network, the replay, the env, the schedule must match
+          what the checkpoint holds);
+        * a setting that differs only through the config file or a default keeps the checkpoint's value,
+          with one warning naming each.
+        """
+        sub = self.config.get("subcommand")
+        cfg = self.config.get(sub) if sub else None
+        ckpt = cfg.get("ckpt_path") if cfg is not None else None
+        if not ckpt or not os.path.exists(str(ckpt)):  # a missing path: _preflight's error
+            return super()._parse_ckpt_path()
+        if os.path.isdir(ckpt):
+            self._report(ValueError(f"ckpt_path {ckpt!r} is a directory; give a checkpoint file, e.g. "
+                                    f"{os.path.join(ckpt, 'checkpoints', 'last.ckpt')}"))
+        before = _flat(cfg.get("model"))
+        try:
+            super()._parse_ckpt_path()
+        except Exception as err:  # noqa: BLE001 - torch.load of a file that is no checkpoint raises anything
+            self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint that torch.load can read "
+                                    f"({type(err).__name__}: {err})"))
+        model = self.config[sub]["model"]
+        after = _flat(model)
+        changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+                   if _plain(before.get(k)) != _plain(after.get(k))}
+        given = {k: v for k, v in changed.items() if any(k == g or k.startswith(g + ".") for g in self._given)}
+        refused = [k for k in given if k not in RESUME_OVERRIDABLE]
+        if refused:
+            k = refused[0]
+            self._report(ValueError(
+                f"--model.{k}={given[k][0]!r}: the checkpoint {ckpt!r} was trained with {given[k][1]!r}, and a "
+                f"resumed run keeps the checkpoint's model settings (only {', '.join(sorted(RESUME_OVERRIDABLE))} "
+                f"may change); drop the option to resume, or start a new run"))
+        for k in given:
+            model[k] = given[k][0]  # e.g. a larger max_env_steps: the command line wins
+        kept = {k: v for k, v in changed.items() if k not in given}
+        if kept:
+            warnings.warn("resuming from " + repr(ckpt) + " with the checkpoint's model settings, not the config's: "
+                          + ", ".join(f"model.{k}={b!r} (config: {a!r})" for k, (a, b) in kept.items()),
+                          UserWarning, stacklevel=2)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """The parser of the command and of each subcommand; short usage lines with ``friendly_errors``."""
@@ -172,11 +258,9 @@ class LightningPerCLI(LightningCLI):
             self._preflight()
             super().instantiate_classes()
         except ValueError as err:
-            if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
-                raise
-            action = getattr(self.parser, "_subcommands_action", None)  # the subcommand's own usage and tip
-            parser = getattr(action, "_name_parser_map", {}).get(self.subcommand, self.parser)
-            parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
+            self._report(err)
+        except MisconfigurationException as err:  # Lightning's own checks, e.g. --trainer.max_time 5min
+            self._report(ValueError(str(err)))
 
 
 _DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "
@@ -214,7 +298,8 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``lightning-per``: ``ga3c ...`` goes to ``lightning_per.ga3c.cli:main``
     (when that module exists), ``fit`` and options to the LightningCLI; another command is a one-line error
-    (exit status 2)."""
+    (exit status 2). A ``fit`` stopped by SIGTERM returns 143 (128 + 15, the shell's convention; its
+    ``summary.json`` says ``interrupted``), one stopped by Ctrl-C exits with 1 (Lightning's)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "ga3c":
         if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
@@ -223,7 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
     if args and not args[0].startswith("-") and args[0] != "fit":  # LightningCLI would offer only 'fit'
         return console.main(args)  # its one-line error naming every command
-    cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
+    try:
+        cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
+    except SIGTERMException:  # a SystemExit without a code (status 0): say the run was stopped
+        return 128 + signal.SIGTERM
     return 0
 
 

@@ -180,6 +180,7 @@ def test_a_stop_inside_an_epoch_logs_current_host_counters(tmp_path):
     ("--model.env.id=CartPol-v1", "env.id 'CartPol-v1'"),
     ("--ckpt_path=does/not/exist.ckpt", "ckpt_path 'does/not/exist.ckpt' does not exist"),
     ("--trainer.max_epochs=-5", "trainer.max_epochs must be >= 0, or -1 for no limit, got -5"),
+    ("--trainer.max_time=5min", "is not a valid duration"),  # Lightning's MisconfigurationException
 ])
 def test_setup_errors_are_one_line_and_leave_the_run_dir_alone(tmp_path, capsys, arg, match):
     (tmp_path / "summary.json").write_text('{"status": "done"}')
@@ -216,3 +217,68 @@ def test_help_offers_fit_only(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "fit" in out and "validate" not in out and "predict" not in out and "ga3c" in out
+
+
+def _ckpt(run_dir: Path, *extra: str, epochs: int = 2) -> str:
+    """A short run's checkpoint (its path)."""
+    _fit(run_dir, *extra, epochs=epochs)
+    return str(run_dir / "checkpoints" / "last.ckpt")
+
+
+def test_resume_takes_a_larger_env_step_budget_from_the_command_line(tmp_path):
+    """--model.max_env_steps bounds the run, so a resumed run takes the new value (Lightning alone would
+    restore the checkpoint's and stop at once)."""
+    first = _fit(tmp_path, "--model.max_env_steps=100", epochs=6)
+    assert 100 <= first.model.env_steps and first.model.hparams.max_env_steps == 100
+    resumed = _fit(tmp_path, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"),
+                   "--model.max_env_steps=250", epochs=6)
+    assert resumed.model.hparams.max_env_steps == 250
+    assert resumed.model.env_steps >= 250 > first.model.env_steps
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["max_env_steps"] == 250
+
+
+def test_resume_keeps_the_checkpoints_settings_and_names_them(tmp_path):
+    ckpt = _ckpt(tmp_path, "--model.gamma=0.9")
+    with pytest.warns(UserWarning, match=r"model\.gamma=0\.9 \(config: 0\.99\)"):  # configs/dqn_cartpole.yaml
+        resumed = _fit(tmp_path, "--ckpt_path", ckpt, epochs=3)
+    assert resumed.model.hparams.gamma == 0.9
+
+
+@pytest.mark.parametrize("arg, match", [
+    ("--model.hidden_sizes=[32, 32]", "--model.hidden_sizes=[32, 32]: the checkpoint"),
+    ("--model.replay.sampler=uniform", "--model.replay.sampler='uniform': the checkpoint"),
+])
+def test_resume_refuses_a_different_model_in_one_line(tmp_path, capsys, arg, match):
+    ckpt = _ckpt(tmp_path / "first")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"), *TINY,
+                  f"--trainer.default_root_dir={tmp_path / 'second'}", "--trainer.logger=false",
+                  "--ckpt_path", ckpt, arg])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and "keeps the checkpoint's model settings" in err and "Traceback" not in err
+    assert not (tmp_path / "second" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "not a checkpoint"])
+def test_a_ckpt_path_that_is_no_checkpoint_is_a_one_line_error(tmp_path, capsys, kind):
+    path = tmp_path / "runs"
+    path.mkdir()
+    if kind != "directory":
+        path = path / "notes.ckpt"
+        path.write_bytes(b"e" * 200)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("is a directory" if kind == "directory" else "is not a checkpoint") in err and "Traceback" not in err
+
+
+def test_sigterm_stops_the_run_with_status_143(tmp_path):
+    """A SIGTERM'd fit is not a success: exit status 128 + 15, summary.json says interrupted."""
+    code = cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"), *TINY,
+                     f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.max_epochs=4",
+                     "--trainer.callbacks+=_interrupt_cb.TermAt", "--trainer.callbacks.epoch=1"])
+    assert code == 143
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
