@@ -79,6 +79,24 @@ class DeviceRNGMixin:
     def _rng_state(self) -> dict:
         return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}
 
+    def _check_rng_checkpoint(self, rng) -> None:
+        """Raise unless ``rng`` is a saved :meth:`_rng_state` that this sampler's generator accepts (tried on a
+        fresh generator of its device, never on the sampler's own: nothing changes).
+
+        Raises:
+            ValueError: not a saved generator state, or one of another kind of device.
+        """
+        if not (isinstance(rng, dict) and isinstance(rng.get("generator"), torch.Tensor)
+                and rng["generator"].dtype == torch.uint8 and "fingerprint" in rng):
+            raise ValueError("sampler checkpoint's 'rng' is not a saved generator state (a dict with a uint8 "
+                             "'generator' tensor and a 'fingerprint')")
+        device = self.generator.device
+        try:
+            torch.Generator(device=device).set_state(rng["generator"].cpu())  # sync-ok: load path, a CPU tensor
+        except RuntimeError as err:
+            raise ValueError(f"sampler checkpoint's generator state does not fit this sampler's {device.type} "
+                             f"generator (saved on another kind of device?): {err}") from err
+
     def _load_rng_state(self, state: dict) -> None:
         self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
         self._rng_fingerprint = state["fingerprint"]

@@ -4,12 +4,23 @@ samplers, so that switching from TorchRL is one import."""
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
+from torchrl.data import (
+    LazyTensorStorage,
+    ListStorage,
+    ReplayBuffer,
+    RoundRobinWriter,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+    TensorStorage,
+)
 
 from lightning_per.replay.errors import check_batch_size
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
@@ -25,7 +36,22 @@ _SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler}
 _SET_BY_FACTORY = {"self", "max_capacity", "alpha", "beta", "eps", "device"}
 
 
-def _resolve_storage(storage, device: torch.device | None, capacity: int | None) -> GPUTensorStorage:
+def _resolve_storage(storage, device: torch.device | None, capacity: int | None) -> TensorStorage:
+    """The storage the buffer keeps: ours for None or an uninitialised TorchRL ``LazyTensorStorage``, else
+    ``storage`` itself, which must be a TorchRL tensor storage (the samplers read ``max_size`` and
+    ``device`` and gather TensorDict rows by a slot tensor; a ``ListStorage`` has none of these).
+
+    Raises:
+        TypeError: ``storage`` is not None nor a TorchRL ``TensorStorage`` (e.g. ``ListStorage``), before
+            anything is built.
+    """
+    if storage is not None and not isinstance(storage, TensorStorage):
+        raise TypeError(
+            "storage must be None, a GPUTensorStorage or a TorchRL tensor storage (LazyTensorStorage, "
+            "LazyMemmapStorage, TensorStorage: TensorDicts in tensors on one device, which the samplers index "
+            f"by slot); got {type(storage).__name__}" + (
+                " (list storages of arbitrary items are not supported)" if isinstance(storage, ListStorage)
+                else ""))
     if storage is None:
         return GPUTensorStorage(capacity or 1000, device=device)
     if type(storage) is LazyTensorStorage and not storage.initialized:  # TorchRL's: upgrade in place
@@ -85,6 +111,97 @@ def _direct_extend(rb, data, update_priority: bool | None):
     return index
 
 
+# ---------------------------------------------------------------------------- checkpoint checks
+# TorchRL's ``load_state_dict`` / ``loads`` load the storage, then the sampler, then the writer: a sampler
+# refusing its part (another kind, another schema) used to leave the storage already replaced. The
+# functions below raise every refusal of our samplers' (and the writer's) loads from the checkpoint alone,
+# changing nothing, so the buffers call them first. Load paths only: host work, no device sync.
+
+#: What TorchRL's ``ReplayBuffer.load_state_dict`` reads with ``state_dict[key]``.
+_BUFFER_KEYS = ("_storage", "_sampler", "_writer", "_transforms", "_batch_size")
+
+
+def _components(rb) -> tuple[Any, Any]:
+    """``(sampler, writer)`` of ``rb``, also before a ``delayed_init`` buffer is initialised (TorchRL then
+    still holds them as constructor arguments)."""
+    if rb.initialized:
+        return rb._sampler, rb._writer
+    return rb._init_sampler, rb._init_writer
+
+
+def _check_sampler_state(sampler, state) -> None:
+    """Raise what ``sampler.load_state_dict(state)`` would refuse, changing nothing: our samplers'
+    ``check_state_dict``; samplers that are not ours are left to their own load."""
+    check = getattr(sampler, "check_state_dict", None)
+    if check is not None:
+        check(state)
+
+
+def _check_writer_state(writer, state) -> None:
+    """Raise what TorchRL's round-robin writer's ``load_state_dict`` would fail on (its cursor), changing nothing."""
+    if isinstance(writer, RoundRobinWriter) and not (isinstance(state, dict) and "_cursor" in state):
+        raise ValueError("the checkpoint's writer state has no '_cursor' (not a round-robin writer's state_dict)")
+
+
+def _checked_state(rb, state_dict) -> dict[str, Any]:
+    """``state_dict`` without our schema tag, once every refusal that the buffer's load would meet part-way
+    (a newer buffer schema, missing parts, the sampler's and the writer's refusals) has been ruled out.
+
+    Raises:
+        TypeError: ``state_dict`` is not a dict (or its sampler part is not).
+        ValueError: the checkpoint is refused; nothing has changed.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a replay buffer's state_dict() (a dict), got {type(state_dict).__name__}")
+    version = state_dict.get("_lightning_per_schema", BUFFER_SCHEMA_VERSION)
+    if version > BUFFER_SCHEMA_VERSION:
+        raise ValueError(f"replay checkpoint schema {version} is newer than this code "
+                         f"({BUFFER_SCHEMA_VERSION}); upgrade lightning_per")
+    missing = [key for key in _BUFFER_KEYS if key not in state_dict]
+    if missing:
+        raise ValueError(f"not a replay buffer checkpoint: it lacks {missing} (keys {sorted(map(str, state_dict))})")
+    sampler, writer = _components(rb)
+    _check_sampler_state(sampler, state_dict["_sampler"])
+    _check_writer_state(writer, state_dict["_writer"])
+    return {k: v for k, v in state_dict.items() if k != "_lightning_per_schema"}
+
+
+def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
+    """Raise what ``rb.loads(path)`` would refuse after replacing the storage, changing nothing: reads the
+    sampler's saved state the way our samplers' ``dumps`` wrote it (``path/sampler/sampler.pt``, see
+    :meth:`GPUPrioritizedSampler.dumps`) and checks it as :func:`_check_sampler_state`; checks that the
+    writer's and the buffer's metadata files (TorchRL's ``dumps``) are there and readable.
+
+    Raises:
+        FileNotFoundError: a part of the checkpoint is missing.
+        TypeError, ValueError: as :func:`_check_sampler_state`, or a metadata file lacks its entries.
+    """
+    path = Path(path).absolute()  # as TorchRL's loads
+    sampler, writer = _components(rb)
+    if hasattr(sampler, "check_state_dict"):
+        file = path / "sampler" / "sampler.pt"
+        if not file.is_file():
+            raise FileNotFoundError(f"no sampler checkpoint at {file} (a directory written by a replay buffer's "
+                                    f"dumps() has one)")
+        # the same unpickling as the sampler's loads, onto the CPU: no device memory for a check
+        _check_sampler_state(sampler, torch.load(file, map_location="cpu", weights_only=False))
+    if isinstance(writer, RoundRobinWriter):
+        _check_json(path / "writer" / "metadata.json", "cursor")
+    _check_json(path / "buffer_metadata.json", "batch_size")
+
+
+def _check_json(file: Path, key: str) -> None:
+    if not file.is_file():
+        raise FileNotFoundError(f"no {file.name} at {file.parent} (a directory written by a replay buffer's dumps() "
+                                f"has one)")
+    try:
+        content = json.loads(file.read_text())
+    except ValueError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from err
+    if not isinstance(content, dict) or key not in content:
+        raise ValueError(f"{file} has no {key!r} entry")
+
+
 class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
     """TorchRL's :class:`~torchrl.data.TensorDictPrioritizedReplayBuffer` with the replay on the GPU.
 
@@ -98,12 +215,16 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
             ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
 
     A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
-    :class:`GPUTensorStorage` of the same size. ``sample()`` returns a TensorDict ``[B]`` on the device
-    with ``"index"`` ``(B,) int64`` and ``"priority_weight"`` ``(B,) float32``; ``update_priority`` and
-    ``update_tensordict_priority`` work as in TorchRL. ``state_dict`` carries a schema version.
+    :class:`GPUTensorStorage` of the same size; other TorchRL tensor storages (``LazyMemmapStorage``,
+    ``TensorStorage``, an initialised ``LazyTensorStorage``) are used as they are, the sampler on their
+    device. ``sample()`` returns a TensorDict ``[B]`` on the device with ``"index"`` ``(B,) int64`` and
+    ``"priority_weight"`` ``(B,) float32``; ``update_priority`` and ``update_tensordict_priority`` work as in
+    TorchRL. ``state_dict`` carries a schema version; a checkpoint that :meth:`load_state_dict` or
+    :meth:`loads` refuses leaves the buffer unchanged.
 
     Raises:
         ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler).
+        TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``).
     """
 
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
@@ -181,11 +302,23 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        version = state_dict.get("_lightning_per_schema", BUFFER_SCHEMA_VERSION)
-        if version > BUFFER_SCHEMA_VERSION:
-            raise ValueError(f"replay checkpoint schema {version} is newer than this code "
-                             f"({BUFFER_SCHEMA_VERSION}); upgrade lightning_per")
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "_lightning_per_schema"})
+        """TorchRL's ``load_state_dict``, after every refusal has been checked on the checkpoint alone.
+
+        Raises:
+            TypeError, ValueError: a newer buffer schema, a sampler checkpoint of another kind, schema or
+                capacity, missing parts; raised before anything changes (storage, writer, sampler, generator).
+        """
+        super().load_state_dict(_checked_state(self, state_dict))
+
+    def loads(self, path) -> None:
+        """TorchRL's ``loads`` of a :meth:`dumps` directory, after the sampler's saved state and the metadata
+        files have been checked (as :meth:`load_state_dict`): a refused directory changes nothing.
+
+        Raises:
+            FileNotFoundError, TypeError, ValueError: see :meth:`load_state_dict`; raised before anything changes.
+        """
+        _check_dumps_dir(self, path)
+        super().loads(path)
 
 
 class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
@@ -209,7 +342,13 @@ class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "_lightning_per_schema"})
+        """As :meth:`GPUPrioritizedReplayBuffer.load_state_dict`: refusals before anything changes."""
+        super().load_state_dict(_checked_state(self, state_dict))
+
+    def loads(self, path) -> None:
+        """As :meth:`GPUPrioritizedReplayBuffer.loads`: refusals before anything changes."""
+        _check_dumps_dir(self, path)
+        super().loads(path)
 
 
 def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "proportional",

@@ -498,11 +498,13 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             "device_rng": None if self._device_rng is None else self._device_rng.clone(),
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` (in place).
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
+        a checkpoint this way before it loads any): another sampler kind, schema or ``max_capacity``, and
+        missing or misshapen entries, which the load would otherwise meet half-way through. Host work only.
 
         Raises:
-            ValueError: a checkpoint of another sampler kind or schema, or of another ``max_capacity``.
+            ValueError: the checkpoint is refused (the message names why).
         """
         check_kind(state_dict, self)
         if "max_capacity" not in state_dict:
@@ -513,6 +515,28 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if state_dict["max_capacity"] != self._max_capacity:
             raise ValueError(f"checkpoint max_capacity {state_dict['max_capacity']} differs from "
                              f"this sampler's {self._max_capacity}")
+        numbers, scalars = ("eps", "alpha", "beta"), ("max_raw", "n_clamped", "n_dropped")
+        missing = sorted(k for k in (*numbers, *scalars, "raw", "written", "rng") if k not in state_dict)
+        if missing:
+            raise ValueError(f"prioritized sampler checkpoint lacks {missing}")
+        for key in numbers:
+            if isinstance(state_dict[key], bool) or not isinstance(state_dict[key], (int, float)):
+                raise ValueError(f"sampler checkpoint's {key!r} must be a number, got {type(state_dict[key]).__name__}")
+        shapes = {"raw": self._raw.shape, "written": self._raw.shape, **{key: torch.Size([]) for key in scalars}}
+        for key, shape in shapes.items():
+            value = state_dict[key]
+            if not isinstance(value, Tensor) or value.shape != shape:
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(f"sampler checkpoint's {key!r} must be a tensor of shape {tuple(shape)}, got {got}")
+        self._check_rng_checkpoint(state_dict["rng"])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (in place).
+
+        Raises:
+            ValueError: as :meth:`check_state_dict`, before anything changes.
+        """
+        self.check_state_dict(state_dict)
         d = self._device
         self._eps = state_dict["eps"]
         self._alpha, self._beta = state_dict["alpha"], state_dict["beta"]

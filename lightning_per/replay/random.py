@@ -14,6 +14,8 @@ from lightning_per.replay.storage import resolve_device
 
 __all__ = ["GPURandomSampler"]
 
+_SCHEMA_VERSION = 1
+
 
 class GPURandomSampler(DeviceRNGMixin, RandomSampler):
     """Uniform sampling with replacement: ``P(i) = 1 / len(storage)``, drawn on ``device``.
@@ -44,17 +46,31 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         return index, {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_schema_version": 1, "kind": type(self).__name__, "rng": self._rng_state()}
+        return {"_schema_version": _SCHEMA_VERSION, "kind": type(self).__name__, "rng": self._rng_state()}
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
+        a checkpoint this way before it loads any).
+
+        Raises:
+            ValueError: a checkpoint of another sampler kind or schema, or one without a usable generator state.
+        """
+        check_kind(state_dict, self)
+        if "rng" not in state_dict:
+            raise ValueError(f"not a uniform sampler checkpoint (keys {sorted(map(str, state_dict))})")
+        version = state_dict.get("_schema_version", _SCHEMA_VERSION)
+        if version != _SCHEMA_VERSION:
+            raise ValueError(f"sampler checkpoint schema {version} is not {_SCHEMA_VERSION} (this code's uniform "
+                             f"sampler); load it with the lightning_per version that wrote it")
+        self._check_rng_checkpoint(state_dict["rng"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.
 
         Raises:
-            ValueError: a checkpoint of another sampler kind, or one without the generator's state.
+            ValueError: as :meth:`check_state_dict`, before anything changes.
         """
-        check_kind(state_dict, self)
-        if "rng" not in state_dict:
-            raise ValueError(f"not a uniform sampler checkpoint (keys {sorted(map(str, state_dict))})")
+        self.check_state_dict(state_dict)
         self._load_rng_state(state_dict["rng"])
 
     def dumps(self, path) -> None:

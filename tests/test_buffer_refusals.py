@@ -1,0 +1,186 @@
+"""A refused replay checkpoint changes nothing: storage, writer and sampler stay as they were.
+
+TorchRL's ``ReplayBuffer.load_state_dict`` / ``loads`` load the storage before the sampler, so a sampler
+refusing its part (another kind, another schema) used to leave the storage replaced (50 -> 100 rows) under
+the old cursor and priorities. Every expected value here comes from before the call: the rows written,
+the cursor they imply, and a twin buffer built and filled the same way that never sees the refused load
+(its next draws are what the victim's must be).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
+
+from lightning_per import GPUPrioritizedReplayBuffer, GPUTensorStorage, make_replay_buffer
+
+KINDS = ["proportional", "rank", "uniform"]
+CLASS = {"proportional": "GPUPrioritizedSampler", "rank": "GPURankBasedSampler", "uniform": "GPURandomSampler"}
+CAPACITY, FILLED, OTHER = 128, 50, 100
+
+
+def rows(n: int, start: int = 0) -> TensorDict:
+    """n distinguishable transitions: every field of row i holds start + i."""
+    i = torch.arange(start, start + n, dtype=torch.float32)
+    return TensorDict({"observation": i[:, None].expand(n, 3).clone(), "reward": i.clone()}, [n])
+
+
+def filled(kind: str, n: int = FILLED, start: int = 0, seed: int = 0):
+    rb = make_replay_buffer(CAPACITY, 8, sampler=kind, device="cpu", generator=torch.Generator().manual_seed(seed))
+    rb.extend(rows(n, start))
+    rb.update_priority(torch.arange(n), torch.linspace(0.1, 5.0, n))  # a no-op for uniform
+    return rb
+
+
+def ring(rb) -> dict[str, torch.Tensor]:
+    """Every slot of the storage (filled or not), copied."""
+    got = rb.storage.get(torch.arange(CAPACITY))
+    return {k: v.clone() for k, v in got.items()}
+
+
+def draws(rb, n: int = 3) -> list[torch.Tensor]:
+    out = []
+    for _ in range(n):
+        batch = rb.sample()
+        out.append(batch["index"].clone())
+        if "priority_weight" in batch.keys():
+            out.append(batch["priority_weight"].clone())
+    return out
+
+
+def assert_unchanged(rb, twin, before_ring) -> None:
+    expected_rows = rows(FILLED)
+    assert len(rb) == FILLED
+    assert rb._writer._cursor == FILLED and rb._writer._write_count == FILLED
+    after = ring(rb)
+    for key, value in before_ring.items():
+        assert torch.equal(after[key], value), key
+    for key in ("observation", "reward"):  # the filled slots hold the rows written, as before the call
+        assert torch.equal(after[key][:FILLED], expected_rows[key]), key
+    assert torch.equal(rb.sampler.get_rng_state()["generator"], twin.sampler.get_rng_state()["generator"])
+    for got, want in zip(draws(rb), draws(twin), strict=True):
+        assert torch.equal(got, want)
+
+
+def victim_and_twin(kind: str):
+    rb, twin = filled(kind), filled(kind)
+    return rb, twin, ring(rb)
+
+
+def _bump_sampler_version(state: dict) -> dict:
+    state["_sampler"] = dict(state["_sampler"], _schema_version=999)
+    return state
+
+
+PAIRS = list(itertools.permutations(KINDS, 2))
+
+
+@pytest.mark.parametrize("src,dst", PAIRS)
+def test_load_state_dict_of_another_sampler_kind_changes_nothing(src, dst):
+    rb, twin, before = victim_and_twin(dst)
+    state = filled(src, OTHER, start=1000, seed=7).state_dict()
+    with pytest.raises(ValueError, match=f"sampler checkpoint is from {CLASS[src]}; this buffer's sampler is "
+                                         f"{CLASS[dst]}"):
+        rb.load_state_dict(state)
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("src,dst", PAIRS)
+def test_loads_of_another_sampler_kind_changes_nothing(src, dst, tmp_path):
+    filled(src, OTHER, start=1000, seed=7).dumps(tmp_path / "rb")
+    rb, twin, before = victim_and_twin(dst)
+    with pytest.raises(ValueError, match=f"sampler checkpoint is from {CLASS[src]}"):
+        rb.loads(tmp_path / "rb")
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_state_dict_of_a_newer_sampler_schema_changes_nothing(kind):
+    rb, twin, before = victim_and_twin(kind)
+    state = _bump_sampler_version(filled(kind, OTHER, start=1000, seed=7).state_dict())
+    with pytest.raises(ValueError, match="sampler checkpoint schema 999 is not 1"):
+        rb.load_state_dict(state)
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loads_of_a_newer_sampler_schema_changes_nothing(kind, tmp_path):
+    filled(kind, OTHER, start=1000, seed=7).dumps(tmp_path / "rb")
+    file = tmp_path / "rb" / "sampler" / "sampler.pt"
+    saved = torch.load(file, weights_only=False)
+    saved["_schema_version"] = 999
+    torch.save(saved, file)
+    rb, twin, before = victim_and_twin(kind)
+    with pytest.raises(ValueError, match="sampler checkpoint schema 999 is not 1"):
+        rb.loads(tmp_path / "rb")
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_other_refusals_change_nothing(kind, tmp_path):
+    """What the sampler's and writer's loads would only meet after the storage was replaced."""
+    rb, twin, before = victim_and_twin(kind)
+    src = filled(kind, OTHER, start=1000, seed=7)
+    state = src.state_dict()
+    with pytest.raises(ValueError, match=r"lacks \['_writer'\]"):
+        rb.load_state_dict({k: v for k, v in state.items() if k != "_writer"})
+    with pytest.raises(ValueError, match="no '_cursor'"):
+        rb.load_state_dict(dict(state, _writer={}))
+    bad_rng = dict(state["_sampler"], rng=dict(state["_sampler"]["rng"], generator=torch.zeros(3, dtype=torch.uint8)))
+    with pytest.raises(ValueError, match="generator state does not fit"):
+        rb.load_state_dict(dict(state, _sampler=bad_rng))
+    if kind != "uniform":
+        short = dict(state["_sampler"], raw=state["_sampler"]["raw"][:-1])
+        with pytest.raises(ValueError, match="'raw' must be a tensor of shape"):
+            rb.load_state_dict(dict(state, _sampler=short))
+        with pytest.raises(ValueError, match=r"lacks \['eps'\]"):
+            rb.load_state_dict(dict(state, _sampler={k: v for k, v in state["_sampler"].items() if k != "eps"}))
+    with pytest.raises(ValueError, match="replay checkpoint schema 2 is newer"):
+        rb.load_state_dict(dict(state, _lightning_per_schema=2))
+    with pytest.raises(TypeError, match="state_dict must be a replay buffer's state_dict"):
+        rb.load_state_dict([state])
+    src.dumps(tmp_path / "rb")
+    (tmp_path / "rb" / "buffer_metadata.json").unlink()
+    with pytest.raises(FileNotFoundError, match="buffer_metadata.json"):
+        rb.loads(tmp_path / "rb")
+    (tmp_path / "rb" / "sampler" / "sampler.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="no sampler checkpoint"):
+        rb.loads(tmp_path / "rb")
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_accepted_checkpoints_still_load(kind, tmp_path):
+    src = filled(kind, OTHER, start=1000, seed=7)
+    src.dumps(tmp_path / "rb")
+    state = src.state_dict()
+    want_rows, want_draws = ring(src), draws(src)
+    for load in (lambda rb: rb.load_state_dict(state), lambda rb: rb.loads(tmp_path / "rb")):
+        rb = filled(kind)
+        load(rb)
+        assert len(rb) == OTHER and rb._writer._cursor == OTHER
+        got = ring(rb)
+        assert all(torch.equal(got[k], v) for k, v in want_rows.items())
+        for got_draw, want in zip(draws(rb), want_draws, strict=True):
+            assert torch.equal(got_draw, want)
+
+
+def test_a_list_storage_is_a_clear_error():
+    with pytest.raises(TypeError, match=r"storage must be None, a GPUTensorStorage or a TorchRL tensor storage "
+                                        r"\(LazyTensorStorage, LazyMemmapStorage, TensorStorage.*got ListStorage"):
+        GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=ListStorage(1000))
+
+
+@pytest.mark.parametrize("make_storage", [lambda: None, lambda: LazyTensorStorage(64), lambda: LazyMemmapStorage(64)],
+                         ids=["none", "lazy", "memmap"])
+def test_tensor_storages_still_work(make_storage):
+    storage = make_storage()
+    rb = GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, batch_size=4, device="cpu")
+    assert isinstance(rb.storage, GPUTensorStorage) == (not isinstance(storage, LazyMemmapStorage))
+    rb.extend(rows(20))
+    batch = rb.sample()
+    assert torch.equal(batch["reward"], batch["index"].float())
