@@ -655,6 +655,10 @@ class DQN(LightningModule):
         if "replay" in state:
             self.rb.load_state_dict(state["replay"])
             self._replay_rng.set_state(state["replay_rng"])
+        elif "shards" in state:
+            # rank 0's state of a DDP checkpoint loaded by a different number of processes: its replay
+            # (if checkpoint_replay was on) is in the shard files, and on_load_checkpoint already said so
+            pass
         elif self.hparams.warmup_steps > 0:
             warnings.warn("checkpoint has no replay buffer (checkpoint_replay=False): it refills during a "
                           "new warm-up", stacklevel=2)

@@ -102,7 +102,8 @@ def _run(index, env, shared, pred_sem, train_sem, response_sem, free_sem, gamma,
 
     ep_ret = np.zeros(env.num_envs, dtype=np.float64)
     ep_len = np.zeros(env.num_envs, dtype=np.int64)
-    obs = env.reset(seed=seed)
+    obs = env.reset(seed=seed)  # (ALE: seconds on a busy machine, with make_env_group; no flag polls)
+    shared.started[index] = 1  # from here on it polls its flags: the learner's close() waits for it to exit
     slot, t, prev = take_slot(), 0, None
     obs_buf[slot, 0] = obs
     while True:

@@ -12,6 +12,16 @@ file. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``wall_time_s``...),
 ``learning_curve.png`` and the W&B files (when ``wandb_mode`` is not ``disabled``).
+
+Times (seconds; see "Run length" in :mod:`lightning_per.ga3c.module`). The run's clock starts when
+``Trainer.fit`` starts the GA3C system (agents, predictors, trainers), after the imports and the
+environment probe; ``max_time_s`` counts on it, and so do the status lines' ``[Time ...]`` and these
+``summary.json`` keys: ``stopped_at_s`` (when training was told to stop; ``stop_reason`` says why:
+``max_time_s``, ``max_updates``, ``target_return``, ``system_stopped``, or null for an interruption
+or failure) and ``wall_time_s`` (to the end of the shutdown, which took ``shutdown_s``; the rates
+divide by it). ``train_loop_time_s`` is the other clock, that of the ``done: ...`` line: Lightning's
+training loop only (``on_train_start`` to ``on_train_end``). Lightning's own "Time limit reached.
+Elapsed time is ..." (its ``max_time``, whole seconds) also counts from ``on_train_start``.
 """
 
 from __future__ import annotations
@@ -134,19 +144,29 @@ def run(cfg, model=None) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     try:
         trainer.fit(model)
+        if artifacts.summary is None:
+            # Lightning fetches the first batch before on_train_start; when the run stopped before any batch
+            # came (max_time_s while the agents were still starting), it skips its training loop and with
+            # it the hooks that write the run files: write them here (training loop time 0)
+            artifacts.write(trainer, model, status="done")
     finally:
         try:
             model.shutdown()
         finally:
             summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
+            if artifacts.summary is not None:  # its wall_time_s (the "done:" line's) is replaced by GA3C's
+                summary["train_loop_time_s"] = artifacts.summary.get("wall_time_s")
             if is_rank_zero:
                 os.environ.pop(_RUN_DIR_ENV, None)  # a later run in this process starts its own directory
                 atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
-            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s, "
-                     "%.1f s -> %s", _fmt(summary.get("mean_return")), summary.get("episodes"),
-                     summary.get("tps") or 0.0, summary.get("pps") or 0.0, summary.get("steps_per_s") or 0.0,
-                     _fmt(summary.get("policy_lag_mean")), summary.get("wall_time_s") or 0.0,
-                     run_dir / "summary.json")
+            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s; "
+                     "since the GA3C system started: stopped after %s s (%s), wall %s s with the %s s "
+                     "shutdown; Lightning's training loop: %s s -> %s", _fmt(summary.get("mean_return")),
+                     summary.get("episodes"), summary.get("tps") or 0.0, summary.get("pps") or 0.0,
+                     summary.get("steps_per_s") or 0.0, _fmt(summary.get("policy_lag_mean")),
+                     _fmt(summary.get("stopped_at_s"), 1), summary.get("stop_reason") or summary.get("status") or "n/a",
+                     _fmt(summary.get("wall_time_s"), 1), _fmt(summary.get("shutdown_s")),
+                     _fmt(summary.get("train_loop_time_s"), 1), run_dir / "summary.json")
     return summary
 
 
@@ -166,8 +186,8 @@ def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | 
         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
 
 
-def _fmt(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
+def _fmt(x: Any, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def _sigterm(signum, frame) -> None:

@@ -131,7 +131,10 @@ class GA3CConfig:
     updates_per_epoch: int = 200
     """Optimizer steps per Lightning epoch (metrics are logged once an epoch)."""
     max_time_s: float = 180.0
-    """Wall-clock budget of ``Trainer.fit`` in seconds."""
+    """Wall-clock budget of training in seconds, counted from when ``Trainer.fit`` starts the GA3C system
+    (agents, predictors, trainers), after the imports and the environment probe; the status line's
+    ``[Time]`` runs on the same clock. Training stops at the first batch after it, or at it while no
+    batch comes (single process); the shutdown follows (summary's ``shutdown_s``, at most 5 s)."""
     max_updates: int = -1
     """Optimizer steps budget (-1: unlimited)."""
     target_return: float | None = None

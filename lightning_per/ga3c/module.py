@@ -73,6 +73,27 @@ can be captured once in a CUDA graph (:class:`~lightning_per.dqn.graph.CapturedU
 Elsewhere (CPU, DDP, or ``cuda_graph: false``) training is eager under Lightning's automatic
 optimization, as without the option.
 
+Run length (``max_time_s``, seconds)
+-------------------------------------
+The clock starts in :meth:`GA3C.on_fit_start`, when the module creates its :class:`Stats` just before it
+starts the GA3C system (agents, predictors, trainers); it is the clock of the status line's ``[Time]``
+and of the summary's ``wall_time_s``. Process start-up, imports, the environment probe and Lightning's
+setup before it do not count, nor does the shutdown after the stop (:meth:`GA3CSystem.close`, at most
+5 s, reported as ``shutdown_s``). With one process the train dataloader (:class:`_BatchStream`)
+enforces it: it stops training at the first batch fetch after the deadline (Lightning prefetches one
+batch: that one is still trained on), and a fetch that is still waiting for a batch gives up at the
+deadline itself (the wait on the batch queue has that timeout, so a pipeline that produces nothing, e.g.
+agents still starting, stops on time too). These are host clock reads only: nothing is added to the
+training step. Lightning's own ``max_time`` (the CLI's Trainer gets the same number) counts from
+``on_train_start``, which Lightning reaches only once the first batch has come (it fetches it before
+that hook; if that fetch ends the run, Lightning skips its training loop and the ``on_train_*`` hooks),
+and is checked at batch ends; under DDP it is what stops a run whose batches flow, every rank at the same
+step (it broadcasts its decision),
+and a rank's dataloader gives up only :data:`_DDP_STALL_GRACE_S` after the deadline, since a rank that
+stopped alone would hang the others in the next all-reduce. Why training stopped is recorded in the
+summary: ``stop_reason`` (``max_time_s``, ``max_updates``, ``target_return``, ``system_stopped``;
+None for an interruption or failure) and ``stopped_at_s`` (seconds from the start).
+
 Metrics: device-side :attr:`GA3C.metrics` (a :class:`~lightning_per.callbacks.MetricAccumulator`),
 logged once an epoch by :class:`~lightning_per.callbacks.AsyncMetricsCallback`; host rates (TPS,
 PPS, steps/s, FPS), NA/NP/NT, queue sizes and episode returns are folded in at the epoch's last
@@ -115,6 +136,7 @@ _METRICS = {
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
+_DDP_STALL_GRACE_S = 10.0  # DDP: a rank waiting for a batch gives up this long after max_time_s (see above)
 
 
 def _identity(x: Any) -> Any:
@@ -123,7 +145,8 @@ def _identity(x: Any) -> Any:
 
 class _BatchStream(IterableDataset):
     """``updates_per_epoch`` batches from the trainer threads per epoch; ends early (and asks the
-    Trainer to stop) once the GA3C system stops."""
+    Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed (see "Run length" in the
+    module docstring: with one process a fetch waits for a batch until the deadline at most)."""
 
     def __init__(self, module: GA3C) -> None:
         self.module = module
@@ -132,13 +155,19 @@ class _BatchStream(IterableDataset):
         m = self.module
         if m.system is None:
             raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
+        deadline = m.stats.t0 + m.cfg.max_time_s  # time.monotonic()
+        single = m.trainer.world_size == 1
         for _ in range(m.cfg.updates_per_epoch):
-            # Lightning's max_time is checked at batch ends: a stalled pipeline must end the run too.
-            left = m.cfg.max_time_s - (time.monotonic() - m.stats.t0)
-            batch = m.system.get_batch(timeout=max(left, 0.0) + 10.0)
+            left = deadline - time.monotonic()
+            if single and left <= 0:
+                m.publish_host_state()
+                m.request_stop("max_time_s")
+                return
+            # DDP: Lightning's Timer stops every rank at the same step; this only ends a stalled pipeline
+            batch = m.system.get_batch(timeout=left if single else max(left, 0.0) + _DDP_STALL_GRACE_S)
             if batch is None:
                 m.publish_host_state()
-                m.trainer.should_stop = True
+                m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
                 return
             yield batch
 
@@ -197,6 +226,8 @@ class GA3C(pl.LightningModule):
         self._epoch_snap = self.stats.snapshot()
         self._epoch_episodes = 0
         self._wall_end: float | None = None
+        self._stop_reason: str | None = None  # why training stopped (summary's stop_reason)
+        self._stop_time: float | None = None  # time.monotonic() of that decision
         self.system_summary: dict[str, Any] = {}
         self._graph_mode = False  # chosen in setup(): cuda_graph on one CUDA device
         self._captured: CapturedUpdate | None = None
@@ -266,9 +297,10 @@ class GA3C(pl.LightningModule):
     def on_fit_start(self) -> None:
         torch.set_num_threads(self.cfg.torch_threads)
         self.metrics.to(self.device)
-        self.stats = Stats()
+        self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
         self._epoch_snap = self.stats.snapshot()
         self._target_checked = -1
+        self._stop_reason = self._stop_time = None
         self.system = self.make_system(self.rank_config(self.trainer.world_size, self.global_rank))
         self.system.start()
 
@@ -377,9 +409,9 @@ class GA3C(pl.LightningModule):
                 log.info("mean return of the last %d episodes reached %.2f after %.1f s and %d updates: "
                          "stopping", c.return_window, sum(recent) / len(recent), self.time_to_target_s,
                          self.policy_version)
-                self.trainer.should_stop = True
+                self.request_stop("target_return")
         if 0 < c.max_updates <= self.policy_version:
-            self.trainer.should_stop = True
+            self.request_stop("max_updates")
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
             self.publish_host_state()
 
@@ -398,11 +430,25 @@ class GA3C(pl.LightningModule):
             self.time_to_target_s = time.monotonic() - self.stats.t0
             log.info("mean return over %d ranks reached %.2f after %.1f s and %d updates: stopping",
                      world_size, mean, self.time_to_target_s, self.policy_version)
-            self.trainer.should_stop = True
+            self.request_stop("target_return")
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the Trainer to stop; the first ``reason`` given and its time are the summary's
+        ``stop_reason`` and ``stopped_at_s``."""
+        if self._stop_reason is None:
+            self._stop_reason, self._stop_time = reason, time.monotonic()
+            if reason == "max_time_s":
+                log.info("max_time_s=%g s reached %.1f s after the GA3C system started, %d updates: stopping",
+                         self.cfg.max_time_s, self._stop_time - self.stats.t0, self.policy_version)
+        self.trainer.should_stop = True
 
     def on_train_end(self) -> None:
         # Before Lightning's strategy teardown, which moves the model back to the CPU while
         # predictor threads would still be using it (on_fit_end comes after that).
+        if self._stop_reason is None and self.system is not None:
+            now = time.monotonic()  # stopped by Lightning's Timer (its max_time, checked at batch ends)
+            if now - self.stats.t0 >= self.cfg.max_time_s:
+                self._stop_reason, self._stop_time = "max_time_s", now
         world_size = self.trainer.world_size
         totals = None
         if world_size > 1 and self.system is not None:  # every rank ends here after the same step
@@ -479,14 +525,20 @@ class GA3C(pl.LightningModule):
             return
         system, self.system = self.system, None
         counts = system.counts()
+        t_close = time.monotonic()
         system.close()
-        self.system_summary = self._summarise(system, counts.as_tuple())
+        self.system_summary = self._summarise(system, counts.as_tuple(), t_close)
         if system.error is not None:
             raise RuntimeError(f"GA3C system failed: {system.error}") from system.error
 
-    def _summarise(self, system: GA3CSystem, counts: tuple[int, int, int]) -> dict[str, Any]:
+    def _summarise(self, system: GA3CSystem, counts: tuple[int, int, int], t_close: float) -> dict[str, Any]:
+        """The host summary. Times in seconds from ``stats.t0`` (``on_fit_start``, the ``max_time_s``
+        clock): ``wall_time_s`` to the end of the shutdown, ``stopped_at_s`` to the stop decision (or to
+        the shutdown's start if none was recorded: interruption, failure); ``shutdown_s``:
+        :meth:`GA3CSystem.close`, which started at ``t_close``."""
         snap = self.stats.snapshot()
-        wall = max(snap.t - self.stats.t0, 1e-9)
+        t0 = self.stats.t0
+        wall = max(snap.t - t0, 1e-9)
         c = self.cfg
         return {
             "mean_return": self.stats.mean_return(c.return_window) if snap.episodes else None,
@@ -498,6 +550,10 @@ class GA3C(pl.LightningModule):
             "fps": snap.steps * c.frame_skip / wall,
             "policy_lag_mean": snap.lag_sum / snap.updates if snap.updates else None,
             "wall_time_s": wall,
+            "stop_reason": self._stop_reason,
+            "stopped_at_s": (self._stop_time if self._stop_time is not None else t_close) - t0,
+            "shutdown_s": snap.t - t_close,
+            "max_time_s": c.max_time_s,
             "env_steps": snap.steps,
             "updates": snap.updates,
             "predictions": snap.predictions,

@@ -19,6 +19,7 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     req_slot   (A,)                      int64              slot and step of agent i's pending request
     req_t      (A,)                      int64
     pending    (A,)                      uint8              1: agent i waits for a prediction
+    started    (A,)                      uint8              1: agent i reset its envs and polls its flags
     flags      (A + 1,)                  uint8              flags[i] = 1: agent i exits; flags[A] = 1: all
 
 A prediction request is a flag plus (slot, t): the observation is read in place, never pickled, and
@@ -68,6 +69,7 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         "req_slot": ((a,), "int64"),
         "req_t": ((a,), "int64"),
         "pending": ((a,), "uint8"),
+        "started": ((a,), "uint8"),
         "flags": ((a + 1,), "uint8"),
     }
 

@@ -5,8 +5,9 @@ threads, NT trainer threads, NA agent processes (``spawn``, see :mod:`._agent_bo
 thread (replaces dead agents, prints the status line) and, if configured, the dynamic adjustment.
 :meth:`GA3CSystem.close` (idempotent; also registered with ``atexit``) stops everything within
 ``timeout`` seconds: it raises the stop flag that agents poll every step and every 0.1 s of
-waiting, joins threads, joins agents and terminates/kills those that did not exit in time, drops
-the named semaphores and unlinks the shared memory.
+waiting, joins threads, joins agents and terminates/kills those that did not exit in time (an agent
+still starting up, i.e. importing, making or resetting its environments, does not poll the flag: it is
+terminated at once rather than waited for), drops the named semaphores and unlinks the shared memory.
 
 Agent indices have *incarnations*: a replaced agent gets the same rows of the shared buffers
 (flags cleared), a new incarnation number and fresh semaphores; work claimed from the previous
@@ -46,6 +47,7 @@ __all__ = ["GA3CSystem"]
 log = logging.getLogger("lightning_per.ga3c")
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_boot.py")
 _MAIN_LOCK = threading.Lock()
+_GET_POLL_S = 0.1  # longest single wait of get_batch on the batch queue (how fast it notices a stop)
 
 
 @contextlib.contextmanager
@@ -211,12 +213,15 @@ class GA3CSystem:
     def get_batch(self, timeout: float | None = None) -> dict | None:
         """Next training batch (see :func:`~lightning_per.ga3c.workers._merge`).
 
-        Returns None once stopping, or after ``timeout`` seconds (None: no limit) without a batch.
+        Returns None once stopping, or after ``timeout`` seconds (None: no limit) without a batch. It
+        blocks on the queue in waits of at most 0.1 s (to notice a stop), the last one cut to end at
+        ``timeout``: no busy-waiting, and the return comes within milliseconds of the timeout.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.stopping.is_set():
+            wait = _GET_POLL_S if deadline is None else min(_GET_POLL_S, max(deadline - time.monotonic(), 0.0))
             try:
-                return self.batch_q.get(timeout=0.1)
+                return self.batch_q.get(timeout=wait)
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -235,6 +240,7 @@ class GA3CSystem:
         inc = self._incarnations
         sh = self.shared
         sh.pending[index] = 0
+        sh.started[index] = 0
         sh.ready[index] = 0
         sh.busy[index] = 0
         sh.flags[index] = 0
@@ -361,7 +367,13 @@ class GA3CSystem:
         for th in [self._supervisor, *self._predictors, *self._trainers]:
             if th is not None:
                 th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
-        procs = [a.process for a in self._agents if a is not None and a.process.pid is not None]
+        live = [(i, a.process) for i, a in enumerate(self._agents) if a is not None and a.process.pid is not None]
+        procs = [p for _, p in live]
+        # an agent still starting (importing, making and resetting its envs) sees the stop flag only once it
+        # runs its loop: on a loaded machine that can be many seconds away (16 ALE agents on 2 cores: > 25 s)
+        booting = [p for i, p in live if self.shared is not None and not self.shared.started[i]]
+        for p in booting:
+            p.terminate()
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic() - 1.0))
         for p in procs:
@@ -380,8 +392,8 @@ class GA3CSystem:
             self.shared.close()
         atexit.unregister(self.close)
         killed = sum(p.exitcode is not None and p.exitcode < 0 for p in procs)
-        log.info("GA3C system stopped in %.2f s (%d agent processes, %d terminated)", time.monotonic() - t0,
-                 len(procs), killed)
+        log.info("GA3C system stopped in %.2f s (%d agent processes, %d terminated, %d of them while starting)",
+                 time.monotonic() - t0, len(procs), killed, len(booting))
 
     def __enter__(self) -> GA3CSystem:
         return self.start()
