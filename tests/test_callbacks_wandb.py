@@ -115,3 +115,14 @@ def test_offline_fit_writes_exactly_one_row_per_epoch(clean_env):
             # W&B stores NaN as the JSON string "NaN"
             assert (math.isnan(float(got)) if math.isnan(v) else got == pytest.approx(v)), (e, k, got)
         assert set(row) >= {f"train/{k}" for k in KINDS}
+
+
+def test_an_offline_run_starts_without_wandbs_anonymous_warning(clean_env, monkeypatch, tmp_path, capfd):
+    """Lightning's WandbLogger passes ``anonymous=None`` to ``wandb.init``; wandb >= 0.19 then prints "The
+    anonymous setting has no effect ..." at every run. Our logger leaves the setting out."""
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the warning is what this test looks for
+    logger = AutoModeWandbLogger(save_dir=str(tmp_path), mode="offline", name="quiet")
+    run = logger.experiment
+    run.finish()
+    captured = capfd.readouterr()
+    assert "anonymous" not in captured.out + captured.err

@@ -118,6 +118,9 @@ class AutoModeWandbLogger(WandbLogger):
         save_dir = os.fspath(save_dir) if save_dir is not None else "."
         os.makedirs(save_dir, exist_ok=True)
         super().__init__(name=name, save_dir=save_dir, project=project, mode=resolved, **kwargs)
+        init = getattr(self, "_wandb_init", None)  # WandbLogger's wandb.init arguments
+        if isinstance(init, dict) and init.get("anonymous") is None:
+            init.pop("anonymous", None)  # an explicit None makes wandb >= 0.19 warn at every run (the setting is gone)
         self.mode = resolved
         self.finish_on_end = bool(finish_on_end)
 
