@@ -98,3 +98,13 @@ def test_a_missing_config_file_is_one_line(capsys):
 
     assert console_main(["--config", "no/such/ga3c.yaml"]) == 2
     assert "config file 'no/such/ga3c.yaml' not found" in capsys.readouterr().err
+
+
+def test_an_unknown_option_prints_one_usage_line(capsys):
+    from lightning_per.ga3c.cli import console_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--bogus", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 2  # usage, then the error (not every option's usage)
+    assert err[0].startswith("usage: lightning-per ga3c") and "unrecognized arguments: --bogus" in err[1]

@@ -51,12 +51,21 @@ def _yaml_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
+class _ShortUsageParser(argparse.ArgumentParser):
+    """A command-line error prints one usage line before its message, not the usage of every option
+    (``--help`` still lists them all), as ``lightning-per fit`` does."""
+
+    def print_usage(self, file=None) -> None:
+        prog = self.prog
+        (file or sys.stderr).write(f"usage: {prog} [--config YAML] [--<field> VALUE ...] (see {prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``ga3c`` argument parser: ``--config`` plus one ``--<field>`` per config field."""
     from lightning_per.ga3c.config import GA3CConfig, field_docs
 
     # the help texts state each field's default themselves (the parser's own default is a sentinel)
-    parser = argparse.ArgumentParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = _ShortUsageParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--config", default=None, help="YAML file of GA3CConfig fields")
     defaults = GA3CConfig().to_dict()
     for name, doc in field_docs().items():
