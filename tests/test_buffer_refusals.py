@@ -184,3 +184,11 @@ def test_tensor_storages_still_work(make_storage):
     rb.extend(rows(20))
     batch = rb.sample()
     assert torch.equal(batch["reward"], batch["index"].float())
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_a_bad_batch_size_on_a_uniform_buffer_is_one_clear_error(bad, recwarn):
+    rb = filled("uniform")
+    with pytest.raises(ValueError, match=f"batch_size must be an int >= 1, got {bad!r}"):
+        rb.sample(bad)
+    assert not [w for w in recwarn if "batch_size" in str(w.message)]  # TorchRL's warning never reached

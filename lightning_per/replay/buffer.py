@@ -331,6 +331,13 @@ class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
             index = super().extend(tensordicts, update_priority=update_priority)
         return index
 
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
+        """TorchRL's ``sample``; a given ``batch_size`` is checked first (an int >= 1: ValueError otherwise,
+        before TorchRL's warning about a batch size differing from the buffer's)."""
+        if batch_size is not None:
+            check_batch_size(batch_size)
+        return super().sample(batch_size, return_info=return_info, include_info=include_info)
+
     def update_priority(self, index, priority) -> None:
         """Nothing to update: uniform sampling has no priorities. A silent no-op (TorchRL warns here), so
         one training loop serves every sampler of :func:`make_replay_buffer`."""
