@@ -90,6 +90,7 @@ def test_torch_env_backend_runs_through_the_cli(tmp_path):
     ("--model.n_step=0", "n_step"),
     ("--model.gamma=1.5", "gamma"),
     ("--model.replay.batch_size=5000", "replay.batch_size"),
+    ("--model.replay.capacity=10", r"replay.batch_size \(16\) must not exceed replay.capacity \(10\)"),
     ("--model.env.num_envs=0", "env.num_envs"),
     ("--torch_num_threads=0", "torch_num_threads"),
 ])

@@ -60,7 +60,10 @@ class ReplayConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field out of range."""
         check_range("replay.capacity", self.capacity, low=1)
-        check_range("replay.batch_size", self.batch_size, low=1, high=self.capacity)
+        check_range("replay.batch_size", self.batch_size, low=1)
+        if self.batch_size > self.capacity:
+            raise ValueError(f"replay.batch_size ({self.batch_size}) must not exceed replay.capacity "
+                             f"({self.capacity})")
         if self.sampler not in ("proportional", "rank", "uniform"):
             raise ValueError("replay.sampler must be 'proportional', 'rank' or 'uniform', "
                              f"got {self.sampler!r}")
