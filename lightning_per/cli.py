@@ -71,6 +71,20 @@ def _model_options_given(args: Sequence[str]) -> set[str]:
     return {a[len("--model."):].split("=", 1)[0] for a in map(str, args) if a.startswith("--model.")}
 
 
+def _expand_given(given: set[str], keys: set[str]) -> set[str]:
+    """The flat model keys (``replay.sampler``) that the command line's ``--model.X`` options set: ``X``
+    itself, the keys under it (``--model.replay``), or, for an abbreviation the parser accepted
+    (``--model.max_env``: argparse-style unique prefixes), the one key it abbreviates."""
+    out: set[str] = set()
+    for g in given:
+        hits = {k for k in keys if k == g or k.startswith(g + ".")}
+        if not hits:
+            hits = {k for k in keys if k.startswith(g)}
+            hits = hits if len({k.split(".")[0] for k in hits}) == 1 else set()  # unique, as the parser required
+        out |= hits
+    return out
+
+
 def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """A (nested) model config (jsonargparse Namespace or dict) as ``{"replay.sampler": value, ...}``."""
     if hasattr(cfg, "as_dict"):
@@ -188,8 +202,10 @@ class LightningPerCLI(LightningCLI):
         if not ckpt or not os.path.exists(str(ckpt)):  # a missing path: _preflight's error
             return super()._parse_ckpt_path()
         if os.path.isdir(ckpt):
+            inside = "last.ckpt" if os.path.basename(os.path.normpath(ckpt)) == "checkpoints" else \
+                os.path.join("checkpoints", "last.ckpt")
             self._report(ValueError(f"ckpt_path {ckpt!r} is a directory; give a checkpoint file, e.g. "
-                                    f"{os.path.join(ckpt, 'checkpoints', 'last.ckpt')}"))
+                                    f"{os.path.join(ckpt, inside)}"))
         before = _flat(cfg.get("model"))
         try:
             super()._parse_ckpt_path()
@@ -200,7 +216,8 @@ class LightningPerCLI(LightningCLI):
         after = _flat(model)
         changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
                    if _plain(before.get(k)) != _plain(after.get(k))}
-        given = {k: v for k, v in changed.items() if any(k == g or k.startswith(g + ".") for g in self._given)}
+        given_keys = _expand_given(self._given, set(before) | set(after))
+        given = {k: v for k, v in changed.items() if k in given_keys}
         refused = [k for k in given if k not in RESUME_OVERRIDABLE]
         if refused:
             k = refused[0]
@@ -242,6 +259,12 @@ class LightningPerCLI(LightningCLI):
         if model.get("compile") and (accelerator == "cpu" or not cuda):
             raise ValueError("model.compile=true captures the update in a CUDA graph and needs a GPU: set "
                              "--model.compile false on this machine")
+        if trainer.get("gradient_clip_val") not in (None, 0, 0.0):
+            raise ValueError("trainer.gradient_clip_val: the DQN module optimizes manually (Lightning cannot clip "
+                             "for it); use --model.grad_clip_norm")
+        if trainer.get("accumulate_grad_batches") not in (None, 1):
+            raise ValueError("trainer.accumulate_grad_batches must be 1: the DQN module optimizes manually (one "
+                             "optimizer step per update); use a larger --model.replay.batch_size instead")
         for key in ("max_epochs", "max_steps"):  # Lightning reads any negative as "no limit"; -1 is its spelling
             value = trainer.get(key)
             if isinstance(value, int) and value < -1:
@@ -259,8 +282,10 @@ class LightningPerCLI(LightningCLI):
             super().instantiate_classes()
         except ValueError as err:
             self._report(err)
-        except MisconfigurationException as err:  # Lightning's own checks, e.g. --trainer.max_time 5min
-            self._report(ValueError(str(err)))
+        # Lightning's own checks (--trainer.max_time 5min), a Trainer argument of the wrong kind, an accelerator
+        # whose package is missing (tpu), a run directory that is a file: a bad setting, not a bug
+        except (MisconfigurationException, TypeError, ImportError, OSError) as err:
+            self._report(ValueError(f"{type(err).__name__}: {err}"))
 
 
 _DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "

@@ -182,6 +182,9 @@ def test_a_stop_inside_an_epoch_logs_current_host_counters(tmp_path):
     ("--ckpt_path=does/not/exist.ckpt", "ckpt_path 'does/not/exist.ckpt' does not exist"),
     ("--trainer.max_epochs=-5", "trainer.max_epochs must be >= 0, or -1 for no limit, got -5"),
     ("--trainer.max_time=5min", "is not a valid duration"),  # Lightning's MisconfigurationException
+    ("--trainer.gradient_clip_val=1.0", "use --model.grad_clip_norm"),
+    ("--trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches must be 1"),
+    ("--trainer.accelerator=tpu", "torch_xla"),  # Lightning's ImportError: no TPU package here
 ])
 def test_setup_errors_are_one_line_and_leave_the_run_dir_alone(tmp_path, capsys, arg, match):
     (tmp_path / "summary.json").write_text('{"status": "done"}')
@@ -226,13 +229,13 @@ def _ckpt(run_dir: Path, *extra: str, epochs: int = 2) -> str:
     return str(run_dir / "checkpoints" / "last.ckpt")
 
 
-def test_resume_takes_a_larger_env_step_budget_from_the_command_line(tmp_path):
+@pytest.mark.parametrize("option", ["--model.max_env_steps=250", "--model.max_env=250"])  # (an abbreviation)
+def test_resume_takes_a_larger_env_step_budget_from_the_command_line(tmp_path, option):
     """--model.max_env_steps bounds the run, so a resumed run takes the new value (Lightning alone would
-    restore the checkpoint's and stop at once)."""
+    restore the checkpoint's and stop at once); the parser accepts unique abbreviations, and so does this."""
     first = _fit(tmp_path, "--model.max_env_steps=100", epochs=6)
     assert 100 <= first.model.env_steps and first.model.hparams.max_env_steps == 100
-    resumed = _fit(tmp_path, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"),
-                   "--model.max_env_steps=250", epochs=6)
+    resumed = _fit(tmp_path, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), option, epochs=6)
     assert resumed.model.hparams.max_env_steps == 250
     assert resumed.model.env_steps >= 250 > first.model.env_steps
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["max_env_steps"] == 250
@@ -248,6 +251,7 @@ def test_resume_keeps_the_checkpoints_settings_and_names_them(tmp_path):
 @pytest.mark.parametrize("arg, match", [
     ("--model.hidden_sizes=[32, 32]", "--model.hidden_sizes=[32, 32]: the checkpoint"),
     ("--model.replay.sampler=uniform", "--model.replay.sampler='uniform': the checkpoint"),
+    ("--model.dueli=true", "--model.dueling=True: the checkpoint"),  # an abbreviation of --model.dueling
 ])
 def test_resume_refuses_a_different_model_in_one_line(tmp_path, capsys, arg, match):
     ckpt = _ckpt(tmp_path / "first")
