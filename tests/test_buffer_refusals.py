@@ -192,3 +192,57 @@ def test_a_bad_batch_size_on_a_uniform_buffer_is_one_clear_error(bad, recwarn):
     with pytest.raises(ValueError, match=f"batch_size must be an int >= 1, got {bad!r}"):
         rb.sample(bad)
     assert not [w for w in recwarn if "batch_size" in str(w.message)]  # TorchRL's warning never reached
+
+
+def filled_as(kind: str, packed: bool, n: int = FILLED, start: int = 0, seed: int = 0, obs: int = 3):
+    rb = make_replay_buffer(CAPACITY, 8, sampler=kind, device="cpu", packed=packed,
+                            generator=torch.Generator().manual_seed(seed))
+    i = torch.arange(start, start + n, dtype=torch.float32)
+    rb.extend(TensorDict({"observation": i[:, None].expand(n, obs).clone(), "reward": i.clone()}, [n]))
+    rb.update_priority(torch.arange(n), torch.linspace(0.1, 5.0, n))
+    return rb
+
+
+def _storage_corruptions(state: dict, packed: bool) -> list[tuple[str, dict]]:
+    """(expected message, corrupted buffer state) pairs: the storage part and the buffer's own entries."""
+    storage = state["_storage"]
+    out = [("length must be an int in", dict(state, _storage=dict(storage, _len=10 ** 6))),
+           ("length must be an int in", dict(state, _storage=dict(storage, _len=-5))),
+           (r"storage checkpoint lacks \['_len'\]", dict(state, _storage={k: v for k, v in storage.items()
+                                                                          if k != "_len"})),
+           ("writer cursor must be an int", dict(state, _writer=dict(state["_writer"], _cursor="7"))),
+           ("batch_size must be None or an int", dict(state, _batch_size="abc"))]
+    if packed:
+        out.append(("does not fit its", dict(state, _storage=dict(storage, packed_rows=storage["packed_rows"][:, :1]))))
+    return out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_storage_refusals_change_nothing(kind, packed):
+    """Another transition shape, a length outside the ring, a layout that does not fit its rows, a bad cursor
+    or batch size: refused by the storage / buffer checks before TorchRL loads anything."""
+    rb, twin = filled_as(kind, packed), filled_as(kind, packed)
+    before = ring(rb)
+    other = filled_as(kind, packed, OTHER, start=1000, seed=7, obs=4)  # observation (4,) vs the victim's (3,)
+    with pytest.raises(ValueError, match="transitions differ from this storage's in"):
+        rb.load_state_dict(other.state_dict())
+    state = filled_as(kind, packed, OTHER, start=1000, seed=7).state_dict()
+    for match, bad in _storage_corruptions(state, packed):
+        with pytest.raises(ValueError, match=match):
+            rb.load_state_dict(bad)
+    if kind != "uniform":
+        nan = dict(state["_sampler"], raw=torch.full_like(state["_sampler"]["raw"], float("nan")))
+        with pytest.raises(ValueError, match="raw priorities must be finite"):
+            rb.load_state_dict(dict(state, _sampler=nan))
+    assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_loads_of_another_transition_shape_changes_nothing(packed, tmp_path):
+    filled_as("proportional", packed, OTHER, start=1000, seed=7, obs=4).dumps(tmp_path / "rb")
+    rb, twin = filled_as("proportional", packed), filled_as("proportional", packed)
+    before = ring(rb)
+    with pytest.raises(ValueError, match="transitions differ from this storage's in"):
+        rb.loads(tmp_path / "rb")
+    assert_unchanged(rb, twin, before)

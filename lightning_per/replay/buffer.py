@@ -139,8 +139,17 @@ def _check_sampler_state(sampler, state) -> None:
 
 def _check_writer_state(writer, state) -> None:
     """Raise what TorchRL's round-robin writer's ``load_state_dict`` would fail on (its cursor), changing nothing."""
-    if isinstance(writer, RoundRobinWriter) and not (isinstance(state, dict) and "_cursor" in state):
-        raise ValueError("the checkpoint's writer state has no '_cursor' (not a round-robin writer's state_dict)")
+    if isinstance(writer, RoundRobinWriter):
+        if not (isinstance(state, dict) and "_cursor" in state):
+            raise ValueError("the checkpoint's writer state has no '_cursor' (not a round-robin writer's state_dict)")
+        cursor = state["_cursor"]
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+            raise ValueError(f"the checkpoint's writer cursor must be an int >= 0, got {cursor!r}")
+
+
+def _check_batch_size_state(batch_size) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"the checkpoint's batch_size must be None or an int >= 1, got {batch_size!r}")
 
 
 def _checked_state(rb, state_dict) -> dict[str, Any]:
@@ -161,8 +170,12 @@ def _checked_state(rb, state_dict) -> dict[str, Any]:
     if missing:
         raise ValueError(f"not a replay buffer checkpoint: it lacks {missing} (keys {sorted(map(str, state_dict))})")
     sampler, writer = _components(rb)
+    check_storage = getattr(rb._storage, "check_state_dict", None)
+    if check_storage is not None:
+        check_storage(state_dict["_storage"])
     _check_sampler_state(sampler, state_dict["_sampler"])
     _check_writer_state(writer, state_dict["_writer"])
+    _check_batch_size_state(state_dict["_batch_size"])
     return {k: v for k, v in state_dict.items() if k != "_lightning_per_schema"}
 
 
@@ -178,6 +191,13 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
     """
     path = Path(path).absolute()  # as TorchRL's loads
     sampler, writer = _components(rb)
+    if hasattr(rb._storage, "check_state_dict"):
+        file = path / "storage" / "storage.pt"
+        if not file.is_file():
+            raise FileNotFoundError(f"no storage checkpoint at {file} (a directory written by a replay buffer's "
+                                    f"dumps() has one)")
+        # memory-mapped: the check reads shapes and metadata, not the ring's data
+        rb._storage.check_state_dict(torch.load(file, map_location="cpu", weights_only=False, mmap=True))
     if hasattr(sampler, "check_state_dict"):
         file = path / "sampler" / "sampler.pt"
         if not file.is_file():
@@ -186,11 +206,11 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
         # the same unpickling as the sampler's loads, onto the CPU: no device memory for a check
         _check_sampler_state(sampler, torch.load(file, map_location="cpu", weights_only=False))
     if isinstance(writer, RoundRobinWriter):
-        _check_json(path / "writer" / "metadata.json", "cursor")
-    _check_json(path / "buffer_metadata.json", "batch_size")
+        _check_writer_state(writer, {"_cursor": _check_json(path / "writer" / "metadata.json", "cursor")["cursor"]})
+    _check_batch_size_state(_check_json(path / "buffer_metadata.json", "batch_size")["batch_size"])
 
 
-def _check_json(file: Path, key: str) -> None:
+def _check_json(file: Path, key: str) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"no {file.name} at {file.parent} (a directory written by a replay buffer's dumps() "
                                 f"has one)")
@@ -200,6 +220,7 @@ def _check_json(file: Path, key: str) -> None:
         raise ValueError(f"{file} is not valid JSON: {err}") from err
     if not isinstance(content, dict) or key not in content:
         raise ValueError(f"{file} has no {key!r} entry")
+    return content
 
 
 class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):

@@ -528,6 +528,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             if not isinstance(value, Tensor) or value.shape != shape:
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
                 raise ValueError(f"sampler checkpoint's {key!r} must be a tensor of shape {tuple(shape)}, got {got}")
+        raw = state_dict["raw"]
+        if not bool(((raw >= 0) & torch.isfinite(raw)).all()):  # sync-ok: checkpoint load, not a step
+            raise ValueError("sampler checkpoint's raw priorities must be finite and >= 0 (every write sanitizes "
+                             "them): the checkpoint is corrupted")
         self._check_rng_checkpoint(state_dict["rng"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

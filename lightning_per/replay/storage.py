@@ -493,16 +493,79 @@ class GPUTensorStorage(LazyTensorStorage):
         return {"_schema_version": STORAGE_SCHEMA_VERSION, "_storage": {}, "packed_rows": self.rows,
                 "packed_layout": layout, "initialized": self.initialized, "_len": self._len}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
+    def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
+        """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
+        if not self.initialized:
+            return {}
+        if self.rows is not None:
+            return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in self._layout.items()}
+        return {(k if isinstance(k, str) or len(k) > 1 else k[0]): (v.dtype, tuple(v.shape[1:]))
+                for k, v in self._storage.items(include_nested=True, leaves_only=True)}
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
+        a checkpoint this way before it loads any): a newer schema, another ``max_size``, a length outside
+        ``[0, max_size]``, missing entries, a packed layout that does not fit its rows and, once this storage
+        holds transitions, other keys, dtypes or per-transition shapes than it stores. Shapes and metadata
+        only (no tensor data is read).
 
         Raises:
-            ValueError: the state was written by a newer schema, or for another ``max_size``.
+            ValueError: the checkpoint is refused (the message names why).
         """
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"storage checkpoint must be a dict, got {type(state_dict).__name__}")
         version = state_dict.get("_schema_version", 0)
         if version > STORAGE_SCHEMA_VERSION:
             raise ValueError(f"storage checkpoint schema {version} is newer than this code "
                              f"({STORAGE_SCHEMA_VERSION}); upgrade lightning_per")
+        missing = [k for k in ("_storage", "initialized", "_len") if k not in state_dict]
+        if missing:
+            raise ValueError(f"storage checkpoint lacks {missing}")
+        if "packed_rows" in state_dict:
+            rows, layout = state_dict["packed_rows"], state_dict.get("packed_layout")
+            if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not isinstance(layout, list):
+                raise ValueError("storage checkpoint's packed_rows must be a (slots, words) tensor with a "
+                                 "packed_layout list")
+            slots, row_bytes = rows.shape[0], rows.shape[1] * rows.element_size()
+            saved = {}
+            for entry in layout:
+                try:
+                    key, off, nbytes, dtype, shape = entry
+                    dtype = getattr(torch, dtype)
+                except (TypeError, ValueError, AttributeError) as err:
+                    raise ValueError(f"storage checkpoint's packed_layout entry {entry!r} is not "
+                                     f"(key, offset, bytes, dtype, shape)") from err
+                if not (isinstance(dtype, torch.dtype) and 0 <= off and off + nbytes <= row_bytes
+                        and nbytes == math.prod(shape) * dtype.itemsize):
+                    raise ValueError(f"storage checkpoint's packed_layout entry {entry!r} does not fit its "
+                                     f"{row_bytes}-byte rows")
+                saved[tuple(key) if isinstance(key, list) and len(key) > 1 else
+                      (key[0] if isinstance(key, list) else key)] = (dtype, tuple(shape))
+        else:
+            stored = state_dict["_storage"]
+            leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
+            slots = next(iter(leaves.values())).shape[0] if leaves else self.max_size
+            if any(v.shape[0] != slots for v in leaves.values()):
+                raise ValueError("storage checkpoint's fields hold different numbers of slots")
+            saved = {k: (v.dtype, tuple(v.shape[1:])) for k, v in leaves.items()}
+        if slots != self.max_size:
+            raise ValueError(f"the saved storage holds {slots} slots, this one max_size={self.max_size}")
+        n = state_dict["_len"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_size:
+            raise ValueError(f"storage checkpoint's length must be an int in [0, {self.max_size}], got {n!r}")
+        have = self._fields()
+        if have and saved != have:
+            diff = sorted(str(k) for k in set(have) | set(saved) if have.get(k) != saved.get(k))
+            raise ValueError(f"storage checkpoint's transitions differ from this storage's in {diff}: saved "
+                             f"{ {k: saved.get(k) for k in diff} }, stored { {k: have.get(k) for k in diff} }")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
+
+        Raises:
+            ValueError: as :meth:`check_state_dict`, before anything changes.
+        """
+        self.check_state_dict(state_dict)
         if "packed_rows" in state_dict:
             self._load_packed(state_dict)
             return
