@@ -23,17 +23,22 @@ CLASS = {"proportional": "GPUPrioritizedSampler", "rank": "GPURankBasedSampler",
 CAPACITY, FILLED, OTHER = 128, 50, 100
 
 
-def rows(n: int, start: int = 0) -> TensorDict:
-    """n distinguishable transitions: every field of row i holds start + i."""
+def rows(n: int, start: int = 0, obs: int = 3) -> TensorDict:
+    """n distinguishable transitions: every field of row i holds start + i (observations of ``obs`` values)."""
     i = torch.arange(start, start + n, dtype=torch.float32)
-    return TensorDict({"observation": i[:, None].expand(n, 3).clone(), "reward": i.clone()}, [n])
+    return TensorDict({"observation": i[:, None].expand(n, obs).clone(), "reward": i.clone()}, [n])
+
+
+def filled_as(kind: str, packed: bool, n: int = FILLED, start: int = 0, seed: int = 0, obs: int = 3):
+    rb = make_replay_buffer(CAPACITY, 8, sampler=kind, device="cpu", packed=packed,
+                            generator=torch.Generator().manual_seed(seed))
+    rb.extend(rows(n, start, obs))
+    rb.update_priority(torch.arange(n), torch.linspace(0.1, 5.0, n))  # a no-op for uniform
+    return rb
 
 
 def filled(kind: str, n: int = FILLED, start: int = 0, seed: int = 0):
-    rb = make_replay_buffer(CAPACITY, 8, sampler=kind, device="cpu", generator=torch.Generator().manual_seed(seed))
-    rb.extend(rows(n, start))
-    rb.update_priority(torch.arange(n), torch.linspace(0.1, 5.0, n))  # a no-op for uniform
-    return rb
+    return filled_as(kind, False, n, start, seed)
 
 
 def ring(rb) -> dict[str, torch.Tensor]:
@@ -194,13 +199,6 @@ def test_a_bad_batch_size_on_a_uniform_buffer_is_one_clear_error(bad, recwarn):
     assert not [w for w in recwarn if "batch_size" in str(w.message)]  # TorchRL's warning never reached
 
 
-def filled_as(kind: str, packed: bool, n: int = FILLED, start: int = 0, seed: int = 0, obs: int = 3):
-    rb = make_replay_buffer(CAPACITY, 8, sampler=kind, device="cpu", packed=packed,
-                            generator=torch.Generator().manual_seed(seed))
-    i = torch.arange(start, start + n, dtype=torch.float32)
-    rb.extend(TensorDict({"observation": i[:, None].expand(n, obs).clone(), "reward": i.clone()}, [n]))
-    rb.update_priority(torch.arange(n), torch.linspace(0.1, 5.0, n))
-    return rb
 
 
 def _storage_corruptions(state: dict, packed: bool) -> list[tuple[str, dict]]:

@@ -112,10 +112,11 @@ def _direct_extend(rb, data, update_priority: bool | None):
 
 
 # ---------------------------------------------------------------------------- checkpoint checks
-# TorchRL's ``load_state_dict`` / ``loads`` load the storage, then the sampler, then the writer: a sampler
-# refusing its part (another kind, another schema) used to leave the storage already replaced. The
-# functions below raise every refusal of our samplers' (and the writer's) loads from the checkpoint alone,
-# changing nothing, so the buffers call them first. Load paths only: host work, no device sync.
+# TorchRL's ``load_state_dict`` / ``loads`` load the storage, then the sampler, then the writer: a part
+# refused half-way (another sampler kind or schema, another transition shape) used to leave the earlier
+# parts already replaced. The functions below raise every refusal of our storage's, samplers' and the
+# writer's loads from the checkpoint alone, changing nothing, so the buffers call them first. Load paths
+# only: host work.
 
 #: What TorchRL's ``ReplayBuffer.load_state_dict`` reads with ``state_dict[key]``.
 _BUFFER_KEYS = ("_storage", "_sampler", "_writer", "_transforms", "_batch_size")
@@ -129,10 +130,10 @@ def _components(rb) -> tuple[Any, Any]:
     return rb._init_sampler, rb._init_writer
 
 
-def _check_sampler_state(sampler, state) -> None:
-    """Raise what ``sampler.load_state_dict(state)`` would refuse, changing nothing: our samplers'
-    ``check_state_dict``; samplers that are not ours are left to their own load."""
-    check = getattr(sampler, "check_state_dict", None)
+def _check_part(part, state) -> None:
+    """Raise what ``part.load_state_dict(state)`` would refuse, changing nothing: the ``check_state_dict`` of our
+    storage and samplers; parts that are not ours are left to their own load."""
+    check = getattr(part, "check_state_dict", None)
     if check is not None:
         check(state)
 
@@ -170,41 +171,34 @@ def _checked_state(rb, state_dict) -> dict[str, Any]:
     if missing:
         raise ValueError(f"not a replay buffer checkpoint: it lacks {missing} (keys {sorted(map(str, state_dict))})")
     sampler, writer = _components(rb)
-    check_storage = getattr(rb._storage, "check_state_dict", None)
-    if check_storage is not None:
-        check_storage(state_dict["_storage"])
-    _check_sampler_state(sampler, state_dict["_sampler"])
+    _check_part(rb._storage, state_dict["_storage"])
+    _check_part(sampler, state_dict["_sampler"])
     _check_writer_state(writer, state_dict["_writer"])
     _check_batch_size_state(state_dict["_batch_size"])
     return {k: v for k, v in state_dict.items() if k != "_lightning_per_schema"}
 
 
 def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
-    """Raise what ``rb.loads(path)`` would refuse after replacing the storage, changing nothing: reads the
-    sampler's saved state the way our samplers' ``dumps`` wrote it (``path/sampler/sampler.pt``, see
-    :meth:`GPUPrioritizedSampler.dumps`) and checks it as :func:`_check_sampler_state`; checks that the
-    writer's and the buffer's metadata files (TorchRL's ``dumps``) are there and readable.
+    """Raise what ``rb.loads(path)`` would refuse part-way, changing nothing: reads the storage's and the
+    sampler's saved states the way our ``dumps`` wrote them (``path/storage/storage.pt``,
+    ``path/sampler/sampler.pt``) and checks them as :func:`_check_part`; checks that the writer's and the
+    buffer's metadata files (TorchRL's ``dumps``) are there and hold a valid cursor and batch size.
 
     Raises:
         FileNotFoundError: a part of the checkpoint is missing.
-        TypeError, ValueError: as :func:`_check_sampler_state`, or a metadata file lacks its entries.
+        TypeError, ValueError: as :func:`_check_part`, or a metadata file lacks its entries.
     """
     path = Path(path).absolute()  # as TorchRL's loads
     sampler, writer = _components(rb)
-    if hasattr(rb._storage, "check_state_dict"):
-        file = path / "storage" / "storage.pt"
+    for part, file in ((rb._storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
+        if not hasattr(part, "check_state_dict"):
+            continue
         if not file.is_file():
-            raise FileNotFoundError(f"no storage checkpoint at {file} (a directory written by a replay buffer's "
-                                    f"dumps() has one)")
-        # memory-mapped: the check reads shapes and metadata, not the ring's data
-        rb._storage.check_state_dict(torch.load(file, map_location="cpu", weights_only=False, mmap=True))
-    if hasattr(sampler, "check_state_dict"):
-        file = path / "sampler" / "sampler.pt"
-        if not file.is_file():
-            raise FileNotFoundError(f"no sampler checkpoint at {file} (a directory written by a replay buffer's "
-                                    f"dumps() has one)")
-        # the same unpickling as the sampler's loads, onto the CPU: no device memory for a check
-        _check_sampler_state(sampler, torch.load(file, map_location="cpu", weights_only=False))
+            raise FileNotFoundError(f"no {file.parent.name} checkpoint at {file} (a directory written by a replay "
+                                    f"buffer's dumps() has one)")
+        # memory-mapped onto the CPU: the checks read metadata and shapes (the sampler's also its priorities),
+        # no device memory and no second copy of the ring
+        _check_part(part, torch.load(file, map_location="cpu", weights_only=False, mmap=True))
     if isinstance(writer, RoundRobinWriter):
         _check_writer_state(writer, {"_cursor": _check_json(path / "writer" / "metadata.json", "cursor")["cursor"]})
     _check_batch_size_state(_check_json(path / "buffer_metadata.json", "batch_size")["batch_size"])

@@ -129,6 +129,11 @@ def _batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Te
     return out
 
 
+def _layout_key(key: Any) -> Any:
+    """A saved packed layout's key as the storage's layout holds it (a nested key saved as a list: a tuple)."""
+    return tuple(key) if isinstance(key, list) else key
+
+
 def _state_leaves(stored, prefix: tuple[str, ...] = ()) -> dict[Any, torch.Tensor]:
     """``{key: tensor}`` (a str, or a tuple for a nested key) of a ``TensorDict.state_dict()``, in either
     tensordict format: flat with ``"."``-joined keys (e.g. tensordict 0.14) or nested dicts carrying
@@ -539,8 +544,7 @@ class GPUTensorStorage(LazyTensorStorage):
                         and nbytes == math.prod(shape) * dtype.itemsize):
                     raise ValueError(f"storage checkpoint's packed_layout entry {entry!r} does not fit its "
                                      f"{row_bytes}-byte rows")
-                saved[tuple(key) if isinstance(key, list) and len(key) > 1 else
-                      (key[0] if isinstance(key, list) else key)] = (dtype, tuple(shape))
+                saved[_layout_key(key)] = (dtype, tuple(shape))
         else:
             stored = state_dict["_storage"]
             leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
@@ -555,8 +559,9 @@ class GPUTensorStorage(LazyTensorStorage):
             raise ValueError(f"storage checkpoint's length must be an int in [0, {self.max_size}], got {n!r}")
         have = self._fields()
         if have and saved != have:
-            diff = sorted(str(k) for k in set(have) | set(saved) if have.get(k) != saved.get(k))
-            raise ValueError(f"storage checkpoint's transitions differ from this storage's in {diff}: saved "
+            diff = sorted((k for k in set(have) | set(saved) if have.get(k) != saved.get(k)), key=str)
+            names = [str(k) for k in diff]
+            raise ValueError(f"storage checkpoint's transitions differ from this storage's in {names}: saved "
                              f"{ {k: saved.get(k) for k in diff} }, stored { {k: have.get(k) for k in diff} }")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -591,7 +596,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def _load_packed(self, state_dict: dict[str, Any]) -> None:
         rows = state_dict["packed_rows"]
-        layout = {(tuple(k) if isinstance(k, list) else k): (off, nbytes, getattr(torch, dtype), tuple(shape))
+        layout = {_layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
                   for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
         if rows.shape[0] != self.max_size:
             raise ValueError(f"the saved storage holds {rows.shape[0]} slots, this one max_size={self.max_size}")
