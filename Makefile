@@ -26,7 +26,7 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu $(ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/replay.py --out runs/bench/replay.json $(ARGS)
+	$(BIN)/python -m benchmarks run replay --quick --out runs/bench $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_per ext tests benchmarks examples

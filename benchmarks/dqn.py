@@ -44,28 +44,25 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
 Every row reports updates/s, microseconds per update and host syncs per update (CUDA only; counted with
 ``torch.cuda.set_sync_debug_mode("warn")``).
 
-    python benchmarks/dqn.py --out benchmarks/results/dqn.json          # GPU machine
-    python benchmarks/dqn.py --tiny --out /tmp/dqn.json                 # CPU smoke test (~1 min)
-    python benchmarks/dqn.py --family torchrl --out b.json              # TorchRL row in its own interpreter
-    python benchmarks/dqn.py --merge a.json b.json --out dqn.json       # one table from both
+    python -m benchmarks run dqn                                        # GPU machine: every row
+    python -m benchmarks run dqn --quick --out runs/bench               # smoke test (any machine)
+    python -m benchmarks run dqn --family ours --out /tmp/ours          # one family per interpreter ...
+    python -m benchmarks run dqn --merge /tmp/ours/dqn-h200.json /tmp/torchrl/dqn-h200.json   # ... pooled
 
-    python benchmarks/dqn.py --fit-only --out a.json                    # dqn-fit on 1 GPU
-    python benchmarks/dqn.py --fit-only --devices 2 --out b.json        # dqn-fit on 2 GPUs (DDP)
-    python benchmarks/dqn.py --scaling a.json b.json --out s.json       # total_N / total_1, / N
+    python -m benchmarks run dqn --fit-only --out /tmp/fit1             # dqn-fit on 1 GPU
+    python -m benchmarks run dqn --fit-only --devices 2 --out /tmp/fit2 # dqn-fit on 2 GPUs (DDP)
+    python -m benchmarks run dqn --scaling /tmp/fit1/dqn-h200.json /tmp/fit2/dqn-h200x2.json   # N / 1 device
 
-Under --devices N > 1 Lightning's DDP launcher re-runs this script once per extra rank; only rank 0
-writes --out (the replay rows are single-device measurements: --devices N > 1 implies --fit-only).
-
-On the GPU machine TorchRL 0.14's C++ sum tree does not load against torch 2.11; run the torchrl family
-with torchrl 0.11.1 (see ../shared/tools/device-wheels.sh --anchor) and merge.
+Under --devices N > 1 Lightning's DDP launcher re-runs the command once per extra rank; only rank 0
+writes results (the replay rows are single-device measurements: --devices N > 1 implies --fit-only).
+Where TorchRL's C++ sum tree does not load against the installed torch, run ``--family torchrl`` in an
+interpreter whose TorchRL loads it and merge (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import platform
 import sys
 import time
 import warnings
@@ -73,8 +70,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _harness import capture, count_syncs, timed  # noqa: F401
 from torch import nn
+
+from benchmarks._harness import capture, count_syncs, timed  # noqa: F401
+from benchmarks._results import Results
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -331,7 +330,7 @@ def fit_row(a, device) -> tuple[dict, int]:
 
     env = EnvConfig(backend="torch", num_envs=a.fit_envs)
     model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
-                warmup_steps=max(2 * a.batch, 1000 if not a.tiny else 64), updates_per_epoch=a.fit_steps,
+                warmup_steps=max(2 * a.batch, 1000 if not a.quick else 64), updates_per_epoch=a.fit_steps,
                 updates_per_step=a.updates_per_step, updates_per_graph=a.updates_per_graph,
                 replay_ratio=a.replay_ratio, compile=device.type == "cuda", inductor=a.fit_inductor,
                 overlap_replay=not a.fit_serial_replay)
@@ -411,17 +410,11 @@ def scaling(files: list[str]) -> tuple[list[dict], dict, str]:
     return [base, top], result, "\n".join(lines) + "\n"
 
 
-def write(out: Path, rows: list[dict], meta: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    out.with_suffix(".md").write_text(table(rows))
-    print(table(rows))
-
-
-def add_net_args(ap: argparse.ArgumentParser) -> None:
-    """The options of the seed-sized update (device, replay capacity N, batch B, MLP obs-hidden-actions),
-    shared with ``profile_dqn.py``."""
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def add_net_args(ap, device: bool = True) -> None:
+    """The options of the seed-sized update (``--device`` if ``device``, replay capacity N, batch B, MLP
+    obs-hidden-actions), shared with ``profile_dqn.py``."""
+    if device:
+        ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--obs", type=int, default=51)
@@ -429,10 +422,9 @@ def add_net_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap) -> None:
     ap.add_argument("--family", choices=["all", "ours", "torchrl"], default="all")
-    add_net_args(ap)
+    add_net_args(ap, device=False)
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--fit-steps", type=int, default=1000, help="updates in the measured dqn-fit epoch")
     ap.add_argument("--updates-per-step", type=int, default=1,
@@ -457,28 +449,21 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=1,
                     help="GPUs for the dqn-fit row (> 1: Lightning DDP, implies --fit-only)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads")
-    ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke test")
-    ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out")
-    ap.add_argument("--scaling", nargs=2, metavar=("ONE.json", "N.json"),
-                    help="dqn-fit rows of a 1-device and an N-device run: scaling table into --out")
-    ap.add_argument("--out", default=None, help="JSON (+ .md) to write; default benchmarks/results/dqn.json, "
-                    "with --tiny /tmp/dqn_tiny.json (a smoke run never overwrites the GPU results)")
-    a = ap.parse_args(argv)
-    if a.out is None:
-        a.out = "/tmp/dqn_tiny.json" if a.tiny else "benchmarks/results/dqn.json"
+    ap.add_argument("--merge", nargs="*", default=None, help="results JSON files of earlier runs: one table")
+    ap.add_argument("--scaling", nargs=2, metavar=("ONE.json", "N.json"), default=None,
+                    help="dqn-fit rows of a 1-device and an N-device run: the scaling table, nothing measured")
+
+
+def run(args) -> Results | None:
+    """The update rows (and the dqn-fit row); None on a DDP rank other than 0 (rank 0 writes)."""
+    a = args
     if a.merge:
         rows = [r for f in a.merge for r in json.loads(Path(f).read_text())["rows"]]
-        write(Path(a.out), rows, {"merged": a.merge})
-        return 0
+        return Results(rows=rows, table=table(rows), metric="updates_per_s", title=TITLE)
     if a.scaling:
         rows, result, text = scaling(a.scaling)
-        out = Path(a.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"meta": {"scaling": a.scaling}, "rows": rows, "scaling": result},
-                                  indent=2) + "\n")
-        out.with_suffix(".md").write_text(text)
-        print(text)
-        return 0
+        return Results(rows=rows, table=text, metric="updates_per_s_total", extra={"scaling": result},
+                       devices=result["devices"], title="dqn-fit total updates/s on 1 and N devices (DDP).")
     if a.devices < 1:
         raise SystemExit(f"--devices must be >= 1, got {a.devices}")
     if a.devices > 1 and not a.fit_only:
@@ -487,12 +472,10 @@ def main(argv=None) -> int:
         a.fit_only = True
     if a.fit_only and a.no_fit:
         raise SystemExit("--fit-only and --no-fit together leave nothing to run")
-    if a.tiny:
+    if a.quick:
         a.capacity, a.batch, a.hidden, a.iters, a.fit_steps, a.fit_envs = 2048, 32, [32, 32], 20, 20, 4
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
-    meta = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else platform.processor() or "cpu", "torch": torch.__version__, "args": vars(a)}
     rows: list[dict] = []
     for family in () if a.fit_only else (("ours", "torchrl") if a.family == "all" else (a.family,)):
         try:
@@ -503,10 +486,10 @@ def main(argv=None) -> int:
     if (a.fit_only or a.family in ("all", "ours")) and not a.no_fit:
         fit, rank = fit_row(a, device)
         rows.append(fit)
-    if rank == 0:  # under DDP every rank runs main(); rank 0 writes
-        write(Path(a.out), rows, meta)
-    return 0
+    if rank != 0:
+        return None
+    return Results(rows=rows, table=table(rows), metric="updates_per_s", devices=a.devices, title=TITLE)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+TITLE = ("One DQN update = sample B -> double-DQN n-step target -> IS-weighted Huber loss -> backward -> clip -> "
+         "Adam -> priority update; updates/s, microseconds and host syncs per update.")

@@ -8,7 +8,7 @@ serial replay) and device count, and writes a Markdown table (every run's total 
 spread as (max - min) / median) with the scaling of the medians (total updates/s at N devices / at 1 device),
 plus a plot with one dot per run.
 
-    python benchmarks/fit_runs.py benchmarks/results/dqn_fit_runs_s9/*.json --out benchmarks/results/dqn_fit_runs_s9.md
+    python -m benchmarks.fit_runs benchmarks/results/dqn_fit_runs_s9/*.json --out benchmarks/results/dqn_fit_runs_s9.md
 """
 
 from __future__ import annotations

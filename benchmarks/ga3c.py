@@ -7,32 +7,17 @@ Rows (each measured over ``--seconds`` after ``--warmup`` seconds, one process, 
   torchrl-async   TorchRL's AsyncBatchedCollector (process-slot transport, a policy server on the same
                   device, per-env TorchRL pixel transforms), collection only: steps/s, no training
 
-    python benchmarks/ga3c.py --out benchmarks/results/ga3c.json          # GPU machine, 16 cores
-    python benchmarks/ga3c.py --tiny                                      # CPU smoke test (~1 min)
+    python -m benchmarks run ga3c                                      # GPU machine, 16 cores
+    python -m benchmarks run ga3c --quick --out runs/bench             # smoke test (~1 min, CPU)
+    python -m benchmarks run ga3c --rows ga3c-static --cuda-graph --agents 32
 
-``--cuda-graph``: the GA3C rows (and ``--learner-only``) run with ``cuda_graph: true``, the training update
-replayed as one CUDA graph (``lightning_per/ga3c/module.py``); the rows are named ``ga3c-static-graph`` /
-``ga3c-dynamic-graph`` and the default output is ``ga3c_graph.json`` (``ga3c_learner_<device>[_pps<P>]_graph``),
-so eager and graph runs of one session sit side by side:
-
-    python benchmarks/ga3c.py --rows ga3c-static && python benchmarks/ga3c.py --rows ga3c-static --cuda-graph
-
-``--learner-only``: the learner alone (module, loss, optimiser, Trainer, data loader, trainer threads) on
-synthetic Pong-shaped batches, no agents (nor predictors unless ``--synthetic-pps``): its maximum TPS and
-the time split per update (see ``benchmarks/_ga3c_learner.py``); writes ``ga3c_learner_<device>[_pps<P>].{json,md}``
-under ``--out``:
-
-    python benchmarks/ga3c.py --learner-only                              # GPU: batch 160 x 4x84x84
-    python benchmarks/ga3c.py --learner-only --synthetic-pps 18000 --predictors 2   # + 2 predictor threads
-    python benchmarks/ga3c.py --learner-only --tiny                       # CPU smoke: batch 20 x 4x36x36
-    python benchmarks/ga3c.py --learner-only --cuda-graph                 # GPU: the update as one graph replay
-
-Writes JSON ``{"meta": ..., "rows": [...]}`` and a Markdown table next to it.
+``--cuda-graph``: the GA3C rows run with ``cuda_graph: true``, the training update replayed as one CUDA
+graph; the rows are named ``ga3c-static-graph`` / ``ga3c-dynamic-graph``. The learner alone on synthetic
+batches is the ``ga3c-learner`` suite (``benchmarks/ga3c_learner.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -43,6 +28,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from benchmarks._results import Results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +97,7 @@ def bench_ga3c(args, dynamic: bool) -> dict:
                      adjust_window_s=args.adjust_window, target_return=None, status_interval_s=10.0,
                      max_time_s=args.warmup + args.seconds + 60.0, wandb_mode="disabled", device=args.device,
                      max_agents=max(args.agents, args.max_agents), cuda_graph=args.cuda_graph)
-    if args.tiny:
+    if args.quick:
         overrides.update(train_min_batch_size=20, predict_batch_size=8, torch_threads=1, max_predictors=2,
                          max_trainers=2)
     cfg = load_config(args.config, overrides)
@@ -250,9 +237,17 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_common_arguments(ap) -> None:
+    """Options of both GA3C suites (``ga3c`` and ``ga3c-learner``)."""
     ap.add_argument("--config", default=str(ROOT / "configs/ga3c_pong.yaml"))
+    ap.add_argument("--predictors", type=int, default=2)
+    ap.add_argument("--trainers", type=int, default=2)
+    ap.add_argument("--cuda-graph", action="store_true", help="cuda_graph=true: the training update as one "
+                    "CUDA graph replay (eager on the CPU); the GA3C rows get a -graph suffix")
+
+
+def add_arguments(ap) -> None:
+    add_common_arguments(ap)
     ap.add_argument("--rows", default="ale-bare,ga3c-static,ga3c-dynamic,torchrl-async")
     ap.add_argument("--seconds", type=float, default=60.0, help="measurement window per row, s")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before measuring, s")
@@ -260,28 +255,12 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--max-agents", type=int, default=32)
     ap.add_argument("--envs-per-agent", type=int, default=16)
-    ap.add_argument("--predictors", type=int, default=2)
-    ap.add_argument("--trainers", type=int, default=2)
     ap.add_argument("--torchrl-envs", type=int, default=16)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
-    ap.add_argument("--cuda-graph", action="store_true", help="GA3C rows and --learner-only: cuda_graph=true "
-                    "(the update as one CUDA graph replay; eager on the CPU); rows and files get a graph suffix")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ga3c.json); with "
-                    "--learner-only a directory (default benchmarks/results/)")
-    ap.add_argument("--learner-only", action="store_true", help="learner alone on synthetic batches")
-    ap.add_argument("--batch", type=int, default=160, help="learner-only: transitions per batch")
-    ap.add_argument("--obs-size", type=int, default=84, help="learner-only: frame side (4 x S x S uint8)")
-    ap.add_argument("--updates", type=int, default=500, help="learner-only: measured updates")
-    ap.add_argument("--synthetic-pps", type=float, default=0.0, help="learner-only: run --predictors predictor "
-                    "threads serving this many synthetic predictions/s in all (0: none)")
-    ap.add_argument("--predict-requests", type=int, default=4, help="learner-only: requests per prediction batch")
-    ap.add_argument("--torch-threads", type=int, default=None, help="learner-only: torch threads (default: config)")
-    ap.add_argument("--warmup-updates", type=int, default=50, help="learner-only: updates before measuring")
-    args = ap.parse_args()
-    if args.learner_only:
-        return learner_main(args)
-    if args.tiny:
+
+
+def run(args) -> Results:
+    """Each row of ``--rows`` in turn; a failing row is reported in its ``error`` field."""
+    if args.quick:
         args.seconds, args.warmup, args.adjust_window = 6.0, 4.0, 2.0
         args.agents, args.max_agents, args.envs_per_agent = 2, 3, 2
         args.predictors = args.trainers = 1
@@ -299,39 +278,9 @@ def main() -> None:
             row = {"row": name, "error": f"{type(err).__name__}: {err}"}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "adjustments"}), flush=True)
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    meta = {"device": args.device, "device_name": name,
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "seconds": args.seconds,
-            "warmup": args.warmup, "config": args.config, "tiny": args.tiny, "cuda_graph": args.cuda_graph,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    out = Path(args.out or ROOT / f"benchmarks/results/ga3c{'_graph' if args.cuda_graph else ''}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(_table(rows) + "\n")
-    print(_table(rows))
-
-
-def learner_main(args) -> None:
-    from _ga3c_learner import bench_learner, learner_table
-
-    if args.tiny:
-        args.device, args.batch, args.obs_size = "cpu", 20, 36
-        args.updates, args.warmup_updates, args.trainers = min(args.updates, 200), min(args.warmup_updates, 20), 1
-        args.torch_threads = args.torch_threads or 1
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    row = bench_learner(args)
-    name = torch.cuda.get_device_name() if row["device"] == "cuda" else "cpu"
-    meta = {"device_name": name, "cpu_count": os.cpu_count(), "torch": torch.__version__, "config": args.config,
-            "tiny": args.tiny, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    pps = f"_pps{int(args.synthetic_pps)}" if row["predictors"] else ""
-    graph = "_graph" if row["cuda_graph"] else ""
-    out = Path(args.out or ROOT / "benchmarks/results") / f"ga3c_learner_{row['device']}{pps}{graph}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": [row]}, indent=1))
-    out.with_suffix(".md").write_text(learner_table(row) + "\n")
-    print(json.dumps(row))
-    print(learner_table(row))
-
-
-if __name__ == "__main__":
-    main()
+    for r in rows:
+        r.setdefault("impl", r["row"])
+    return Results(rows=rows, table=_table(rows), metric="steps_per_s",
+                   title=f"GA3C throughput ({Path(args.config).name}, {args.seconds:g} s per row after "
+                         f"{args.warmup:g} s): agent steps/s, frames/s, TPS (training batches/s), PPS "
+                         "(predictions/s), policy lag (updates), cores used.")

@@ -4,7 +4,7 @@ Rows (CUDA, one process, both in CUDA-graph replay of 32 gathers per launch so t
 cost is amortised): ``(N, D)`` float32 storage rows, ``B`` int64 indices from ``torch.randint``;
 microseconds per gather and the ratio. This decided ``GPUTensorStorage.get``'s kernel.
 
-    python benchmarks/gather.py --out results/gather_h200.json
+    python -m benchmarks.gather --out results/gather_h200.json
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import argparse
 import json
 
 import torch
-from _harness import capture, timed
+
+from benchmarks._harness import capture, timed
 
 REPEAT = 32
 

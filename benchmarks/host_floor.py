@@ -13,7 +13,7 @@ what is measured):
   for ``make_replay_buffer(N, B, packed=True)`` with the compiled kernels and cached eager graphs;
 * a cProfile of the step's host functions (``--cprofile``).
 
-    python benchmarks/host_floor.py --capacity 1000000 --batch 256 --out benchmarks/results/host_floor.json
+    python -m benchmarks.host_floor --capacity 1000000 --batch 256 --out benchmarks/results/host_floor.json
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import host_profile  # noqa: E402
-from replay import batch, fill, step_fn  # noqa: E402
+from benchmarks._harness import host_profile  # noqa: E402
+from benchmarks.replay import batch, fill, step_fn  # noqa: E402
 
 
 def per_call_us(fn, iters: int) -> float:

@@ -15,9 +15,9 @@ updates under ``torch.profiler`` (``ProfilerActivity.CUDA``). Reported per updat
 device time: gaps between kernels excluded), kernel-launch API calls on the host, and the kernels grouped
 by name (count and us per update, largest first). Printed and written to ``--out`` (JSON).
 
-    python benchmarks/profile_dqn.py --out benchmarks/results/profile_dqn.json            # GPU
-    python benchmarks/profile_dqn.py --graph --out benchmarks/results/profile_dqn.json    # + graph modes
-    python benchmarks/profile_dqn.py --tiny --device cpu --out /tmp/p.json                # CPU smoke test
+    python -m benchmarks.profile_dqn --out benchmarks/results/profile_dqn.json            # GPU
+    python -m benchmarks.profile_dqn --graph --out benchmarks/results/profile_dqn.json    # + graph modes
+    python -m benchmarks.profile_dqn --tiny --device cpu --out /tmp/p.json                # CPU smoke test
 
 On the CPU there are no device kernels: the counts are aten operators (``aten::*`` CPU events, nested
 ones included), which only checks that the script runs.
@@ -35,8 +35,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dqn import add_net_args, fill, graph_body, make_net  # noqa: E402
+from benchmarks.dqn import add_net_args, fill, graph_body, make_net  # noqa: E402
 
 _LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC",
                 "cudaGraphLaunch")

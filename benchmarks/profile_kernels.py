@@ -15,8 +15,8 @@ wall time per step measured around the same loop (so wall - sum = gaps and host 
 it also writes ``X.json`` (the sections' rows) and ``X.png`` (device time per step, one stacked bar per
 section); ``--replot X.txt`` rebuilds those two from a text report written earlier (e.g. on the GPU machine).
 
-    python benchmarks/profile_kernels.py --capacity 1000000 --batch 256 --out /tmp/profile_kernels.txt
-    python benchmarks/profile_kernels.py --replot benchmarks/results/profile_kernels_s7_call29.txt
+    python -m benchmarks.profile_kernels --capacity 1000000 --batch 256 --out /tmp/profile_kernels.txt
+    python -m benchmarks.profile_kernels --replot benchmarks/results/profile_kernels_s7_call29.txt
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import host_profile  # noqa: E402
-from replay import REPEAT, batch, fill, graph_step, step_fn  # noqa: E402
+from benchmarks._harness import host_profile  # noqa: E402
+from benchmarks.replay import REPEAT, batch, fill, graph_step, step_fn  # noqa: E402
 
 
 def kernel_table(fn, reps: int, per_call: int) -> tuple[list[tuple[str, float, float]], float]:

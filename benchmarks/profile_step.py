@@ -6,7 +6,7 @@ batch B: ``rb.sample()`` + ``rb.update_priority`` (the training step's replay wo
 sorted by self CPU time and the number of device kernel launches per call, and writes the tables to
 ``--out`` (a text file). Use it to find the host overhead that eager steps pay on top of the kernels.
 
-    python benchmarks/profile_step.py --capacity 1000000 --batch 256 --out /tmp/profile.txt
+    python -m benchmarks.profile_step --capacity 1000000 --batch 256 --out /tmp/profile.txt
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import host_profile  # noqa: E402
-from replay import batch, fill  # noqa: E402
+from benchmarks._harness import host_profile  # noqa: E402
+from benchmarks.replay import batch, fill  # noqa: E402
 
 
 def profiled(fn, reps: int, device) -> tuple[str, int]:

@@ -11,7 +11,7 @@ Rows, measured side by side in one process per implementation family:
                     default: the proportional draws and, the ring being full, the priority writes and the
                     rank sampler's re-sort + draw); ``ours-kernels-eager-launches`` is the same buffer with
                     ``eager_graphs=False`` (every kernel launched from the host)
-  ours-kernels-*    the same with the compiled ext/ kernels (when benchmarks/replay_kernels.py loads); the
+  ours-kernels-*    the same with the compiled ext/ kernels (CUDA only); the
                     graph rows run what the buffer runs (draw + row gather fused in one launch with the packed
                     storage), the *-unfused rows the former sampler.sample + storage.get (two launches)
   torchrl-per       TorchRL TensorDictPrioritizedReplayBuffer, LazyTensorStorage on the same device
@@ -21,24 +21,27 @@ plus extend of 64 transitions, host syncs per step (torch.cuda.set_sync_debug_mo
 memory per slot. Transition: observation 51 f32, next_observation 51 f32, action i64, reward f32,
 done bool (421 bytes).
 
-TorchRL's C++ sum tree loads on the GPU machine only from torchrl 0.11.1: run `--family torchrl` in
-that interpreter, `--family ours` in ours, then `--merge a.json b.json` writes the table and plot.
+Where TorchRL's C++ sum tree does not load against the installed torch, run ``--family torchrl`` in an
+interpreter with a TorchRL that loads, ``--family ours`` in ours, and pool both with ``--merge``
+(see benchmarks/README.md):
 
-    python benchmarks/replay.py --family ours --out results/ours.json
-    PYTHONPATH=/tmp/anchor python benchmarks/replay.py --family torchrl --out results/torchrl.json
-    python benchmarks/replay.py --merge results/ours.json results/torchrl.json --out results/replay.json
+    python -m benchmarks run replay                                   # every family, this machine
+    python -m benchmarks run replay --quick --out runs/bench          # smoke test, any machine
+    python -m benchmarks run replay --family ours --out /tmp/ours
+    python -m benchmarks run replay --merge /tmp/ours/replay-h200.json /tmp/torchrl/replay-h200.json
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import sys
 from pathlib import Path
 
 import torch
-from _harness import REPEAT, capture, count_syncs, timed
+
+from benchmarks._harness import REPEAT, capture, count_syncs, timed
+from benchmarks._results import Results
 
 OBS = 51
 TRANSITION_BYTES = OBS * 4 * 2 + 8 + 4 + 1
@@ -217,45 +220,54 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["ours", "torchrl"], default="ours")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def add_arguments(ap) -> None:
+    ap.add_argument("--family", choices=["ours", "torchrl", "all"], default="all",
+                    help="implementations to run (default all; torchrl rows are skipped where TorchRL's "
+                         "prioritized buffer does not load)")
     ap.add_argument("--sizes", default=None,
-                    help="capacities N, comma-separated (default 1e5,1e6,1e7 on CUDA, 1e4,1e5 on CPU)")
-    ap.add_argument("--batches", default=None,
-                    help="batch sizes B, comma-separated (default 32,256,1024 on CUDA, 32,256 on CPU)")
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test on CPU)")
-    ap.add_argument("--merge", nargs="*", help="JSON files to merge into --out (+ .png, .md)")
-    ap.add_argument("--out", default="benchmarks/results/replay.json")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+                    help="capacities N, comma-separated (default 1e6,1e7 on CUDA, 1e4,1e5 on CPU)")
+    ap.add_argument("--batches", default=None, help="batch sizes B, comma-separated (default 256)")
+    ap.add_argument("--iters", type=int, default=200, help="timed steps per row")
+    ap.add_argument("--merge", nargs="*", default=None,
+                    help="results JSON files of earlier runs (e.g. each family in its own interpreter): "
+                         "one table of all their rows, nothing measured")
+
+
+def run(args) -> Results:
+    """Measure the rows for every (N, B); or, with ``--merge``, pool earlier runs' rows."""
     if args.merge:
         rows = [r for f in args.merge for r in json.loads(Path(f).read_text())["rows"]]
     else:
         device = torch.device(args.device)
         cuda = device.type == "cuda"
-        sizes = args.sizes or ("1e5,1e6,1e7" if cuda else "1e4,1e5")
-        batches = args.batches or ("32,256,1024" if cuda else "32,256")
-        sizes = [int(float(s)) for s in ("1e3" if args.quick else sizes).split(",")]
-        batches = [int(b) for b in ("32" if args.quick else batches).split(",")]
+        sizes = "1e3" if args.quick else args.sizes or ("1e6,1e7" if cuda else "1e4,1e5")
+        batches = "32" if args.quick else args.batches or "256"
         iters = 5 if args.quick else args.iters
-        fn = ours_rows if args.family == "ours" else torchrl_rows
+        families = ("ours", "torchrl") if args.family == "all" else (args.family,)
         rows = []
-        for N in sizes:
-            for B in batches:
-                rows += fn(N, B, device, iters)
+        for N in [int(float(s)) for s in sizes.split(",")]:
+            for B in [int(b) for b in batches.split(",")]:
+                for family in families:
+                    fn = ours_rows if family == "ours" else torchrl_rows
+                    try:
+                        rows += fn(N, B, device, iters)
+                    except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree missing for this torch
+                        print(f"{family} rows skipped ({type(err).__name__}: {err})", file=sys.stderr)
                 print(table([r for r in rows if r["N"] == N and r["B"] == B]), flush=True)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    out.with_suffix(".md").write_text(table(rows) + "\n")
-    plot(rows, out.with_suffix(".png"))
-    if args.merge or len({(r["N"], r["B"]) for r in rows}) > 1:  # one (N, B) was printed as it finished
-        print(table(rows))
-    return 0
+    return Results(rows=rows, table=table(rows), plot=lambda path: plot(rows, path),
+                   title="One replay step = sample B + read the batch + update B priorities: microseconds per step "
+                         "(CUDA events on a GPU, wall clock on a CPU), host syncs per step, extend of 64 "
+                         "transitions, memory per slot.",
+                   notes=ratios(rows))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def ratios(rows: list[dict]) -> str:
+    """Ratios of rows of this run, per (N, B): TorchRL's prioritized step / ours in one graph and eager."""
+    lines = []
+    for N, B in sorted({(r["N"], r["B"]) for r in rows}):
+        by = {r["impl"]: r["step_us"] for r in rows if r["N"] == N and r["B"] == B}
+        ref = by.get("torchrl-per")
+        for impl in ("ours-kernels-graph", "ours-kernels-eager", "ours-eager"):
+            if ref and impl in by:
+                lines.append(f"- N = {N:.0e}, B = {B}: torchrl-per / {impl} = {ref / by[impl]:.1f}x")
+    return "\n".join(lines)

@@ -18,7 +18,7 @@ events over ``--iters`` calls (the device is idle most of the time, so each row 
   graph-replay    one CUDA graph of the sample kernel's work, replayed (what a cached graph costs the host)
   clone-rows      one clone of the (B, W) gathered rows
 
-    python benchmarks/replay_eager.py --out benchmarks/results/replay_eager.json
+    python -m benchmarks.replay_eager --out benchmarks/results/replay_eager.json
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 
 import torch
-from _harness import capture, timed
-from replay import fill
+
+from benchmarks._harness import capture, timed
+from benchmarks.replay import fill
 
 
 def main(argv=None) -> int:

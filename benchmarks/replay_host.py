@@ -29,8 +29,8 @@ On the CPU every index is a host tensor, so ``update``/``extend64`` also run the
 ``update_priority``/``mark_update`` (``aminmax`` + two ``item``): three ops that device indices skip on the GPU.
 TorchRL's buffers run alongside (``torchrl-per``: C++ sum tree, ``torchrl-uniform``) as a yardstick.
 
-    .venv/bin/python benchmarks/replay_host.py                       # table, both packings, reference ops
-    .venv/bin/python benchmarks/replay_host.py --backend kernels --cprofile --json /tmp/host.json
+    python -m benchmarks.replay_host                       # table, both packings, reference ops
+    python -m benchmarks.replay_host --backend kernels --cprofile --json /tmp/host.json
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ if ARGS is not None and ARGS.backend == "kernels":
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported (torchrl imports it)
 
 import torch  # noqa: E402
-from _harness import host_profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from benchmarks._harness import host_profile  # noqa: E402
 
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "lift_fresh", "detach", "alias", "_unsafe_view",
               "view", "as_strided", "expand", "slice", "select", "unsqueeze", "squeeze", "t", "transpose",

@@ -22,7 +22,7 @@ sample = ``12 nb`` (block sums + minima) ``+ 4 block R`` (the ``R = min(B, nb)``
 (two scattered 4-byte writes) ``+ 4 block R`` (rows re-read) ``+ 64 R`` (scattered sum/min writes);
 ``roofline = bytes / time / peak`` with the peak HBM bandwidth of the device (``PEAK_GBPS``).
 
-    python benchmarks/replay_kernels.py --sizes 1e6,1e7 --batches 256
+    python -m benchmarks.replay_kernels --sizes 1e6,1e7 --batches 256
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import sys
 import warnings
 
 import torch
-from _harness import REPEAT, capture, timed
+
+from benchmarks._harness import REPEAT, capture, timed
 
 #: Peak HBM bandwidth in GB/s by device-name substring (vendor figures).
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}

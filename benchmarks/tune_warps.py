@@ -8,7 +8,7 @@ from the chunk size (``ext._common.warps_for``). This script times the ``graph-x
 the default and with each of ``--warps`` for one kernel, the other left at its default, by wrapping the
 kernel's launch (no knob in the package). Results: a table, and JSON with ``--out``.
 
-    python benchmarks/tune_warps.py --sizes 1e6,1e7 --out benchmarks/results/tune_warps.json
+    python -m benchmarks.tune_warps --sizes 1e6,1e7 --out benchmarks/results/tune_warps.json
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import REPEAT, timed  # noqa: E402
-from replay import fill, graph_step  # noqa: E402
+from benchmarks._harness import REPEAT, timed  # noqa: E402
+from benchmarks.replay import fill, graph_step  # noqa: E402
 
 #: (module, kernel attribute) of each tuned kernel
 KERNELS = {"sample_gather": ("sample", "_sample_gather_kernel"), "write": ("update", "_write_one_kernel")}

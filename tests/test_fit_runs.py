@@ -1,4 +1,4 @@
-"""benchmarks/fit_runs.py pools repeated dqn-fit runs: medians, spreads and the scaling of the medians,
+"""benchmarks.fit_runs pools repeated dqn-fit runs: medians, spreads and the scaling of the medians,
 checked against values worked out by hand."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-import fit_runs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from benchmarks import fit_runs  # noqa: E402
 
 
 def _run(path: Path, world: int, total: float, name: str = "dqn-fit") -> str:

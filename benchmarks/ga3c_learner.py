@@ -1,4 +1,4 @@
-"""GA3C learner-only benchmark (``benchmarks/ga3c.py --learner-only``): the learner's maximum TPS.
+"""GA3C learner alone on synthetic Pong-shaped batches: its maximum TPS and the time split per update.
 
 The real :class:`~lightning_per.ga3c.GA3C` module, its loss, optimiser and ``Trainer`` (the CLI's
 :func:`~lightning_per.ga3c.cli.build_trainer`, with :class:`~lightning_per.callbacks.AsyncMetricsCallback`),
@@ -17,7 +17,7 @@ forward, loss, device metrics), ``backward`` (``on_before_backward`` -> ``on_aft
 ``lightning`` (everything else: the fit loop, data fetcher, hooks, the module's ``on_train_batch_end``).
 On CUDA the device time of ``h2d``, ``forward``, ``backward`` and ``step`` is measured with CUDA events
 (read after the run, so no host synchronisation during it), and host synchronisations during the measured
-updates are counted with ``torch.cuda.set_sync_debug_mode("warn")`` (as :func:`_harness.count_syncs`).
+updates are counted with ``torch.cuda.set_sync_debug_mode("warn")`` (as :func:`benchmarks._harness.count_syncs`).
 With ``--cuda-graph`` on CUDA (``cuda_graph: true``, graph mode) ``training_step`` is the whole update,
 so ``forward`` is the copy of the pinned batch into the graph's static inputs plus the one replay (forward,
 loss, backward, clip, optimiser step, metrics), and ``h2d``, ``backward`` and ``step`` are 0 (the row's
@@ -25,7 +25,12 @@ loss, backward, clip, optimiser step, metrics), and ``h2d``, ``backward`` and ``
 
 The ``bare`` figure is the floor: the same net, loss, optimiser and gradient clipping in a plain PyTorch
 loop on one batch already on the device (no Lightning, data path or metrics), timed with
-:func:`_harness.timed`; ``ms_per_update - bare_ms_per_update`` is the learner's host overhead.
+:func:`benchmarks._harness.timed`; ``ms_per_update - bare_ms_per_update`` is the learner's host overhead.
+
+    python -m benchmarks run ga3c-learner                                  # GPU: batch 160 x 4x84x84
+    python -m benchmarks run ga3c-learner --synthetic-pps 18000 --predictors 2   # + 2 predictor threads
+    python -m benchmarks run ga3c-learner --cuda-graph                     # the update as one graph replay
+    python -m benchmarks run ga3c-learner --quick --out runs/bench         # smoke test: batch 20 x 4x36x36
 """
 
 from __future__ import annotations
@@ -39,15 +44,16 @@ from unittest import mock
 
 import numpy as np
 import torch
-from _harness import timed
 
+from benchmarks._harness import timed
+from benchmarks._results import Results
 from lightning_per.ga3c import module as ga3c_module
 from lightning_per.ga3c.loss import a3c_loss
 from lightning_per.ga3c.module import GA3C
 from lightning_per.ga3c.system import GA3CSystem, _Agent
 from lightning_per.ga3c.workers import PredictorThread, TrainerThread
 
-__all__ = ["bench_learner", "PHASES"]
+__all__ = ["add_arguments", "bench_learner", "run", "PHASES"]
 
 #: Host phases of one update, in seconds (see the module docstring).
 PHASES = ("wait", "h2d", "forward", "backward", "step", "lightning")
@@ -335,3 +341,31 @@ def learner_table(row: dict) -> str:
         out.append(f"| device busy | | | {row['device_busy_ms']:.3f} |")
         out += ["", f"host synchronisations per update: {row['syncs_per_update']:.2f}"]
     return "\n".join(out)
+
+
+def add_arguments(ap) -> None:
+    from benchmarks.ga3c import add_common_arguments
+
+    add_common_arguments(ap)
+    ap.add_argument("--batch", type=int, default=160, help="transitions per batch")
+    ap.add_argument("--obs-size", type=int, default=84, help="frame side (4 x S x S uint8)")
+    ap.add_argument("--updates", type=int, default=500, help="measured updates")
+    ap.add_argument("--synthetic-pps", type=float, default=0.0, help="run --predictors predictor threads "
+                    "serving this many synthetic predictions/s in all (0: none)")
+    ap.add_argument("--predict-requests", type=int, default=4, help="requests per prediction batch")
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch threads (default: the config's)")
+    ap.add_argument("--warmup-updates", type=int, default=50, help="updates before measuring")
+
+
+def run(args) -> Results:
+    """One learner-only row."""
+    if args.quick:
+        args.device, args.batch, args.obs_size = "cpu", 20, 36
+        args.updates, args.warmup_updates, args.trainers = min(args.updates, 200), min(args.warmup_updates, 20), 1
+        args.torch_threads = args.torch_threads or 1
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    row = bench_learner(args)
+    row["impl"] = "learner-only" + ("-graph" if row["cuda_graph"] else "")
+    return Results(rows=[row], table=learner_table(row), metric="tps",
+                   title="The GA3C learner alone (module, loss, optimiser, Trainer, data loader, trainer threads) "
+                         "on synthetic batches: TPS (training batches/s) and host/device ms per update by phase.")

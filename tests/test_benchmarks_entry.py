@@ -1,0 +1,70 @@
+"""The benchmark entry point: ``python -m benchmarks run replay --quick`` on the CPU writes the canonical
+results files (named by suite and machine, with the environment inside), and the shared results writer
+names machines and formats tables as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import SUITES  # noqa: E402
+from benchmarks._results import Results, machine_name, markdown_table, write  # noqa: E402
+
+
+def test_replay_quick_on_cpu_writes_the_canonical_files(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "replay", "--quick", "--device", "cpu",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["replay-cpu.json", "replay-cpu.md", "replay-cpu.png"]
+    data = json.loads((out / "replay-cpu.json").read_text())
+    assert data["suite"] == "replay" and data["machine"] == "cpu"
+    env = data["environment"]
+    assert env["torch"] == torch.__version__ and env["gpu"] is None and env["args"]["quick"] is True
+    assert {"triton", "driver", "cpu", "cpu_cores", "command"} <= set(env)
+    impls = {r["impl"] for r in data["rows"]}
+    assert {"ours-eager", "ours-rank-eager", "bare-gather"} <= impls  # the CPU rows (no kernels, no graphs)
+    assert all(r["N"] == 1000 and r["B"] == 32 and r["step_us"] > 0 for r in data["rows"])
+    md = (out / "replay-cpu.md").read_text()
+    assert "| impl | N | B | step (us) |" in md and "Reproduce: `python -m benchmarks run replay --quick" in md
+    assert (out / "replay-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_suite_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "expected a suite in" in proc.stderr and "'nope'" in proc.stderr
+
+
+def test_every_registered_suite_exposes_run():
+    import importlib
+
+    for name, module in SUITES.items():
+        assert callable(importlib.import_module(module).run), name
+
+
+@pytest.mark.parametrize(("gpu", "devices", "name"), [("NVIDIA H200", 1, "h200"), ("NVIDIA H200", 2, "h200x2"),
+                                                      ("NVIDIA H100 80GB HBM3", 1, "h100"),
+                                                      ("NVIDIA GeForce RTX 4090", 1, "rtx"), (None, 1, "cpu")])
+def test_machine_name(gpu, devices, name):
+    assert machine_name({"gpu": gpu}, devices) == name
+
+
+def test_markdown_table_and_default_plot(tmp_path):
+    rows = [{"impl": "a", "us": 1234.56, "n": 3}, {"impl": "b", "us": 2.0, "extra": None}]
+    assert markdown_table(rows).splitlines() == ["| impl | us | n | extra |", "|---|---|---|---|",
+                                                 "| a | 1,234.6 | 3 |  |", "| b | 2.0 |  |  |"]
+    env = {"gpu": None, "torch": "x", "command": "python -m benchmarks run toy", "utc": "t"}
+    paths = write("toy", Results(rows=rows, metric="us", title="Toy."), tmp_path, env)
+    assert [p.name for p in paths] == ["toy-cpu.json", "toy-cpu.md", "toy-cpu.png"]
+    assert json.loads(paths[0].read_text())["rows"] == rows
+    assert paths[2].read_bytes()[:4] == b"\x89PNG"
