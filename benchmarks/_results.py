@@ -168,14 +168,15 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
     paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
     payload = {"suite": suite, "machine": machine, "environment": env, "rows": results.rows, **results.extra}
     _atomic_write(paths[0], json.dumps(payload, indent=1, default=str) + "\n")
+    def v(key: str) -> str:
+        return "not recorded" if env.get(key) is None else str(env[key])
+
     hw = env.get("gpu") or "CPU only"
     if env.get("gpu_count", 0) > 1 or results.devices > 1:
         hw = f"{results.devices} x {hw}"
-    meta = (f"Machine: {hw}" + (f", driver {env['driver']}" if env.get("driver") else "")
-            + (f", CUDA {env['cuda']}" if env.get("cuda") else "")
-            + f"; {env.get('cpu')} ({env.get('cpu_cores')} cores). torch {env.get('torch')}, "
-            f"triton {env.get('triton') or '-'}, torchrl {env.get('torchrl')}, python {env.get('python')}. "
-            f"Run {env.get('utc')}.")
+    meta = (f"Machine: {hw}" + (f", driver {v('driver')}, CUDA {v('cuda')}" if env.get("gpu") else "")
+            + f"; CPU {v('cpu')} ({v('cpu_cores')} cores). torch {v('torch')}, triton {v('triton')}, "
+            f"torchrl {v('torchrl')}, python {v('python')}. Run at {v('utc')} (UTC).")
     table = results.table if results.table is not None else markdown_table(results.rows)
     parts = [f"# {suite} ({machine})", results.title, meta, table.rstrip(), results.notes.strip(),
              f"Reproduce: `{env.get('command')}`"]

@@ -1,5 +1,5 @@
-"""Repeated ``benchmarks/dqn.py --fit-only`` runs, pooled: the spread of each configuration and the DDP scaling
-of the medians.
+"""Repeated ``python -m benchmarks run dqn --fit-only`` runs, pooled: the spread of each configuration and
+the DDP scaling of the medians.
 
 One ``dqn-fit`` run under ``Trainer.fit`` is host-bound (Lightning's loop, the env collection, one graph replay
 per step) and moves with the host from run to run, so one 1-GPU run and one 2-GPU run make a noisy ratio.
@@ -8,7 +8,7 @@ serial replay) and device count, and writes a Markdown table (every run's total 
 spread as (max - min) / median) with the scaling of the medians (total updates/s at N devices / at 1 device),
 plus a plot with one dot per run.
 
-    python -m benchmarks.fit_runs benchmarks/results/dqn_fit_runs_s9/*.json --out benchmarks/results/dqn_fit_runs_s9.md
+    python -m benchmarks.fit_runs /tmp/fit*/dqn-*.json --out /tmp/fit_runs.md
 """
 
 from __future__ import annotations

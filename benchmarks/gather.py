@@ -4,7 +4,7 @@ Rows (CUDA, one process, both in CUDA-graph replay of 32 gathers per launch so t
 cost is amortised): ``(N, D)`` float32 storage rows, ``B`` int64 indices from ``torch.randint``;
 microseconds per gather and the ratio. This decided ``GPUTensorStorage.get``'s kernel.
 
-    python -m benchmarks.gather --out results/gather_h200.json
+    python -m benchmarks.gather --out /tmp/gather.json
 """
 
 from __future__ import annotations

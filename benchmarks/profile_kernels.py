@@ -16,7 +16,7 @@ it also writes ``X.json`` (the sections' rows) and ``X.png`` (device time per st
 section); ``--replot X.txt`` rebuilds those two from a text report written earlier (e.g. on the GPU machine).
 
     python -m benchmarks.profile_kernels --capacity 1000000 --batch 256 --out /tmp/profile_kernels.txt
-    python -m benchmarks.profile_kernels --replot benchmarks/results/profile_kernels_s7_call29.txt
+    python -m benchmarks.profile_kernels --replot /tmp/profile_kernels.txt
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Host-side cost of the eager replay paths, measured on the CPU in a way that carries over to the GPU.
 
 An eager replay step on the GPU is bound by the host: Python work plus one launch per device op
-(~5-8 us per torch op, more per Triton kernel through its Python launcher). This script runs the eager
+(microseconds per torch op, more per Triton kernel through its Python launcher). This script runs the eager
 paths of ``benchmarks/replay.py`` on the CPU with a small capacity (so the ops' own work is tiny) and
 reports, per call:
 

@@ -1,6 +1,6 @@
 """Compiled prioritized-replay kernels (Triton), installed as ``lightning_per.ext``.
 
-Layout (STYLE.md "Take" 3: kernel -> launcher -> public op): each module holds private ``@triton.jit``
+Layout (kernel -> launcher -> public op): each module holds private ``@triton.jit``
 kernels, launchers that validate and pick chunk sizes, ``torch.library.custom_op`` registrations
 (``torch.ops.lightning_per.*``: opaque calls under ``torch.compile``, capturable in CUDA graphs) and the public
 functions, which launch directly in eager mode (no dispatcher overhead) and call the registered op

@@ -84,10 +84,8 @@ def chunk_for(n: int, max_chunk: int = MAX_CHUNK) -> int:
 def warps_for(chunk: int) -> int:
     """Warps per program that scans chunks of ``chunk`` float64 values: 4 for every chunk up to ``MAX_CHUNK``.
 
-    Measured on the H200 (``benchmarks/tune_warps.py``, ``benchmarks/results/tune_warps_s8_call35.json``, the
-    replay step at 16 per CUDA graph): at N = 1e6 (chunks of 1,024) 4 warps beat 2, 8 and 16 for both the
-    sample + gather and the write kernel; at N = 1e7 (chunks of 4,096) 4 warps took the step from 30.2 us
-    (8 warps, the former choice) to 25.0 with the sample + gather kernel and to 29.4 with the write."""
+    4 warps beat 2, 8 and 16 for both the sample + gather and the write kernel at chunks of 1,024 and 4,096
+    (``python -m benchmarks.tune_warps``; docs/kernels.md, "The sample kernel")."""
     return 4
 
 
@@ -138,7 +136,7 @@ _VALIDATED: dict[tuple[int, int], tuple[weakref.ref, ...]] = {}
 def validated(tensors: tuple[Tensor, ...]) -> bool:
     """True if exactly these tensor objects passed :func:`remember_validated` last (weak references:
     a freed tensor whose id is reused does not match). Lets the hot path skip re-checking a sampler's
-    persistent state tensors (~0.7 us instead of ~5); never true while torch.compile traces."""
+    persistent state tensors; never true while torch.compile traces."""
     if compiling():  # checked first: dynamo never traces id()
         return False
     refs = _VALIDATED.get((id(tensors[0]), len(tensors)))

@@ -297,7 +297,7 @@ _EPILOG = ("Examples: lightning-per fit --config configs/dqn_cartpole.yaml | lig
 def _cheap_cuda_check_without_gpu() -> None:
     """Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` when imported (fork safety). Without a GPU
     torch then asks NVML again on every ``torch.cuda.is_available()``, which ``torch.optim.Adam.step``
-    calls each step: ~0.5 ms per update on a CPU machine. With no GPU visible there is nothing a fork
+    calls each step, a noticeable share of a small update on a CPU. With no GPU visible there is nothing a fork
     could poison, so use the runtime check, whose answer is cached."""
     if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1" and not torch.cuda.is_available():
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"

@@ -1,5 +1,5 @@
 """The DQN under Lightning DDP on the CPU: 2 processes, gloo, launched by ``--trainer.strategy=ddp``
-(tiny sizes; each run ~30 s on 2 cores, most of it process start-up). See ``notes/ddp.md``."""
+(tiny sizes; each run ~30 s on 2 cores, most of it process start-up). See ``docs/ddp.md``."""
 
 from __future__ import annotations
 

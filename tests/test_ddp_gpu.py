@@ -30,9 +30,8 @@ ARGS = ["--model.env.backend=torch", "--model.env.num_envs=8", "--model.replay.c
         f"--trainer.max_epochs={EPOCHS}", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
 
 
-# History: this run used to hang after its last epoch, in torch.distributed.destroy_process_group (Lightning's
-# atexit hook), while the captured CUDA graph with its NCCL all-reduce was still alive; DQN.teardown now
-# releases the graph (notes/ddp.md). Passed on 2 x H200 (benchmarks/h200_call12.sh), 79 s for both cases.
+# A captured CUDA graph still holding its NCCL all-reduce at exit hangs torch.distributed.destroy_process_group
+# (Lightning's atexit hook); DQN.teardown releases the graph (docs/ddp.md), which this run also checks.
 @pytest.mark.parametrize("sampler", ["proportional", "uniform"])  # graph scope "full" / "learner"
 def test_two_gpu_graph_mode_fit_keeps_ranks_identical(tmp_path, sampler):
     run = tmp_path / "run"

@@ -143,8 +143,8 @@ def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
         loss = graph.training_step(batch, i)
         torch.testing.assert_close(loss, expected, **tol)
         for p, q in zip(eager.parameters(), graph.parameters()):
-            # capturable Adam computes its bias corrections on the device, in float32 tensor ops: the H200 gave
-            # 1 of 8,192 weights 2.7e-6 apart (3.6e-5 relative) after 5 updates (call 21)
+            # capturable Adam computes its bias corrections on the device, in float32 tensor ops: a few weights
+            # may differ by a few 1e-6 after 5 updates
             torch.testing.assert_close(q, p, **tol)
     assert graph.graph_captures == 1
     torch.testing.assert_close(graph.metrics.values, eager.metrics.values, **tol)

@@ -1,4 +1,4 @@
-"""One behavioural contract over every sampler x storage device (STYLE.md "Take" 8).
+"""One behavioural contract over every sampler x storage device.
 
 Every expected value comes from an independent source: a NumPy model of the priorities, the stored
 input data, or the closed forms of the PER paper.

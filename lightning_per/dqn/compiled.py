@@ -1,6 +1,6 @@
 """Opt-in Inductor path (``DQN(inductor=True)``): the pure-tensor parts of an update through ``torch.compile``.
 
-An update is ~100 small kernels; in a CUDA graph each still costs ~1.5-2 us of device time on an H200,
+An update is ~100 small kernels; in a CUDA graph each still costs device time and a launch gap,
 so their number bounds a small network's update rate. Inductor fuses the element-wise work between the
 matrix products (bias, ReLU, gathers, target, Huber, their backward, the norm and scaling of the
 clip, the metric sums) into few Triton kernels. Three functions are compiled (default mode,
@@ -19,10 +19,10 @@ What stays as it is: the replay ops (sampling, gathering the batch, the priority
 ops), DDP's gradient all-reduce and the hard target copy. In graph mode (``compile=True``) the Adam
 step is compiled too (:class:`CompiledStep`, foreach implementation): torch's fused Adam runs one
 multi-tensor kernel whose 65,536-element chunks leave a ~90k-parameter net on a handful of thread
-blocks (27 us per step on an H200, measured by ``benchmarks/profile_dqn.py``).
+blocks (``python -m benchmarks.profile_dqn`` shows the kernels of each mode).
 
 Shapes are static (``dynamic=False``): one compilation per function for the run's batch size B,
-observation shape and network. The first update pays the compilation (tens of seconds; Triton
+observation shape and network. The first update pays the compilation (seconds to minutes; Triton
 autotuning of reductions included on CUDA; the C++ compiler on the CPU). In graph mode
 (``compile=True``) that first update is the first eager warm-up iteration of
 :class:`~lightning_per.dqn.graph.CapturedUpdate`, so Inductor has compiled and tuned every kernel before
@@ -148,7 +148,7 @@ def clip_grad_norm_sumsq_(params: list[Tensor], max_norm: float) -> Tensor:
     networks", sec. 3.2), with ``norm = sqrt(sum_g sum(g^2))`` written in plain tensor ops (equal to torch's
     norm of the per-tensor norms up to float rounding). For the compiled functions only: there Inductor fuses
     the squares and sums into its own reduction kernels, while torch's ``_foreach_norm`` stays an ATen kernel
-    that Inductor does not lower (8.8 us of the DQN's 115 us update on an H200, ``benchmarks/profile_dqn.py``).
+    that Inductor does not lower (``python -m benchmarks.profile_dqn`` lists it).
 
     Args:
         params: parameters whose ``.grad`` (any float dtype; all on one device) is clipped; those without one

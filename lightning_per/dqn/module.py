@@ -110,46 +110,29 @@ class DQN(LightningModule):
         replay_ratio: gradient updates per env step (0.25 = one update per 4 env steps).
         updates_per_epoch: gradient updates per Lightning epoch (metrics are logged once per epoch).
         updates_per_step: gradient updates per Lightning training step (a divisor of
-            ``updates_per_epoch``). Above 1 it amortises Lightning's per-step host work (hooks, loop
-            bookkeeping; ~0.5 ms a step on the H200 machine's host) over several updates, which is
-            what bounds a small network's update rate in graph mode. Env collection still
+            ``updates_per_epoch``): amortises Lightning's per-step host work; env collection still
             interleaves per update at ``replay_ratio``; ``trainer.global_step`` counts updates.
-        updates_per_graph: graph mode (``compile=True``) with our proportional sampler on CUDA: capture
-            this many consecutive updates (sample, learn, priority update each) in one CUDA graph, one
-            replay (host launch) for all of them; a divisor of ``updates_per_step``. The env steps owed
-            for the block at ``replay_ratio`` are collected before it, beta is annealed once per block,
-            and a hard target copy due inside a block runs after it (up to ``updates_per_graph - 1``
-            updates late). Above 1 the host launches a step's updates in one go and the GPU queue stays
-            full: what a host-bound small network (and DDP's lock-step all-reduce) needs.
-        overlap_replay: graph mode with the whole update captured (``compile=True``, our proportional sampler
-            on CUDA): run each update's priority update and the next update's draw on a second stream,
-            concurrent with its backward and optimizer step (:func:`~lightning_per.dqn.learner.pipelined_updates`;
-            the same draws and priorities as one stream). False keeps every update's replay work on the
-            update's stream, one after the other.
+        updates_per_graph: graph mode with our proportional sampler on CUDA: consecutive updates captured
+            in one CUDA graph (a divisor of ``updates_per_step``); beta is annealed once per block and a
+            hard target copy due inside a block runs after it (docs/dqn.md, "Graph mode").
+        overlap_replay: graph mode: each update's priority update and the next update's draw run on a
+            second stream, concurrent with its backward and optimizer step (same draws and priorities as
+            one stream); False keeps them on the update's stream.
         max_env_steps: stop training once this many env steps were taken (None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
         seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r).
-        compile: capture the learner update in a CUDA graph (CUDA only; see ``dqn/graph.py``). Works
-            under DDP (``strategy="ddp"``, NCCL): the captured update all-reduces one flat gradient
-            buffer itself (NCCL collectives can be captured in CUDA graphs from NCCL 2.9.6), and DDP's
-            own reducer is kept out of it (``require_backward_grad_sync=False``).
-        inductor: run the update's pure-tensor parts through ``torch.compile`` (Inductor, default mode,
-            ``fullgraph=True``, static shapes): the forwards, target and loss with their backward, the
-            gradient clip, and the Polyak update + metric accumulation (see ``dqn/compiled.py``); with
-            ``compile=True`` also the Adam step (foreach Adam instead of fused). The replay ops stay as they
-            are. Fewer, fused kernels: with ``compile=True`` the CUDA graph replays Inductor's kernels
-            (compiled and tuned in the warm-ups before the capture).
-            CUDA or CPU (needs a C++ compiler); costs the compile time (tens of seconds) at the first
-            update. Same math as without it (float rounding aside).
-        inductor_mode: ``torch.compile`` mode of the ``inductor=True`` pieces: ``default``, or
-            ``max-autotune-no-cudagraphs`` (every GEMM shape autotuned against Triton templates at the first
-            update, which takes minutes; see ``dqn/compiled.py``).
+        compile: capture the learner update in a CUDA graph (CUDA only; ``dqn/graph.py``); under DDP
+            (``strategy="ddp"``, NCCL) the captured update all-reduces the gradients itself (docs/ddp.md).
+        inductor: run the update's pure-tensor parts through ``torch.compile`` (``dqn/compiled.py``; with
+            ``compile=True`` the Adam step too). CUDA or CPU (needs a C++ compiler); compiles at the first
+            update; the same math up to float rounding (docs/dqn.md, "Inductor").
+        inductor_mode: ``default`` or ``max-autotune-no-cudagraphs`` (every GEMM shape autotuned at the
+            first update, which takes minutes).
         checkpoint_replay: put the replay buffer (storage + sampler) in checkpoints, so a resumed
             run draws the same samples; False keeps checkpoints small (resume warms up again).
-            Under DDP each rank writes its own shard next to the checkpoint (see ``notes/ddp.md``).
-        sigterm_check_interval: under DDP, Lightning (>= 2.6) broadcasts a SIGTERM flag from rank 0 and
-            reads it on the host (``.item()``) before *every* training step; this runs that check only
+            Under DDP each rank writes its own shard next to the checkpoint (see docs/ddp.md).
+        sigterm_check_interval: under DDP, run Lightning's per-step SIGTERM broadcast (a host sync) only
             every this many steps (0: once per epoch, at its first step; 1: Lightning's default).
 
     Raises:
@@ -570,7 +553,7 @@ class DQN(LightningModule):
     def teardown(self, stage: str) -> None:
         """End of fit (also after an exception): release the captured CUDA graph. Under DDP it holds NCCL
         collectives, and while such a graph exists ``torch.distributed.destroy_process_group`` (run at exit
-        by Lightning) never returns: seen on 2 H200s, the CLI run hung after its last epoch. A later
+        by Lightning) never returns. A later
         ``fit`` captures again (:attr:`graph_captures` counts the captures)."""
         if self._captured is not None:
             self._captured.release()

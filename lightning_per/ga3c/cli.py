@@ -183,7 +183,7 @@ _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"
 
 
 def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
-    """The ``pl.Trainer`` a GA3C run fits with (also ``benchmarks/ga3c.py --learner-only``): ``cfg.devices``
+    """The ``pl.Trainer`` a GA3C run fits with (also the ``ga3c-learner`` benchmark suite): ``cfg.devices``
     GPUs (or CPU processes), DDP above one, budgets ``max_updates`` / ``max_time_s``, ``grad_clip``."""
     import lightning.pytorch as pl
 

@@ -3,9 +3,9 @@
 Why a dataclass and not LightningCLI: a GA3C run configures processes, threads, queues and shared
 memory as much as it configures the LightningModule and the Trainer, and the dynamic adjustment
 changes several of those knobs at run time. One flat dataclass keeps every knob named, typed,
-documented (the attribute docstrings below) and validated in one place (STYLE.md "Take" 10,
-"Avoid" 5), and the CLI (:mod:`lightning_per.ga3c.cli`) derives its ``--field value`` overrides from
-the same fields, so YAML, command line and code cannot drift apart.
+documented (the attribute docstrings below) and validated in one place, and the CLI
+(:mod:`lightning_per.ga3c.cli`) derives its ``--field value`` overrides from the same fields, so YAML,
+command line and code cannot drift apart.
 """
 
 from __future__ import annotations

@@ -1,103 +1,15 @@
 r"""The GA3C actor-critic LightningModule: trainer threads feed ``training_step`` under ``Trainer.fit``.
 
-How GA3C's trainers meet Lightning's single optimisation loop
--------------------------------------------------------------
-In the paper (section 4.1) NT trainer threads each dequeue experience and run an update on the
-GPU. Lightning owns exactly one optimisation loop, so here the roles are split:
-
-.. code-block:: text
-
-    agents --(ready flags)-----> NT trainer threads: copy rollouts out of shared memory straight
-                                 into the rows of a (pinned) batch of >= train_min_batch_size
-                                 transitions
-                                 --(bounded batch queue)--> train_dataloader (an IterableDataset)
-                                 --> transfer_batch_to_device: obs, action, ret (non_blocking)
-                                 --> GA3C.training_step: loss, backward, optimizer step
-
-Trainer threads therefore do all the per-batch host work (claim, gather, pin) in
-parallel, and the updates themselves are serialised, which is what one GPU does anyway
-(the reference's trainers contend for the same device). TPS is the rate of optimizer steps; NT
-(dynamically adjusted) controls how fast batches are assembled. The bounded batch queue and the
-per-agent rollout slots give back-pressure, which bounds the policy lag.
-
-Predictor threads call :meth:`GA3C.act` on the live parameters while ``training_step`` updates
-them (as the reference does); each sample is tagged with :attr:`GA3C.policy_version` (optimizer
-steps so far) at prediction time and the lag (updates between prediction and training) is
-reported from host numbers only.
-
-Why not TorchRL's ``AsyncBatchedCollector`` / ``InferenceServer``: the collector has a fixed set of
-environment workers (GA3C changes NA at run time) and returns single transitions to the driver,
-whereas GA3C agents emit n-step rollouts with returns bootstrapped from the predictor's V; the
-server runs one serving loop (GA3C changes NP) and copies every request into its own transport,
-whereas here a request is an index into the rollout buffer the trainer reads again. The
-collector is a row of ``benchmarks/ga3c.py`` instead.
-
-Graph mode (``cuda_graph: true``, one CUDA device)
---------------------------------------------------
-A batch always holds the same number of transitions (a trainer thread fills exactly ``capacity`` rows:
-whole rollouts, ``ceil(train_min_batch_size / (t_max * envs_per_agent))`` of them), so the whole update
-can be captured once in a CUDA graph (:class:`~lightning_per.dqn.graph.CapturedUpdate`) and replayed:
-
-.. code-block:: text
-
-    pinned host batch --copy_(non_blocking) on the current stream--> static inputs obs, action, ret
-    replay: forward -> a3c_loss -> backward -> clip_grad_norm_ (grad_clip) -> optimizer step
-            -> step metrics added to GA3C.metrics          (one launch instead of ~100)
-
-- Lightning runs under manual optimization (set in :meth:`GA3C.setup`, once the device is known); the
-  graph steps the raw optimizer and the step is reported to Lightning (``trainer.global_step``) by
-  :func:`~lightning_per.dqn.graph.count_optimizer_step`. The clip threshold is ``grad_clip`` (what
-  the CLI also gives the Trainer as ``gradient_clip_val``, which manual optimization ignores). The
-  Trainer's precision plugin is bypassed: graph mode trains in float32 (the CLI's precision).
-- The optimizer is built with ``capturable=True`` (torch RMSprop/Adam; :class:`RMSpropTF` keeps its
-  step count on the device): its state, step counts included, lives on the device and round-trips
-  through ``state_dict``.
-- The first update captures: three eager warm-up updates on its batch on a side stream, then the
-  parameters, the optimizer state and the metrics are put back and the update is recorded. Predictor
-  threads keep serving meanwhile (they may act on warm-up parameters for those few milliseconds), which is
-  why the capture uses ``capture_error_mode="thread_local"``: under the default ``"global"`` mode their
-  allocations, pinned-memory allocations and synchronisations would invalidate the capture
-  ("operation not permitted when stream is capturing"). They also must not draw from the device's default
-  CUDA generator while it is registered with a capture (torch raises "Offset increment outside graph
-  capture"), so in graph mode :meth:`GA3C.act` samples from a generator of its own (seeded with ``seed``),
-  and predictors run on high-priority streams: torch hands out pooled streams round robin, and a predictor
-  on the capture's own stream would be recorded into the graph (seen once on the H200: "Attempt to
-  increase offset for a CUDA generator not in capture mode").
-- Predictors keep reading :attr:`GA3C.net`'s parameters, which each replay updates in place, exactly
-  as eager updates do; ``version``, ``size`` and ``version_mean`` stay host numbers as in eager mode.
-- The graph is freed in :meth:`GA3C.teardown`; a later ``fit`` captures again (:attr:`GA3C.graph_captures`).
-  The module stays under manual optimization after the fit (so that ``trainer.global_step`` still reads
-  right): Lightning checks a later ``fit``'s Trainer against that before :meth:`GA3C.setup` runs, so give
-  that Trainer no ``gradient_clip_val`` (graph mode clips with ``grad_clip`` anyway).
-
-Elsewhere (CPU, DDP, or ``cuda_graph: false``) training is eager under Lightning's automatic
-optimization, as without the option.
-
-Run length (``max_time_s``, seconds)
--------------------------------------
-The clock starts in :meth:`GA3C.on_fit_start`, when the module creates its :class:`Stats` just before it
-starts the GA3C system (agents, predictors, trainers); it is the clock of the status line's ``[Time]``
-and of the summary's ``wall_time_s``. Process start-up, imports, the environment probe and Lightning's
-setup before it do not count, nor does the shutdown after the stop (:meth:`GA3CSystem.close`, at most
-5 s, reported as ``shutdown_s``). With one process the train dataloader (:class:`_BatchStream`)
-enforces it: it stops training at the first batch fetch after the deadline (Lightning prefetches one
-batch: that one is still trained on), and a fetch that is still waiting for a batch gives up at the
-deadline itself (the wait on the batch queue has that timeout, so a pipeline that produces nothing, e.g.
-agents still starting, stops on time too). These are host clock reads only: nothing is added to the
-training step. Lightning's own ``max_time`` (the CLI's Trainer gets the same number) counts from
-``on_train_start``, which Lightning reaches only once the first batch has come (it fetches it before
-that hook; if that fetch ends the run, Lightning skips its training loop and the ``on_train_*`` hooks),
-and is checked at batch ends; under DDP it is what stops a run whose batches flow, every rank at the same
-step (it broadcasts its decision),
-and a rank's dataloader gives up only :data:`_DDP_STALL_GRACE_S` after the deadline, since a rank that
-stopped alone would hang the others in the next all-reduce. Why training stopped is recorded in the
-summary: ``stop_reason`` (``max_time_s``, ``max_updates``, ``target_return``, ``system_stopped``;
-None for an interruption or failure) and ``stopped_at_s`` (seconds from the start).
-
-Metrics: device-side :attr:`GA3C.metrics` (a :class:`~lightning_per.callbacks.MetricAccumulator`),
-logged once an epoch by :class:`~lightning_per.callbacks.AsyncMetricsCallback`; host rates (TPS,
-PPS, steps/s, FPS), NA/NP/NT, queue sizes and episode returns are folded in at the epoch's last
-step as Python numbers (no device reads).
+Agents (processes) fill shared-memory rollouts; NT trainer threads copy them into (pinned) batches of at
+least ``train_min_batch_size`` transitions on a bounded queue, which ``train_dataloader`` iterates; predictor
+threads call :meth:`GA3C.act` on the live parameters, tagging each prediction with
+:attr:`GA3C.policy_version` (optimizer steps so far). With ``cuda_graph: true`` on one CUDA device the whole
+update (forward, loss, backward, clip, optimizer step, metrics) is one CUDA-graph replay under manual
+optimization; elsewhere training is eager under automatic optimization. ``max_time_s`` counts from
+:meth:`GA3C.on_fit_start`. Metrics: device-side :attr:`GA3C.metrics`, logged once an epoch by
+:class:`~lightning_per.callbacks.AsyncMetricsCallback`, with host rates (TPS, PPS, steps/s, FPS), NA/NP/NT,
+queue sizes and episode returns folded in as Python numbers. Design, graph mode and run length in detail:
+docs/ga3c.md.
 """
 
 from __future__ import annotations
@@ -306,7 +218,7 @@ class GA3C(pl.LightningModule):
 
     def make_system(self, cfg: GA3CConfig) -> GA3CSystem:
         """The (not yet started) GA3C runtime of this rank: agents, predictors and trainers around
-        :meth:`act`. ``benchmarks/ga3c.py --learner-only`` overrides it with synthetic rollouts."""
+        :meth:`act`. the ``ga3c-learner`` benchmark suite overrides it with synthetic rollouts."""
         return GA3CSystem(cfg, self.env_spec, self.obs_shape, self.obs_dtype, self.act,
                           lambda: self.policy_version, self.device, self.stats)
 

@@ -1,8 +1,8 @@
 """Backend selection for the replay ops: compiled kernels from ``ext/`` when they load and pass a
 self-check against :mod:`lightning_per.ops.reference`, the reference ops otherwise.
 
-A sampler calls :func:`select_backend` once, at construction (STYLE.md "Avoid" 2: no device branches
-in hot methods). A fallback is announced once with :func:`warnings.warn`.
+A sampler calls :func:`select_backend` once, at construction (no device branches in hot
+methods). A fallback is announced once with :func:`warnings.warn`.
 """
 
 from __future__ import annotations

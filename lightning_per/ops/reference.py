@@ -56,7 +56,7 @@ def block_size_for(capacity: int) -> int:
 def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, Tensor]:
     """Replace invalid raw priorities so they never enter the sums; count them.
 
-    Rule (DESIGN.md "Samplers"): a finite value ``>= 0`` is kept; ``-inf`` and negative values clamp
+    Rule: a finite value ``>= 0`` is kept; ``-inf`` and negative values clamp
     to 0 (stored as ``eps^alpha``, the floor); ``+inf`` and NaN clamp to the running maximum raw
     priority (NaN has no order: treating it as "high" makes the item be revisited soon).
 
@@ -77,7 +77,7 @@ def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, T
 def transform_priority(clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor:
     """Stored value ``(p + eps)^alpha`` (TorchRL ``PrioritizedSampler``; PER paper eq. 1 numerator).
 
-    The one place where alpha is applied (STYLE.md "Take" 6).
+    The one place where alpha is applied.
 
     Args:
         clean: ``(B,)`` float32 non-negative raw priorities.

@@ -1,8 +1,8 @@
 """Cached CUDA graphs that stand in for the kernel launches of an eager sampler call.
 
-An eager sample or priority update on the GPU is bound by the host: each kernel launch costs ~10 us of
-Python and driver work (a Triton kernel through its Python launcher ~25 us), while the device work of a
-whole step at N = 1e6, B = 256 takes ~20 us. :class:`EagerGraphs` records the launches of one call shape
+An eager sample or priority update on the GPU is bound by the host: each kernel launch costs Python and
+driver work (a Triton kernel through its Python launcher more), often more than the device work of the
+whole step (docs/kernels.md, "Host cost of eager calls"). :class:`EagerGraphs` records the launches of one call shape
 (e.g. "draw B = 256 slots and gather their rows") in a ``torch.cuda.CUDAGraph`` the second time that
 shape is called, and replays it from then on: one launch instead of several, the same device work, the
 same results.

@@ -446,8 +446,8 @@ class GPUTensorStorage(LazyTensorStorage):
             index = index.to(device, non_blocking=True)
         if self.rows is not None:  # one gather of whole rows; the fields are views into it
             return self._rows_batch(self.rows[index], extra)
-        # one gather per key (advanced indexing: on the H200 3.2 us for a (256, 51) float32 batch against
-        # index_select's 4.0, benchmarks/results/gather_h200.json)
+        # one gather per key (advanced indexing: faster than index_select for these batches,
+        # python -m benchmarks.gather)
         fields = {k: v[index] for k, v in self._flat.items()}
         if extra:
             fields.update(extra)
