@@ -615,7 +615,7 @@ class DQN(LightningModule):
             world_size = self.trainer.world_size if self._trainer is not None else 1
             path = self.trainer.ckpt_path if self._trainer is not None else None
             if path is not None and world_size == shards:
-                state = torch.load(replay_shard_path(path, self.global_rank), weights_only=False)
+                state = torch.load(replay_shard_path(path, self.global_rank), map_location="cpu", weights_only=True)
             elif path is not None and world_size > 1:
                 raise ValueError(f"checkpoint {path} was written by {shards} DDP ranks (one replay shard "
                                  f"each); resume it with {shards} devices, not {world_size}")

@@ -16,11 +16,12 @@ choice on a many-core machine).
 
 from __future__ import annotations
 
-import pickle
+import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.transforms import CatFrames, UnsqueezeTransform
@@ -140,9 +141,11 @@ def make_env(config: EnvConfig, device: torch.device | str = "cpu", seed: int = 
 def snapshot_env(env: EnvBase) -> dict[str, Any] | None:
     """The environment's state for a checkpoint, or None where it cannot be captured.
 
-    Supported exactly: :class:`TorchCartPoleEnv`, and Gymnasium vector envs whose members pickle
-    (classic control: physics state, time-limit counter and ``np_random`` state). Others (ALE,
-    transformed envs) return None: a resumed run then starts fresh episodes.
+    Supported exactly: :class:`TorchCartPoleEnv` (tensors), and Gymnasium vector envs whose members keep
+    their state in plain attributes (classic control: the physics state array, the time-limit counter, the
+    ``np_random`` bit-generator state), stored as one JSON text (numbers, strings, arrays as lists with their
+    dtype): loading it never runs code. Members holding anything else (ALE emulators, transformed envs)
+    return None: a resumed run then starts fresh episodes.
     """
     if isinstance(env, TorchCartPoleEnv):
         return {"kind": "torch", "state": env.snapshot()}
@@ -150,21 +153,149 @@ def snapshot_env(env: EnvBase) -> dict[str, Any] | None:
     members = getattr(venv, "envs", None)
     if isinstance(env, GymWrapper) and members is not None:
         try:
-            return {"kind": "gym_vector", "state": pickle.dumps(members)}
-        except Exception:  # noqa: BLE001 - unpicklable emulators (ALE) and the like
+            layers = [[_plain_attributes(layer) for layer in _layers(member)] for member in members]
+        except _NotPlain:
             return None
+        return {"kind": "gym_vector_json", "state": json.dumps(layers)}
     return None
 
 
 def restore_env(env: EnvBase, snapshot: dict[str, Any] | None) -> bool:
-    """Restore a :func:`snapshot_env` result; returns False (with a warning) where it cannot."""
-    if snapshot is not None and snapshot["kind"] == "torch" and isinstance(env, TorchCartPoleEnv):
+    """Restore a :func:`snapshot_env` result; returns False (with a warning) where it cannot (another env
+    kind or structure, or a snapshot of an older format). Only attributes the env already has are set, each
+    from plain data of the same kind."""
+    if isinstance(snapshot, dict) and snapshot.get("kind") == "torch" and isinstance(env, TorchCartPoleEnv):
         env.restore(snapshot["state"])
         return True
-    if snapshot is not None and snapshot["kind"] == "gym_vector" and isinstance(env, GymWrapper):
-        env._env.envs = pickle.loads(snapshot["state"])  # noqa: S301 - our own checkpoint
-        return True
+    if (isinstance(snapshot, dict) and snapshot.get("kind") == "gym_vector_json" and isinstance(env, GymWrapper)
+            and isinstance(snapshot.get("state"), str)):
+        members = getattr(getattr(env, "_env", None), "envs", None)
+        try:
+            saved = json.loads(snapshot["state"])
+            targets = [_layers(member) for member in members or ()]
+            if not (isinstance(saved, list) and len(saved) == len(targets)
+                    and all(isinstance(s, list) and len(s) == len(t) for s, t in zip(saved, targets))):
+                raise _NotPlain("structure")
+            plans = [(layer, _decoded(layer, attrs)) for member, layers in zip(saved, targets)
+                     for attrs, layer in zip(member, layers)]  # every value decoded before any is set
+        except (ValueError, TypeError, KeyError, _NotPlain):
+            plans = None
+        if plans is not None:
+            for layer, values in plans:
+                for name, value in values.items():
+                    if isinstance(value, _RNGState):
+                        getattr(layer, name).bit_generator.state = value.state
+                    else:
+                        setattr(layer, name, value)
+            return True
     warnings.warn("the environment state is not in the checkpoint (or does not fit this env): the "
                   "resumed run starts new episodes, so its transitions differ from an uninterrupted run",
                   stacklevel=2)
     return False
+
+
+class _NotPlain(Exception):
+    """An env attribute that is not plain data (the env's state is then not captured)."""
+
+
+class _RNGState:
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+
+#: Attributes that are configuration, links or caches, not state (the wrapped env, spaces, spec, the last step's
+#: data kept by Gymnasium's env checker).
+_SKIPPED = {"env", "_previous_data", "metadata", "spec", "render_mode", "observation_space", "action_space",
+            "_observation_space", "_action_space", "_metadata", "_cached_spec", "_ezpickle_args", "_ezpickle_kwargs",
+            "_saved_kwargs", "_disable_render_order_enforcing"}
+
+
+def _layers(member) -> list[Any]:
+    """A Gymnasium env's wrapper chain, outermost first, down to the unwrapped env."""
+    layers = [member]
+    while hasattr(layers[-1], "env") and len(layers) < 64:
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _plain_attributes(layer) -> dict[str, Any]:
+    """The layer's own attributes as JSON-ready plain data (``_SKIPPED`` configuration and links left out).
+
+    Raises:
+        _NotPlain: an attribute holds anything else (e.g. an emulator handle, a screen surface).
+    """
+    out = {}
+    for name, value in vars(layer).items():
+        if name in _SKIPPED or callable(value) and not isinstance(value, np.random.Generator):
+            continue
+        out[name] = _encode(value)
+    return out
+
+
+def _encode(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, float) and not np.isfinite(value):
+            return {"__float__": repr(value)}
+        return value
+    if isinstance(value, np.random.Generator):
+        return {"__rng__": value.bit_generator.state}
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return {"__scalar__": value.item(), "dtype": value.dtype.str}
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str, "shape": list(value.shape)}
+    if isinstance(value, (tuple, list)):
+        return {"__seq__": [_encode(v) for v in value], "tuple": isinstance(value, tuple)}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"__map__": {k: _encode(v) for k, v in value.items()}}
+    raise _NotPlain(type(value).__name__)
+
+
+def _decoded(layer, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The values to set on ``layer``: ``attrs`` decoded, each only for an attribute ``layer`` already has and
+    of the same kind.
+
+    Raises:
+        _NotPlain, ValueError, TypeError, KeyError: the snapshot does not fit ``layer``.
+    """
+    if not isinstance(attrs, dict):
+        raise _NotPlain("layer")
+    have = vars(layer)
+    out: dict[str, Any] = {}
+    for name, encoded in attrs.items():
+        if name not in have:
+            raise _NotPlain(name)
+        current = have[name]
+        if isinstance(encoded, dict) and "__rng__" in encoded:
+            if not (isinstance(current, np.random.Generator)
+                    and encoded["__rng__"].get("bit_generator") == type(current.bit_generator).__name__):
+                raise _NotPlain(name)
+            out[name] = _RNGState(encoded["__rng__"])
+        else:
+            out[name] = _decode(encoded)
+    return out
+
+
+def _decode(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if not isinstance(value, dict):
+        raise _NotPlain("value")
+    if "__float__" in value:
+        return float(value["__float__"])
+    if "__scalar__" in value:
+        return np.dtype(_numeric_dtype(value["dtype"])).type(value["__scalar__"])
+    if "__ndarray__" in value:
+        return np.asarray(value["__ndarray__"], dtype=_numeric_dtype(value["dtype"])).reshape(value["shape"])
+    if "__seq__" in value:
+        items = [_decode(v) for v in value["__seq__"]]
+        return tuple(items) if value.get("tuple") else items
+    if "__map__" in value and isinstance(value["__map__"], dict):
+        return {str(k): _decode(v) for k, v in value["__map__"].items()}
+    raise _NotPlain("value")
+
+
+def _numeric_dtype(name) -> np.dtype:
+    dtype = np.dtype(str(name))
+    if dtype.kind not in "biuf":
+        raise _NotPlain(f"dtype {name}")
+    return dtype

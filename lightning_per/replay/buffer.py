@@ -22,7 +22,7 @@ from torchrl.data import (
     TensorStorage,
 )
 
-from lightning_per.replay.errors import check_batch_size
+from lightning_per.replay.errors import check_batch_size, check_generator, check_seed
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -61,15 +61,27 @@ def _resolve_storage(storage, device: torch.device | None, capacity: int | None)
 
 
 def _build_sampler(cls, capacity: int, device: torch.device, **kw):
-    """The sampler on ``device``; on CUDA out-of-memory, the same sampler on the CPU (one warning)."""
+    """The sampler on ``device``; on CUDA out-of-memory, the same sampler on the CPU (one warning).
+
+    Raises:
+        ValueError: not even the CPU can hold the sampler's priorities (names the capacity).
+    """
+    def build(dev: torch.device):
+        try:
+            return cls(capacity, device=dev, **kw) if cls is not GPURandomSampler else cls(device=dev, **kw)
+        except RuntimeError as err:
+            if isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" not in str(err):
+                raise
+            raise ValueError(f"capacity {capacity}: the sampler's priorities (8 bytes a slot and more) cannot be "
+                             f"allocated on {dev} ({str(err).splitlines()[0][:160]})") from None
+
     try:
-        return cls(capacity, device=device, **kw) if cls is not GPURandomSampler else cls(device=device, **kw)
+        return build(device)
     except torch.OutOfMemoryError:
         warnings.warn(f"{cls.__name__}: out of memory on {device}; keeping priorities on the CPU",
                       RuntimeWarning, stacklevel=3)
         torch.cuda.empty_cache()
-        cpu = torch.device("cpu")
-        return cls(capacity, device=cpu, **kw) if cls is not GPURandomSampler else cls(device=cpu, **kw)
+        return build(torch.device("cpu"))
 
 
 def _direct_extend(rb, data, update_priority: bool | None):
@@ -109,6 +121,36 @@ def _direct_extend(rb, data, update_priority: bool | None):
                     "Failed to update priority of extended data. You can try to set update_priority=False in "
                     "the extend method and update the priority manually.") from e
     return index
+
+
+def _check_extend_priority(rb, data, update_priority: bool | None) -> None:
+    """Raise what the priority update of ``rb.extend(data)`` would refuse, before anything is written: the
+    batch's ``priority_key`` entry must be a real tensor with one value per transition (or one for all).
+    Host checks of type, dtype and shape only.
+
+    Raises:
+        TypeError: the entry is not a real-valued tensor (bool, complex, non-tensor data).
+        ValueError: it holds another number of values.
+    """
+    if update_priority is False or not hasattr(data, "get"):
+        return
+    key = getattr(rb, "priority_key", None)
+    if key is None or not hasattr(rb._sampler, "update_priority") or isinstance(rb._sampler, GPURandomSampler):
+        return
+    try:
+        priority = data.get(key, None)
+    except Exception:  # noqa: BLE001 - a batch TorchRL's own path validates
+        return
+    if priority is None:
+        return
+    if not isinstance(priority, torch.Tensor) or priority.dtype == torch.bool or priority.is_complex():
+        what = f"dtype {priority.dtype}" if isinstance(priority, torch.Tensor) else type(priority).__name__
+        raise TypeError(f"extend: the batch's priority entry {key!r} must be a real tensor, got {what} (nothing was "
+                        f"written; pass update_priority=False to store it without setting priorities)")
+    batch = getattr(data, "batch_size", ())
+    if len(batch) == 1 and priority.numel() not in (1, batch[0]):
+        raise ValueError(f"extend: the batch's priority entry {key!r} must hold one value per transition "
+                         f"({batch[0]}), got shape {tuple(priority.shape)} (nothing was written)")
 
 
 # ---------------------------------------------------------------------------- checkpoint checks
@@ -198,7 +240,7 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
                                     f"buffer's dumps() has one)")
         # memory-mapped onto the CPU: the checks read metadata and shapes (the sampler's also its priorities),
         # no device memory and no second copy of the ring
-        _check_part(part, torch.load(file, map_location="cpu", weights_only=False, mmap=True))
+        _check_part(part, torch.load(file, map_location="cpu", weights_only=True, mmap=True))
     if isinstance(writer, RoundRobinWriter):
         _check_writer_state(writer, {"_cursor": _check_json(path / "writer" / "metadata.json", "cursor")["cursor"]})
     _check_batch_size_state(_check_json(path / "buffer_metadata.json", "batch_size")["batch_size"])
@@ -217,7 +259,18 @@ def _check_json(file: Path, key: str) -> dict[str, Any]:
     return content
 
 
-class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
+class _NoPickleDumps:
+    """TorchRL's ``dumps`` pickles the prefetch queue to ``prefetch.pkl`` and its ``loads`` unpickles that file
+    (which may run code): our buffers write none and never read one."""
+
+    def _dump_prefetch_state(self, path: Path, prefetch_state) -> None:
+        return None  # prefetched batches are draws already made; a loaded buffer draws anew
+
+    def _load_prefetch_state(self, path: Path) -> None:
+        return None
+
+
+class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuffer):
     """TorchRL's :class:`~torchrl.data.TensorDictPrioritizedReplayBuffer` with the replay on the GPU.
 
     Same keyword arguments as TorchRL's class, plus:
@@ -248,6 +301,9 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
                  reduction: str = "max", **kwargs) -> None:
         if not sync:
             raise ValueError("sync=False is not supported by GPUPrioritizedReplayBuffer")
+        if kwargs.get("batch_size") is not None:
+            check_batch_size(kwargs["batch_size"])
+        check_generator(kwargs.get("generator"))
         if sampler not in _SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(_SAMPLERS)}, got {sampler!r}")
         device = resolve_device(device) if device is not None else (
@@ -295,6 +351,7 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         A plain TensorDict with the stored keys takes a direct path (no transform, no generic writer
         machinery: see :func:`_direct_extend`); anything else defers to TorchRL's ``extend``.
         """
+        _check_extend_priority(self, tensordicts, update_priority)
         index = _direct_extend(self, tensordicts, update_priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -336,11 +393,12 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         super().loads(path)
 
 
-class _GPUUniformReplayBuffer(TensorDictReplayBuffer):
+class _GPUUniformReplayBuffer(_NoPickleDumps, TensorDictReplayBuffer):
     """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
+        _check_extend_priority(self, tensordicts, update_priority)
         index = _direct_extend(self, tensordicts, update_priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -406,6 +464,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     if not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
     check_batch_size(batch_size)
+    check_generator(generator)
+    check_seed(sampler_kwargs.get("seed"))
     device = resolve_device(device)
     storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
     if sampler == "uniform":

@@ -7,12 +7,20 @@ device-side values instead (documented on each method).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
 
 import torch
 from torch import Tensor
 
-__all__ = ["EmptyBufferError", "check_batch_size", "check_index", "check_index_priority"]
+__all__ = ["EmptyBufferError", "check_batch_size", "check_exponent", "check_generator", "check_index",
+           "check_index_priority", "check_seed"]
+
+#: Largest finite float32: no stored priority ``(p + eps)^alpha`` exceeds it (see ``GPUPrioritizedSampler``).
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+#: Smallest positive normal float32: every stored priority is at least this (``eps^alpha`` must not underflow).
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 class EmptyBufferError(ValueError, RuntimeError):
@@ -24,6 +32,53 @@ def check_batch_size(batch_size: int) -> None:
     """Raise ValueError unless ``batch_size`` is an int >= 1."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+
+
+def check_exponent(name: str, value, *, eps: float | None = None) -> float:
+    """``value`` as a float after checking it is a finite real number >= 0: a Python or NumPy number, or a
+    0-d real tensor (TorchRL's ``ParameterScheduler`` sets tensors when it started from one).
+
+    With ``eps`` (the priority offset, for ``alpha``), also ``eps ** alpha`` must stay a normal float32 (it is
+    the smallest stored priority; one that underflows to 0 would read as an empty slot): ``alpha <=
+    log(FLOAT32_TINY) / log(eps)`` for ``eps < 1`` (4.7 for eps 1e-8).
+
+    Raises:
+        TypeError: ``value`` is a bool, not a number, or a tensor that is not 0-d real.
+        ValueError: NaN, infinite, negative, or (``eps``) too large an exponent.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a number or a 0-d real tensor, got a tensor of shape "
+                            f"{tuple(value.shape)} and dtype {value.dtype}")
+        value = float(value)  # sync-ok: setting an exponent (construction or a schedule step), not a replay op
+    elif isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if eps is not None and eps < 1 and value > 0:
+        limit = math.log(FLOAT32_TINY) / math.log(eps)
+        if value > limit:
+            raise ValueError(f"{name} must be <= {limit:.4g} with eps={eps!r}: eps**{name} = {eps ** value:.3g} "
+                             f"underflows float32 (the smallest stored priority must stay > 0)")
+    return value
+
+
+def check_seed(seed) -> int | None:
+    """``seed`` unless it is neither None nor an int (bools refused).
+
+    Raises:
+        TypeError: another type, naming ``seed``.
+    """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be None or an int, got {type(seed).__name__} {seed!r}")
+    return seed
+
+
+def check_generator(generator) -> None:
+    """Raise TypeError unless ``generator`` is None or a ``torch.Generator``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be None or a torch.Generator, got {type(generator).__name__} {generator!r}")
 
 
 def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor | float,
@@ -47,7 +102,11 @@ def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor |
     if not isinstance(priority, Tensor):
         if isinstance(priority, (bool, str)) or not isinstance(priority, (int, float, Sequence)):
             raise TypeError(f"priority must be a number or a float tensor, got {type(priority).__name__}")
-        priority = torch.as_tensor(priority, dtype=torch.float32)
+        try:
+            priority = torch.as_tensor(priority, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"priority must be numbers (a number, a sequence of numbers or a float tensor), got "
+                            f"{type(priority).__name__} {priority!r:.80}") from err
     if priority.dtype == torch.bool or priority.is_complex():
         raise TypeError(f"priority must be a real tensor, got dtype {priority.dtype}")
     if priority.numel() == 1 and index.numel() != 1:
@@ -71,6 +130,10 @@ def check_index(index: Tensor | int | Sequence[int], n_valid: int) -> Tensor:
 
 def _flat_index(index) -> Tensor:
     if not isinstance(index, Tensor):
+        if isinstance(index, Sequence) and not isinstance(index, (str, bytes)) and len(index) == 0:
+            return torch.empty(0, dtype=torch.int64)  # no slot (TorchRL's samplers accept it: a no-op)
+        if isinstance(index, (bool, str, bytes)):
+            raise TypeError(f"index must be integer slots, got {type(index).__name__} {index!r}")
         try:
             index = torch.as_tensor(index)
         except (TypeError, ValueError) as err:

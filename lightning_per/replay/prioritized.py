@@ -15,6 +15,7 @@ of raising (see :meth:`GPUPrioritizedSampler.update_priority`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Hashable
@@ -29,11 +30,14 @@ from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay._eager_graphs import EagerGraphs
 from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint, check_rng_state
 from lightning_per.replay.errors import (
+    FLOAT32_MAX,
     EmptyBufferError,
     check_batch_size,
+    check_exponent,
     check_index,
     check_index_priority,
     check_kind,
+    check_seed,
 )
 from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
 
@@ -95,17 +99,17 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                  dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True) -> None:
         if not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
-        for name, value in (("alpha", alpha), ("beta", beta)):
-            if not (isinstance(value, (int, float)) and value >= 0):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if not (isinstance(eps, (int, float)) and eps > 0):
-            raise ValueError(f"eps must be a number > 0, got {eps!r}")
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+        alpha, beta = check_exponent("alpha", alpha, eps=float(eps)), check_exponent("beta", beta)
+        check_seed(seed)
         if weight_normalization not in ("buffer", "batch"):
             raise ValueError(f"weight_normalization must be 'buffer' or 'batch', got {weight_normalization!r}")
         if dtype != torch.float32:
             raise ValueError(f"dtype: priorities are stored in float32 (sums in float64), got {dtype}")
         self._max_capacity = max_capacity
         self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
+        self._raw_limit = _raw_limit(self._alpha, self._eps)
         self.reduction = reduction
         self.dtype = dtype
         self.stratified = stratified
@@ -164,12 +168,12 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        if not (isinstance(value, (int, float)) and value >= 0):
-            raise ValueError(f"alpha must be a number >= 0, got {value!r}")
-        if float(value) == self._alpha:
+        value = check_exponent("alpha", value, eps=self._eps)
+        if value == self._alpha:
             return
-        self._alpha = float(value)
-        self._alpha_t.fill_(self._alpha)
+        self._alpha = value
+        self._raw_limit = _raw_limit(value, self._eps)
+        self._alpha_t.fill_(value)
         self._rebuild()
 
     @property
@@ -179,11 +183,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        if not (isinstance(value, (int, float)) and value >= 0):
-            raise ValueError(f"beta must be a number >= 0, got {value!r}")
-        if float(value) == self._beta:  # annealing finished: no device write (one launch saved per update)
+        value = check_exponent("beta", value)
+        if value == self._beta:  # annealing finished: no device write (one launch saved per update)
             return
-        self._beta = float(value)
+        self._beta = value
         self._beta_t.fill_(self._beta)
 
     @property
@@ -201,7 +204,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     @property
     def clamped_priority_count(self) -> Tensor:
-        """0-d int64 device tensor: priorities received that were NaN, +/-Inf or negative."""
+        """0-d int64 device tensor: priorities received that were NaN, +/-Inf or negative, or finite but so large
+        that ``(p + eps)^alpha`` would overflow float32 (alpha > 1; stored as the largest raw priority whose
+        stored value is finite, see :func:`_raw_limit`)."""
         return self._n_clamped
 
     @property
@@ -229,6 +234,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def _rebuild(self) -> None:
         """Recompute every stored value and block reduction from the raw priorities (O(N))."""
         written = self._leaves.view(-1) > 0  # written slots have stored values > 0 (eps > 0)
+        if self._raw_limit < FLOAT32_MAX:  # a larger alpha: raw priorities above its limit would overflow
+            self._raw.clamp_(max=self._raw_limit)
+            self._max_raw.clamp_(max=self._raw_limit)
         stored = self._ops.transform_priority(self._raw, self._alpha_t, self._eps)
         self._leaves.view(-1).copy_(torch.where(written, stored, torch.zeros_like(stored)))
         s, m = self._ops.reduce_blocks(self._leaves)
@@ -246,18 +254,30 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             return
         if n_valid == self._max_capacity and index.device == raw.device and index.device.type == "cuda":
             # a full ring: n_valid is fixed, so the call shape is (B, eps)
-            self._served(("write", index.numel(), self._eps), self._write_full, (index, raw),
+            self._served(("write", index.numel(), self._eps, self._raw_limit), self._write_full, (index, raw),
                          (*self.device_state(), self._alpha_t))
             return
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
-                                   self._n_clamped, self._n_dropped, index, raw, n_valid, self._max_capacity,
-                                   self._alpha_t, self._eps)
+                                   self._n_clamped, self._n_dropped, index, self._bounded(raw), n_valid,
+                                   self._max_capacity, self._alpha_t, self._eps)
 
     def _write_full(self, index: Tensor, raw: Tensor) -> None:
         """:meth:`_write` into a full ring (every slot valid): what its cached graphs record."""
         n = self._max_capacity
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
-                                   self._n_clamped, self._n_dropped, index, raw, n, n, self._alpha_t, self._eps)
+                                   self._n_clamped, self._n_dropped, index, self._bounded(raw), n, n, self._alpha_t,
+                                   self._eps)
+
+    def _bounded(self, raw: Tensor) -> Tensor:
+        """``raw`` with every finite value above :attr:`_raw_limit` lowered to it, counted in
+        :attr:`clamped_priority_count` (device ops, no sync); ``raw`` itself while alpha <= 1 (nothing can
+        overflow). NaN, +/-inf and negatives pass unchanged to the write's own sanitizing rule."""
+        limit = self._raw_limit
+        if limit >= FLOAT32_MAX:
+            return raw
+        over = (raw > limit) & (raw < float("inf"))
+        self._n_clamped.add_(over.sum())
+        return torch.where(over, torch.full((), limit, dtype=raw.dtype, device=raw.device), raw)
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
@@ -298,7 +318,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if n_valid == self._max_capacity and index.device.type == "cuda" and index.numel():
             # a full ring (every extend once the buffer has filled): the default priority is computed in the
             # cached graph too, so the call copies only the slots in
-            self._served(("mark", index.numel(), self._eps), self._mark_full, (index,),
+            self._served(("mark", index.numel(), self._eps, self._raw_limit), self._mark_full, (index,),
                          (*self.device_state(), self._alpha_t))
             return
         # one op: the default priority of each new slot, a fresh contiguous (B,) tensor
@@ -522,6 +542,13 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         for key in numbers:
             if isinstance(state_dict[key], bool) or not isinstance(state_dict[key], (int, float)):
                 raise ValueError(f"sampler checkpoint's {key!r} must be a number, got {type(state_dict[key]).__name__}")
+        if not (math.isfinite(state_dict["eps"]) and state_dict["eps"] > 0):
+            raise ValueError(f"sampler checkpoint's 'eps' must be a finite number > 0, got {state_dict['eps']!r}")
+        try:
+            check_exponent("alpha", state_dict["alpha"], eps=float(state_dict["eps"]))
+            check_exponent("beta", state_dict["beta"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"sampler checkpoint's {err}") from None
         shapes = {"raw": self._raw.shape, "written": self._raw.shape, **{key: torch.Size([]) for key in scalars}}
         for key, shape in shapes.items():
             value = state_dict[key]
@@ -542,8 +569,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """
         self.check_state_dict(state_dict)
         d = self._device
-        self._eps = state_dict["eps"]
-        self._alpha, self._beta = state_dict["alpha"], state_dict["beta"]
+        self._eps = float(state_dict["eps"])
+        self._alpha, self._beta = float(state_dict["alpha"]), float(state_dict["beta"])
+        self._raw_limit = _raw_limit(self._alpha, self._eps)
         self._alpha_t.fill_(self._alpha)
         self._beta_t.fill_(self._beta)
         self._raw.copy_(state_dict["raw"].to(d))
@@ -574,5 +602,16 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         (path / "sampler_metadata.json").write_text(json.dumps(meta))
 
     def loads(self, path: str | os.PathLike) -> None:
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device,
-                                        weights_only=False))
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
+
+
+def _raw_limit(alpha: float, eps: float) -> float:
+    """The largest raw priority ``p`` whose stored value ``(p + eps)^alpha`` is a finite float32 (with a margin of
+    1e-5 relative for the devices' ``pow`` rounding), or the largest float32 when alpha <= 1 (no finite ``p``
+    overflows then). Host arithmetic at construction and when alpha changes."""
+    if alpha <= 1.0:
+        return FLOAT32_MAX
+    limit = float(torch.tensor(FLOAT32_MAX ** (1.0 / alpha) * (1 - 1e-5) - eps, dtype=torch.float32))
+    while not math.isfinite(float(torch.tensor(limit + eps, dtype=torch.float32) ** alpha)):  # host tensors
+        limit *= 1 - 1e-5
+    return limit

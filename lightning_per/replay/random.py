@@ -9,7 +9,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from lightning_per.replay._rng import DeviceRNGMixin
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
 
 __all__ = ["GPURandomSampler"]
@@ -28,6 +28,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
     """
 
     def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None) -> None:
+        check_seed(seed)
         super().__init__()
         self._device = resolve_device(device)
         self._init_rng(seed)
@@ -80,7 +81,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
 
     def loads(self, path) -> None:
         from pathlib import Path
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", weights_only=False))
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
 
     def _empty(self) -> None:
         return None

@@ -623,7 +623,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def loads(self, path: str | os.PathLike) -> None:
         """Load what :meth:`dumps` wrote (onto this storage's device)."""
-        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=False)
+        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
         self.load_state_dict(state)
 
 

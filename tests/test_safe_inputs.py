@@ -1,0 +1,218 @@
+"""Nothing a user hands us is unpickled, stored priorities stay finite, and bad arguments are named.
+
+Crafted files carry a pickle whose unpickling creates a marker file (``open(marker, "w")``): the marker
+must never appear. Expected values come from float32's own limits (``torch.finfo``) and from TorchRL's
+scheduler, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from lightning_per import GPUPrioritizedReplayBuffer, make_replay_buffer
+from lightning_per.envs import EnvConfig, make_env, restore_env
+
+FMAX = float(torch.finfo(torch.float32).max)
+
+
+class _Marker:
+    """Unpickling this creates ``path`` (what a crafted file would do with any callable)."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _rows(n: int, start: int = 0) -> TensorDict:
+    i = torch.arange(start, start + n, dtype=torch.float32)
+    return TensorDict({"observation": i[:, None].expand(n, 3).clone(), "reward": i.clone()}, [n])
+
+
+def _filled(kind: str = "proportional", **kw):
+    rb = make_replay_buffer(64, 8, sampler=kind, device="cpu", generator=torch.Generator().manual_seed(0), **kw)
+    rb.extend(_rows(40))
+    rb.update_priority(torch.arange(40), torch.linspace(0.1, 4.0, 40))
+    return rb
+
+
+# ------------------------------------------------------------------------------------------ crafted files
+@pytest.mark.parametrize("kind", ["proportional", "rank", "uniform"])
+@pytest.mark.parametrize("part", ["sampler/sampler.pt", "storage/storage.pt"])
+def test_crafted_torch_file_in_a_dump_is_never_unpickled(tmp_path, kind, part):
+    marker = tmp_path / "marker"
+    src = _filled(kind)
+    src.dumps(tmp_path / "dump")
+    torch.save({"payload": _Marker(marker)}, tmp_path / "dump" / part)
+    rb = _filled(kind)
+    before = rb.storage.get(torch.arange(40))["reward"].clone()
+    with pytest.raises(Exception):  # noqa: B017 - refused, however it is worded; what matters is below
+        rb.loads(tmp_path / "dump")
+    assert not marker.exists()
+    torch.testing.assert_close(rb.storage.get(torch.arange(40))["reward"], before, rtol=0, atol=0)
+
+
+def test_prefetch_pickle_next_to_a_dump_is_never_read(tmp_path):
+    marker = tmp_path / "marker"
+    src = _filled()
+    src.dumps(tmp_path / "dump")
+    assert not (tmp_path / "dump" / "prefetch.pkl").exists()  # our dumps writes none
+    (tmp_path / "dump" / "prefetch.pkl").write_bytes(pickle.dumps(_Marker(marker)))
+    rb = _filled()
+    try:
+        rb.loads(tmp_path / "dump")
+    except ValueError:
+        pass  # refusing the directory is as good as ignoring the file
+    assert not marker.exists()
+
+
+def test_crafted_env_state_in_a_checkpoint_is_never_unpickled(tmp_path):
+    marker = tmp_path / "marker"
+    env = make_env(EnvConfig(num_envs=2), seed=0)
+    env.reset()
+    for snap in ({"kind": "gym_vector", "state": pickle.dumps(_Marker(marker))},
+                 {"kind": "gym_vector_json", "state": '[[{"_elapsed_steps": {"__pickle__": "x"}}]]'}):
+        with pytest.warns(UserWarning, match="not in the checkpoint"):
+            assert restore_env(env, snap) is False
+    assert not marker.exists()
+    env.close()
+
+
+# ------------------------------------------------------------------------------------------ overflow
+@pytest.mark.parametrize("kind", ["proportional", "rank"])
+def test_alpha_two_with_a_huge_priority_stays_finite_and_is_counted_once(kind):
+    rb = make_replay_buffer(16, 4, sampler=kind, device="cpu", alpha=2.0, eps=1e-6,
+                            generator=torch.Generator().manual_seed(1))
+    rb.extend(_rows(8))
+    rb.update_priority(torch.tensor([3]), torch.tensor([1e20]))  # 1e40 > float32 max
+    sampler = rb.sampler
+    stored = sampler._leaves.view(-1)[:8]
+    assert bool(torch.isfinite(stored).all()) and float(stored[3]) <= FMAX
+    assert float(stored[3]) > 1e38  # still (by far) the largest: near float32's max
+    assert int(sampler.clamped_priority_count) == 1
+    rb.extend(_rows(4, 8))  # new items take the running max raw priority: not counted again
+    assert int(sampler.clamped_priority_count) == 1
+    assert bool(torch.isfinite(sampler._leaves).all()) and bool(torch.isfinite(sampler._block_sum).all())
+    for _ in range(5):
+        batch = rb.sample()  # IndexError here before (an inf block sum)
+        assert batch["index"].min() >= 0 and batch["index"].max() < 12
+        assert bool(torch.isfinite(batch["priority_weight"]).all())
+
+
+def test_raising_alpha_keeps_stored_values_finite():
+    rb = _filled(alpha=1.0, eps=1e-6)
+    rb.update_priority(torch.tensor([0]), torch.tensor([1e30]))
+    rb.sampler.alpha = 3.0  # 1e90 would overflow
+    assert bool(torch.isfinite(rb.sampler._leaves).all())
+    assert rb.sample()["index"].shape == (8,)
+
+
+# ------------------------------------------------------------------------------------------ alpha and beta
+@pytest.mark.parametrize("name, value, error", [
+    ("alpha", True, TypeError), ("beta", False, TypeError), ("alpha", "0.5", TypeError),
+    ("alpha", float("inf"), ValueError), ("alpha", float("nan"), ValueError), ("beta", float("inf"), ValueError),
+    ("alpha", 1e6, ValueError), ("alpha", -0.1, ValueError), ("beta", torch.ones(2), TypeError),
+])
+def test_bad_alpha_or_beta_is_refused_naming_it_and_changes_nothing(name, value, error):
+    rb = _filled()
+    before = (rb.sampler.alpha, rb.sampler.beta, rb.sampler._leaves.clone())
+    with pytest.raises(error, match=name):
+        setattr(rb.sampler, name, value)
+    assert (rb.sampler.alpha, rb.sampler.beta) == before[:2]
+    torch.testing.assert_close(rb.sampler._leaves, before[2], rtol=0, atol=0)
+    with pytest.raises(error, match=name):
+        make_replay_buffer(8, 2, device="cpu", **{name: value})
+
+
+def test_zero_dim_tensors_and_numpy_numbers_set_the_exponents():
+    rb = _filled()
+    rb.sampler.beta = torch.tensor(0.7)
+    rb.sampler.alpha = np.float32(0.5)
+    assert rb.sampler.beta == pytest.approx(0.7) and rb.sampler.alpha == pytest.approx(0.5)
+    assert isinstance(rb.sampler.beta, float) and isinstance(rb.sampler.alpha, float)
+
+
+def test_torchrl_linear_scheduler_anneals_beta():
+    from torchrl.data.replay_buffers.scheduler import LinearScheduler
+
+    rb = _filled()
+    scheduler = LinearScheduler(rb, param_name="beta", final_value=1.0, num_steps=3)
+    for _ in range(4):
+        scheduler.step()
+        rb.sample()
+    assert rb.sampler.beta == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------ named bad input
+@pytest.mark.parametrize("kwargs, error, name", [
+    ({"seed": "abc"}, TypeError, "seed"), ({"seed": True}, TypeError, "seed"),
+    ({"generator": 42}, TypeError, "generator"),
+])
+def test_make_replay_buffer_names_bad_arguments(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        make_replay_buffer(8, 2, device="cpu", **kwargs)
+
+
+def test_buffer_batch_size_is_checked_at_construction():
+    with pytest.raises(ValueError, match="batch_size"):
+        GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, batch_size=-3, device="cpu")
+
+
+def test_bad_priorities_are_named_and_empty_updates_are_no_ops():
+    rb = _filled()
+    before = rb.sampler._raw.clone()
+    with pytest.raises(TypeError, match="priority"):
+        rb.update_priority(torch.tensor([0]), ["a"])
+    rb.update_priority([], [])  # TorchRL's samplers accept it: nothing to do
+    torch.testing.assert_close(rb.sampler._raw, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_extend_with_a_refused_priority_writes_nothing(direct):
+    rb = make_replay_buffer(16, 4, device="cpu")
+    rb.extend(TensorDict({"x": torch.zeros(4, 2), "td_error": torch.ones(4)}, [4]))
+    cursor, ring = rb._writer._cursor, rb.storage.get(torch.arange(4))["x"].clone()
+    bad = TensorDict({"x": torch.ones(3, 2), "td_error": torch.ones(3, dtype=torch.bool)}, [3])
+    if not direct:  # a lazy stack takes TorchRL's extend (the direct path takes plain TensorDicts only)
+        bad = torch.stack([bad[i] for i in range(3)])
+    with pytest.raises(TypeError, match="td_error"):
+        rb.extend(bad)
+    assert len(rb) == 4 and rb._writer._cursor == cursor
+    torch.testing.assert_close(rb.storage.get(torch.arange(4))["x"], ring, rtol=0, atol=0)
+
+
+def test_a_capacity_no_memory_can_hold_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="capacity"):
+        make_replay_buffer(10**13, 2, device="cpu")
+
+
+def test_the_package_never_unpickles():
+    import pathlib
+
+    import lightning_per
+
+    root = pathlib.Path(lightning_per.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "pickle.load" not in text and "weights_only=False" not in text, path
+    assert math.isfinite(FMAX)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_extend_with_several_priorities_per_transition_is_refused_before_the_write(direct):
+    # update_priority refuses (n, k) values (as TorchRL's); the data used to be written first
+    rb = make_replay_buffer(16, 4, device="cpu")
+    rb.extend(TensorDict({"x": torch.zeros(2, 2), "td_error": torch.zeros(2, 3)}, [2]), update_priority=False)
+    data = TensorDict({"x": torch.ones(4, 2), "td_error": torch.ones(4, 3)}, [4])
+    if not direct:
+        data = torch.stack([data[i] for i in range(4)])
+    with pytest.raises(ValueError, match="td_error"):
+        rb.extend(data)
+    assert len(rb) == 2 and rb._writer._cursor == 2
