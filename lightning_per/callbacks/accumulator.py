@@ -37,6 +37,21 @@ class MetricAccumulator:
 
     Raises:
         ValueError: an unknown reduction, or ``persistent`` naming an undeclared metric.
+
+    Example::
+
+        >>> import torch
+        >>> m = MetricAccumulator({"loss": "mean", "td_max": "max", "env_steps": "last"},
+        ...                       persistent=("env_steps",))
+        >>> m.add("loss", torch.tensor(3.0), count=2)  # for a mean, ``value`` sums ``count`` observations
+        >>> m.add("loss", 1.0)
+        >>> m.add("td_max", torch.tensor(0.5))
+        >>> m.add("env_steps", 64)
+        >>> {k: round(float(v), 4) for k, v in m.compute().items()}  # (3 + 1) / 3
+        {'loss': 1.3333, 'td_max': 0.5, 'env_steps': 64.0}
+        >>> m.reset()
+        >>> {k: float(v) for k, v in m.compute().items()}  # no observation since: NaN; persistent kept
+        {'loss': nan, 'td_max': nan, 'env_steps': 64.0}
     """
 
     def __init__(self, names: dict[str, str], device: torch.device | str = "cpu",

@@ -121,10 +121,25 @@ class AsyncMetricsCallback(Callback):
 
     Example::
 
-        trainer = Trainer(callbacks=[AsyncMetricsCallback(prog_bar=["loss", "episode_return"])],
-                          logger=AutoModeWandbLogger(save_dir="runs/x"))
-        trainer.fit(model)  # model.metrics is a MetricAccumulator updated in place every step
-        trainer.callbacks[0].history[-1]["loss"]  # last epoch's mean loss
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning.pytorch.demos.boring_classes import BoringModel
+        >>> from lightning_per.callbacks import MetricAccumulator
+        >>> class Model(BoringModel):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.metrics = MetricAccumulator({"loss": "mean", "steps": "sum"})
+        ...     def training_step(self, batch, batch_idx):
+        ...         out = super().training_step(batch, batch_idx)
+        ...         self.metrics.add("loss", out["loss"].detach())  # in place, on the device: no sync
+        ...         self.metrics.add("steps", 1.0)
+        ...         return out
+        >>> cb = AsyncMetricsCallback(prog_bar=False)
+        >>> trainer = Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0, logger=False,
+        ...                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        ...                   callbacks=[cb])
+        >>> trainer.fit(Model())
+        >>> [(row["epoch"], row["global_step"], row["steps"]) for row in cb.history]
+        [(0, 3, 3.0), (1, 6, 3.0)]
     """
 
     def __init__(

@@ -38,6 +38,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Raises:
         TypeError: ``storage_options`` given to :meth:`save_checkpoint` (as ``TorchCheckpointIO``).
+
+    Example::
+
+        >>> import os, tempfile
+        >>> io = AtomicCheckpointIO()  # Trainer(plugins=[AtomicCheckpointIO()])
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     io.save_checkpoint({"global_step": 3}, os.path.join(d, "last.ckpt"))
+        ...     print(io.load_checkpoint(os.path.join(d, "last.ckpt")), os.listdir(d))  # no temp file left
+        {'global_step': 3} ['last.ckpt']
     """
 
     @override

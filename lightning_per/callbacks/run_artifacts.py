@@ -100,6 +100,21 @@ class RunArtifactsCallback(Callback):
 
     Raises:
         ValueError: ``window < 1``, or a file name that is empty or contains a path separator.
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning.pytorch.demos.boring_classes import BoringModel
+        >>> with tempfile.TemporaryDirectory() as run_dir:
+        ...     trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False,
+        ...                       enable_checkpointing=False, enable_progress_bar=False,
+        ...                       enable_model_summary=False, default_root_dir=run_dir,
+        ...                       callbacks=[RunArtifactsCallback(plot=False, verbose=False)])
+        ...     trainer.fit(BoringModel())
+        ...     summary = json.loads(Path(run_dir, "summary.json").read_text())
+        >>> summary["status"], summary["epochs"], summary["updates"], summary["mean_return"]  # no episodes
+        ('done', 1, 2, None)
     """
 
     def __init__(self, dirpath: str | None = None, window: int = 20, plot: bool = True,

@@ -105,6 +105,18 @@ class AutoModeWandbLogger(WandbLogger):
           logger:
             class_path: lightning_per.callbacks.AutoModeWandbLogger
             init_args: {save_dir: runs/cartpole, project: lightning_per, name: dqn-cartpole}
+
+    Example::
+
+        >>> import tempfile
+        >>> from unittest import mock
+        >>> with tempfile.TemporaryDirectory() as run_dir:  # no run starts before the first log call
+        ...     logger = AutoModeWandbLogger(save_dir=run_dir, project="demo", mode="offline")
+        ...     print(logger.save_dir == run_dir)
+        True
+        >>> with mock.patch.dict(os.environ, {"WANDB_MODE": "disabled"}):  # WANDB_MODE wins
+        ...     resolve_wandb_mode()
+        'disabled'
     """
 
     def __init__(self, save_dir: str | None = ".", project: str = "lightning_per", name: str | None = None,

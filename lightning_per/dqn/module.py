@@ -137,6 +137,19 @@ class DQN(LightningModule):
 
     Raises:
         ValueError: any argument out of range, naming it.
+
+    Example::
+
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_per.dqn import DQN, ReplayConfig
+        >>> from lightning_per.envs import EnvConfig
+        >>> model = DQN(env=EnvConfig(backend="torch", num_envs=4), replay=ReplayConfig(capacity=256, batch_size=16),
+        ...             hidden_sizes=[32], warmup_steps=32, updates_per_epoch=8, seed=0)
+        >>> trainer = Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+        ...                   enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model)
+        >>> trainer.global_step, model.env_steps  # 2 x 8 updates; 32 warm-up + 16 / replay_ratio env steps
+        (16, 96)
     """
 
     def __init__(self, env: EnvConfig | None = None, replay: ReplayConfig | None = None,

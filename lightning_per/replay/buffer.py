@@ -293,6 +293,22 @@ class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuff
     Raises:
         ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler).
         TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+        >>> rb = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(100), batch_size=4,
+        ...                                 device="cpu")
+        >>> isinstance(rb, TensorDictPrioritizedReplayBuffer)
+        True
+        >>> _ = rb.extend(TensorDict({"observation": torch.randn(10, 3), "td_error": torch.zeros(10)}, [10]))
+        >>> batch = rb.sample()
+        >>> batch.batch_size, sorted(batch.keys())
+        (torch.Size([4]), ['index', 'observation', 'priority_weight', 'td_error'])
+        >>> batch["td_error"] = torch.full((4,), 2.0)  # e.g. written by TorchRL's DQNLoss
+        >>> rb.update_tensordict_priority(batch)
     """
 
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
@@ -460,6 +476,17 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
 
     Raises:
         ValueError: an unknown ``sampler`` or a bad size (named in the message).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> rb = make_replay_buffer(1000, 32, sampler="proportional", device="cpu", packed=True, seed=0)
+        >>> _ = rb.extend(TensorDict({"observation": torch.randn(100, 4), "reward": torch.randn(100)}, [100]))
+        >>> batch = rb.sample()
+        >>> tuple(batch["observation"].shape), batch["priority_weight"].dtype
+        ((32, 4), torch.float32)
+        >>> rb.update_priority(batch["index"], batch["reward"].abs())
     """
     if not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")

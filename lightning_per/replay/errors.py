@@ -25,7 +25,17 @@ FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 class EmptyBufferError(ValueError, RuntimeError):
     """Sampling from a buffer that holds no transition (a ValueError; also a RuntimeError, which is
-    what TorchRL's own samplers raise, so existing handlers keep working)."""
+    what TorchRL's own samplers raise, so existing handlers keep working).
+
+    Example::
+
+        >>> from lightning_per.replay import make_replay_buffer
+        >>> try:
+        ...     make_replay_buffer(4, 2, device="cpu").sample()
+        ... except RuntimeError as err:
+        ...     print(type(err).__name__, isinstance(err, ValueError))
+        EmptyBufferError True
+    """
 
 
 def check_batch_size(batch_size: int) -> None:

@@ -87,6 +87,24 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     Raises:
         ValueError: a bad argument (named in the message).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> sampler = GPUPrioritizedSampler(4, alpha=1.0, beta=1.0, device="cpu", seed=0)
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), sampler=sampler,
+        ...                             writer=GPURoundRobinWriter(), batch_size=8)
+        >>> _ = rb.extend(TensorDict({"reward": torch.arange(4.0)}, [4]))
+        >>> sampler.update_priority(torch.arange(4), torch.tensor([1.0, 1.0, 1.0, 3.0]))
+        >>> index, info = sampler.sample(rb.storage, 8)  # P = (1/6, 1/6, 1/6, 1/2), one draw per 1/8 of mass
+        >>> int((index == 3).sum())
+        4
+        >>> # IS weights (P(i) / min_j P(j))^-beta: 1/3 for slot 3, 1 for the others
+        >>> torch.allclose(info["priority_weight"], torch.where(index == 3, 1 / 3, 1.0))
+        True
     """
 
     #: Whether this class's draws (:meth:`_draw`, :meth:`_draw_gather`) may take their uniforms from the compiled

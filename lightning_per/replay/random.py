@@ -25,6 +25,20 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         seed: device-generator seed when no buffer generator is set.
 
     ``sample`` returns ``(index (B,) int64 on device, {})`` (no IS weights: they would all be 1).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> sampler = GPURandomSampler(device="cpu", seed=0)
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(8, device="cpu"), sampler=sampler,
+        ...                             writer=GPURoundRobinWriter(), batch_size=5)
+        >>> _ = rb.extend(TensorDict({"reward": torch.arange(3.0)}, [3]))
+        >>> index, info = sampler.sample(rb.storage, 5)
+        >>> index.shape, bool(((index >= 0) & (index < 3)).all()), info  # only the 3 filled slots
+        (torch.Size([5]), True, {})
     """
 
     def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None) -> None:

@@ -36,6 +36,23 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
 
     Raises:
         ValueError: ``sort_every`` < 1 (and the base class's checks).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> sampler = GPURankBasedSampler(4, alpha=1.0, beta=1.0, device="cpu", seed=0)
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), sampler=sampler,
+        ...                             writer=GPURoundRobinWriter(), batch_size=8)
+        >>> _ = rb.extend(TensorDict({"reward": torch.arange(4.0)}, [4]))
+        >>> sampler.update_priority(torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        >>> index, info = sampler.sample(rb.storage, 8)
+        >>> P = 1 / torch.tensor([4.0, 3.0, 2.0, 1.0])  # rank(i)^-alpha: slot 3 has rank 1
+        >>> P = P / P.sum()
+        >>> torch.allclose(info["priority_weight"], (P[index] / P.min()) ** -1.0)
+        True
     """
 
     _uses_device_rng = False  # the rank draw takes torch.rand uniforms from the generator

@@ -195,6 +195,19 @@ class GPUTensorStorage(LazyTensorStorage):
     Raises:
         ValueError: ``max_size < 1``.
         TypeError/ValueError (from :meth:`check_spec`): a write with other keys, shapes or dtypes.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> storage = GPUTensorStorage(8, device="cpu", packed=True)
+        >>> storage.set(torch.arange(3), TensorDict({"observation": torch.ones(3, 4),
+        ...                                          "reward": torch.arange(3.0)}, [3]))
+        >>> len(storage), tuple(storage.rows.shape)  # 3 of 8 slots written; one row of 3 words each
+        (3, (8, 3))
+        >>> batch = storage.get(torch.tensor([2, 0]))  # one gather of whole rows
+        >>> batch["reward"], tuple(batch["observation"].shape)
+        (tensor([2., 0.]), (2, 4))
     """
 
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
@@ -633,7 +646,23 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
 
     A batch that a :class:`GPUTensorStorage` can take as it is (flat keys, the stored spec, see
     :meth:`GPUTensorStorage._flat_pairs`) is written directly: the same cursor, write count, ``"index"``
-    tag, stored values and ``mark_update`` calls as TorchRL's ``extend``, without its generic machinery."""
+    tag, stored values and ``mark_update`` calls as TorchRL's ``extend``, without its generic machinery.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), writer=GPURoundRobinWriter())
+        >>> rb.extend(TensorDict({"reward": torch.arange(6.0)}, [6]))  # the slots written: the ring wraps
+        tensor([0, 1, 2, 3, 0, 1])
+        >>> rb.extend(TensorDict({"reward": torch.zeros(2, 3)}, [2]))  # another shape: refused
+        Traceback (most recent call last):
+        ...
+        ValueError: data['reward'] has per-item shape (3,), the storage holds ()
+        >>> len(rb), rb.storage.get(torch.arange(4))["reward"]  # nothing changed
+        (4, tensor([4., 5., 2., 3.]))
+    """
 
     def extend(self, data):
         pairs = self._direct_pairs(data)
