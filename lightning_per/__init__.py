@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUPrioritizedSampler,
         GPURandomSampler,
         GPURankBasedSampler,
+        GPUPrioritizedSliceSampler,
+        GPUSliceSampler,
         GPUTensorStorage,
         make_replay_buffer,
     )
@@ -26,6 +28,8 @@ __all__ = [
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",
     "GPURandomSampler",
+    "GPUSliceSampler",
+    "GPUPrioritizedSliceSampler",
     "GPUPrioritizedReplayBuffer",
     "make_replay_buffer",
 ]

@@ -5,6 +5,7 @@ from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",
     "GPURandomSampler",
+    "GPUSliceSampler",
+    "GPUPrioritizedSliceSampler",
     "GPUPrioritizedReplayBuffer",
     "EmptyBufferError",
     "make_replay_buffer",

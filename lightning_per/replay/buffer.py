@@ -26,12 +26,14 @@ from lightning_per.replay.errors import check_batch_size, check_generator, check
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage, default_device, resolve_device
 
 __all__ = ["GPUPrioritizedReplayBuffer", "make_replay_buffer", "BUFFER_SCHEMA_VERSION"]
 
 BUFFER_SCHEMA_VERSION = 1
-_SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler}
+_SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler,
+             "prioritized_slice": GPUPrioritizedSliceSampler}
 #: Sampler constructor parameters that make_replay_buffer sets itself (not accepted in **sampler_kwargs).
 _SET_BY_FACTORY = {"self", "max_capacity", "alpha", "beta", "eps", "device"}
 
@@ -82,6 +84,15 @@ def _build_sampler(cls, capacity: int, device: torch.device, **kw):
                       RuntimeWarning, stacklevel=3)
         torch.cuda.empty_cache()
         return build(torch.device("cpu"))
+
+
+def _check_before_write(rb, data) -> None:
+    """Raise before anything is written when the sampler cannot read ``data`` (a slice sampler's trajectory
+    marker missing: :meth:`GPUSliceSampler.check_signal`)."""
+    sampler = rb._sampler if rb.initialized else rb._init_sampler
+    check = getattr(sampler, "check_signal", None)
+    if check is not None and hasattr(data, "keys"):
+        check(data)
 
 
 def _direct_extend(rb, data, update_priority: bool | None):
@@ -277,8 +288,8 @@ class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuff
 
     Args:
         device: where transitions and priorities live (default CUDA when available, else CPU).
-        sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default) or ``"rank"``
-            (:class:`GPURankBasedSampler`).
+        sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default), ``"rank"``
+            (:class:`GPURankBasedSampler`) or ``"prioritized_slice"`` (:class:`GPUPrioritizedSliceSampler`).
         sampler_kwargs: extra arguments of the sampler (``stratified``, ``weight_normalization``,
             ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
 
@@ -368,6 +379,7 @@ class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuff
         machinery: see :func:`_direct_extend`); anything else defers to TorchRL's ``extend``.
         """
         _check_extend_priority(self, tensordicts, update_priority)
+        _check_before_write(self, tensordicts)
         index = _direct_extend(self, tensordicts, update_priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -415,6 +427,7 @@ class _GPUUniformReplayBuffer(_NoPickleDumps, TensorDictReplayBuffer):
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
         _check_extend_priority(self, tensordicts, update_priority)
+        _check_before_write(self, tensordicts)
         index = _direct_extend(self, tensordicts, update_priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -457,7 +470,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     Args:
         capacity: slots (>= 1).
         batch_size: default batch of ``sample()`` (>= 1).
-        sampler: ``"proportional"``, ``"rank"`` or ``"uniform"``.
+        sampler: ``"proportional"``, ``"rank"``, ``"uniform"``, ``"slice"`` (:class:`GPUSliceSampler`) or
+            ``"prioritized_slice"`` (:class:`GPUPrioritizedSliceSampler`); the slice samplers take
+            ``slice_len`` or ``num_slices`` and their other options through ``**sampler_kwargs``.
         device: default CUDA when available, else CPU.
         alpha, beta, eps: PER exponents and offset (ignored by ``"uniform"``).
         generator: the buffer's ``torch.Generator`` (reproducible draws; see ``set_rng``).
@@ -467,7 +482,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             is one gather kernel whatever the number of keys, and the batch's fields are views into it
             (``torch.save`` of a batch needs ``.clone()`` first). For learners that consume batches at once.
         **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``,
-            ``eager_graphs``.
+            ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``, ``end_key``, ``end_keys``,
+            ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``, ``slice_priority``.
 
     Returns:
         :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``/``"rank"``, else a TorchRL
@@ -495,6 +511,16 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     check_seed(sampler_kwargs.get("seed"))
     device = resolve_device(device)
     storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
+    if sampler == "slice":
+        options = sorted(_init_options(GPUSliceSampler) - {"capacity", "device"})
+        unknown = sorted(set(sampler_kwargs) - set(options))
+        if unknown:
+            raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler='slice'; "
+                            f"its options are {options}")
+        slicer = _build_sampler(GPUSliceSampler, capacity, device, **sampler_kwargs)
+        slicer._slice_shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
+        return _GPUUniformReplayBuffer(storage=storage, sampler=slicer, writer=GPURoundRobinWriter(),
+                                       batch_size=batch_size, generator=generator, priority_key=priority_key)
     if sampler == "uniform":
         seed = sampler_kwargs.pop("seed", None)
         sampler_kwargs.pop("eager_graphs", None)  # accepted, as for the other samplers: nothing to serve here
@@ -506,15 +532,19 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                                      generator=generator, priority_key=priority_key)
         return rb
     if sampler not in _SAMPLERS:
-        raise ValueError(f"sampler must be 'proportional', 'rank' or 'uniform', got {sampler!r}")
+        raise ValueError(f"sampler must be 'proportional', 'rank', 'uniform', 'slice' or 'prioritized_slice', "
+                         f"got {sampler!r}")
     options = sorted(_init_options(_SAMPLERS[sampler]) - _SET_BY_FACTORY)
     unknown = sorted(set(sampler_kwargs) - set(options))
     if unknown:
         raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler={sampler!r}; "
                         f"its options are {options}")
-    return GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
-                                      sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
-                                      generator=generator, priority_key=priority_key)
+    rb = GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
+                                    sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
+                                    generator=generator, priority_key=priority_key)
+    if sampler == "prioritized_slice":
+        rb._sampler._slice_shape(batch_size)  # as for "slice": the batch must split into slices
+    return rb
 
 
 def _init_options(cls: type) -> set[str]:

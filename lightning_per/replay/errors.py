@@ -166,7 +166,8 @@ def _check_range(index: Tensor, n_valid: int) -> None:
 
 
 #: Our sampler classes, whose checkpoints name their kind (``state_dict()["kind"]``).
-SAMPLER_KINDS = ("GPURankBasedSampler", "GPUPrioritizedSampler", "GPURandomSampler")
+SAMPLER_KINDS = ("GPURankBasedSampler", "GPUPrioritizedSliceSampler", "GPUSliceSampler", "GPUPrioritizedSampler",
+                 "GPURandomSampler")
 
 
 def check_kind(state_dict, sampler) -> None:
