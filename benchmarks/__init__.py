@@ -13,4 +13,5 @@ SUITES: dict[str, str] = {
     "dqn": "benchmarks.dqn",
     "ga3c": "benchmarks.ga3c",
     "ga3c-learner": "benchmarks.ga3c_learner",
+    "slice": "benchmarks.slice",
 }

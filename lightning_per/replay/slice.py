@@ -54,6 +54,7 @@ __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULE
 SLICE_SCHEMA_VERSION = 1
 #: How :class:`GPUPrioritizedSliceSampler` turns transition priorities into a start's priority.
 SLICE_PRIORITY_RULES = ("start", "max")
+_CHUNK = 1 << 22  # starts recomputed per pass by a rebuild
 _AUTO_TRAJ_KEYS = (("collector", "traj_ids"), "episode")  # what TorchRL probes when no key is given
 
 
@@ -70,6 +71,22 @@ def _ring_tensor(storage, key) -> Tensor | None:
         return data.get(key, None)
     except (KeyError, TypeError):
         return None
+
+
+def _reduce_touched(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, pos: Tensor) -> None:
+    """Recompute the sums (and minima) of the blocks of ``leaves`` ``(nb, blk)`` holding slots ``pos`` ``(K,)``
+    from their leaves: per touched block, or in one O(N) pass when ``K`` reaches the number of blocks."""
+    if pos.numel() >= leaves.shape[0]:
+        total, low = reduce_blocks(leaves)
+        block_sum.copy_(total)
+        if block_min is not None:
+            block_min.copy_(low)
+        return
+    rows = torch.div(pos, leaves.shape[1], rounding_mode="floor")
+    total, low = reduce_blocks(leaves[rows])  # a block touched twice gets the same values twice
+    block_sum[rows] = total
+    if block_min is not None:
+        block_min[rows] = low
 
 
 def _has_key(storage, key) -> bool:
@@ -223,11 +240,8 @@ class _SliceIndex:
         if pos is None:
             pos = torch.arange(self._slots, device=self._device)
         end = self._raw_end[pos] | (pos >= self._n_filled) | (pos == self._last)
-        flat = self._end_leaves.view(-1)
-        flat[pos] = end.to(torch.float32)
-        rows = torch.div(pos, self.slice_block, rounding_mode="floor")
-        total, _ = reduce_blocks(self._end_leaves[rows])
-        self._end_bsum[rows] = total
+        self._end_leaves.view(-1)[pos] = end.to(torch.float32)
+        _reduce_touched(self._end_leaves, self._end_bsum, None, pos)
 
     def _refresh_all(self) -> None:
         self._refresh_ends()
@@ -237,6 +251,10 @@ class _SliceIndex:
     def _refresh_starts(self, first: Tensor | int, count: int) -> None:
         """Recompute the start mask at slots ``first .. first + count - 1`` (mod N, ``count <= N``)."""
         N, T, d = self._slots, self._T, self._device
+        if count > _CHUNK:  # bounded temporaries (a full rebuild of 1e8 slots): pieces of _CHUNK starts
+            for at in range(0, count, _CHUNK):
+                self._refresh_starts(first + at, min(_CHUNK, count - at))
+            return
         first = torch.as_tensor(first, device=d)
         start = (first + torch.arange(count, device=d)) % N  # [count]
         window = (first - 1 + torch.arange(count + T - 1, device=d)) % N  # pred of the first .. last window slot
@@ -462,10 +480,7 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
         ends = self._end_leaves.view(-1)
         first = ends[(start - 1) % self._slots] > 0  # the slot before is an end: a trajectory's first slot
         self._start_leaves.view(-1)[start] = (self._valid[start] & first).to(torch.float32)
-        rows = torch.div(start, self.slice_block, rounding_mode="floor")
-        total, low = reduce_blocks(self._start_leaves[rows])
-        self._start_bsum[rows] = total
-        self._start_bmin[rows] = low
+        _reduce_touched(self._start_leaves, self._start_bsum, self._start_bmin, start)
 
     def mark_update(self, index, *, storage=None) -> None:
         """Slots ``index`` were just written: update the trajectory state (see the module docstring)."""
@@ -637,10 +652,7 @@ class GPUPrioritizedSliceSampler(_SliceIndex, GPUPrioritizedSampler, Prioritized
     def _starts_changed(self, start: Tensor) -> None:
         flat = self._leaves.view(-1)
         flat[start] = torch.where(self._valid[start], self._start_values(start), torch.zeros((), device=start.device))
-        rows = torch.div(start, self.block, rounding_mode="floor")
-        total, low = reduce_blocks(self._leaves[rows])
-        self._block_sum[rows] = total
-        self._block_min[rows] = low
+        _reduce_touched(self._leaves, self._block_sum, self._block_min, start)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
         """The proportional sampler's write (raw priorities, values, block sums), then the touched starts'
