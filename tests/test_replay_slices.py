@@ -357,7 +357,7 @@ def test_no_valid_slice_is_named_and_changes_nothing(kind):
 
 
 @pytest.mark.parametrize("kind", ["slice", "prioritized_slice"])
-def test_state_dict_round_trip(kind):
+def test_state_dict_round_trip(kind, tmp_path):
     rb = ours(kind == "prioritized_slice", 24, 3, True, episodes([5, 8, 6, 9]))
     if kind == "prioritized_slice":
         rb.update_priority(torch.arange(24), torch.rand(24) + 0.1)
@@ -366,3 +366,21 @@ def test_state_dict_round_trip(kind):
     fresh = ours(kind == "prioritized_slice", 24, 3, True, episodes([4]))
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh._sampler.probabilities(), rb._sampler.probabilities())
+    rb.dumps(tmp_path / "rb")
+    again = ours(kind == "prioritized_slice", 24, 3, True, episodes([4]))
+    again.loads(tmp_path / "rb")
+    torch.testing.assert_close(again._sampler.probabilities(), rb._sampler.probabilities())
+
+
+def test_priority_of_a_slot_that_cannot_start_yet_is_kept():
+    """A slot whose slice would cross the write head holds no mass but keeps its raw priority: once its
+    trajectory grows past it, it starts slices with that priority."""
+    rb = ours(True, 16, 4, True, np.zeros(5, dtype=bool))  # an episode in progress: slots 0..4
+    rb.update_priority(torch.arange(5), torch.tensor([1.0, 1.0, 1.0, 9.0, 1.0]))
+    rb.sample()
+    p = rb._sampler.probabilities()[:16].double().numpy()
+    assert p[3] == 0 and p[:2].sum() == pytest.approx(1.0)  # starts 0, 1 only (slices of 4 before the head)
+    rb.extend(transitions(episodes([3])))  # the episode goes on to slot 7 and ends there
+    p = rb._sampler.probabilities()[:16].double().numpy()
+    v = (np.array([1.0, 1.0, 1.0, 9.0, 1.0], dtype=np.float32).astype(np.float64) + EPS) ** ALPHA
+    np.testing.assert_allclose(p[:5], v / v.sum(), rtol=1e-6)  # starts 0..4 of the 8-step episode

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
 
-from lightning_per.ops import block_size_for, reduce_blocks, select_backend
+from lightning_per.ops import block_size_for, reduce_blocks, reference, select_backend
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
@@ -568,7 +568,7 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
 
     def loads(self, path) -> None:
         from pathlib import Path
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=False))
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
 
     def _empty(self) -> None:
         self._init_slice_state()
@@ -655,17 +655,34 @@ class GPUPrioritizedSliceSampler(_SliceIndex, GPUPrioritizedSampler, Prioritized
         _reduce_touched(self._leaves, self._block_sum, self._block_min, start)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        """The proportional sampler's write (raw priorities, values, block sums), then the touched starts'
-        values under the start mask (and :attr:`slice_priority`)."""
-        super()._write(index, raw, n_valid)
-        if index.numel() == 0 or self._T is None:
-            return
-        if index.device != self._device:
-            index = index.to(self._device, non_blocking=True)
-        index = index.clamp(0, self._slots - 1)  # slots the write dropped: recomputing a valid one is harmless
+        """The proportional sampler's write of raw priorities ``raw`` at slots ``index`` (both ``(B,)`` on the
+        device), keeping the stored value of every slot that cannot start a slice at 0.
+
+        ``"start"``: such slots are sent to the write's trash slot (one fused write, nothing else recomputed)
+        and their raw priorities stored beside it (cleaned as the write cleans them, last write wins, folded
+        into the running max). ``"max"``: the plain write, then the ``B * T`` starts whose slices hold the
+        slots are recomputed.
+        """
+        if self._T is None or index.numel() == 0:  # no start mask yet: plain values (masked when it is built)
+            return super()._write(index, raw, n_valid)
+        d, N = self._device, self._slots
+        if index.device != d:
+            index = index.to(d, non_blocking=True)
         if self.slice_priority == "max" and self._T > 1:
-            index = ((index[:, None] - torch.arange(self._T, device=index.device)) % self._slots).reshape(-1)
-        self._starts_changed(index)
+            super()._write(index, raw, n_valid)
+            slots = index.clamp(0, N - 1)  # slots the write dropped: recomputing a valid one is harmless
+            starts = (slots[:, None] - torch.arange(self._T, device=d)) % N
+            self._starts_changed(starts.reshape(-1))
+            return
+        trash = self._max_capacity
+        inside = (index >= 0) & (index < n_valid)
+        hidden = inside & ~self._valid[index.clamp(0, N - 1)]  # written, but no slice starts there
+        clean, _ = reference.sanitize_priority(raw, self._default_priority(self._max_raw))
+        super()._write(torch.where(hidden, trash, index), raw, n_valid)
+        self._n_dropped -= hidden.sum()  # the write counted them as dropped
+        last = reference.last_write_wins(index, clean)  # [B] each slot's last value
+        self._raw.index_put_((torch.where(hidden, index, trash),), torch.where(hidden, last, 0.0))
+        torch.maximum(self._max_raw, torch.where(hidden, clean, float("-inf")).amax(), out=self._max_raw)
 
     def _rebuild(self) -> None:
         if getattr(self, "_T", None) is None or not hasattr(self, "_valid"):
