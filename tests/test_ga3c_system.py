@@ -170,3 +170,52 @@ def test_counts_change_at_run_time():
         assert _wait_batches(system, 2) == 2  # the remaining agent still feeds the trainers
     finally:
         system.close()
+
+
+def _wait(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_agent_terminated_alone_is_replaced():
+    """SIGTERM to one agent (not to the learner) is a death like any other: replaced, after the grace."""
+    system = _system(agents=2).start()
+    try:
+        assert _wait_batches(system, 1) == 1
+        victim = system._agents[1]
+        os.kill(victim.process.pid, signal.SIGTERM)
+        assert _wait(lambda: system.replaced == 1)
+        assert system._agents[1].incarnation != victim.incarnation and not system.stopping.is_set()
+        assert _wait_batches(system, 2) == 2
+    finally:
+        system.close()
+
+
+def test_sigterm_to_learner_and_agents_stops_the_system_without_replacements():
+    """The group signal seen from inside: agents die of SIGTERM, the learner's handler (here a recorder, in the
+    CLI one that raises KeyboardInterrupt) still runs, the system stops and starts no agent, and close() puts
+    the handler back."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        system = _system(agents=2).start()
+        try:
+            assert _wait_batches(system, 1) == 1
+            pids = [a.process.pid for a in system._agents if a is not None]
+            for pid in pids:
+                os.kill(pid, signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            assert seen == [signal.SIGTERM]
+            assert _wait(system.stopping.is_set)
+            assert system.get_batch(timeout=1.0) is None
+            assert system.replaced == 0
+            assert [a.process.pid for a in system._agents if a is not None] == pids  # nothing new started
+        finally:
+            system.close()
+        assert signal.getsignal(signal.SIGTERM) is not None and seen == [signal.SIGTERM]
+        signal.raise_signal(signal.SIGTERM)  # the recorder is the handler again
+        assert seen == [signal.SIGTERM] * 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,6 +9,15 @@ waiting, joins threads, joins agents and terminates/kills those that did not exi
 still starting up, i.e. importing, making or resetting its environments, does not poll the flag: it is
 terminated at once rather than waited for), drops the named semaphores and unlinks the shared memory.
 
+A stopping system never starts an agent. Agents share the learner's process group, so a SIGTERM to
+the group (``kill -TERM -PGID``, a job scheduler, a container runtime) kills them at the moment the
+learner itself is told to stop. :meth:`GA3CSystem.start`, in the main thread, therefore chains a SIGTERM
+handler in front of the one installed (which still runs: the CLI's raises ``KeyboardInterrupt``): it
+only records the signal, and the supervisor turns that into a stop before it looks at any agent. An
+agent that died of a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is replaced only after it has
+stayed dead for ``_STOP_SIGNAL_GRACE_S`` without the system stopping, which covers the moment between
+the signal and the learner's handler; any other death (a crash, SIGKILL) is replaced at once.
+
 Agent indices have *incarnations*: a replaced agent gets the same rows of the shared buffers
 (flags cleared), a new incarnation number and fresh semaphores; work claimed from the previous
 incarnation is answered on the old semaphores or dropped, so a dead agent cannot wake or corrupt its
@@ -25,6 +34,7 @@ import multiprocessing as mp
 import os
 import queue
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -48,6 +58,9 @@ log = logging.getLogger("lightning_per.ga3c")
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_boot.py")
 _MAIN_LOCK = threading.Lock()
 _GET_POLL_S = 0.1  # longest single wait of get_batch on the batch queue (how fast it notices a stop)
+_SUPERVISE_S = 0.2  # supervisor period: how fast a dead agent is noticed
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+_STOP_SIGNAL_GRACE_S = 1.0  # an agent killed by a stop signal stays dead this long before it is replaced
 
 
 @contextlib.contextmanager
@@ -81,6 +94,7 @@ class _Agent:
     free_sem: Any
     retiring: bool = False
     started: float = field(default_factory=time.monotonic)
+    dead_since: float | None = None  # time.monotonic() when the supervisor first saw it dead
 
 
 class GA3CSystem:
@@ -123,6 +137,9 @@ class GA3CSystem:
         self._supervisor: threading.Thread | None = None
         self.pred_sem = self.train_sem = None
         self._closed = False
+        self.stop_signal: int | None = None  # the signal that stopped the run (SIGTERM), if one did
+        self._sigterm_handler: Callable | None = None  # ours, while installed
+        self._sigterm_previous: Any = None
 
     # ---- buffers: row arithmetic and the torch views predictors/trainers use -----------------
     def row(self, index: int, slot: int, t: int) -> int:
@@ -234,7 +251,13 @@ class GA3CSystem:
         self.stopping.set()
 
     # ---- agents ------------------------------------------------------------------------------
-    def _spawn_agent(self, index: int) -> None:
+    def _stop_requested(self) -> bool:
+        return self.stopping.is_set() or self.stop_signal is not None
+
+    def _spawn_agent(self, index: int) -> bool:
+        """Start an agent at ``index`` (its rows cleared); False, starting nothing, once stopping."""
+        if self._stop_requested():
+            return False
         c = self.cfg
         self._incarnations += 1
         inc = self._incarnations
@@ -255,6 +278,7 @@ class GA3CSystem:
         self._agents[index] = _Agent(inc, proc, resp, free)
         with _no_main_reimport():
             proc.start()
+        return True
 
     def _active_agents(self) -> list[int]:
         return [i for i, a in enumerate(self._agents) if a is not None and not a.retiring]
@@ -265,17 +289,21 @@ class GA3CSystem:
             if len(active) >= n:
                 break
             if self._agents[index] is None:
-                self._spawn_agent(index)
+                if not self._spawn_agent(index):
+                    break
                 active.append(index)
         for index in sorted(active, reverse=True)[: max(0, len(active) - n)]:
             self._agents[index].retiring = True
             self.shared.flags[index] = 1
 
     def _supervise(self) -> None:
-        """Reap retired agents, replace dead ones, print the status line."""
+        """Reap retired agents, replace dead ones, print the status line; stop on a recorded signal."""
         last_status, snap = time.monotonic(), self.stats.snapshot()
-        while not self.stopping.wait(0.2):
+        while not self.stopping.wait(_SUPERVISE_S):
             with self._lock:
+                if self._stop_on_signal():
+                    return
+                now = time.monotonic()
                 for index, agent in enumerate(self._agents):
                     if agent is None or agent.process.is_alive():
                         continue
@@ -283,14 +311,35 @@ class GA3CSystem:
                     if agent.retiring:
                         self._agents[index] = None
                         continue
-                    self._replace(index, agent.process.exitcode)
+                    if agent.dead_since is None:
+                        agent.dead_since = now
+                    code = agent.process.exitcode
+                    if code is not None and code < 0 and -code in _STOP_SIGNALS and \
+                            now - agent.dead_since < _STOP_SIGNAL_GRACE_S:
+                        continue  # killed by a stop signal: the learner may be getting it too
+                    if self._stop_on_signal() or not self._replace(index, code):
+                        return
             every = self.cfg.status_interval_s
             if every > 0 and time.monotonic() - last_status >= every:
                 new = self.stats.snapshot()
                 log.info(self.status_line(snap, new))
                 last_status, snap = time.monotonic(), new
 
-    def _replace(self, index: int, exitcode: int | None) -> None:
+    def _stop_on_signal(self) -> bool:
+        """Turn a signal recorded by the handler into a stop (here, not in the handler: setting an Event
+        takes a lock the interrupted main thread may hold). True if the system is stopping."""
+        if self.stop_signal is not None and not self.stopping.is_set():
+            log.info("GA3C system: %s received; stopping (no agent is replaced)",
+                     signal.Signals(self.stop_signal).name)
+            self.stopping.set()
+            if self.shared is not None:
+                self.shared.flags[-1] = 1  # every agent leaves its loop
+        return self.stopping.is_set()
+
+    def _replace(self, index: int, exitcode: int | None) -> bool:
+        """Start a new incarnation at ``index``; False (nothing started) when stopping or failed."""
+        if self._stop_requested():
+            return False
         now = time.monotonic()
         self._deaths.append(now)
         while self._deaths and now - self._deaths[0] > 30.0:
@@ -298,10 +347,39 @@ class GA3CSystem:
         if len(self._deaths) > max(10, 2 * self.cfg.max_agents):
             self.fail(RuntimeError(f"{len(self._deaths)} GA3C agents died within 30 s (last exit code "
                                    f"{exitcode}); check the environment ({self.env_spec['env']!r})"))
-            return
+            return False
         log.warning("GA3C agent %d died (exit code %s); starting a replacement", index, exitcode)
         self.replaced += 1
-        self._spawn_agent(index)
+        return self._spawn_agent(index)
+
+    # ---- signals -----------------------------------------------------------------------------
+    def _install_sigterm_handler(self) -> None:
+        """Main thread only: record SIGTERM for the supervisor, then run the handler found here."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame):
+            if not self._closed:
+                self.stop_signal = signum  # a plain store: the supervisor acts on it
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:  # SIG_DFL (or None: not set from Python): terminate as before
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._sigterm_handler, self._sigterm_previous = on_sigterm, previous
+
+    def _restore_sigterm_handler(self) -> None:
+        """Put the previous handler back if ours is still the installed one (one installed over ours keeps
+        calling it; ours then only forwards)."""
+        handler, self._sigterm_handler = self._sigterm_handler, None
+        if handler is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is handler:
+            previous = self._sigterm_previous
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     # ---- predictor / trainer threads ---------------------------------------------------------
     def _set_threads(self, threads: list, n: int, cls, prefix: str) -> None:
@@ -320,7 +398,7 @@ class GA3CSystem:
     def set_counts(self, counts: Counts) -> None:
         """Start or stop agents/threads to reach ``counts`` (bounded by the configured maxima)."""
         with self._lock:
-            if self.stopping.is_set():
+            if self._stop_requested():
                 return
             self._set_threads(self._predictors, counts.predictors, PredictorThread, "predictor")
             self._set_threads(self._trainers, counts.trainers, TrainerThread, "trainer")
@@ -340,6 +418,7 @@ class GA3CSystem:
         self.pred_sem, self.train_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
         self.batch_q: queue.Queue = queue.Queue(maxsize=c.batch_queue_size)
         atexit.register(self.close)
+        self._install_sigterm_handler()
         self.set_counts(Counts(c.agents, c.predictors, c.trainers))
         self._supervisor = threading.Thread(target=self._supervise, name="ga3c-supervisor", daemon=True)
         self._supervisor.start()
@@ -391,6 +470,7 @@ class GA3CSystem:
         if self.shared is not None:
             self.shared.close()
         atexit.unregister(self.close)
+        self._restore_sigterm_handler()
         killed = sum(p.exitcode is not None and p.exitcode < 0 for p in procs)
         log.info("GA3C system stopped in %.2f s (%d agent processes, %d terminated, %d of them while starting)",
                  time.monotonic() - t0, len(procs), killed, len(booting))
