@@ -11,7 +11,7 @@ ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first: on this project's CPU machines the CUDA wheel of torch is served from local disk.
+	# torch first, so that a torch wheel found locally (pip's --find-links / PIP_FIND_LINKS) is the one used.
 	$(BIN)/python -m pip install -q "torch>=2.11"
 	$(BIN)/python -m pip install -q -e ".[test,dev]"
 	touch $(STAMP)

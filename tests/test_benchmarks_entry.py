@@ -68,3 +68,13 @@ def test_markdown_table_and_default_plot(tmp_path):
     assert [p.name for p in paths] == ["toy-cpu.json", "toy-cpu.md", "toy-cpu.png"]
     assert json.loads(paths[0].read_text())["rows"] == rows
     assert paths[2].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_results_file_the_docs_cite_exists():
+    import re
+
+    texts = {p: p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    cited = {(p.name, m) for p, t in texts.items() for m in re.findall(r"benchmarks/results/[\w.-]+", t)}
+    assert cited, "no results file cited"
+    missing = [(doc, path) for doc, path in sorted(cited) if not (ROOT / path).is_file()]
+    assert not missing, missing
