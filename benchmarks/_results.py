@@ -172,7 +172,7 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
         return "not recorded" if env.get(key) is None else str(env[key])
 
     hw = env.get("gpu") or "CPU only"
-    if env.get("gpu_count", 0) > 1 or results.devices > 1:
+    if env.get("gpu") and results.devices > 1:
         hw = f"{results.devices} x {hw}"
     meta = (f"Machine: {hw}" + (f", driver {v('driver')}, CUDA {v('cuda')}" if env.get("gpu") else "")
             + f"; CPU {v('cpu')} ({v('cpu_cores')} cores). torch {v('torch')}, triton {v('triton')}, "
