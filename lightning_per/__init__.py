@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` stays light (console command)
     from lightning_per.replay import (
+        FrameStackStorage,
         GPUPrioritizedReplayBuffer,
         GPUPrioritizedSampler,
         GPURandomSampler,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
 
 __all__ = [
     "GPUTensorStorage",
+    "FrameStackStorage",
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",
     "GPURandomSampler",

@@ -2,6 +2,7 @@
 
 from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, make_replay_buffer
 from lightning_per.replay.errors import EmptyBufferError
+from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -10,6 +11,7 @@ from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
 
 __all__ = [
     "GPUTensorStorage",
+    "FrameStackStorage",
     "GPURoundRobinWriter",
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",

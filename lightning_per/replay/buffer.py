@@ -23,6 +23,7 @@ from torchrl.data import (
 )
 
 from lightning_per.replay.errors import check_batch_size, check_generator, check_seed
+from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -464,6 +465,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        device: torch.device | str | None = None, alpha: float = 0.6, beta: float = 0.4,
                        eps: float = 1e-6, generator: torch.Generator | None = None,
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
+                       frame_stack: int | None = None, frames: int | None = None,
+                       frame_keys: tuple[Any, Any] = ("observation", "next_observation"),
                        **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
@@ -481,6 +484,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         packed: store each transition as one row (:class:`GPUTensorStorage` ``packed=True``): a batch read
             is one gather kernel whatever the number of keys, and the batch's fields are views into it
             (``torch.save`` of a batch needs ``.clone()`` first). For learners that consume batches at once.
+        frame_stack: store the stacked-frame ``frame_keys`` with each frame once
+            (:class:`~lightning_per.replay.frames.FrameStackStorage` of ``frame_stack`` frames a stack and a ring
+            of ``frames`` frames); needs ``sampler="proportional"`` (it masks slots whose frames are gone).
+        frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack``).
         **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``,
             ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``, ``end_key``, ``end_keys``,
             ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``, ``slice_priority``.
@@ -510,7 +517,14 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
     device = resolve_device(device)
-    storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
+    if frame_stack is None:
+        storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
+    else:
+        if sampler != "proportional":
+            raise ValueError(f"frame_stack needs sampler='proportional' (its draws skip transitions whose frames "
+                             f"the ring overwrote), got sampler={sampler!r}")
+        storage = FrameStackStorage(capacity, frame_stack=frame_stack, frames=frames, keys=frame_keys,
+                                    device=device, fallback=fallback, packed=packed)
     if sampler == "slice":
         options = sorted(_init_options(GPUSliceSampler) - {"capacity", "device"})
         unknown = sorted(set(sampler_kwargs) - set(options))

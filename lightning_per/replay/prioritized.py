@@ -139,6 +139,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
         self._init_rng(seed)
         self._graphs = EagerGraphs() if eager_graphs and self._device.type == "cuda" else None
+        #: the storage's ``slot_valid`` mask once a write showed one (``FrameStackStorage``), else None
+        self._slot_valid: Tensor | None = None
         new_rng_state = getattr(self._ops, "new_rng_state", None)
         #: the compiled draws' RNG state (seed, one counter per draw position; ``ext.sample._device_uniform``),
         #: seeded from :attr:`generator`; None when the draws use ``torch.rand`` (reference ops, rank sampler)
@@ -325,10 +327,41 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             index = index.to(device, non_blocking=True)
         if priority.device != device:
             priority = priority.to(device, non_blocking=True)
+        if self._slot_valid is not None:  # invalid slots stay without mass: sent out of range (dropped)
+            inside = index.clamp(0, self._max_capacity - 1)
+            index = index.where(self._slot_valid[inside], -1)
         self._write(index, priority, n_valid)
 
     def mark_update(self, index, *, storage=None) -> None:
-        """Give slots ``index`` (just written) the default priority (the running max)."""
+        """Give slots ``index`` (just written) the default priority (the running max); then, when ``storage``
+        has a device ``slot_valid`` mask (:class:`~lightning_per.replay.frames.FrameStackStorage`), take the
+        probability mass of every slot it marks invalid (:meth:`mask_slots`)."""
+        self._mark_update(index, storage)
+        valid = getattr(storage, "slot_valid", None)
+        if valid is not None:
+            self.mask_slots(valid)
+
+    def mask_slots(self, valid: Tensor) -> None:
+        """Zero the stored priority of every slot where ``valid`` ``(max_capacity,) bool`` (on :attr:`device`) is
+        False, so no draw returns it and the buffer-normalised IS weights ignore it; later
+        :meth:`update_priority` calls skip those slots (counted in :attr:`dropped_index_count`), until a write
+        of the slot makes it valid again. One O(N) pass on the device, no host synchronisation; ``valid`` is
+        kept by reference (its owner updates it in place).
+
+        Raises:
+            ValueError: ``valid`` is not a ``(max_capacity,)`` bool tensor on :attr:`device`.
+        """
+        if not (isinstance(valid, Tensor) and valid.dtype == torch.bool and valid.shape == (self._max_capacity,)
+                and valid.device.type == self._device.type):
+            raise ValueError(f"valid must be a ({self._max_capacity},) bool tensor on {self._device}, got "
+                             f"{getattr(valid, 'dtype', type(valid).__name__)} {tuple(getattr(valid, 'shape', ()))}")
+        self._slot_valid = valid
+        self._leaves.view(-1)[:self._max_capacity].mul_(valid)
+        s, m = self._ops.reduce_blocks(self._leaves)
+        self._block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
+        self._block_min.copy_(m)
+
+    def _mark_update(self, index, storage) -> None:
         n_valid = self._filled(storage)
         index = check_index(index, n_valid)
         if index.device != self._device:

@@ -1,0 +1,133 @@
+"""Compiled batch gathers for replay storages: stacked frames by two-level indexing, and rows of a ring in
+page-locked host memory read by the GPU.
+
+* :func:`gather_stacks` - ``ring[positions[index]]`` in one launch: each program reads its transition's
+  frame position and copies a chunk of that frame (the frame-deduplicated storage's batch read).
+* :func:`gather_rows` - ``src[index]`` in one launch, where ``src`` may be a pinned host tensor: under
+  unified virtual addressing a page-locked allocation has one address for host and device, so the kernel
+  reads it over the bus with no staging copy and no host synchronisation (the pinned-host storage).
+
+Both copy whole 8-, 4- or 1-byte words (the widest that divides a row) and are plain-torch references'
+twins (:mod:`lightning_per.ops.frames`); both are ``torch.library`` custom ops under ``torch.compile`` and
+capturable in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import INTERPRET, cdiv, check_device, compiling, register_op
+
+__all__ = ["gather_stacks", "gather_rows"]
+
+#: Words a program copies (one chunk of a row).
+BLOCK = 1024
+
+
+@triton.jit
+def _gather_kernel(src_ptr, pos_ptr, index_ptr, out_ptr, k, words, pos_stride,
+                   TWO_LEVEL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # output row: (b, j) of the (B, K) rows
+    chunk = tl.program_id(1)
+    b = row // k
+    j = row - b * k
+    slot = tl.load(index_ptr + b).to(tl.int64)
+    if TWO_LEVEL:
+        src_row = tl.load(pos_ptr + slot * pos_stride + j).to(tl.int64)
+    else:
+        src_row = slot
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < words
+    values = tl.load(src_ptr + src_row * words + offs, mask=mask)
+    tl.store(out_ptr + row.to(tl.int64) * words + offs, values, mask=mask)
+
+
+def _words(t: Tensor) -> Tensor:
+    """``t`` ``(R, ...)`` contiguous as ``(R, words)`` of the widest int dtype dividing a row's bytes."""
+    flat = t.view(t.shape[0], -1).view(torch.uint8)
+    nbytes = flat.shape[1]
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4)):
+        if nbytes % size == 0:
+            return flat.view(dtype)
+    return flat
+
+
+def _launch(src: Tensor, positions: Tensor | None, index: Tensor, k: int, out: Tensor) -> Tensor:
+    words_src = _words(src)
+    words_out = out.view(out.shape[0] * k if positions is not None else out.shape[0], -1).view(torch.uint8)
+    words_out = words_out.view(words_src.dtype)
+    rows, words = words_out.shape
+    if rows and words:
+        pos = positions if positions is not None else index
+        _gather_kernel[(rows, cdiv(words, BLOCK))](
+            words_src, pos, index, words_out, k, words, pos.stride(0),
+            TWO_LEVEL=positions is not None, BLOCK=BLOCK)
+    return out
+
+
+@register_op("gather_stacks", fake=lambda ring, positions, index: torch.empty(
+    (index.shape[0], positions.shape[1], *ring.shape[1:]), dtype=ring.dtype, device=ring.device))
+def _stacks_op(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    out = torch.empty((index.shape[0], positions.shape[1], *ring.shape[1:]), dtype=ring.dtype, device=ring.device)
+    return _launch(ring, positions, index, positions.shape[1], out)
+
+
+@register_op("gather_rows", fake=lambda src, index, device: torch.empty(
+    (index.shape[0], *src.shape[1:]), dtype=src.dtype, device=index.device))
+def _rows_op(src: Tensor, index: Tensor, device: torch.device) -> Tensor:
+    out = torch.empty((index.shape[0], *src.shape[1:]), dtype=src.dtype, device=index.device)
+    return _launch(src, None, index, 1, out)
+
+
+def _check(name: str, t: Tensor, ndim: int | None = None) -> None:
+    if not isinstance(t, Tensor) or not t.is_contiguous() or (ndim is not None and t.dim() != ndim):
+        raise ValueError(f"{name} must be a contiguous {ndim or 'N'}-D tensor, got "
+                         f"{getattr(t, 'shape', type(t).__name__)}")
+
+
+def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    """Compiled ``ops.frames.gather_stacks``: ``(B, K, *frame)`` = ``ring[positions[index]]`` in one launch.
+
+    Args:
+        ring: ``(F + 1, *frame)`` contiguous frames (any dtype) on the device.
+        positions: ``(N, K)`` int32/int64 ring positions, rows contiguous, on the device.
+        index: ``(B,)`` int64 transitions in ``[0, N)``, on the device.
+
+    Raises:
+        ValueError: a tensor of another rank, not contiguous, or off the kernels' device.
+    """
+    _check("ring", ring)
+    _check("positions", positions, 2)
+    _check("index", index, 1)
+    for name, t in (("ring", ring), ("positions", positions), ("index", index)):
+        check_device(t, name)
+    if compiling():
+        return torch.ops.lightning_per.gather_stacks(ring, positions, index)
+    return _stacks_op(ring, positions, index)
+
+
+def gather_rows(src: Tensor, index: Tensor) -> Tensor:
+    """``src[index]`` ``(B, *row)`` on ``index``'s device, read by one kernel straight from ``src``.
+
+    ``src`` may live in page-locked host memory (``pin_memory=True``): the GPU reads it through its
+    unified address (zero-copy), so a batch needs no staging copy and no host synchronisation.
+
+    Args:
+        src: ``(R, *row)`` contiguous, on the device or pinned on the host (CPU under the interpreter).
+        index: ``(B,)`` int64 rows in ``[0, R)``, on the device.
+
+    Raises:
+        ValueError: ``src`` is neither on the device nor pinned; a tensor of another rank or not contiguous.
+    """
+    _check("src", src)
+    _check("index", index, 1)
+    check_device(index, "index")
+    if not (src.is_cuda or INTERPRET or src.is_pinned()):
+        raise ValueError("src must be on the GPU or in pinned host memory (pin_memory=True), got pageable "
+                         "host memory")
+    if compiling():
+        return torch.ops.lightning_per.gather_rows(src, index, index.device)
+    return _rows_op(src, index, index.device)

@@ -1,0 +1,110 @@
+"""Frame-deduplicated replay as pure tensor ops: hash, deduplicate and gather stacked frames.
+
+A transition of a stacked-frame environment carries two stacks of ``S`` frames (observation and next
+observation) that share ``S - 1`` frames with each other and with the neighbouring transitions of the
+same environment. :func:`dedup_frames` finds, for every incoming frame, an identical frame among the
+``window`` most recently stored ones (or an earlier frame of the same batch), so only new content is
+written to the ring of frames; :func:`gather_stacks` rebuilds the stacks of a batch from the frame
+positions each transition keeps. Identity is exact: a hash picks the candidate, a byte comparison
+confirms it (a hash collision only costs a duplicate frame). Nothing here synchronises with the host:
+every size is a host int and every data-dependent choice a ``torch.where``.
+
+Frames carry a *serial*: the number of frames written before them. The ring of ``F`` frames holds
+serial ``s`` at position ``s % F`` until serial ``s + F`` is written, so a transition whose oldest
+frame has serial ``o`` is intact while ``o >= written - F`` (:func:`intact`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["hash_weights", "hash_frames", "dedup_frames", "gather_stacks", "intact"]
+
+#: Hash weights lie in ``[1, 2^31)``: with pixels < 2^8 and fewer than 2^24 pixels a frame, the weighted
+#: sum stays below 2^63 (no int64 overflow).
+_WEIGHT_BITS = 31
+_MAX_PIXELS = 1 << 24
+
+
+def hash_weights(pixels: int, device: torch.device | str = "cpu", seed: int = 0) -> Tensor:
+    """Random hash weights ``(pixels,) int64`` in ``[1, 2^31)`` from a fixed ``seed`` (same on every device).
+
+    Raises:
+        ValueError: ``pixels`` is not in ``[1, 2^24]``.
+    """
+    if not 1 <= pixels <= _MAX_PIXELS:
+        raise ValueError(f"a frame must have 1 to {_MAX_PIXELS} pixels, got {pixels}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 1 << _WEIGHT_BITS, (pixels,), generator=gen, dtype=torch.int64).to(device)
+
+
+def hash_frames(frames: Tensor, weights: Tensor) -> Tensor:
+    """``(M,) int64`` hashes ``sum_j w_j x_j`` of ``frames`` ``(M, P) uint8`` with ``weights`` ``(P,) int64``.
+
+    Exact integer arithmetic (no overflow, see :data:`_WEIGHT_BITS`); equal frames have equal hashes, two
+    different frames collide with probability about ``2^-31``.
+    """
+    return (frames.to(torch.int64) * weights).sum(1)  # [M]
+
+
+def dedup_frames(frames_in: Tensor, hashes_in: Tensor, ring: Tensor, ring_hash: Tensor, written: Tensor,
+                 window: int) -> tuple[Tensor, Tensor]:
+    """Serials of the incoming frames, each an identical stored frame's where there is one.
+
+    Args:
+        frames_in: ``(M, P) uint8`` incoming frames (on the ring's device).
+        hashes_in: ``(M,) int64`` their :func:`hash_frames`.
+        ring: ``(F + 1, P) uint8`` the ring of frames (row ``F``: scratch for discarded writes).
+        ring_hash: ``(F + 1,) int64`` hashes of the ring's frames.
+        written: ``() int64`` frames written so far (the next serial).
+        window: how many of the most recent frames are candidates (``window + M <= F``: a candidate
+            survives the writes of this batch).
+
+    Returns:
+        ``(serial, new)``: ``(M,) int64`` the serial each incoming frame will have (a matched frame's, or
+        ``written + k`` for the ``k``-th new frame in order) and ``(M,) bool`` which ones are new. Matches
+        are searched among the ``window`` most recent frames (most recent first), then among the earlier
+        frames of the batch.
+    """
+    m, n_ring = frames_in.shape[0], ring.shape[0] - 1
+    device = frames_in.device
+    back = torch.arange(1, window + 1, device=device)  # [W]
+    cand_serial = written - back  # [W] most recent first
+    cand_ok = cand_serial >= 0  # unwritten serials are no candidates
+    cand_pos = cand_serial.remainder(n_ring)  # [W]
+    eq = (hashes_in[:, None] == ring_hash[cand_pos][None, :]) & cand_ok  # [M, W]
+    pick = eq.to(torch.uint8).argmax(1)  # [M] first True: the most recent equal hash (0 if none)
+    hit = eq.gather(1, pick[:, None]).squeeze(1)  # [M]
+    hit &= (ring[cand_pos[pick]] == frames_in).all(1)  # confirmed byte for byte
+    stored_serial = cand_serial[pick]  # [M]
+
+    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)  # [M, M] j < i
+    same = (hashes_in[:, None] == hashes_in[None, :]) & earlier & ~hit[None, :]  # only unmatched roots
+    first = same.to(torch.uint8).argmax(1)  # [M] the first earlier unmatched frame of equal hash
+    has_root = same.gather(1, first[:, None]).squeeze(1) & ~hit
+    has_root &= (frames_in[first] == frames_in).all(1)
+    new = ~hit & ~has_root  # [M]
+    new_serial = written + torch.cumsum(new, 0) - 1  # [M] (meaningful where new)
+    own = torch.where(hit, stored_serial, new_serial)  # [M] roots and matched frames
+    return torch.where(has_root, own[first], own), new
+
+
+def intact(oldest: Tensor, written: Tensor, n_frames: int) -> Tensor:
+    """``(N,) bool``: transitions whose oldest frame serial ``oldest`` ``(N,) int64`` is still in a ring of
+    ``n_frames`` frames after ``written`` ``() int64`` writes (``oldest >= written - n_frames``)."""
+    return oldest >= written - n_frames
+
+
+def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    """The frames of transitions ``index``: ``ring[positions[index]]``.
+
+    Args:
+        ring: ``(F + 1, *frame) uint8`` the ring of frames.
+        positions: ``(N, K)`` int32/int64 ring positions of each transition's ``K`` frames.
+        index: ``(B,) int64`` transitions.
+
+    Returns:
+        ``(B, K, *frame) uint8``, contiguous, on the ring's device.
+    """
+    return ring[positions[index].to(torch.int64)]  # [B, K, *frame]
