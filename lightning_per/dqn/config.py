@@ -52,6 +52,10 @@ class ReplayConfig:
     packed: bool = True
     """Store each transition as one row (``GPUTensorStorage(packed=True)``): one gather kernel per batch
     instead of one per key (the learner consumes the batch at once)."""
+    frame_dedup: bool = False
+    """Store stacked-frame observations with each distinct frame once (``FrameStackStorage``, stacks of the
+    observation's leading dim): a 1M-transition Atari buffer in about 7.3 GB instead of 56 GB. Needs uint8
+    frame stacks and ``sampler: proportional``."""
     weight_normalization: Literal["buffer", "batch"] = "buffer"
     """IS weights ``(N P(i))^-beta`` divided by their maximum over the filled buffer (``buffer``: TorchRL's
     and Schaul et al.'s choice, sec. 3.4) or over the sampled batch (``batch``: weights stay near 1
@@ -72,6 +76,8 @@ class ReplayConfig:
         check_range("replay.beta_end", self.beta_end, low=0.0, high=1.0)
         check_range("replay.beta_anneal_updates", self.beta_anneal_updates, low=0)
         check_range("replay.eps", self.eps, low=0.0, low_open=True)
+        if self.frame_dedup and self.sampler != "proportional":
+            raise ValueError(f"replay.frame_dedup needs replay.sampler 'proportional', got {self.sampler!r}")
         if self.weight_normalization not in ("buffer", "batch"):
             raise ValueError("replay.weight_normalization must be 'buffer' or 'batch', "
                              f"got {self.weight_normalization!r}")

@@ -176,6 +176,10 @@ class DQN(LightningModule):
         self.automatic_optimization = False
 
         obs_shape, self.n_actions = _probe_env(env)
+        if replay.frame_dedup and len(obs_shape) < 2:
+            raise ValueError(f"replay.frame_dedup needs stacked frames (frame_stack, *frame) as observations, "
+                             f"got observation shape {tuple(obs_shape)}")
+        self._frame_stack = int(obs_shape[0]) if replay.frame_dedup else None
         self.q_net = make_q_network(network, obs_shape, self.n_actions, list(hidden_sizes), dueling)
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
         # the same Parameter objects for the whole run (.to() moves their data in place)
@@ -288,7 +292,7 @@ class DQN(LightningModule):
         extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
         self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
                                      alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng,
-                                     packed=r.packed, **extra)
+                                     packed=r.packed, frame_stack=self._frame_stack, **extra)
         self.metrics.to(device)
         self._metric_slots = MetricSlots.of(list(_METRICS), device)
         if self.hparams.inductor:

@@ -314,6 +314,8 @@ class FrameStackStorage(GPUTensorStorage):
             ValueError: the checkpoint is refused (the message names why).
         """
         super().check_state_dict(state_dict)
+        if self._inner:  # GPUTensorStorage.load_state_dict checking the other keys' part
+            return
         if "frame_ring" not in state_dict:
             raise ValueError("storage checkpoint has no frame_ring: it was not saved by a FrameStackStorage")
         ring = state_dict["frame_ring"]
@@ -341,7 +343,8 @@ class FrameStackStorage(GPUTensorStorage):
                                  f"{getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
         frames = ring["frames"]
         have = self._frame_shape()
-        if frames.dim() < 2 or frames.shape[0] != self.n_frames or (have is not None and tuple(frames.shape[1:]) != have):
+        if (frames.dim() < 2 or frames.shape[0] != self.n_frames
+                or (have is not None and tuple(frames.shape[1:]) != have)):
             raise ValueError(f"storage checkpoint's frames have shape {tuple(frames.shape)}, expected "
                              f"({self.n_frames}, *{have or 'frame'})")
 
@@ -353,7 +356,11 @@ class FrameStackStorage(GPUTensorStorage):
         """
         self.check_state_dict(state_dict)
         base = {k: v for k, v in state_dict.items() if k != "frame_ring"}
-        super().load_state_dict(base)
+        self._inner = True
+        try:
+            super().load_state_dict(base)
+        finally:
+            self._inner = False
         ring = state_dict["frame_ring"]
         if ring is None:
             return
