@@ -2,6 +2,7 @@
 
     python -m benchmarks list
     python -m benchmarks run replay|dqn|ga3c|all [--quick] [--device DEV] [--out DIR] [suite options]
+    python -m benchmarks tool profile_step|profile_kernels|... [tool options]
 
 Each suite is a module of this package named in :data:`SUITES`; it exposes ``run(args) -> Results`` and,
 optionally, ``add_arguments(parser)`` for its own options (see ``benchmarks/README.md``).
@@ -15,3 +16,7 @@ SUITES: dict[str, str] = {
     "ga3c-learner": "benchmarks.ga3c_learner",
     "slice": "benchmarks.slice",
 }
+
+#: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.
+TOOLS: tuple[str, ...] = ("profile_step", "profile_kernels", "profile_dqn", "host_floor", "replay_host",
+                          "replay_eager", "replay_kernels", "tune_warps", "gather", "fit_runs")

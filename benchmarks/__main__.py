@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import runpy
 import sys
 import traceback
 from pathlib import Path
 
-from benchmarks import SUITES
+from benchmarks import SUITES, TOOLS
 
 
 def _module(suite: str):
@@ -56,13 +57,23 @@ def run_suite(suite: str, args: argparse.Namespace) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     choices = [*SUITES, "all"]
-    usage = f"python -m benchmarks list | run {{{','.join(choices)}}} [--quick] [--out DIR] [options]"
+    usage = (f"python -m benchmarks list | run {{{','.join(choices)}}} [--quick] [--out DIR] [options]"
+             f" | tool {{{','.join(TOOLS)}}} [options]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     if argv[0] == "list":
         for name in SUITES:
-            print(f"{name:10s} {_summary(name)}")
+            print(f"{name:14s} {_summary(name)}")
+        print("tools:", ", ".join(TOOLS))
+        return 0
+    if argv[0] == "tool":
+        if len(argv) < 2 or argv[1] not in TOOLS:
+            got = argv[1] if len(argv) > 1 else None
+            print(f"usage: {usage}\nerror: expected a tool in {list(TOOLS)}, got {got!r}", file=sys.stderr)
+            return 2
+        sys.argv = [f"python -m benchmarks tool {argv[1]}", *argv[2:]]
+        runpy.run_module(f"benchmarks.{argv[1]}", run_name="__main__", alter_sys=True)
         return 0
     if argv[0] != "run" or len(argv) < 2 or argv[1] not in choices:
         got = argv[1] if argv[0] == "run" and len(argv) > 1 else argv[0]

@@ -78,3 +78,13 @@ def test_every_results_file_the_docs_cite_exists():
     assert cited, "no results file cited"
     missing = [(doc, path) for doc, path in sorted(cited) if not (ROOT / path).is_file()]
     assert not missing, missing
+
+
+def test_tools_run_through_the_entry_point(tmp_path):
+    runs = tmp_path / "a.json"
+    runs.write_text(json.dumps({"rows": [{"impl": "dqn-fit", "world_size": 1, "updates_per_s_total": 100.0}]}))
+    out = tmp_path / "pooled.md"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tool", "fit_runs", str(runs), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| dqn-fit | 1 | 100 | 100 | 0% |  |" in out.read_text()

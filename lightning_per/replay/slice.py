@@ -445,6 +445,21 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
 
     Raises:
         ValueError: a bad argument (named in the message); NotImplementedError: ``span`` other than False.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> sampler = GPUSliceSampler(12, slice_len=3, traj_key="episode", device="cpu", seed=0)
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(12, device="cpu"), sampler=sampler,
+        ...                             writer=GPURoundRobinWriter(), batch_size=6)
+        >>> _ = rb.extend(TensorDict({"episode": torch.arange(12) // 6, "obs": torch.arange(12.0)}, [12]))
+        >>> batch = rb.sample()  # 2 slices of 3 consecutive steps, each inside one episode
+        >>> episode, obs = batch["episode"].view(2, 3), batch["obs"].view(2, 3)
+        >>> bool((episode == episode[:, :1]).all()), bool((obs.diff(dim=1) == 1).all())
+        (True, True)
     """
 
     def __init__(self, capacity: int, *, num_slices: int | None = None, slice_len: int | None = None,
@@ -607,6 +622,24 @@ class GPUPrioritizedSliceSampler(_SliceIndex, GPUPrioritizedSampler, Prioritized
 
     Raises:
         ValueError: a bad argument (named in the message); NotImplementedError: ``span`` other than False.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> sampler = GPUPrioritizedSliceSampler(12, alpha=1.0, beta=1.0, slice_len=3, traj_key="episode",
+        ...                                      device="cpu", seed=0)
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(12, device="cpu"), sampler=sampler,
+        ...                             writer=GPURoundRobinWriter(), batch_size=6)
+        >>> _ = rb.extend(TensorDict({"episode": torch.arange(12) // 6}, [12]))
+        >>> sampler.update_priority(torch.arange(12), torch.where(torch.arange(12) == 6, 5.0, 1.0))
+        >>> batch = rb.sample()
+        >>> starts = batch["index"].view(2, 3)[:, 0]
+        >>> # w = (v_s / min_j v_j)^-beta over the valid starts: 1/5 for a slice from slot 6, 1 otherwise
+        >>> torch.allclose(batch["priority_weight"], torch.where(starts == 6, 0.2, 1.0).repeat_interleave(3))
+        True
     """
 
     _uses_device_rng = True
