@@ -4,7 +4,7 @@ One update = sample B from a prioritized replay of N transitions -> double-DQN n
 IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Rows:
 
   ours-eager     lightning_per replay (GPUPrioritizedSampler, proportional) + the DQN learner step, eager
-  ours-graph     the same update captured in one CUDA graph (lightning_per.dqn.graph.CapturedUpdate,
+  ours-graph     the same update captured in one CUDA graph (lightning_per.graphs.CapturedUpdate,
                  scope "full": sampling and the priority update inside the graph)           [CUDA only]
   ours-graph-inductor  the same captured update with the learner's pure-tensor parts (forwards, target,
                  loss and their backward, the gradient clip) compiled by Inductor first
@@ -182,7 +182,7 @@ def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=Non
 def captured(body, opt, q, sampler, device) -> tuple[object, float]:
     """``CapturedUpdate`` of ``body`` (no recompilation allowed after its first call) and its setup seconds."""
     from lightning_per.dqn.compiled import no_recompiles
-    from lightning_per.dqn.graph import CapturedUpdate
+    from lightning_per.graphs import CapturedUpdate
 
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()

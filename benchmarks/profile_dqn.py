@@ -70,8 +70,8 @@ def kernel_stats(prof, steps: int, device: torch.device) -> dict:
 def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
     """Build a fresh network for ``mode``, warm it up, then profile ``a.steps`` updates."""
     from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
-    from lightning_per.dqn.graph import CapturedUpdate
     from lightning_per.dqn.learner import learner_step
+    from lightning_per.graphs import CapturedUpdate
 
     torch.manual_seed(0)
     q = make_net(a.obs, a.hidden, a.actions).to(device)

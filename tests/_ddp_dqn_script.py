@@ -20,7 +20,7 @@ from lightning_per.dqn import module as dqn_module
 
 
 class _EagerUpdate:
-    """:class:`~lightning_per.dqn.graph.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
+    """:class:`~lightning_per.graphs.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
 
     def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None,
                  state=()) -> None:

@@ -104,7 +104,7 @@ def test_module_with_inductor_matches_eager_module():
 @pytest.mark.gpu
 def test_captured_inductor_update_matches_eager_on_cuda():
     """The learner update captured in a CUDA graph with Inductor's kernels = the eager update (3 replays)."""
-    from lightning_per.dqn.graph import CapturedUpdate
+    from lightning_per.graphs import CapturedUpdate
 
     torch.manual_seed(0)
     q = make_q_network("mlp", (6,), 5, (64, 64)).cuda()

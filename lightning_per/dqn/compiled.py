@@ -25,8 +25,8 @@ Shapes are static (``dynamic=False``): one compilation per function for the run'
 observation shape and network. The first update pays the compilation (seconds to minutes; Triton
 autotuning of reductions included on CUDA; the C++ compiler on the CPU). In graph mode
 (``compile=True``) that first update is the first eager warm-up iteration of
-:class:`~lightning_per.dqn.graph.CapturedUpdate`, so Inductor has compiled and tuned every kernel before
-the capture. The module enters :func:`no_recompiles` around the capture: a guard failure in the
+:class:`~lightning_per.graphs.CapturedUpdate`, so Inductor has compiled and tuned every kernel before
+the capture. The module enters :func:`~lightning_per.graphs.no_recompiles` around the capture: a guard failure in the
 capture raises instead of recompiling there (warm-ups may recompile: the compiled optimizer step does
 once, after its first call created the optimizer state). A replay runs no Python, so no
 guard is evaluated after the capture. Nothing a run changes between updates (beta, step counters, epsilon) is
@@ -36,14 +36,13 @@ Works on CUDA and on the CPU (Inductor's C++ backend needs a C++ compiler).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
 from lightning_per.dqn.learner import MetricSlots, finish_update_, td_loss
+from lightning_per.graphs import no_recompiles
 
 __all__ = ["INDUCTOR_MODES", "CompiledStep", "InductorUpdate", "clip_grad_norm_sumsq_", "no_recompiles"]
 
@@ -170,9 +169,3 @@ def clip_grad_norm_sumsq_(params: list[Tensor], max_norm: float) -> Tensor:
     return total
 
 
-@contextlib.contextmanager
-def no_recompiles() -> Iterator[None]:
-    """Inside: a ``torch.compile``'d function that was compiled before raises instead of recompiling
-    (first compilations still happen). Wrap warm-ups after the first and CUDA-graph captures with it."""
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        yield

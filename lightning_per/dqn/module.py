@@ -5,6 +5,9 @@ sample -> double-DQN n-step target -> IS-weighted Huber loss -> backward -> clip
 priority update -> target-network update -> in-place metric accumulation. An epoch is
 ``updates_per_epoch`` such steps, fed by a *sized* dataset of step indices (an unsized iterable
 would make Lightning prefetch, i.e. sample from stale priorities).
+
+Graph mode (``compile=True``): the update captured once in a CUDA graph
+(:class:`~lightning_per.graphs.CapturedUpdate`) and replayed; scopes, blocks and DDP in docs/dqn.md.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from lightning_per.callbacks.episodes import new_episode_ring, push_episode_retu
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
-from lightning_per.dqn.graph import CapturedUpdate, count_optimizer_step
 from lightning_per.dqn.learner import (
     MetricSlots,
     SideStream,
@@ -42,6 +44,7 @@ from lightning_per.dqn.learner import (
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.envs import EnvConfig, make_env
+from lightning_per.graphs import CapturedUpdate, count_optimizer_step
 from lightning_per.utils import atomic_torch_save
 
 __all__ = ["DQN", "StepIndices", "replay_shard_path"]
@@ -122,7 +125,7 @@ class DQN(LightningModule):
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
         seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r).
-        compile: capture the learner update in a CUDA graph (CUDA only; ``dqn/graph.py``); under DDP
+        compile: capture the learner update in a CUDA graph (CUDA only; docs/dqn.md); under DDP
             (``strategy="ddp"``, NCCL) the captured update all-reduces the gradients itself (docs/ddp.md).
         inductor: run the update's pure-tensor parts through ``torch.compile`` (``dqn/compiled.py``; with
             ``compile=True`` the Adam step too). CUDA or CPU (needs a C++ compiler); compiles at the first

@@ -26,7 +26,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_per.callbacks import MetricAccumulator, new_episode_ring
-from lightning_per.dqn.graph import CapturedUpdate, count_optimizer_step
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.loss import a3c_loss
@@ -34,6 +33,7 @@ from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF
 from lightning_per.ga3c.stats import Stats, rates
 from lightning_per.ga3c.system import GA3CSystem
+from lightning_per.graphs import CapturedUpdate, count_optimizer_step
 
 __all__ = ["GA3C"]
 

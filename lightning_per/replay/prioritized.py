@@ -240,7 +240,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         ``(n_blocks,) float64``, block minima ``(n_blocks,) float32``, and the 0-d max raw priority and
         clamped / dropped counters, and with the compiled ops the draws' RNG state ``(1 + 65536,) int64``
         (seed, counters). For snapshots around work that must leave no trace (e.g. a CUDA-graph warm-up,
-        :class:`~lightning_per.dqn.graph.CapturedUpdate`); restore them with ``copy_``."""
+        :class:`~lightning_per.graphs.CapturedUpdate`); restore them with ``copy_``."""
         state = [self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw, self._n_clamped,
                  self._n_dropped]
         if self._device_rng is not None:
@@ -311,6 +311,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         Device-side index values outside ``[0, len(storage))`` are ignored and counted in
         :attr:`dropped_index_count`; NaN/Inf/negative priorities are clamped (see
         :func:`lightning_per.ops.sanitize_priority`) and counted in :attr:`clamped_priority_count`.
+        While a CUDA graph captures the call, the bound is the capacity (``len(storage)`` would be frozen at
+        its value of the capture): pass indices the sampler drew there.
 
         Raises:
             TypeError: non-integer ``index`` or non-numeric ``priority``.
@@ -321,6 +323,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             with torch.no_grad():  # the stored priorities never join an autograd graph
                 return self.update_priority(index, priority, storage=storage)
         n_valid = self._filled(storage)
+        if n_valid < self._max_capacity and isinstance(index, Tensor) and index.is_cuda and (
+                torch.cuda.is_current_stream_capturing()):
+            # a CUDA graph would freeze the host length len(storage) of the capture, and drop the writes to slots
+            # filled after it; the slots a capture writes come from the sampler: always filled ones
+            n_valid = self._max_capacity
         index, priority = check_index_priority(index, priority, n_valid)
         device = self._device
         if index.device != device:

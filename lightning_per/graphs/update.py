@@ -1,47 +1,23 @@
-"""Opt-in graph mode: one DQN update captured once in a CUDA graph and replayed every step.
+"""One training update captured once in a CUDA graph and replayed: :class:`CapturedUpdate`.
 
-Two scopes, chosen by :class:`~lightning_per.dqn.DQN` from the replay buffer it has:
-
-- ``full`` (our proportional :class:`~lightning_per.GPUPrioritizedSampler`): sample -> gather the
-  batch from the storage -> forward (online and target) -> double-DQN target -> IS-weighted Huber
-  loss -> backward -> clip -> Adam step (``capturable=True``) -> priority update, all in one graph
-  (``updates_per_graph`` such updates per graph). Each update's priority update and the next update's
-  sample are forked onto a second stream after its forward, parallel branches of the graph that run
-  during its backward and step (:func:`~lightning_per.dqn.learner.pipelined_updates`; same results as
-  one stream). Every replay draws new numbers: the compiled kernels draw their uniforms from counters in
-  device memory, and otherwise the sampler's device generator is registered with the graph; the IS exponent
-  beta lives in a device scalar, so annealing reaches the graph.
-- ``learner`` (other samplers): the batch is sampled eagerly and copied into static inputs; the graph
-  covers forward, loss, backward, clip and the optimizer step; priorities are updated eagerly.
-
-The target-network copy runs eagerly in both. One replay costs a single CPU launch instead of
-~100 kernel launches, which is what bounds a small network's update rate on a GPU.
-:class:`CapturedUpdate` is also GA3C's graph mode (``lightning_per/ga3c/module.py``, ``cuda_graph: true``).
-
-Under DDP (``strategy="ddp"``, world size W > 1) the body's backward is ``loss.backward()`` followed by
-one ``torch.distributed.all_reduce`` (SUM, default process group) of all online-network gradients
-concatenated into one flat buffer, a division by W and a copy back into the ``.grad`` tensors
-(:func:`~lightning_per.dqn.learner.all_reduce_mean_grads_`); clipping and Adam then see the averaged
-gradients, so the weights stay identical on every rank. The all-reduce is part of the graph: NCCL
-collectives can be captured in CUDA graphs (NCCL >= 2.9.6; PyTorch's process group does not hand
-captured work to its watchdog). DDP's own reducer (bucketed all-reduce from autograd hooks) is bypassed:
-the module sets ``require_backward_grad_sync = False`` on the DDP wrapper before the capture and never
-calls ``manual_backward``, so the hooks return without reducing. The eager warm-up runs ``warmup``
-iterations (each with its all-reduce) on every rank, and every rank captures in its first training
-step, so the collectives match across ranks.
+The building block of the DQN module's graph mode (``DQN(compile=True)``, see :mod:`lightning_per.dqn.module`)
+and of GA3C's (``cuda_graph: true``), and the core of :func:`lightning_per.graphs.capture`: a side-stream eager
+warm-up, the rollback of everything the warm-up changed (parameters, optimizer state, listed device state,
+generators), the capture with the drawn-from generators registered, and a replay per call. One replay costs
+one CPU launch instead of the ~100 kernel launches of a small network's update.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from lightning_per.utils import cuda_graph_capture, warm_up_on_side_stream
 
-__all__ = ["CapturedUpdate", "count_optimizer_step"]
+__all__ = ["CapturedUpdate", "count_optimizer_step", "no_recompiles"]
 
 
 class CapturedUpdate:
@@ -66,7 +42,7 @@ class CapturedUpdate:
             ``torch.compile``'d pieces in ``body``, also their compilations and guard-driven recompilations,
             e.g. a compiled optimizer step recompiles once its state exists).
         capture_guard: a context-manager factory entered around the capture alone (e.g.
-            :func:`lightning_per.dqn.compiled.no_recompiles`: a compilation inside a capture is an error).
+            :func:`no_recompiles`: a compilation inside a capture is an error).
         capture_error_mode: ``torch.cuda.graph``'s ``capture_error_mode``. ``"global"`` (default): while
             capturing, a potentially unsafe CUDA call (``cudaMalloc``, ``cudaHostAlloc``, a synchronisation,
             an event query, ...) from *any* thread of the process invalidates the capture. ``"thread_local"``:
@@ -123,17 +99,28 @@ class CapturedUpdate:
         self.graph.reset()
 
 
-def count_optimizer_step(opt) -> None:
-    """Report an optimizer step taken inside a CUDA graph to Lightning's progress tracking.
+def count_optimizer_step(opt, n: int = 1) -> None:
+    """Report ``n`` optimizer steps taken inside a CUDA graph to Lightning's progress tracking.
 
     Graph mode steps the raw optimizer inside the graph, past Lightning's optimizer wrapper
     (``opt``, a ``LightningOptimizer`` from ``self.optimizers()`` under manual optimization): this runs
     the wrapper's step hooks, which is all that ``LightningOptimizer.step`` adds around ``optimizer.step``,
-    so ``trainer.global_step`` (and ``max_steps``) counts the step."""
-    for hook in ("_on_before_step", "_on_after_step"):
-        fn = getattr(opt, hook, None)
-        if fn is not None:
-            fn()
+    so ``trainer.global_step`` (and ``max_steps``) counts the step. An object without those hooks (a plain
+    ``torch.optim.Optimizer``) is left alone."""
+    for _ in range(n):
+        for hook in ("_on_before_step", "_on_after_step"):
+            fn = getattr(opt, hook, None)
+            if fn is not None:
+                fn()
+
+
+@contextlib.contextmanager
+def no_recompiles() -> Iterator[None]:
+    """Inside: a ``torch.compile``'d function that was compiled before raises instead of recompiling
+    (first compilations still happen). Wrap warm-ups after the first and CUDA-graph captures with it: a
+    compilation inside a capture would record its own benchmarking and allocations."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
 
 
 @torch.no_grad()

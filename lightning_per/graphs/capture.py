@@ -1,0 +1,441 @@
+"""Whole-update CUDA-graph capture for a user's own training loop: :func:`capture`.
+
+A DQN-style update of a small network is ~100 kernel launches; on a GPU its rate is bound by the host
+launching them. :func:`capture` records the user's whole update (sample from our buffer, loss, backward,
+optimizer step, target-network update, priority update), ``updates_per_replay`` times over, in one
+``torch.cuda.CUDAGraph``, so that each call is one graph replay: one launch on the host, no host
+synchronisation. The recipe is torch's (side-stream warm-up, then capture); what it adds is the rollback of
+the warm-up (the first replay is the first update, as if the warm-up never ran), the registration of the
+generators the step draws from, checks that name what cannot be captured, and an eager fallback on CPU.
+``docs/graphs.md`` describes the limits and how TorchRL's pieces fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import Tensor, nn
+
+from lightning_per.graphs.update import _restore, _snapshot, no_recompiles
+from lightning_per.utils import cuda_graph_capture, eager_graphs_paused
+
+__all__ = ["CaptureError", "CapturedStep", "capture"]
+
+_SYNC_MESSAGE = "synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("error")
+
+
+class CaptureError(RuntimeError):
+    """The step cannot be recorded in a CUDA graph; the message names the operation and the way out."""
+
+
+def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1, warmup: int = 3,
+            enabled: bool | None = None, device: torch.device | str | None = None, pool: Any = None,
+            check_syncs: bool = True, capture_error_mode: str = "global") -> CapturedStep:
+    """Turn ``step`` (one whole training update) into a callable that runs ``updates_per_replay`` updates
+    per call as one CUDA-graph replay (on CUDA), or plainly (on CPU).
+
+    The first call captures: ``warmup`` eager iterations on a side stream (allocator, cuBLAS, and
+    ``torch.compile``'s first compilation run outside the graph), then everything ``state`` lists is put back
+    as it was before them (parameters, buffers, optimizer state, the replay buffer's priorities and
+    sampler RNG, generators, the device's default CUDA generator), then ``updates_per_replay`` calls of
+    ``step`` are recorded and replayed once. So a call, first or later, is exactly ``updates_per_replay``
+    eager calls of ``step`` from the state it finds (on the device; see ``docs/graphs.md`` for the tests
+    that check it).
+
+    Args:
+        step: ``step(*inputs) -> outputs``: one update. On CUDA it must be capturable: static shapes, no
+            host reads of device values (``.item()``, ``.cpu()``, a Python ``if`` on a tensor), device tensors
+            only, capturable optimizers. ``outputs``: a tensor, a dict / tuple of tensors, a TensorDict or
+            None.
+        state: everything ``step`` changes that the warm-up must leave untouched: ``nn.Module`` (parameters
+            and buffers, e.g. TorchRL's ``DQNLoss`` with its target network, an ``EGreedyModule``),
+            ``torch.optim.Optimizer`` (or Lightning's wrapper of one), replay buffers and samplers (ours:
+            priorities, sampler RNG), target updaters (TorchRL's ``SoftUpdate``;
+            :class:`~lightning_per.graphs.HardUpdate`), ``torch.Generator`` and plain tensors.
+        updates_per_replay: K >= 1 calls of ``step`` per call (one graph; the outputs are the last call's).
+        warmup: eager iterations (of all K updates) before the capture, >= 1. With ``check_syncs`` the
+            second and later ones run under ``torch.cuda.set_sync_debug_mode("error")``: use >= 2 to have a
+            host synchronisation named before the capture.
+        enabled: capture (True), run eagerly (False) or decide from the device (None: capture on CUDA).
+        device: the CUDA device of the graph (default: that of the first tensor found in ``state``).
+        pool: a memory-pool handle (``torch.cuda.graph_pool_handle()`` or another graph's ``pool()``) to
+            share with other graphs; default a private pool.
+        check_syncs: name a host synchronisation found in the warm-up (``set_sync_debug_mode`` is process-wide:
+            turn it off when other threads use the device during the first call).
+        capture_error_mode: ``torch.cuda.graph``'s ``capture_error_mode`` (``"thread_local"`` when other threads
+            use the device during the capture).
+
+    Returns:
+        A :class:`CapturedStep`; call it with the step's inputs (same shapes every call).
+
+    Raises:
+        TypeError: ``step`` is not callable, or an entry of ``state`` is of an unsupported kind (named).
+        ValueError: ``updates_per_replay`` or ``warmup`` < 1, or ``enabled=True`` without a CUDA device.
+        CaptureError: (here or at the first call) a part cannot live in a graph: an optimizer built with
+            ``capturable=False``, a sampler that draws on the host (TorchRL's ``PrioritizedSampler``, our
+            rank-based one) or from a host length, TorchRL's ``HardUpdate``; at the first call a host
+            synchronisation in the step (the line is named) or a failed capture (the cause is named).
+
+    Example:
+        >>> import torch
+        >>> from lightning_per import graphs
+        >>> net = torch.nn.Linear(4, 1)
+        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        >>> x = torch.ones(8, 4)
+        >>> def step():
+        ...     opt.zero_grad()
+        ...     loss = net(x).square().mean()
+        ...     loss.backward()
+        ...     opt.step()
+        ...     return loss.detach()
+        >>> update = graphs.capture(step, state=[net, opt], updates_per_replay=4)  # eager on CPU
+        >>> loss = update()  # four updates
+    """
+    return CapturedStep(step, state=state, updates_per_replay=updates_per_replay, warmup=warmup, enabled=enabled,
+                        device=device, pool=pool, check_syncs=check_syncs, capture_error_mode=capture_error_mode)
+
+
+class CapturedStep:
+    """``updates_per_replay`` calls of a step per call: one CUDA-graph replay, or eager calls (see :func:`capture`).
+
+    Attributes:
+        graphed: whether calls replay a graph (False: eager fallback).
+        graph: the ``torch.cuda.CUDAGraph`` once captured (first call), else None.
+        calls: calls so far (host int); ``calls * updates_per_replay`` updates ran.
+    """
+
+    def __init__(self, step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1,
+                 warmup: int = 3, enabled: bool | None = None, device: torch.device | str | None = None,
+                 pool: Any = None, check_syncs: bool = True, capture_error_mode: str = "global") -> None:
+        if not callable(step):
+            raise TypeError(f"step must be a callable (one update), got {type(step).__name__}")
+        for name, value in (("updates_per_replay", updates_per_replay), ("warmup", warmup)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(state, (Tensor, nn.Module)) or not isinstance(state, Sequence):
+            raise TypeError(f"state must be a list of the objects the step changes, got {type(state).__name__}")
+        self.step, self.updates_per_replay, self.warmup = step, updates_per_replay, warmup
+        self._parts = _Parts(state)
+        self.device = torch.device(device) if device is not None else self._parts.device()
+        if enabled and self.device.type != "cuda":
+            raise ValueError(f"enabled=True needs a CUDA device, got {self.device} (pass device= or CUDA state)")
+        self.graphed = self.device.type == "cuda" if enabled is None else bool(enabled)
+        if self.graphed:
+            self._parts.check_capturable()
+        self._pool, self._check_syncs, self._error_mode = pool, check_syncs, capture_error_mode
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_inputs: tuple[Any, ...] = ()
+        self.static_outputs: Any = None
+        self.calls = 0
+
+    def __call__(self, *inputs: Any) -> Any:
+        """Run ``updates_per_replay`` updates on ``inputs`` (tensors or TensorDicts, the shapes of the first call).
+
+        Graph mode copies ``inputs`` into the static inputs (non-blocking) and replays; the returned outputs
+        are the graph's static tensors, overwritten by the next call (clone what you keep). No host sync.
+
+        Raises:
+            ValueError: ``inputs`` differ in number or shape from the first call's.
+            CaptureError: the first call could not capture the step (see :func:`capture`).
+        """
+        if not self.graphed:
+            self.calls += 1
+            return self._updates(inputs)
+        if self.graph is None:
+            self._capture(inputs)
+        else:
+            self._copy_inputs(inputs)
+        self.graph.replay()
+        self.calls += 1
+        return self.static_outputs
+
+    def _updates(self, inputs: tuple[Any, ...]) -> Any:
+        out = None
+        for _ in range(self.updates_per_replay):
+            out = self.step(*inputs)
+        return out
+
+    def _copy_inputs(self, inputs: tuple[Any, ...]) -> None:
+        if len(inputs) != len(self.static_inputs):
+            raise ValueError(f"the step was captured with {len(self.static_inputs)} inputs, got {len(inputs)}")
+        for i, (static, value) in enumerate(zip(self.static_inputs, inputs)):
+            if tuple(static.shape) != tuple(value.shape):
+                raise ValueError(f"input {i} must have the captured shape {tuple(static.shape)}, got "
+                                 f"{tuple(value.shape)}")
+            static.copy_(value, non_blocking=True)
+
+    def _capture(self, inputs: tuple[Any, ...]) -> None:
+        for i, value in enumerate(inputs):
+            if not isinstance(value, (Tensor, TensorDictBase)):
+                raise TypeError(f"input {i} must be a tensor or a TensorDict, got {type(value).__name__}")
+        self._parts.check_ready()
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        device = self.device
+        self.static_inputs = tuple(x.to(device, non_blocking=True).clone() for x in inputs)
+        saved = self._parts.snapshot(device)
+        try:
+            self._warm_up(device)
+        except BaseException:
+            self._parts.restore(saved)
+            raise
+        self._parts.restore(saved)
+        self._parts.drop_grads()
+        graph = torch.cuda.CUDAGraph()
+        kwargs = {"capture_error_mode": self._error_mode} | ({"pool": self._pool} if self._pool is not None else {})
+        try:
+            with no_recompiles(), cuda_graph_capture(graph, self._parts.generators(), **kwargs):
+                out = self._updates(self.static_inputs)
+        except Exception as exc:
+            self._parts.restore(saved)
+            raise CaptureError(_capture_failure(exc)) from exc
+        self.graph, self.static_outputs = graph, _detached(out)
+
+    def _warm_up(self, device: torch.device) -> None:
+        """``warmup`` runs of the K updates on a side stream, the second and later ones checked for syncs."""
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), eager_graphs_paused():
+            for i in range(self.warmup):
+                with _syncs_are_errors(self._check_syncs and i > 0):
+                    try:
+                        self._updates(self.static_inputs)
+                    except RuntimeError as exc:
+                        if _SYNC_MESSAGE not in str(exc):
+                            raise
+                        raise CaptureError(_sync_failure(exc)) from exc
+        torch.cuda.current_stream(device).wait_stream(stream)
+
+    def pool(self) -> Any:
+        """The graph's memory-pool handle (to share it with another capture's ``pool=``); None before capture."""
+        return None if self.graph is None else self.graph.pool()
+
+    def release(self) -> None:
+        """Wait for the device and free the graph (its pool goes once the outputs are dropped too). Eager: no-op."""
+        if self.graph is not None:
+            torch.cuda.synchronize(self.device)  # sync-ok: end of a run; no replay may be in flight
+            self.graph.reset()
+            self.graph = None
+
+
+class _Parts:
+    """What :func:`capture` rolls back after its warm-up, sorted by kind from the user's ``state`` list."""
+
+    def __init__(self, state: Sequence[Any]) -> None:
+        from torchrl.data import ReplayBuffer
+        from torchrl.data.replay_buffers.samplers import Sampler
+        from torchrl.objectives.utils import TargetNetUpdater
+
+        self.tensors: dict[int, Tensor] = {}
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.samplers: list[tuple[Any, Any]] = []  # (sampler, storage or None)
+        self.user_generators: list[torch.Generator] = []
+        self.updaters: list[Any] = []
+        for i, obj in enumerate(state):
+            if isinstance(obj, Tensor):
+                self._add(obj)
+            elif isinstance(obj, nn.Module):
+                for t in (*obj.parameters(), *obj.buffers()):
+                    self._add(t)
+            elif isinstance(obj, torch.optim.Optimizer) or isinstance(getattr(obj, "optimizer", None),
+                                                                      torch.optim.Optimizer):
+                opt = obj if isinstance(obj, torch.optim.Optimizer) else obj.optimizer  # Lightning's wrapper
+                self.optimizers.append(opt)
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        self._add(p)
+            elif isinstance(obj, torch.Generator):
+                self.user_generators.append(obj)
+            elif isinstance(obj, ReplayBuffer):
+                self.samplers.append((obj.sampler, obj.storage))
+            elif isinstance(obj, Sampler):
+                self.samplers.append((obj, None))
+            elif isinstance(obj, TargetNetUpdater):
+                self.updaters.append(obj)
+                for t in obj._targets.values(True, True):
+                    self._add(t)
+                for t in getattr(obj, "capture_state", list)():
+                    self._add(t)
+            elif isinstance(obj, TensorDictBase):
+                for t in obj.values(True, True):
+                    self._add(t)
+            else:
+                raise TypeError(f"state[{i}] must be a tensor, nn.Module, optimizer, generator, replay buffer, "
+                                f"sampler or target updater, got {type(obj).__name__}")
+        for sampler, _ in self.samplers:
+            for t in getattr(sampler, "device_state", list)():
+                self._add(t)
+
+    def _add(self, t: Tensor) -> None:
+        self.tensors.setdefault(id(t), t)
+
+    def device(self) -> torch.device:
+        """The first CUDA device among the tensors (samplers' included), else CPU."""
+        for t in self.tensors.values():
+            if t.device.type == "cuda":
+                return t.device
+        for sampler, _ in self.samplers:
+            d = getattr(sampler, "device", None)
+            if d is not None and torch.device(d).type == "cuda":
+                return torch.device(d)
+        return torch.device("cpu")
+
+    def check_capturable(self) -> None:
+        """CaptureError for a part that cannot live in a graph, whatever the step does with it."""
+        from torchrl.objectives.utils import HardUpdate as TorchRLHardUpdate
+
+        from lightning_per.replay import GPUPrioritizedSampler, GPURandomSampler, GPURankBasedSampler
+
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                if group.get("capturable") is False:
+                    name = type(opt).__name__
+                    raise CaptureError(f"optimizer {name} was built with capturable=False: its step count lives on "
+                                       f"the host, which a CUDA graph cannot advance; build it with "
+                                       f"{name}(..., capturable=True)")
+        for sampler, _ in self.samplers:
+            name = type(sampler).__name__
+            if isinstance(sampler, GPURankBasedSampler):
+                raise CaptureError(f"{name} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
+                                   f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the "
+                                   f"learner alone (pass the batch as the step's input)")
+            if not isinstance(sampler, (GPUPrioritizedSampler, GPURandomSampler)):
+                raise CaptureError(f"sampler {name} cannot be captured (TorchRL's samplers draw on the host); use "
+                                   f"lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the "
+                                   f"learner alone (pass the batch as the step's input)")
+        for updater in self.updaters:
+            if isinstance(updater, TorchRLHardUpdate):
+                raise CaptureError("TorchRL's HardUpdate counts steps in a Python int, which a CUDA graph freezes "
+                                   "(it would copy at every replay or never); use lightning_per.graphs.HardUpdate, "
+                                   "the same schedule on a device counter")
+
+    def check_ready(self) -> None:
+        """CaptureError for a buffer that cannot be captured yet (empty; uniform draws from a filling ring)."""
+        from lightning_per.replay import GPURandomSampler
+
+        for sampler, storage in self.samplers:
+            if storage is None:
+                continue
+            if len(storage) == 0:
+                raise CaptureError("the replay buffer is empty: extend it before the first call (the graph records "
+                                   "reads of its storage)")
+            if isinstance(sampler, GPURandomSampler) and len(storage) < storage.max_size:
+                raise CaptureError(f"{type(sampler).__name__} draws from len(storage), a host int a CUDA graph "
+                                   f"freezes ({len(storage)} of {storage.max_size}): capture once the buffer is full, "
+                                   f"or use the prioritized sampler")
+
+    def generators(self) -> list[torch.Generator]:
+        """The CUDA generators to register with the graph (the device's default one is always registered)."""
+        gens: dict[int, torch.Generator] = {}
+        for gen in [*self.user_generators, *(getattr(s, "generator", None) for s, _ in self.samplers)]:
+            if isinstance(gen, torch.Generator) and gen.device.type == "cuda":
+                gens.setdefault(id(gen), gen)
+        return [g for g in gens.values() if g is not _default_cuda_generator(g.device)]
+
+    @torch.no_grad()
+    def snapshot(self, device: torch.device) -> dict[str, Any]:
+        """Copies of every tensor, optimizer state, sampler RNG and generator state (no host sync)."""
+        all_gens = list(self.user_generators)
+        for sampler, _ in self.samplers:  # ours restore theirs through set_rng_state (device counters too)
+            gen = getattr(sampler, "generator", None)
+            if not hasattr(sampler, "get_rng_state") and isinstance(gen, torch.Generator):
+                all_gens.append(gen)
+        if device.type == "cuda":
+            all_gens.append(_default_cuda_generator(device))
+        return {"tensors": [(t, t.detach().clone()) for t in self.tensors.values()],
+                "optimizers": [(opt, _snapshot([], opt)) for opt in self.optimizers],
+                "samplers": [(s, s.get_rng_state()) for s, _ in self.samplers if hasattr(s, "get_rng_state")],
+                "generators": [(g, g.get_state()) for g in all_gens]}
+
+    @torch.no_grad()
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back a :meth:`snapshot` in place (optimizer state created since is zeroed)."""
+        for t, value in saved["tensors"]:
+            t.detach().copy_(value)
+        for opt, value in saved["optimizers"]:
+            _restore([], opt, value)
+        for sampler, value in saved["samplers"]:
+            sampler.set_rng_state(value)
+        for gen, value in saved["generators"]:
+            gen.set_state(value)
+
+    def drop_grads(self) -> None:
+        """The optimizers' gradients set to None: the captured backward allocates them in the graph's pool."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+
+def _default_cuda_generator(device: torch.device) -> torch.Generator:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
+
+
+@contextlib.contextmanager
+def _syncs_are_errors(on: bool) -> Iterator[None]:
+    """Inside (when ``on``): a host synchronisation raises (``torch.cuda.set_sync_debug_mode("error")``)."""
+    if not on:
+        yield
+        return
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+def _detached(out: Any) -> Any:
+    """The step's outputs without their autograd history (same storage)."""
+    if isinstance(out, Tensor):
+        return out.detach()
+    if isinstance(out, TensorDictBase):
+        return out.detach()
+    if isinstance(out, dict):
+        return {k: _detached(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detached(v) for v in out)
+    return out
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The traceback's frames outside torch and this file, innermost last."""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if not f.filename.startswith(torch_dir) and os.path.abspath(f.filename) != os.path.abspath(__file__)]
+
+
+def _sync_failure(exc: BaseException) -> str:
+    frames = _frames(exc)
+    where = "an operation of the step"
+    if frames:
+        inner = frames[-1]
+        where = f"`{inner.line}` ({inner.filename}:{inner.lineno})"
+        outer = [f for f in frames if "site-packages" not in f.filename and f is not inner]
+        if "site-packages" in inner.filename and outer:
+            where += f", called from `{outer[-1].line}` ({outer[-1].filename}:{outer[-1].lineno})"
+    return (f"the step cannot be captured in a CUDA graph: {where} synchronises with the host. A graph cannot "
+            f"read device values on the host: .item(), .cpu(), .tolist(), float(t), print(t), a Python if/while on "
+            f"a tensor, torch.nonzero or boolean-mask indexing. Keep the value on the device (torch.where, masks, "
+            f"device counters) or move the read out of the step.")
+
+
+def _capture_failure(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    frames = _frames(exc)
+    where = f" at `{frames[-1].line}` ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if "capturable" in str(exc):
+        hint = "build the optimizer with capturable=True (and list it in state=)"
+    elif "recompil" in str(exc).lower():
+        hint = "a torch.compile'd function recompiled during the capture: raise warmup (it compiles in the warm-up)"
+    else:
+        hint = ("usual causes: a host synchronisation (run with warmup >= 2 and check_syncs=True to have it named), "
+                "a copy from pageable host memory (keep the step's tensors on the device), a custom generator the "
+                "step draws from that is not in state=, another thread using the device "
+                "(capture_error_mode='thread_local')")
+    return f"capturing the step in a CUDA graph failed{where}: {type(exc).__name__}: {text}; {hint}"
