@@ -1,4 +1,5 @@
-"""The examples run as documented (short settings): they are what a new user copies first."""
+"""The examples run as documented (short settings): they are what a new user copies first. On CPU the captured
+update is the eager fallback of ``lightning_per.graphs.capture`` (the GPU tests run the graphs)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+_SUMMARY = r"(\d+) frames, (\d+) episodes, mean return of the last 20: ([\d.]+)"
 
 
 def _run(*args: str) -> str:
@@ -16,10 +18,25 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
-def test_torchrl_dqn_recipe_with_our_buffer_runs():
-    out = _run("examples/torchrl_dqn_per.py", "--frames", "1500")
-    match = re.search(r"(\d+) episodes, mean return of the last 20: ([\d.]+)", out)
+def _check_cartpole_summary(out: str, frames: int) -> None:
+    match = re.search(_SUMMARY, out)
     assert match, out
     # CartPole-v1 cannot fail in fewer than 5 steps from its start states (|theta| <= 0.05 rad), and a
-    # return is the episode length: 1500 frames hold at most 300 episodes, each returning >= 5
-    assert 0 < int(match.group(1)) <= 300 and float(match.group(2)) >= 5.0
+    # return is the episode length: `frames` frames hold at most frames / 5 episodes, each returning >= 5
+    assert int(match.group(1)) == frames
+    assert 0 < int(match.group(2)) <= frames // 5 and float(match.group(3)) >= 5.0
+
+
+def test_torchrl_dqn_recipe_with_our_buffer_runs():
+    # --capture on CPU: the eager fallback, i.e. TorchRL's plain recipe loop (8 updates per call)
+    out = _run("examples/torchrl_dqn_per.py", "--frames", "600", "--learning-starts", "200", "--capture",
+               "--hard-update", "20")
+    _check_cartpole_summary(out, 600)
+
+
+def test_own_lightning_module_with_captured_update_runs(tmp_path):
+    out = _run("examples/lightning_module_per.py", "--epochs", "2", "--steps-per-epoch", "15", "--out", str(tmp_path))
+    _check_cartpole_summary(out, 2 * 15 * 16)
+    # warm-up 120 frames (a quarter): steps 8..29 update, 4 optimizer steps each, counted for Lightning
+    assert re.search(r"(\d+) optimizer steps", out).group(1) == str((30 - 7) * 4)
+    assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "W&B offline run files"
