@@ -76,7 +76,7 @@ class CartPoleDQN(pl.LightningModule):
         self.metrics.to(device)
         self.rb = make_replay_buffer(h.capacity, h.batch_size, sampler="proportional", device=device, alpha=0.6,
                                      beta=0.4, priority_key="td_error",
-                                     generator=torch.Generator(device).manual_seed(h.seed))
+                                     generator=torch.Generator().manual_seed(h.seed))
         self.beta = LinearScheduler(self.rb, param_name="beta", final_value=1.0,
                                     num_steps=h.total_frames // h.frames_per_step)
 

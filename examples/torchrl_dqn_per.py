@@ -63,7 +63,7 @@ def make_learner(obs_dim: int, action_spec, *, device, capacity: int = 50_000, b
     optimizer = torch.optim.Adam(loss.parameters(), lr=lr, capturable=capture and device.type == "cuda")
     # the one line that differs from TorchRL's DQN recipe: our buffer, on the learner's device
     rb = make_replay_buffer(capacity, batch_size, sampler="proportional", device=device, alpha=0.6, beta=0.4,
-                            priority_key="td_error", generator=torch.Generator(device).manual_seed(seed))
+                            priority_key="td_error", generator=torch.Generator().manual_seed(seed))
     loss_fn = torch.compile(loss) if compile_loss else loss
 
     def one_update() -> torch.Tensor:

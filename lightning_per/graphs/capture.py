@@ -201,16 +201,18 @@ class CapturedStep:
         """``warmup`` runs of the K updates on a side stream, the second and later ones checked for syncs."""
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), eager_graphs_paused():
-            for i in range(self.warmup):
-                with _syncs_are_errors(self._check_syncs and i > 0):
-                    try:
-                        self._updates(self.static_inputs)
-                    except RuntimeError as exc:
-                        if _SYNC_MESSAGE not in str(exc):
-                            raise
-                        raise CaptureError(_sync_failure(exc)) from exc
-        torch.cuda.current_stream(device).wait_stream(stream)
+        try:
+            with torch.cuda.stream(stream), eager_graphs_paused():
+                for i in range(self.warmup):
+                    with _syncs_are_errors(self._check_syncs and i > 0):
+                        try:
+                            self._updates(self.static_inputs)
+                        except RuntimeError as exc:
+                            if _SYNC_MESSAGE not in str(exc):
+                                raise
+                            raise CaptureError(_sync_failure(exc)) from exc
+        finally:  # also on failure: the rollback that follows runs after the warm-up's work
+            torch.cuda.current_stream(device).wait_stream(stream)
 
     def pool(self) -> Any:
         """The graph's memory-pool handle (to share it with another capture's ``pool=``); None before capture."""
@@ -235,6 +237,7 @@ class _Parts:
         self.tensors: dict[int, Tensor] = {}
         self.optimizers: list[torch.optim.Optimizer] = []
         self.samplers: list[tuple[Any, Any]] = []  # (sampler, storage or None)
+        self._owners: list[Any] = []  # the replay buffer of each sampler, or None
         self.user_generators: list[torch.Generator] = []
         self.updaters: list[Any] = []
         for i, obj in enumerate(state):
@@ -254,8 +257,10 @@ class _Parts:
                 self.user_generators.append(obj)
             elif isinstance(obj, ReplayBuffer):
                 self.samplers.append((obj.sampler, obj.storage))
+                self._owners.append(obj)
             elif isinstance(obj, Sampler):
                 self.samplers.append((obj, None))
+                self._owners.append(None)
             elif isinstance(obj, TargetNetUpdater):
                 self.updaters.append(obj)
                 for t in obj._targets.values(True, True):
@@ -330,10 +335,23 @@ class _Parts:
                                    f"freezes ({len(storage)} of {storage.max_size}): capture once the buffer is full, "
                                    f"or use the prioritized sampler")
 
+    def _batch_sizes(self) -> list[tuple[Any, int | None]]:
+        """Each sampler with its buffer's batch size (None: a bare sampler, or a buffer without one)."""
+        return [(s, getattr(owner, "_batch_size", None)) for s, owner in zip(
+            (s for s, _ in self.samplers), self._owners)]
+
     def generators(self) -> list[torch.Generator]:
         """The CUDA generators to register with the graph (the device's default one is always registered)."""
         gens: dict[int, torch.Generator] = {}
-        for gen in [*self.user_generators, *(getattr(s, "generator", None) for s, _ in self.samplers)]:
+        drawn = []
+        for sampler, batch_size in self._batch_sizes():
+            if batch_size is not None and hasattr(sampler, "draw_generators"):
+                # none when the compiled kernels draw from counters in device memory (a registered generator
+                # costs every replay two small host-to-device writes)
+                drawn += list(sampler.draw_generators(batch_size))
+            else:
+                drawn.append(getattr(sampler, "generator", None))
+        for gen in [*self.user_generators, *drawn]:
             if isinstance(gen, torch.Generator) and gen.device.type == "cuda":
                 gens.setdefault(id(gen), gen)
         return [g for g in gens.values() if g is not _default_cuda_generator(g.device)]
