@@ -19,20 +19,18 @@ Columns: updates/s (median of ``--repeats`` timed runs of ~``--seconds`` each, w
 synchronisations), us per update, host synchronisations per update (``torch.cuda.set_sync_debug_mode("warn")``),
 and the ratios to torchrl-eager and torchrl-learner-graph of the same run.
 
-TorchRL's C++ sum tree may need another interpreter than ours (on the H200 image: torchrl 0.11.1 for the tree,
-torchrl 0.14.1 for us): the TorchRL rows run in a child process whose PYTHONPATH starts with
-``$TORCHRL_PYTHONPATH`` (default ``$ANCHOR_PYTHONPATH``, set by ``benchmarks/h200_setup.sh``) and the rows are
-merged into one table; they import nothing of lightning_per.
+TorchRL's C++ sum tree may need another interpreter than ours (where its extension is built for another torch):
+with ``--torchrl-pythonpath DIR`` (default ``$TORCHRL_PYTHONPATH``, else ``$ANCHOR_PYTHONPATH``) the TorchRL rows
+run in a child process with DIR first on its PYTHONPATH, and the rows are merged into one table (they import
+nothing of lightning_per). Without one, they run in this process.
 
-    python benchmarks/user_loop.py --out benchmarks/results/user_loop.json       # every row (CUDA)
-    python benchmarks/user_loop.py --quick --device cpu --out /tmp/user_loop.json  # smoke test
-    python benchmarks/user_loop.py --family ours --out /tmp/ours.json              # one family
-    python benchmarks/user_loop.py --merge /tmp/ours.json /tmp/torchrl.json --out benchmarks/results/user_loop.json
+    python -m benchmarks run user_loop                                  # every row, this machine (CUDA)
+    python -m benchmarks run user_loop --quick --device cpu --out /tmp  # smoke test
+    python -m benchmarks run user_loop --family ours --out /tmp/ours    # one family; then --merge A.json B.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -44,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _harness import count_syncs  # noqa: E402
+from benchmarks._harness import count_syncs
+from benchmarks._results import Results
 
 OBS, ACTIONS, HIDDEN = 51, 45, (256, 256)
 KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -222,14 +220,11 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], meta: dict) -> str:
+def table(rows: list[dict]) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
-    lines = [f"User loop, {meta.get('device', '?')}: N = {meta['N']:.0e}, B = {meta['B']}, obs {OBS} f32, "
-             f"{ACTIONS} actions, MLP {HIDDEN[0]}-{HIDDEN[1]}, DQNLoss(double_dqn=True), SoftUpdate, "
-             f"Adam (capturable=True on CUDA).", "",
-             "| loop | K | updates/s | us/update | host syncs/update | x TorchRL eager | x TorchRL best |",
+    lines = ["| loop | K | updates/s | us/update | host syncs/update | x TorchRL eager | x TorchRL best |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['impl']} | {r['K']} | {r['updates_per_s']:,.0f} | {r['us_per_update']:.1f} "
@@ -261,69 +256,74 @@ def _order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: order.index(r["impl"]) if r["impl"] in order else len(order))
 
 
-def _meta(N: int, B: int, device) -> dict:
+def _versions() -> dict:
     import tensordict
     import torchrl
 
-    cuda = torch.device(device).type == "cuda"
-    return {"N": N, "B": B, "torch": torch.__version__, "torchrl": torchrl.__version__,
-            "tensordict": tensordict.__version__, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    return {"torch": torch.__version__, "torchrl": torchrl.__version__, "tensordict": tensordict.__version__}
 
 
-def _torchrl_child(args, out: Path) -> list[dict]:
-    """The TorchRL family in a child interpreter (``$TORCHRL_PYTHONPATH`` first on its path)."""
+def _torchrl_child(args, pythonpath: str) -> list[dict]:
+    """The TorchRL rows in a child interpreter with ``pythonpath`` first on its path."""
     env = dict(os.environ)
-    extra = os.environ.get("TORCHRL_PYTHONPATH") or os.environ.get("ANCHOR_PYTHONPATH")
-    if extra:
-        env["PYTHONPATH"] = os.pathsep.join([extra, *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, __file__, "--family", "torchrl", "--device", args.device, "--N", str(args.N), "--B",
-           str(args.B), "--seconds", str(args.seconds), "--repeats", str(args.repeats), "--out", str(out)]
-    subprocess.run(cmd, check=True, env=env)
-    return json.loads(out.read_text())
+    env["PYTHONPATH"] = os.pathsep.join([pythonpath, str(Path(__file__).parents[1]),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "torchrl.json"
+        cmd = [sys.executable, "-m", "benchmarks.user_loop", "--torchrl-rows", str(out), args.device, str(args.N),
+               str(args.B), str(args.seconds), str(args.repeats)]
+        subprocess.run(cmd, check=True, env=env, cwd=Path(__file__).parents[1])
+        return json.loads(out.read_text())
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap) -> None:
     ap.add_argument("--family", choices=["all", "ours", "torchrl"], default="all")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--N", type=float, default=None, help="stored transitions (default 1e6; --quick 1e4)")
     ap.add_argument("--B", type=int, default=None, help="batch size (default 256; --quick 32)")
     ap.add_argument("--seconds", type=float, default=None, help="seconds per timed run (default 2; --quick 0.2)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per row (default 3; --quick 1)")
-    ap.add_argument("--quick", action="store_true", help="small sizes and short runs (smoke test, CPU)")
-    ap.add_argument("--merge", nargs="*", help="JSON files of --family runs to merge into --out")
-    ap.add_argument("--out", default="benchmarks/results/user_loop.json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--torchrl-pythonpath", default=None,
+                    help="run the TorchRL rows in a child process with this first on PYTHONPATH (default "
+                         "$TORCHRL_PYTHONPATH, else $ANCHOR_PYTHONPATH; unset: in this process)")
+    ap.add_argument("--merge", nargs="*", default=None, help="results JSON files of earlier runs to pool")
+
+
+def run(args) -> Results:
+    """Measure the rows (or pool ``--merge`` files), with the ratios of this run."""
     args.N = int(args.N or (1e4 if args.quick else 1e6))
     args.B = args.B or (32 if args.quick else 256)
     args.seconds = args.seconds or (0.2 if args.quick else 2.0)
     args.repeats = args.repeats or (1 if args.quick else 3)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        parts = [json.loads(Path(f).read_text()) for f in args.merge]
-        meta = {**parts[0]["meta"], "families": [p["meta"] for p in parts]}
-        rows = [r for p in parts for r in p["rows"]]
+        rows = [r for f in args.merge for r in json.loads(Path(f).read_text())["rows"]]
     else:
-        meta, rows = _meta(args.N, args.B, args.device), []
-        if args.family == "torchrl":
-            rows = torchrl_rows(args.N, args.B, args.device, args.seconds, args.repeats)
-        elif args.family == "ours":
-            rows = ours_rows(args.N, args.B, args.device, args.seconds, args.repeats)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                child = _torchrl_child(args, Path(tmp) / "torchrl.json")
-            meta["families"] = [child["meta"], _meta(args.N, args.B, args.device)]
-            rows = child["rows"] + ours_rows(args.N, args.B, args.device, args.seconds, args.repeats)
+        rows = []
+        if args.family in ("all", "torchrl"):
+            path = args.torchrl_pythonpath or os.environ.get("TORCHRL_PYTHONPATH") or os.environ.get(
+                "ANCHOR_PYTHONPATH")
+            rows += (_torchrl_child(args, path) if path else
+                     torchrl_rows(args.N, args.B, args.device, args.seconds, args.repeats))
+        if args.family in ("all", "ours"):
+            rows += [{**r, **_versions()} for r in ours_rows(args.N, args.B, args.device, args.seconds, args.repeats)]
     rows = with_ratios(_order(rows))
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    if args.family == "torchrl" and not args.merge:
-        return 0
-    out.with_suffix(".md").write_text(table(rows, meta) + "\n")
-    plot(rows, out.with_suffix(".png"))
-    print(table(rows, meta))
-    return 0
+    best = {r["impl"]: r for r in rows}
+    notes = []
+    for impl in ("ours-captured-k8", "ours-captured-compiled-k8"):
+        if impl in best and best[impl].get("x_torchrl-eager") is not None:
+            r = best[impl]
+            notes.append(f"- {impl}: {r['updates_per_s']:,.0f} updates/s, {r['x_torchrl-eager']:.1f}x TorchRL's eager "
+                         f"recipe" + (f", {r['x_torchrl-learner-graph']:.1f}x TorchRL's best (learner in a graph)"
+                                      if r.get("x_torchrl-learner-graph") is not None else "") + " (same run)")
+    return Results(rows=rows, table=table(rows), plot=lambda path: plot(rows, path), notes="\n".join(notes),
+                   title=f"TorchRL's DQN update in a user loop: updates per second (N = {args.N:.0e}, B = {args.B}, "
+                         f"obs {OBS} f32, {ACTIONS} actions, MLP {HIDDEN[0]}-{HIDDEN[1]}, DQNLoss(double_dqn=True), "
+                         f"SoftUpdate, Adam(capturable=True on CUDA)); host syncs per update; ratios of this run.")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the TorchRL rows for a parent run in another interpreter (see the module docstring)
+    if len(sys.argv) == 8 and sys.argv[1] == "--torchrl-rows":
+        out, device, N, B, seconds, repeats = sys.argv[2:]
+        found = torchrl_rows(int(N), int(B), device, float(seconds), int(repeats))
+        Path(out).write_text(json.dumps([{**r, **_versions()} for r in found]))
+    else:
+        sys.exit("run the suite with: python -m benchmarks run user_loop [--quick] [--out DIR]")

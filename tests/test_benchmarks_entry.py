@@ -88,3 +88,18 @@ def test_tools_run_through_the_entry_point(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| dqn-fit | 1 | 100 | 100 | 0% |  |" in out.read_text()
+
+
+def test_user_loop_quick_on_cpu_writes_every_cpu_row(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHRL_PYTHONPATH", "ANCHOR_PYTHONPATH")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "user_loop", "--quick", "--device", "cpu",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "user_loop-cpu.json").read_text())
+    rows = {r["impl"]: r for r in data["rows"]}
+    # on a CPU: no CUDA graphs (the captured rows are capture()'s eager fallback), no compiled or graph-module rows
+    assert list(rows) == ["torchrl-eager", "ours-eager", "ours-captured-k1", "ours-captured-k8"]
+    assert all(r["updates_per_s"] > 0 for r in rows.values()) and rows["torchrl-eager"]["x_torchrl-eager"] == 1.0
+    assert rows["ours-captured-k8"]["K"] == 8 and rows["ours-captured-k8"]["graphed"] is False
+    assert "| loop | K | updates/s |" in (tmp_path / "user_loop-cpu.md").read_text()
