@@ -34,7 +34,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from lightning_per import console
+from lightning_per.callbacks.checkpoint_io import CHECKPOINT_KIND, AtomicCheckpointIO
 from lightning_per.dqn import DQN
+from lightning_per.integrity import IntegrityError, verify_file
 
 __all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE"]
 
@@ -206,6 +208,10 @@ class LightningPerCLI(LightningCLI):
                 os.path.join("checkpoints", "last.ckpt")
             self._report(ValueError(f"ckpt_path {ckpt!r} is a directory; give a checkpoint file, e.g. "
                                     f"{os.path.join(ckpt, inside)}"))
+        try:  # its manifest first: nothing of a damaged, truncated or unsealed file is read
+            verify_file(ckpt, CHECKPOINT_KIND)
+        except (IntegrityError, OSError) as err:
+            self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint that can be resumed: {err}"))
         before = _flat(cfg.get("model"))
         try:
             super()._parse_ckpt_path()
@@ -232,6 +238,22 @@ class LightningPerCLI(LightningCLI):
             warnings.warn("resuming from " + repr(ckpt) + " with the checkpoint's model settings, not the config's: "
                           + ", ".join(f"model.{k}={b!r} (config: {a!r})" for k, (a, b) in kept.items()),
                           UserWarning, stacklevel=2)
+
+    def before_fit(self) -> None:
+        """Everything a resume from ``--ckpt_path`` would refuse, checked before ``Trainer.fit`` writes anything
+        in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content
+        (:meth:`AtomicCheckpointIO.load_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard,
+        the dqn_state version, the replay state). A refusal is a one-line error, exit status 2, with
+        ``friendly_errors``."""
+        cfg = self.config.get(self.subcommand) if self.subcommand else None
+        ckpt = cfg.get("ckpt_path") if cfg is not None else None
+        if not ckpt or "://" in str(ckpt) or not os.path.isfile(str(ckpt)):
+            return
+        try:
+            checkpoint = AtomicCheckpointIO().load_checkpoint(ckpt, map_location="cpu")
+            self.model.check_resume(checkpoint, ckpt, self.trainer.world_size, self.trainer.global_rank)
+        except (ValueError, TypeError, OSError) as err:
+            self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """The parser of the command and of each subcommand; short usage lines with ``friendly_errors``."""

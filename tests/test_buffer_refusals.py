@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
 
 from lightning_per import GPUPrioritizedReplayBuffer, GPUTensorStorage, make_replay_buffer
+from lightning_per.integrity import seal_directory
 
 KINDS = ["proportional", "rank", "uniform"]
 CLASS = {"proportional": "GPUPrioritizedSampler", "rank": "GPURankBasedSampler", "uniform": "GPURandomSampler"}
@@ -119,6 +120,7 @@ def test_loads_of_a_newer_sampler_schema_changes_nothing(kind, tmp_path):
     saved = torch.load(file, weights_only=False)
     saved["_schema_version"] = 999
     torch.save(saved, file)
+    seal_directory(tmp_path / "rb", "replay_dump")  # a consistent dump of a newer sampler, not a damaged one
     rb, twin, before = victim_and_twin(kind)
     with pytest.raises(ValueError, match="sampler checkpoint schema 999 is not 1"):
         rb.loads(tmp_path / "rb")
@@ -150,9 +152,11 @@ def test_other_refusals_change_nothing(kind, tmp_path):
         rb.load_state_dict([state])
     src.dumps(tmp_path / "rb")
     (tmp_path / "rb" / "buffer_metadata.json").unlink()
+    seal_directory(tmp_path / "rb", "replay_dump")  # (the manifest's own refusal is tested in test_integrity.py)
     with pytest.raises(FileNotFoundError, match="buffer_metadata.json"):
         rb.loads(tmp_path / "rb")
     (tmp_path / "rb" / "sampler" / "sampler.pt").unlink()
+    seal_directory(tmp_path / "rb", "replay_dump")
     with pytest.raises(FileNotFoundError, match="no sampler checkpoint"):
         rb.loads(tmp_path / "rb")
     assert_unchanged(rb, twin, before)

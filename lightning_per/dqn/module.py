@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
+from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
 from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
@@ -45,7 +46,8 @@ from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.envs import EnvConfig, make_env
 from lightning_per.graphs import CapturedUpdate, count_optimizer_step
-from lightning_per.utils import atomic_torch_save
+from lightning_per.integrity import IntegrityError, load_torch_file, new_generation, save_torch_file
+from lightning_per.replay.buffer import _checked_state
 
 __all__ = ["DQN", "StepIndices", "replay_shard_path"]
 
@@ -71,8 +73,31 @@ class StepIndices(Dataset):
 
 
 def replay_shard_path(ckpt_path: str | os.PathLike[str], rank: int) -> str:
-    """Where rank ``rank`` keeps its replay shard (and per-rank state) of a DDP checkpoint."""
+    """Where global rank ``rank`` keeps its replay shard (and per-rank state) of a DDP checkpoint (with its
+    manifest ``<shard>.manifest.json``, :mod:`lightning_per.integrity`)."""
     return f"{os.fspath(ckpt_path)}.rank{rank}.replay.pt"
+
+
+#: The manifest kind of a DDP rank's replay shard.
+SHARD_KIND = "replay_shard"
+
+
+def load_replay_shard(ckpt_path: str | os.PathLike[str], rank: int, state: dict[str, Any]) -> dict[str, Any]:
+    """Global rank ``rank``'s shard of the DDP checkpoint at ``ckpt_path`` whose ``dqn_state`` is ``state``,
+    verified against its manifest, loaded with ``weights_only=True``, and of the same save as the checkpoint
+    (the same generation id: a save interrupted between the shards and the checkpoint leaves them apart).
+
+    Raises:
+        FileNotFoundError: the shard is missing. IntegrityError: damaged, truncated, or from another save.
+    """
+    path = replay_shard_path(ckpt_path, rank)
+    shard, _ = load_torch_file(path, SHARD_KIND)
+    if not isinstance(shard, dict) or shard.get("generation") != state.get("generation"):
+        got = shard.get("generation") if isinstance(shard, dict) else None
+        raise IntegrityError(f"{path}: from another save than {os.fspath(ckpt_path)} (shard generation {got!r}, "
+                             f"checkpoint {state.get('generation')!r}: a save was interrupted between them); "
+                             f"resume from a complete checkpoint")
+    return shard
 
 
 class _WholeEpochPerRank(DistributedSampler):
@@ -217,6 +242,7 @@ class DQN(LightningModule):
         if self.hparams.compile and device.type != "cuda":
             raise ValueError(f"compile=True captures the update in a CUDA graph and needs a CUDA device; "
                              f"this run is on {device}. Set model.compile=false (or use a GPU).")
+        self._run_id = new_generation()
         if self._trainer is not None and self.trainer.world_size > 1:
             self._setup_ddp()
         self.build_runtime(device)
@@ -244,12 +270,15 @@ class DQN(LightningModule):
                              f"got {type(strategy).__name__}. Set model.compile=false or use strategy='ddp'.")
         if isinstance(strategy, DDPStrategy):
             strategy._ddp_kwargs.setdefault("broadcast_buffers", False)
+        self._run_id = strategy.broadcast(self._run_id, src=0)  # one generation id per save on every rank
         if not getattr(strategy, "_lightning_per_shards", False):
             save, remove = strategy.save_checkpoint, strategy.remove_checkpoint
 
             def save_checkpoint(checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
                 if self._shard_state is not None and "dqn_state" in checkpoint:
-                    atomic_torch_save(self._shard_state, replay_shard_path(filepath, self.global_rank))
+                    shard = self._shard_state
+                    save_torch_file(shard, replay_shard_path(filepath, self.global_rank), SHARD_KIND,
+                                    shard["generation"], {"rank": self.global_rank, "updates": shard["updates"]})
                     self._shard_state = None
                 save(checkpoint, filepath, storage_options=storage_options)
 
@@ -257,10 +286,11 @@ class DQN(LightningModule):
                 remove(filepath)
                 if strategy.is_global_zero:
                     for r in range(self.trainer.world_size):
-                        try:
-                            os.remove(replay_shard_path(filepath, r))
-                        except (FileNotFoundError, TypeError):
-                            pass
+                        for path in (replay_shard_path(filepath, r), f"{replay_shard_path(filepath, r)}.manifest.json"):
+                            try:
+                                os.remove(path)
+                            except (FileNotFoundError, TypeError):
+                                pass
 
             strategy.save_checkpoint, strategy.remove_checkpoint = save_checkpoint, remove_checkpoint
             strategy._lightning_per_shards = True
@@ -613,6 +643,9 @@ class DQN(LightningModule):
         if self.hparams.checkpoint_replay and self.rb is not None:
             state["replay"] = self.rb.state_dict()
             state["replay_rng"] = self._replay_rng.get_state()
+        run_id = getattr(self, "_run_id", None) or new_generation()
+        state["generation"] = f"{run_id}-step{checkpoint.get('global_step', self.updates)}"
+        checkpoint[GENERATION_KEY] = state["generation"]  # the checkpoint's manifest carries it too
         world_size = self.trainer.world_size if self._trainer is not None else 1
         if world_size > 1:
             # each rank's state goes to <ckpt>.rank{r}.replay.pt (written by the strategy hook of
@@ -635,7 +668,7 @@ class DQN(LightningModule):
             world_size = self.trainer.world_size if self._trainer is not None else 1
             path = self.trainer.ckpt_path if self._trainer is not None else None
             if path is not None and world_size == shards:
-                state = torch.load(replay_shard_path(path, self.global_rank), map_location="cpu", weights_only=True)
+                state = load_replay_shard(path, self.global_rank, state)
             elif path is not None and world_size > 1:
                 raise ValueError(f"checkpoint {path} was written by {shards} DDP ranks (one replay shard "
                                  f"each); resume it with {shards} devices, not {world_size}")
@@ -646,6 +679,41 @@ class DQN(LightningModule):
             self._pending_state = state
             return
         self._load_dqn_state(state)
+
+    def check_resume(self, checkpoint: dict[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
+                     global_rank: int) -> None:
+        """Raise what resuming from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way, before
+        anything is built or written (the command line calls it before ``Trainer.fit``): another ``dqn_state``
+        version, a DDP checkpoint of another world size, this rank's shard missing, damaged or from another
+        save, and a replay state this model's buffer refuses (checked against a CPU buffer of the configured
+        capacity: priorities are 8 bytes a slot, transitions are not allocated).
+
+        Raises:
+            FileNotFoundError, IntegrityError, TypeError, ValueError: naming the file or the part.
+        """
+        state = checkpoint.get("dqn_state")
+        if state is None:
+            return
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else None
+            raise ValueError(f"{os.fspath(ckpt_path)}: dqn_state version {version!r} is not supported (this code "
+                             f"reads version {_STATE_VERSION})")
+        shards = state.get("shards")
+        if shards is not None:
+            if world_size != shards and world_size > 1:
+                raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
+                                 f"shard each); resume it with {shards} processes, not {world_size}")
+            if world_size == shards:
+                state = load_replay_shard(ckpt_path, global_rank, state)
+        if "replay" in state and self.hparams.checkpoint_replay:
+            r = self.replay_config
+            extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
+            probe = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device="cpu", alpha=r.alpha,
+                                       beta=r.beta, eps=r.eps, packed=r.packed, eager_graphs=False, seed=0, **extra)
+            try:
+                _checked_state(probe, state["replay"])
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{os.fspath(ckpt_path)}: the replay buffer refuses it: {err}") from None
 
     def _load_dqn_state(self, state: dict[str, Any]) -> None:
         self.env_steps, self.updates, self._credit = state["env_steps"], state["updates"], state["credit"]

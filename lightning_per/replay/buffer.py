@@ -22,6 +22,7 @@ from torchrl.data import (
     TensorStorage,
 )
 
+from lightning_per.integrity import atomic_directory, verify_directory
 from lightning_per.replay.errors import check_batch_size, check_generator, check_seed
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
@@ -192,14 +193,46 @@ def _check_part(part, state) -> None:
         check(state)
 
 
-def _check_writer_state(writer, state) -> None:
-    """Raise what TorchRL's round-robin writer's ``load_state_dict`` would fail on (its cursor), changing nothing."""
+def _check_writer_state(writer, state, capacity: int | None = None) -> None:
+    """Raise what TorchRL's round-robin writer's ``load_state_dict`` would fail on (its cursor, which must also
+    lie inside the storage's ``capacity`` slots), changing nothing."""
     if isinstance(writer, RoundRobinWriter):
         if not (isinstance(state, dict) and "_cursor" in state):
             raise ValueError("the checkpoint's writer state has no '_cursor' (not a round-robin writer's state_dict)")
         cursor = state["_cursor"]
         if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
             raise ValueError(f"the checkpoint's writer cursor must be an int >= 0, got {cursor!r}")
+        if capacity is not None and cursor >= capacity:
+            raise ValueError(f"the checkpoint's writer cursor {cursor} lies outside the storage's {capacity} slots")
+        count = state.get("_write_count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise ValueError(f"the checkpoint's writer write_count must be an int >= 0, got {count!r}")
+
+
+def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
+    """Raise unless the storage's, the sampler's and the writer's saved states describe one buffer: the length
+    the writer's count implies (``min(write_count, capacity)``, cursor ``write_count % capacity``) is the
+    storage's, and a prioritized sampler knows exactly the filled slots. Parts from different saves disagree.
+    Host reads of the (CPU) checkpoint only."""
+    capacity = getattr(rb._storage, "max_size", None)
+    length = storage_state.get("_len") if isinstance(storage_state, dict) else None
+    length = int(length) if isinstance(length, int) or (isinstance(length, torch.Tensor) and length.numel() == 1) \
+        else None
+    count = writer_state.get("_write_count") if isinstance(writer_state, dict) else None
+    if isinstance(capacity, int) and isinstance(count, int) and not isinstance(count, bool):
+        if length is not None and length != min(count, capacity):
+            raise ValueError(f"the checkpoint's parts disagree: the storage holds {length} transitions, the writer "
+                             f"wrote {count} into {capacity} slots (parts of different saves)")
+        cursor = writer_state.get("_cursor")
+        if isinstance(cursor, int) and cursor != count % capacity:
+            raise ValueError(f"the checkpoint's parts disagree: writer cursor {cursor} after {count} writes into "
+                             f"{capacity} slots")
+    written = sampler_state.get("written") if isinstance(sampler_state, dict) else None
+    if length is not None and isinstance(written, torch.Tensor) and written.device.type == "cpu":
+        known = int(written[:capacity].sum()) if isinstance(capacity, int) else int(written.sum())  # host tensor
+        if known != length:
+            raise ValueError(f"the checkpoint's parts disagree: the storage holds {length} transitions, the "
+                             f"sampler's priorities cover {known} slots (parts of different saves)")
 
 
 def _check_batch_size_state(batch_size) -> None:
@@ -227,7 +260,8 @@ def _checked_state(rb, state_dict) -> dict[str, Any]:
     sampler, writer = _components(rb)
     _check_part(rb._storage, state_dict["_storage"])
     _check_part(sampler, state_dict["_sampler"])
-    _check_writer_state(writer, state_dict["_writer"])
+    _check_writer_state(writer, state_dict["_writer"], getattr(rb._storage, "max_size", None))
+    _check_parts_agree(rb, state_dict["_storage"], state_dict["_sampler"], state_dict["_writer"])
     _check_batch_size_state(state_dict["_batch_size"])
     return {k: v for k, v in state_dict.items() if k != "_lightning_per_schema"}
 
@@ -244,6 +278,7 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
     """
     path = Path(path).absolute()  # as TorchRL's loads
     sampler, writer = _components(rb)
+    states = {}
     for part, file in ((rb._storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
         if not hasattr(part, "check_state_dict"):
             continue
@@ -252,9 +287,13 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
                                     f"buffer's dumps() has one)")
         # memory-mapped onto the CPU: the checks read metadata and shapes (the sampler's also its priorities),
         # no device memory and no second copy of the ring
-        _check_part(part, torch.load(file, map_location="cpu", weights_only=True, mmap=True))
+        states[file.parent.name] = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        _check_part(part, states[file.parent.name])
     if isinstance(writer, RoundRobinWriter):
-        _check_writer_state(writer, {"_cursor": _check_json(path / "writer" / "metadata.json", "cursor")["cursor"]})
+        meta = _check_json(path / "writer" / "metadata.json", "cursor")
+        states["writer"] = {"_cursor": meta["cursor"], "_write_count": meta.get("write_count")}
+        _check_writer_state(writer, states["writer"], getattr(rb._storage, "max_size", None))
+    _check_parts_agree(rb, states.get("storage"), states.get("sampler"), states.get("writer"))
     _check_batch_size_state(_check_json(path / "buffer_metadata.json", "batch_size")["batch_size"])
 
 
@@ -271,9 +310,36 @@ def _check_json(file: Path, key: str) -> dict[str, Any]:
     return content
 
 
-class _NoPickleDumps:
-    """TorchRL's ``dumps`` pickles the prefetch queue to ``prefetch.pkl`` and its ``loads`` unpickles that file
-    (which may run code): our buffers write none and never read one."""
+class _VerifiedDumps:
+    """``dumps`` / ``loads`` of our buffers: a dump is written whole into a new directory with a manifest of
+    every file's SHA-256 (written last), then swapped into place (:func:`lightning_per.integrity.atomic_directory`);
+    ``loads`` verifies the manifest before reading anything (a damaged, truncated, partial or mixed dump is
+    refused naming the file). TorchRL pickles the prefetch queue to ``prefetch.pkl`` and unpickles it on load
+    (which may run code): ours write none and never read one (a ``prefetch.pkl`` is not in the manifest, so a
+    directory holding one is refused)."""
+
+    def dumps(self, path) -> None:
+        """Save the buffer to the directory ``path`` (replaced as a whole; see the class docstring).
+
+        Raises:
+            ValueError: ``path`` exists and is not a dump directory (nothing is written or removed).
+        """
+        with atomic_directory(path, kind=_DUMP_KIND, meta={"buffer": type(self).__name__,
+                                                           "schema": BUFFER_SCHEMA_VERSION}) as staging:
+            super().dumps(staging)
+
+    def loads(self, path) -> None:
+        """Load a :meth:`dumps` directory after verifying its manifest and checking every part (a refused
+        directory changes nothing).
+
+        Raises:
+            FileNotFoundError: no directory at ``path``.
+            IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest.
+            TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
+        """
+        verify_directory(path, kind=_DUMP_KIND)
+        _check_dumps_dir(self, path)
+        super().loads(path)
 
     def _dump_prefetch_state(self, path: Path, prefetch_state) -> None:
         return None  # prefetched batches are draws already made; a loaded buffer draws anew
@@ -282,7 +348,10 @@ class _NoPickleDumps:
         return None
 
 
-class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuffer):
+_DUMP_KIND = "replay_dump"
+
+
+class GPUPrioritizedReplayBuffer(_VerifiedDumps, TensorDictPrioritizedReplayBuffer):
     """TorchRL's :class:`~torchrl.data.TensorDictPrioritizedReplayBuffer` with the replay on the GPU.
 
     Same keyword arguments as TorchRL's class, plus:
@@ -411,18 +480,9 @@ class GPUPrioritizedReplayBuffer(_NoPickleDumps, TensorDictPrioritizedReplayBuff
         """
         super().load_state_dict(_checked_state(self, state_dict))
 
-    def loads(self, path) -> None:
-        """TorchRL's ``loads`` of a :meth:`dumps` directory, after the sampler's saved state and the metadata
-        files have been checked (as :meth:`load_state_dict`): a refused directory changes nothing.
-
-        Raises:
-            FileNotFoundError, TypeError, ValueError: see :meth:`load_state_dict`; raised before anything changes.
-        """
-        _check_dumps_dir(self, path)
-        super().loads(path)
 
 
-class _GPUUniformReplayBuffer(_NoPickleDumps, TensorDictReplayBuffer):
+class _GPUUniformReplayBuffer(_VerifiedDumps, TensorDictReplayBuffer):
     """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
@@ -455,10 +515,6 @@ class _GPUUniformReplayBuffer(_NoPickleDumps, TensorDictReplayBuffer):
         """As :meth:`GPUPrioritizedReplayBuffer.load_state_dict`: refusals before anything changes."""
         super().load_state_dict(_checked_state(self, state_dict))
 
-    def loads(self, path) -> None:
-        """As :meth:`GPUPrioritizedReplayBuffer.loads`: refusals before anything changes."""
-        _check_dumps_dir(self, path)
-        super().loads(path)
 
 
 def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "proportional",

@@ -1,0 +1,334 @@
+"""Integrity of everything we write to disk: manifests of SHA-256 checksums, verified before anything loads.
+
+One rule for every checkpoint and replay dump: its parts are listed in a *manifest* (JSON) with each file's
+size and SHA-256 and one *generation* id shared by all of them, and the manifest is written last,
+atomically. A load verifies the manifest first and refuses, in one line naming the file and what is wrong,
+a part that is missing, truncated, damaged (checksum), not listed (a file from elsewhere), or a set whose
+parts belong to different generations.
+
+* A directory (a replay buffer's ``dumps``) is written whole into a new sibling directory, its manifest
+  ``MANIFEST.json`` last, and swapped into place (:func:`atomic_directory`): a reader sees the previous
+  dump or the complete new one.
+* A single file (a Lightning checkpoint, a DDP rank's replay shard) is written atomically (temp file +
+  fsync + rename, :func:`lightning_per.utils.atomic_write`), then its manifest ``<file>.manifest.json``
+  (:func:`save_file_manifest`); :func:`load_torch_file` verifies it, then loads with ``weights_only=True``.
+* Leftovers of an interrupted save (``.<name>.*.tmp``, ``.<name>.*.old``) are removed at the next save of
+  the same name (:func:`remove_stale`).
+
+Manifest schema (version 1)::
+
+    {"format": "lightning_per.manifest", "version": 1, "kind": "replay_dump" | "checkpoint" | ...,
+     "generation": "<id shared by every part>", "files": {"<path relative to the manifest>":
+     {"bytes": <int>, "sha256": "<hex>"}}, "meta": {...}}
+
+A manifest of a newer version is refused (upgrade lightning_per); there is no older version.
+No Lightning dependency (the replay package uses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning_per.utils import _fsync_dir, atomic_write, atomic_write_text
+
+__all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "file_manifest_path",
+           "load_torch_file", "new_generation", "remove_stale", "save_file_manifest", "save_torch_file",
+           "seal_directory", "verify_directory", "verify_file"]
+
+MANIFEST_NAME = "MANIFEST.json"
+MANIFEST_FORMAT = "lightning_per.manifest"
+MANIFEST_VERSION = 1
+_CHUNK = 1 << 20
+
+
+class IntegrityError(ValueError):
+    """A checkpoint or dump refused by its manifest (missing, truncated, damaged, mixed or partial); the message
+    names the file and what is wrong. A ValueError: a bad input, nothing was loaded or changed."""
+
+
+def new_generation() -> str:
+    """A fresh generation id (random, 32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def _sha256(path: Path, fsync: bool = False) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        if fsync:
+            os.fsync(f.fileno())
+    return digest.hexdigest(), size
+
+
+def _manifest(kind: str, generation: str, files: Mapping[str, Path], meta: Mapping[str, Any] | None,
+              fsync: bool) -> str:
+    entries = {}
+    for rel, path in sorted(files.items()):
+        sha, size = _sha256(path, fsync=fsync)
+        entries[rel] = {"bytes": size, "sha256": sha}
+    return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
+                       "generation": generation, "files": entries, "meta": dict(meta or {})}, indent=1) + "\n"
+
+
+def _read_manifest(path: Path, what: str, kind: str | None) -> dict[str, Any]:
+    """The manifest at ``path``, its schema checked.
+
+    Raises:
+        IntegrityError: missing, not JSON, not a manifest, newer version or another kind.
+    """
+    if not path.is_file():
+        raise IntegrityError(f"{what}: no manifest {path} (written last by every save: the save was interrupted, "
+                             f"or this was not written by lightning_per)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise IntegrityError(f"{path}: damaged manifest (not JSON: {err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise IntegrityError(f"{path}: not a lightning_per manifest")
+    version = manifest.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise IntegrityError(f"{path}: manifest version {version!r} is not valid")
+    if version > MANIFEST_VERSION:
+        raise IntegrityError(f"{path}: manifest version {version} is newer than this code's ({MANIFEST_VERSION}); "
+                             f"upgrade lightning_per")
+    if kind is not None and manifest.get("kind") != kind:
+        raise IntegrityError(f"{path}: a manifest of a {manifest.get('kind')!r}, expected a {kind!r}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not isinstance(manifest.get("generation"), str) or not all(
+            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
+            for e in files.values()):
+        raise IntegrityError(f"{path}: damaged manifest (its 'files' or 'generation' entry is malformed)")
+    return manifest
+
+
+def _check_entry(file: Path, entry: Mapping[str, Any]) -> None:
+    if not file.is_file():
+        raise IntegrityError(f"{file}: missing (listed in the manifest; the set is partial)")
+    size = file.stat().st_size
+    if size != entry["bytes"]:
+        raise IntegrityError(f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                             f"({'truncated' if size < entry['bytes'] else 'longer than written'})")
+    sha, _ = _sha256(file)
+    if sha != entry["sha256"]:
+        raise IntegrityError(f"{file}: damaged (SHA-256 {sha[:16]}... differs from the manifest's "
+                             f"{entry['sha256'][:16]}...)")
+
+
+# ------------------------------------------------------------------------------------------ directories
+def _files_under(root: Path) -> dict[str, Path]:
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if rel != MANIFEST_NAME:
+                out[rel] = path
+    return out
+
+
+def verify_directory(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
+    """Check a directory written by :func:`atomic_directory` against its manifest; returns the manifest.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory (naming a leftover of an interrupted swap if any).
+        IntegrityError: as :func:`_read_manifest`; a listed file missing, truncated or damaged; a file that the
+            manifest does not list (e.g. a part copied in from another dump, or a ``prefetch.pkl``).
+    """
+    root = Path(path).absolute()
+    if not root.is_dir():
+        leftovers = sorted(p.name for p in root.parent.glob(f".{root.name}.*")) if root.parent.is_dir() else []
+        hint = f" (an interrupted save left {leftovers} next to it)" if leftovers else ""
+        raise FileNotFoundError(f"no dump directory at {root}{hint}")
+    manifest = _read_manifest(root / MANIFEST_NAME, str(root), kind)
+    listed = manifest["files"]
+    for rel, entry in listed.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise IntegrityError(f"{root / MANIFEST_NAME}: damaged manifest (entry {rel!r} leaves the directory)")
+        _check_entry(root / rel, entry)
+    extra = sorted(set(_files_under(root)) - set(listed))
+    if extra:
+        raise IntegrityError(f"{root / extra[0]}: not part of the dump (not in its manifest; files from another "
+                             f"dump or a partial copy)")
+    return manifest
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def remove_stale(target: str | os.PathLike[str]) -> list[Path]:
+    """Remove leftovers of interrupted saves of ``target``: ``.<name>.<8 characters>.tmp`` / ``.old`` next to it
+    (temp files of :func:`lightning_per.utils.atomic_write`, and of the manifest next to ``target``, staging and
+    swapped-out directories of :func:`atomic_directory`). Other files' temp names never match (another file's
+    name is in them: ``.last.ckpt.rank1.replay.pt.x.tmp`` is not ``last.ckpt``'s). Returns what was removed."""
+    target = Path(target).absolute()
+    removed: list[Path] = []
+    if not target.parent.is_dir():
+        return removed
+    names = (re.escape(target.name), re.escape(file_manifest_path(target).name))
+    pattern = re.compile(rf"^\.(?:{'|'.join(names)})\.[A-Za-z0-9_]{{8}}\.(?:tmp|old)$")
+    for path in target.parent.iterdir():
+        if not pattern.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
+def seal_directory(path: str | os.PathLike[str], kind: str, meta: Mapping[str, Any] | None = None,
+                   generation: str | None = None, fsync: bool = False) -> dict[str, Any]:
+    """Write the manifest of every file now under the directory ``path`` (``MANIFEST.json``, atomically) and
+    return it: what :func:`atomic_directory` does last. ``fsync`` also flushes every file to disk first."""
+    root = Path(path).absolute()
+    text = _manifest(kind, generation or new_generation(), _files_under(root), meta, fsync=fsync)
+    atomic_write_text(root / MANIFEST_NAME, text)
+    _fsync_dir(root)
+    return json.loads(text)
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | os.PathLike[str], kind: str, meta: Mapping[str, Any] | None = None,
+                     generation: str | None = None) -> Iterator[Path]:
+    """Write a directory as a whole: yields an empty staging directory next to ``target``; when the block
+    ends without error, a manifest of every file in it (``MANIFEST.json``, written last) is added and the
+    staging directory replaces ``target`` (an atomic exchange on Linux, else two renames), the previous
+    content is removed. On an error, ``target`` is untouched and the staging directory removed.
+
+    Raises:
+        ValueError: ``target`` exists and is not a directory this function wrote (no manifest inside, and not
+            empty): replacing it would delete files that are not a dump.
+    """
+    target = Path(target).absolute()
+    if target.exists() and (not target.is_dir() or (any(target.iterdir())
+                                                     and not (target / MANIFEST_NAME).is_file())):
+        raise ValueError(f"{target} exists and is not a dump directory (no {MANIFEST_NAME}): a dump replaces the "
+                         f"whole directory; give a new path or an earlier dump's")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    os.chmod(staging, 0o777 & ~_umask())
+    try:
+        yield staging
+        seal_directory(staging, kind, meta, generation, fsync=True)
+        if target.exists() and _exchange(staging, target):
+            old = staging  # now holds the previous dump
+        else:
+            old = None
+            if target.exists():
+                old = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.old"
+                os.replace(target, old)
+            os.replace(staging, target)
+        _fsync_dir(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    from lightning_per.utils import _umask as umask
+
+    return umask()
+
+
+# ------------------------------------------------------------------------------------------ single files
+def file_manifest_path(path: str | os.PathLike[str]) -> Path:
+    """Where the manifest of the single file ``path`` lives: ``<path>.manifest.json``."""
+    return Path(f"{os.fspath(path)}.manifest.json")
+
+
+def save_file_manifest(path: str | os.PathLike[str], kind: str, generation: str,
+                       meta: Mapping[str, Any] | None = None) -> Path:
+    """Write the manifest of the (already complete) file ``path``, atomically: its size, SHA-256 and
+    ``generation``. Written after the file, so a save interrupted in between leaves a file its manifest
+    refuses."""
+    path = Path(path)
+    return atomic_write_text(file_manifest_path(path), _manifest(kind, generation, {path.name: path}, meta, False))
+
+
+def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
+    """Check the single file ``path`` against its manifest (see :func:`save_file_manifest`); returns it.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        IntegrityError: no manifest, or the file is truncated, damaged or not the one the manifest lists.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    manifest = _read_manifest(file_manifest_path(path), str(path), kind)
+    entry = manifest["files"].get(path.name)
+    if entry is None or len(manifest["files"]) != 1:
+        raise IntegrityError(f"{file_manifest_path(path)}: is the manifest of {sorted(manifest['files'])}, "
+                             f"not of {path.name}")
+    _check_entry(path, entry)
+    return manifest
+
+
+def save_torch_file(obj: Any, path: str | os.PathLike[str], kind: str, generation: str,
+                    meta: Mapping[str, Any] | None = None) -> Path:
+    """``torch.save(obj, path)`` atomically (stale temp files of ``path`` removed first), then its manifest."""
+    import io
+
+    import torch
+
+    remove_stale(path)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write(path, lambda f: f.write(buf.getbuffer()))
+    save_file_manifest(path, kind, generation, meta)
+    return Path(path)
+
+
+def load_torch_file(path: str | os.PathLike[str], kind: str | None = None,
+                    map_location: Any = "cpu") -> tuple[Any, dict[str, Any]]:
+    """``(torch.load(path, weights_only=True), manifest)`` once the file matches its manifest.
+
+    Raises:
+        FileNotFoundError, IntegrityError: as :func:`verify_file`; IntegrityError also when the verified file
+            is not a torch file of plain data (``weights_only`` refuses it).
+    """
+    import pickle
+
+    import torch
+
+    manifest = verify_file(path, kind)
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        raise IntegrityError(f"{path}: not a torch file of plain data (it holds objects other than tensors, numbers, "
+                             f"strings and containers; refused without running them)") from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise IntegrityError(f"{path}: not a torch file of plain data ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
+    return obj, manifest
