@@ -212,7 +212,7 @@ def _check_writer_state(writer, state, capacity: int | None = None) -> None:
 def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
     """Raise unless the storage's, the sampler's and the writer's saved states describe one buffer: the length
     the writer's count implies (``min(write_count, capacity)``, cursor ``write_count % capacity``) is the
-    storage's, and a prioritized sampler knows exactly the filled slots. Parts from different saves disagree.
+    storage's, and a (plain) prioritized sampler knows exactly the filled slots. Parts from different saves disagree.
     Host reads of the (CPU) checkpoint only."""
     capacity = getattr(rb._storage, "max_size", None)
     length = storage_state.get("_len") if isinstance(storage_state, dict) else None
@@ -228,7 +228,11 @@ def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
             raise ValueError(f"the checkpoint's parts disagree: writer cursor {cursor} after {count} writes into "
                              f"{capacity} slots")
     written = sampler_state.get("written") if isinstance(sampler_state, dict) else None
-    if length is not None and isinstance(written, torch.Tensor) and written.device.type == "cpu":
+    # the plain samplers give every written slot a priority (slice samplers only valid starts; frame-stack storages
+    # mask slots): there the filled slots and the prioritized ones are the same set
+    plain = (type(rb._storage) is GPUTensorStorage and isinstance(sampler_state, dict)
+             and sampler_state.get("kind") in ("GPUPrioritizedSampler", "GPURankBasedSampler"))
+    if plain and length is not None and isinstance(written, torch.Tensor) and written.device.type == "cpu":
         known = int(written[:capacity].sum()) if isinstance(capacity, int) else int(written.sum())  # host tensor
         if known != length:
             raise ValueError(f"the checkpoint's parts disagree: the storage holds {length} transitions, the "
