@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPURandomSampler,
         GPURankBasedSampler,
         GPUSliceSampler,
+        GPUSamplerWithoutReplacement,
         GPUTensorStorage,
         make_replay_buffer,
     )
@@ -32,6 +33,7 @@ __all__ = [
     "GPURandomSampler",
     "GPUSliceSampler",
     "GPUPrioritizedSliceSampler",
+    "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
     "make_replay_buffer",
 ]

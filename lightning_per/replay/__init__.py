@@ -4,7 +4,7 @@ from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, make_replay_
 from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
-from lightning_per.replay.random import GPURandomSampler
+from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
@@ -18,6 +18,7 @@ __all__ = [
     "GPURandomSampler",
     "GPUSliceSampler",
     "GPUPrioritizedSliceSampler",
+    "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
     "EmptyBufferError",
     "make_replay_buffer",

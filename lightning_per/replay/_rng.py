@@ -1,11 +1,15 @@
-"""A sampler's own random generator on its device, derived from the replay buffer's generator.
+"""A sampler's own random generator on its device, driven by the replay buffer's generator.
 
 TorchRL hands every component the buffer's generator (``ReplayBuffer(generator=...)``, ``set_rng``),
 usually a CPU generator. Drawing on the CPU and copying would cost a host round trip per step, so a
-sampler keeps a generator on its own device, seeded from a fingerprint of the buffer generator's
-*state* (never consuming it). The device generator's state travels in the sampler's ``state_dict``;
-when a checkpoint restores the buffer's generator to the state it was derived from, the sampler keeps
-its restored device state, so a resumed run draws exactly the samples the original would have.
+sampler keeps a generator on its own device. Before each draw it compares the buffer generator's state
+(a CPU tensor, for CUDA generators too: no device sync) with the state it last left it in; when they
+differ (a new generator, ``gen.manual_seed(...)`` in place, a restored checkpoint), it takes one seed
+from the buffer generator (consuming it, as TorchRL's own draws do) and reseeds its device stream.
+So re-seeding the buffer generator in place replays the same draws, and the sampler's ``state_dict``
+carries both its device state and the buffer-generator state it last saw: a resumed run draws exactly
+the samples the original would have. Unchanged, the buffer generator costs a draw one host-side state
+comparison and no device work. Inside a CUDA-graph capture or ``torch.compile`` the check is skipped.
 """
 
 from __future__ import annotations
@@ -17,10 +21,29 @@ import torch
 __all__ = ["DeviceRNGMixin"]
 
 
-def _fingerprint(generator: torch.Generator) -> int:
-    state = generator.get_state()  # CPU ByteTensor, also for CUDA generators: no device sync
+def _fingerprint(generator: torch.Generator | torch.Tensor) -> int:
+    """A 63-bit digest of a generator's state (or of a ``get_state()`` tensor)."""
+    state = generator if isinstance(generator, torch.Tensor) else generator.get_state()  # CPU ByteTensor
     digest = hashlib.sha256(state.numpy().tobytes()).digest()  # sync-ok: get_state() is a CPU tensor
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _take_seed(generator: torch.Generator, state: torch.Tensor) -> int:
+    """One seed taken from ``generator`` (whose current state is ``state``), advancing it: a host draw for a CPU
+    generator; for a device generator (whose draws land on the device) the digest of its state, then its
+    Philox offset moved on (host-side, no device sync)."""
+    if generator.device.type == "cpu":
+        return int(torch.randint(0, 2**62, (1,), generator=generator))  # sync-ok: a CPU generator's draw
+    seed = _fingerprint(state)
+    try:
+        generator.set_offset(generator.get_offset() + 4)
+    except (RuntimeError, AttributeError):  # a generator without an offset: its state stays as it is
+        pass
+    return seed
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class DeviceRNGMixin:
@@ -29,8 +52,10 @@ class DeviceRNGMixin:
     _device: torch.device
 
     def _init_rng(self, seed: int | None = None) -> None:
-        self._rng_fingerprint: int | None = None
+        self._rng_fingerprint: int | None = None  # of a checkpoint written before buffer_seen was saved
         self._buffer_rng: torch.Generator | None = None
+        self._buffer_rng_seen: torch.Tensor | None = None  # the buffer generator's state after our last reseed
+        self._adopt_rng: torch.Generator | None = None  # the buffer generator attached when a checkpoint loaded
         gen = torch.Generator(device=self._device)
         if seed is None:
             # follows torch.manual_seed: draws one int from the default CPU generator (host only)
@@ -46,13 +71,31 @@ class DeviceRNGMixin:
     def _rng(self, generator: torch.Generator | None) -> None:
         # TorchRL's Sampler declares ``_rng = None`` at class level and buffers assign it.
         self._buffer_rng = generator
-        if generator is None or not hasattr(self, "generator"):
+        if generator is not getattr(self, "_adopt_rng", None):
+            self._adopt_rng = None
+        if generator is not None and hasattr(self, "generator"):
+            self._follow_buffer_rng()
+
+    def _follow_buffer_rng(self) -> None:
+        """Reseed the device stream from the buffer generator if its state is not the one last seen (module
+        docstring); every draw calls this first. Host work only (no device sync)."""
+        buf = self._buffer_rng
+        if buf is None or torch.compiler.is_compiling() or _capturing(self._device):
             return
-        fp = _fingerprint(generator)
-        if fp != self._rng_fingerprint:
-            self._rng_fingerprint = fp
-            self.generator.manual_seed(fp)
-            self._seeded()
+        state = buf.get_state()  # a CPU tensor
+        seen = self._buffer_rng_seen
+        if seen is not None and seen.shape == state.shape and torch.equal(seen, state):
+            return
+        if buf is self._adopt_rng or (seen is None and self._rng_fingerprint is not None
+                                      and _fingerprint(state) == self._rng_fingerprint):
+            # a sampler checkpoint loaded under the generator attached then (not restored with it), or an older
+            # checkpoint's generator: keep the restored device stream
+            self._buffer_rng_seen, self._rng_fingerprint, self._adopt_rng = state, None, None
+            return
+        self._rng_fingerprint = self._adopt_rng = None
+        self.generator.manual_seed(_take_seed(buf, state))
+        self._seeded()
+        self._buffer_rng_seen = buf.get_state()
 
     def manual_seed(self, seed: int) -> None:
         """Seed the device generator directly (reproducible runs without a buffer generator)."""
@@ -77,7 +120,9 @@ class DeviceRNGMixin:
         self.generator.set_state(state["generator"])
 
     def _rng_state(self) -> dict:
-        return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint}
+        seen = self._buffer_rng_seen
+        return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint,
+                "buffer_seen": None if seen is None else seen.clone()}
 
     def _check_rng_checkpoint(self, rng) -> None:
         """Raise unless ``rng`` is a saved :meth:`_rng_state` that this sampler's generator accepts (tried on a
@@ -99,7 +144,12 @@ class DeviceRNGMixin:
 
     def _load_rng_state(self, state: dict) -> None:
         self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
-        self._rng_fingerprint = state["fingerprint"]
+        seen = state.get("buffer_seen")
+        self._buffer_rng_seen = seen.cpu().clone() if isinstance(seen, torch.Tensor) else None
+        self._rng_fingerprint = None if seen is not None else state["fingerprint"]
+        # until the buffer attaches another generator (TorchRL's load restores its own), the restored device stream
+        # continues under the generator attached now
+        self._adopt_rng = self._buffer_rng
 
 
 def check_rng_state(state) -> None:

@@ -60,7 +60,10 @@ def _resolve_storage(storage, device: torch.device | None, capacity: int | None)
         return GPUTensorStorage(capacity or 1000, device=device)
     if type(storage) is LazyTensorStorage and not storage.initialized:  # TorchRL's: upgrade in place
         dev = device or (None if storage.device == "auto" else storage.device)
-        return GPUTensorStorage(storage.max_size, device=dev)
+        return GPUTensorStorage(storage.max_size, device=dev, ndim=storage.ndim,
+                                compilable=getattr(storage, "_compilable", False),
+                                consolidated=getattr(storage, "consolidated", False),
+                                shared_init=getattr(storage, "shared_init", False))
     return storage
 
 
@@ -434,7 +437,8 @@ class GPUPrioritizedReplayBuffer(_VerifiedDumps, TensorDictPrioritizedReplayBuff
         re-packing) on the hot path; otherwise it defers to TorchRL's ``sample``. ``return_info=True`` also
         returns the info dict.
         """
-        if not (self._direct_sample and include_info is None and not len(self._transform)):
+        if not (self._direct_sample and include_info is None and not len(self._transform)
+                and getattr(self._storage, "ring", False)):  # items in our ring, not in TorchRL's layout
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         if batch_size is None:
             batch_size = self._batch_size
@@ -465,7 +469,7 @@ class GPUPrioritizedReplayBuffer(_VerifiedDumps, TensorDictPrioritizedReplayBuff
         Raises:
             TypeError, ValueError, IndexError: as the sampler, before anything changes.
         """
-        if isinstance(index, tuple):
+        if isinstance(index, tuple) and self._storage.ndim == 1:
             raise TypeError("index must be a flat tensor of slots (the storage is 1-D), got a tuple")
         with self._replay_lock, self._write_lock:  # as TorchRL's update_priority
             self._sampler.update_priority(index, priority, storage=self._storage)  # validates first

@@ -114,7 +114,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
                  device: torch.device | str | None = None, stratified: bool = True,
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
-                 dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True) -> None:
+                 dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True,
+                 max_priority_within_buffer: bool = False) -> None:
         if not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
         if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
@@ -132,8 +133,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.dtype = dtype
         self.stratified = stratified
         self.weight_normalization = weight_normalization
-        self._max_priority_within_buffer = False
+        self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._device = resolve_device(device)
+        self._backend = backend
         self._ops = select_backend(self._device, backend)
         self.block = block_size_for(max_capacity + 1)
         self.n_blocks = -(-(max_capacity + 1) // self.block)  # slot N is the trash slot (always 0)
@@ -159,7 +161,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._n_clamped = torch.zeros((), dtype=torch.int64, device=d)
         self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
         self._alpha_t = torch.full((), self._alpha, dtype=torch.float32, device=d)
-        self._beta_t = torch.full((), self._beta, dtype=torch.float32, device=d)
+        self._beta_t = torch.zeros((), dtype=torch.float32, device=d)
+        self._beta_t.copy_(torch.as_tensor(self._beta))  # a number or a 0-d tensor (no sync)
         prepare = getattr(self._ops, "prepare_write", None)  # compiled backend: its write's counters, now
         if prepare is not None:
             prepare(self._leaves)
@@ -168,6 +171,19 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _empty(self) -> None:
         self._init()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: everything but the backend module and the cached CUDA graphs, which
+        :meth:`__setstate__` selects and starts afresh (also when handed to a spawned process)."""
+        state = self.__dict__.copy()
+        state["_ops"] = None
+        state["_graphs"] = self._graphs is not None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ops = select_backend(self._device, self.__dict__.get("_backend", "auto"))
+        self._graphs = EagerGraphs() if state["_graphs"] else None
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
@@ -198,7 +214,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     @property
     def beta(self) -> float:
-        """IS-weight exponent; also held in a device scalar so captured CUDA graphs see new values."""
+        """IS-weight exponent; also held in a device scalar so captured CUDA graphs see new values. Set it to a
+        number or a 0-d tensor (e.g. from a TorchRL ``ParameterScheduler``; read as a number)."""
         return self._beta
 
     @beta.setter
@@ -280,6 +297,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, self._bounded(raw), n_valid,
                                    self._max_capacity, self._alpha_t, self._eps)
+        if self._max_priority_within_buffer:
+            self._max_within_buffer()
+
+    def _max_within_buffer(self) -> None:
+        """``max_priority_within_buffer``: the max raw priority becomes the max over the slots holding data now
+        (TorchRL's option), not the running max of every priority ever written; O(N) on the device, in place."""
+        cap = self._max_capacity
+        written = self._leaves.view(-1)[:cap] > 0
+        self._max_raw.copy_(torch.where(written, self._raw[:cap], float("-inf")).amax())
 
     def _write_full(self, index: Tensor, raw: Tensor) -> None:
         """:meth:`_write` into a full ring (every slot valid): what its cached graphs record."""
@@ -287,6 +313,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
                                    self._n_clamped, self._n_dropped, index, self._bounded(raw), n, n, self._alpha_t,
                                    self._eps)
+        if self._max_priority_within_buffer:
+            self._max_within_buffer()
 
     def _bounded(self, raw: Tensor) -> Tensor:
         """``raw`` with every finite value above :attr:`_raw_limit` lowered to it, counted in
@@ -328,6 +356,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             # a CUDA graph would freeze the host length len(storage) of the capture, and drop the writes to slots
             # filled after it; the slots a capture writes come from the sampler: always filled ones
             n_valid = self._max_capacity
+        index = _flat_slots(index, storage)
         index, priority = check_index_priority(index, priority, n_valid)
         device = self._device
         if index.device != device:
@@ -342,7 +371,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def mark_update(self, index, *, storage=None) -> None:
         """Give slots ``index`` (just written) the default priority (the running max); then, when ``storage``
         has a device ``slot_valid`` mask (:class:`~lightning_per.replay.frames.FrameStackStorage`), take the
-        probability mass of every slot it marks invalid (:meth:`mask_slots`)."""
+        probability mass of every slot it marks invalid (:meth:`mask_slots`).
+
+        Host-side ``-1`` entries (items a writer such as TorchRL's ``TensorDictMaxValueWriter`` did not keep) are
+        skipped, as TorchRL's sampler does. On a storage of ``ndim > 1`` a 1-D ``index`` names written rows
+        along dim 0 (the round-robin writer's): every item of those rows gets the default priority."""
         self._mark_update(index, storage)
         valid = getattr(storage, "slot_valid", None)
         if valid is not None:
@@ -370,6 +403,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _mark_update(self, index, storage) -> None:
         n_valid = self._filled(storage)
+        index = _skip_unkept(_written_slots(index, storage))
         index = check_index(index, n_valid)
         if index.device != self._device:
             index = index.to(self._device, non_blocking=True)
@@ -404,10 +438,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
         self._check_draw(storage, batch_size)
+        self._follow_buffer_rng()
         index, weight = self._served(("sample", batch_size, self.stratified, self.weight_normalization),
                                      lambda: self._draw(batch_size), (), self._draw_state(batch_size),
                                      self.draw_generators(batch_size))
-        return index, {"priority_weight": weight}
+        return _unravel(index, storage), {"priority_weight": weight}
 
     def _served(self, key: Hashable, fn: Callable, args: tuple[Tensor, ...] = (), state: tuple[Tensor, ...] = (),
                 generators: tuple[torch.Generator, ...] = ()):
@@ -422,7 +457,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """The checks every draw makes: ``batch_size`` an int >= 1, a non-empty storage (errors as :meth:`sample`)."""
         check_batch_size(batch_size)
         if len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): extend it first")
 
     def _uniforms(self, batch_size: int) -> Tensor:
         """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
@@ -551,6 +586,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                 return index, info, storage._read(index, extra)
             return index, info, _set_all(storage.get(index), extra)
         self._check_draw(storage, batch_size)
+        self._follow_buffer_rng()
         block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),
                                             lambda: self._draw_gather(batch_size, rows), (),
                                             (*self._draw_state(batch_size), rows), self.draw_generators(batch_size))
@@ -568,7 +604,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             "_schema_version": SAMPLER_SCHEMA_VERSION,
             "kind": type(self).__name__,
             "max_capacity": self._max_capacity,
-            "alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+            "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,  # sync-ok: a device beta, saving
             "raw": self._raw.clone(), "max_raw": self._max_raw.clone(),
             "n_clamped": self._n_clamped.clone(), "n_dropped": self._n_dropped.clone(),
             "written": (self._leaves.view(-1) > 0).clone(),
@@ -655,7 +691,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         path.mkdir(parents=True, exist_ok=True)
         torch.save(self.state_dict(), path / "sampler.pt.tmp")
         os.replace(path / "sampler.pt.tmp", path / "sampler.pt")
-        meta = {"kind": type(self).__name__, "alpha": self._alpha, "beta": self._beta, "eps": self._eps,
+        meta = {"kind": type(self).__name__, "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,
                 "max_capacity": self._max_capacity, "_schema_version": SAMPLER_SCHEMA_VERSION}
         (path / "sampler_metadata.json").write_text(json.dumps(meta))
 
@@ -673,3 +709,58 @@ def _raw_limit(alpha: float, eps: float) -> float:
     while not math.isfinite(float(torch.tensor(limit + eps, dtype=torch.float32) ** alpha)):  # host tensors
         limit *= 1 - 1e-5
     return limit
+
+
+def _flat_slots(index, storage):
+    """``index`` as flat slots: a tuple of per-dimension indices or an ``(B, ndim)`` tensor on a storage of
+    ``ndim > 1`` (what :meth:`GPUPrioritizedSampler.sample` returns there) becomes ``(B,)`` row-major slots."""
+    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
+    if ndim <= 1:
+        return index
+    if isinstance(index, tuple):
+        index = torch.stack([torch.as_tensor(i) for i in index], -1)
+    if isinstance(index, Tensor) and index.ndim > 1 and index.shape[-1] == ndim:
+        shape = storage.shape
+        strides = [1] * ndim
+        for d in range(ndim - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        index = (index * torch.as_tensor(strides, device=index.device)).sum(-1)
+    return index
+
+
+def _written_slots(index, storage):
+    """:meth:`GPUPrioritizedSampler.mark_update`'s slots: on a storage of ``ndim > 1`` a 1-D ``index`` of written
+    rows (dim 0) becomes the flat slots of every item in those rows; else ``index`` itself (see
+    :func:`_flat_slots`)."""
+    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
+    if ndim <= 1:
+        return index
+    if isinstance(index, int):
+        index = torch.tensor([index])
+    if isinstance(index, Tensor) and index.ndim <= 1 and storage.shape is not None:
+        per_row = storage.shape[1:].numel()
+        rows = index.reshape(-1, 1)
+        flat = rows * per_row + torch.arange(per_row, device=index.device)
+        return torch.where(rows >= 0, flat, -1).reshape(-1)
+    return _flat_slots(index, storage)
+
+
+def _skip_unkept(index):
+    """``index`` without its host-side ``-1`` entries (items a writer did not keep); device indices unchanged
+    (an out-of-range device index is dropped and counted by the write itself, without a sync)."""
+    if isinstance(index, int):
+        return index if index != -1 else torch.empty(0, dtype=torch.long)
+    if isinstance(index, Tensor) and index.device.type == "cpu" and index.numel():
+        keep = index != -1
+        if not bool(keep.all()):  # sync-ok: a CPU tensor
+            return index[keep]
+    return index
+
+
+def _unravel(index: Tensor, storage):
+    """A draw's flat slots as the storage indexes them: unchanged for ``ndim == 1``, else the per-dimension
+    tuple of ``torch.unravel_index`` over the storage's filled shape (TorchRL's samplers do the same)."""
+    ndim = getattr(storage, "ndim", 1)
+    if ndim <= 1:
+        return index
+    return torch.unravel_index(index, storage.shape)

@@ -1,4 +1,5 @@
-"""GPURandomSampler: uniform replay drawn on the storage's device from the buffer's generator."""
+"""GPURandomSampler (and its without-replacement variant): uniform replay drawn on the storage's device,
+driven by the buffer's generator."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchrl.data.replay_buffers.samplers import RandomSampler
+from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
+from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
 
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
 
-__all__ = ["GPURandomSampler"]
+__all__ = ["GPURandomSampler", "GPUSamplerWithoutReplacement"]
 
 _SCHEMA_VERSION = 1
 
@@ -23,8 +25,11 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
     Args:
         device: where the indices are drawn (default CUDA when available, else CPU).
         seed: device-generator seed when no buffer generator is set.
+        replacement: ``False`` builds a :class:`GPUSamplerWithoutReplacement` instead (TorchRL's
+            ``RandomSampler(replacement=False)`` rule; its other keywords are forwarded).
 
-    ``sample`` returns ``(index (B,) int64 on device, {})`` (no IS weights: they would all be 1).
+    ``sample`` returns ``(index (B,) int64 on device, {})`` (no IS weights: they would all be 1); on a storage
+    of ``ndim > 1`` the per-dimension tuple of ``torch.unravel_index`` over its filled shape.
 
     Example::
 
@@ -56,8 +61,11 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         check_batch_size(batch_size)
         n = len(storage)
         if n == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): extend it first")
+        self._follow_buffer_rng()
         index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
+        if getattr(storage, "ndim", 1) > 1:
+            return torch.unravel_index(index, storage.shape), {}
         return index, {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -99,3 +107,58 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
 
     def _empty(self) -> None:
         return None
+
+
+class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
+    """TorchRL's :class:`~torchrl.data.SamplerWithoutReplacement` (every stored item once per epoch, in a random
+    order) with its permutation drawn on ``device`` from the sampler's own generator, driven by the buffer's
+    generator as :class:`GPURandomSampler` is (no host round trip per batch).
+
+    Args:
+        drop_last, shuffle: as TorchRL's.
+        device: where the permutation is drawn (default CUDA when available, else CPU).
+        seed: device-generator seed when no buffer generator is set.
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True, *, device: torch.device | str | None = None,
+                 seed: int | None = None) -> None:
+        super().__init__(drop_last=drop_last, shuffle=shuffle)
+        self._device = resolve_device(device)
+        self._init_rng(seed)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _get_sample_list(self, storage, len_storage: int, batch_size: int) -> None:
+        if storage is not None:
+            self._follow_buffer_rng()
+        if self.shuffle:
+            self._sample_list = torch.randperm(len_storage, device=self._device, generator=self.generator)
+        else:
+            self._sample_list = torch.arange(len_storage, device=self._device)
+        if self.drop_last:
+            self._remaining_batches = self._sample_list.numel() // batch_size
+        else:
+            self._remaining_batches = -(self._sample_list.numel() // -batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dict(super().state_dict())
+        state["rng"] = self._rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """TorchRL's state (epoch position) and, when present, the generator's.
+
+        Raises:
+            ValueError: the saved generator state does not fit this sampler's generator; nothing changes.
+        """
+        rng = state_dict.get("rng")
+        if rng is not None:
+            self._check_rng_checkpoint(rng)
+        super().load_state_dict(state_dict)
+        if rng is not None:
+            self._load_rng_state(rng)
+
+
+_REPLACEMENT_DISPATCH[GPURandomSampler] = GPUSamplerWithoutReplacement  # GPURandomSampler(replacement=False)

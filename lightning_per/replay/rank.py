@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import rank_weights
-from lightning_per.replay.prioritized import GPUPrioritizedSampler
+from lightning_per.replay.prioritized import GPUPrioritizedSampler, _unravel
 
 __all__ = ["GPURankBasedSampler"]
 
@@ -115,6 +115,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
             EmptyBufferError: the storage is empty.
         """
         self._check_draw(storage, batch_size)
+        self._follow_buffer_rng()
         n = len(storage)
         sort = self._stale or n != self._sorted_n or self._pending >= self.sort_every
         if n < self._max_capacity:  # n is baked into a draw: only a full ring repeats its call shape
@@ -125,7 +126,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
                                          (self.generator,))
         if sort:  # after the sort ran: a failed call leaves the ranking marked stale
             self._pending, self._stale, self._sorted_n = 0, False, n
-        return index, {"priority_weight": weight}
+        return _unravel(index, storage), {"priority_weight": weight}
 
     def _rank_state(self) -> tuple[Tensor, ...]:
         """The device tensors a rank draw reads or writes (besides the generator)."""

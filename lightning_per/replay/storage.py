@@ -2,9 +2,15 @@
 
 A :class:`torchrl.data.LazyTensorStorage` whose writes are device-to-device copies with no host
 synchronisation: ``len()`` is a host int advanced by the host-side write cursor (as in the ring
-buffer of the seed design), reads index the whole preallocated tensors (static shapes, so sample
-and read can be captured in a CUDA graph), and a write whose keys, shapes or dtypes differ from the
-stored ones is rejected *before* anything changes.
+buffer of the seed design), a sampler's reads (``get`` of a slot tensor) index the whole preallocated
+tensors (static shapes, so sample and read can be captured in a CUDA graph) while other reads
+(``storage[...]``, ``rb[...]``, slices, ints) see the filled part only, as TorchRL's, and a write whose keys,
+shapes or dtypes differ from the stored ones is rejected *before* anything changes.
+
+Items that the ring does not hold (plain tensors, tensorclasses, pytrees, items with batch dimensions of
+their own, ragged lazy stacks, ``ndim > 1``, ``consolidated`` or ``shared_init`` storages) are stored in
+TorchRL's own layout and through TorchRL's own code, on the same device (:attr:`GPUTensorStorage.ring`
+is then False).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from tensordict.utils import expand_as_right
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
@@ -161,6 +167,24 @@ def _last_writes(cursor: torch.Tensor, max_size: int) -> torch.Tensor:
     return last.scatter_reduce_(0, slot, position, reduce="amax")[slot]
 
 
+def _ring_leaves(data: TensorDictBase) -> bool:
+    """Whether every leaf of ``data`` is a dense tensor (no non-tensor data, no nested tensor, no ragged lazy
+    stack), what the ring's preallocated tensors can hold."""
+    try:
+        leaves = list(data.values(include_nested=True, leaves_only=True))
+    except RuntimeError:  # a lazy stack of ragged tensors cannot present them as one tensor
+        return False
+    return all(isinstance(v, torch.Tensor) and not v.is_nested for v in leaves)
+
+
+def _without_index(stored: Any) -> Any:
+    """A saved ``TensorDict`` state without the round-robin writer's ``"index"`` tag (TorchRL's storages keep it
+    as a field; this ring never stores it)."""
+    if isinstance(stored, dict) and "index" in stored:
+        stored = type(stored)((k, v) for k, v in stored.items() if k != "index")
+    return stored
+
+
 def _set_all(data: TensorDictBase, extra: dict[str, torch.Tensor] | None) -> TensorDictBase:
     """``data.set(key, value)`` for each of ``extra`` (validated: moved to ``data``'s device, shape checked)."""
     for key, value in (extra or {}).items():
@@ -192,8 +216,32 @@ class GPUTensorStorage(LazyTensorStorage):
     Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
     has no effect).
 
+        ndim: dimensions of the storage's batch (TorchRL's ``ndim``: ``2`` keeps ``[n_envs, T]`` batches of a
+            parallel collector as ``[T, n_envs]`` rows); ``ndim > 1`` uses TorchRL's layout (see Layout).
+        compilable, consolidated, shared_init: as TorchRL's ``LazyTensorStorage`` (``consolidated`` and
+            ``shared_init`` use TorchRL's layout).
+
+    Layout (:attr:`ring` True): a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
+    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` every key
+    is a view into one row-major ``(max_size, row_bytes / 8) int64`` ring (:attr:`rows`):
+    each transition is one row of ``row_bytes`` bytes (its fields at offsets aligned to their element
+    size, the row padded to 8 bytes), so a read of ``B`` transitions is a single gather kernel, whatever
+    the number of keys, and the batch's tensors are views into that gathered ``(B, row_bytes / 8)``
+    block: their batch stride is the row, not the field. Consequences: ``torch.save`` of a batch (or
+    of two of its fields) fails (views of one buffer under different dtypes) and ``.view(-1)`` of a
+    multi-dimensional field fails, until ``.contiguous()``/``.clone()``; one field kept alive keeps the
+    whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
+    Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
+    has no effect). Items the ring does not hold (the module docstring lists them) are stored as TorchRL's
+    ``LazyTensorStorage`` stores them, on :attr:`device` (:attr:`ring` False; ``packed`` has no effect).
+
+    Reads: ``get(index)`` with a 1-D slot tensor (a sampler's draw) indexes the whole ring (static shapes, no
+    host length involved: the slots must lie in ``[0, len(self))``); every other read, ``storage[index]``
+    included, indexes the filled part ``[0, len(self))`` only, as TorchRL's (``storage[-1]`` is the last
+    filled slot, ``storage[len(self)]`` raises IndexError).
+
     Raises:
-        ValueError: ``max_size < 1``.
+        ValueError: ``max_size < 1`` or ``ndim < 1``.
         TypeError/ValueError (from :meth:`check_spec`): a write with other keys, shapes or dtypes.
 
     Example::
@@ -211,15 +259,20 @@ class GPUTensorStorage(LazyTensorStorage):
     """
 
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
-                 ndim: int = 1, packed: bool = False) -> None:
+                 ndim: int = 1, packed: bool = False, compilable: bool = False, consolidated: bool = False,
+                 shared_init: bool = False) -> None:
         if not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
-        if ndim != 1:
-            raise ValueError(f"GPUTensorStorage is a flat ring: ndim must be 1, got {ndim}")
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ValueError(f"ndim must be an int >= 1, got {ndim!r}")
         device = resolve_device(device)
-        super().__init__(max_size, device=device, ndim=1)
+        options = {k: v for k, v in (("compilable", compilable), ("consolidated", consolidated),
+                                     ("shared_init", shared_init)) if v}  # TorchRL versions without them
+        super().__init__(max_size, device=device, ndim=ndim, **options)
         self.fallback = fallback
         self.packed = bool(packed)
+        #: TorchRL's layout and code paths (True: see Layout), decided at the first write or load
+        self._generic = ndim > 1 or bool(consolidated) or bool(shared_init)
         self._spec: dict | None = None
         self.rows: torch.Tensor | None = None  # (max_size, row_bytes / 8) int64 when packed
         self._layout: dict[Any, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}  # key: (offset, nbytes, ..)
@@ -229,9 +282,29 @@ class GPUTensorStorage(LazyTensorStorage):
         self._device_cached: torch.device | None = None  # the ring's device
 
     # ------------------------------------------------------------------ allocation
+    @property
+    def ring(self) -> bool:
+        """True when the items live in this class's ring (flat TensorDict items: the fast paths); False when they
+        are kept in TorchRL's layout (see Layout). Before the first write: whether a ring is still possible."""
+        return not self._generic
+
+    def _uses_ring(self, data: Any, batched: bool = True) -> bool:
+        """Whether a write of ``data`` goes to the ring; before the first write, decides it for good from ``data``
+        (a TensorDict of plain tensors with one batch dimension, ``batched``, or none, not a ragged lazy stack)."""
+        if self._generic:
+            return False
+        if self.initialized:
+            return True
+        ok = (isinstance(data, TensorDictBase) and data.batch_dims == int(batched)
+              and _ring_leaves(data))
+        if not ok:
+            self._generic = True
+        return ok
+
     def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
-        if not isinstance(data, TensorDictBase):
-            raise TypeError(f"GPUTensorStorage stores TensorDicts, got {type(data).__name__}")
+        if self._generic or not self._uses_ring(data, batched=False):
+            self._flat = self._flat_spec = None
+            return super()._init_standard(data)
         try:
             self._allocate(data, torch.device(self.device))
         except torch.OutOfMemoryError:
@@ -304,6 +377,10 @@ class GPUTensorStorage(LazyTensorStorage):
         """Bytes held by the preallocated transitions (0 before the first write)."""
         if not self.initialized:
             return 0
+        if self._generic:
+            return sum(v.numel() * v.element_size() for v in torch.utils._pytree.tree_leaves(
+                self._storage.to_dict() if isinstance(self._storage, TensorDictBase) else self._storage)
+                if isinstance(v, torch.Tensor))
         if self.rows is not None:
             return self.rows.numel() * self.rows.element_size()
         return sum(v.numel() * v.element_size() for v in self._storage.values(True, True))
@@ -316,6 +393,8 @@ class GPUTensorStorage(LazyTensorStorage):
             TypeError: ``data`` is not a TensorDict, or a key has another dtype.
             ValueError: other keys, or another per-item shape, than the stored ones.
         """
+        if self._generic or (not self.initialized and not self._uses_ring(data)):
+            return  # TorchRL's layout: TorchRL's write checks
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict with a leading batch dimension, got "
                             f"{type(data).__name__}")
@@ -340,6 +419,8 @@ class GPUTensorStorage(LazyTensorStorage):
         than the ring (a batch of more than ``max_size`` items) repeats slots: each keeps its last write, on
         every device (plain indexed assignment leaves that undefined on CUDA).
         """
+        if not self._uses_ring(data, batched=not (isinstance(data, TensorDictBase) and data.batch_dims == 0)):
+            return super().set(cursor, data, set_cursor=set_cursor)
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
             data = data.unsqueeze(0)
             cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
@@ -431,15 +512,42 @@ class GPUTensorStorage(LazyTensorStorage):
 
     # ------------------------------------------------------------------ reads
     def get(self, index):
-        """Transitions at ``index`` (``(B,)`` int64 on :attr:`device`): a TensorDict ``[B]`` on the device.
-
-        Reads the whole preallocated ring (no slicing by the host length), so the shapes are static;
-        indices come from a sampler and lie in ``[0, len(self))``.
+        """Transitions at ``index``: for a ``(B,)`` int64 slot tensor (a sampler's draw) a TensorDict ``[B]`` on the
+        device read from the whole preallocated ring (no slicing by the host length: static shapes; the slots lie
+        in ``[0, len(self))``); for any other index (int, slice, list, tuple) the filled part ``[0, len(self))``
+        indexed as TorchRL's storages do.
 
         Raises:
             RuntimeError: nothing was ever written.
+            IndexError: an int or list index outside the filled part.
         """
-        return self._read(index)
+        if self._generic:
+            return super().get(index)
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and not index.dtype == torch.bool:
+            return self._read(index)
+        return self._filled_part()[index]
+
+    def __getitem__(self, index):
+        """``storage[index]`` (``rb[index]`` reads through it): the filled part ``[0, len(self))`` indexed by
+        ``index`` (any index a TensorDict takes; a tensor is moved to the storage's device), as TorchRL's.
+
+        Raises:
+            RuntimeError: nothing was ever written.
+            IndexError: an index outside the filled part.
+        """
+        if self._generic:
+            return super().get(index)
+        if isinstance(index, torch.Tensor) and index.device != self._device_cached:
+            index = index.to(self._device_cached)
+        return self._filled_part()[index]
+
+    def _filled_part(self) -> TensorDictBase:
+        """The stored TensorDict limited to the filled slots ``[0, len(self))`` (a view; the ring itself when
+        full)."""
+        if not self.initialized:
+            raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
+        n = len(self)
+        return self._storage if n >= self.max_size else self._storage[:n]
 
     def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
         """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
@@ -447,6 +555,8 @@ class GPUTensorStorage(LazyTensorStorage):
         ``(B,)`` tensors on :attr:`device`, the batch is built once with them (no validated ``set``)."""
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
+        if self._generic:
+            return _set_all(super().get(index), extra)
         device = self._device_cached
         if self._flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
             if isinstance(index, torch.Tensor) and index.device != device:
@@ -502,7 +612,7 @@ class GPUTensorStorage(LazyTensorStorage):
         storage saves its ring of rows once instead (``packed_rows`` + ``packed_layout``, schema 2):
         ``torch.save`` cannot store views of one buffer under different dtypes, and a per-key copy would
         double the device memory while saving."""
-        if self.rows is None:
+        if self.rows is None or self._generic:
             state = super().state_dict()
             state["_schema_version"] = STORAGE_SCHEMA_VERSION
             return state
@@ -513,7 +623,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
         """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
-        if not self.initialized:
+        if not self.initialized or self._generic:
             return {}
         if self.rows is not None:
             return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in self._layout.items()}
@@ -559,8 +669,10 @@ class GPUTensorStorage(LazyTensorStorage):
                                      f"{row_bytes}-byte rows")
                 saved[_layout_key(key)] = (dtype, tuple(shape))
         else:
-            stored = state_dict["_storage"]
+            stored = _without_index(state_dict["_storage"])
             leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
+            if self._generic or not isinstance(stored, dict) or self.ndim > 1:
+                leaves = {}  # TorchRL's layout (a tensor, a pytree, batch dims of their own): TorchRL's load
             slots = next(iter(leaves.values())).shape[0] if leaves else self.max_size
             if any(v.shape[0] != slots for v in leaves.values()):
                 raise ValueError("storage checkpoint's fields hold different numbers of slots")
@@ -587,7 +699,13 @@ class GPUTensorStorage(LazyTensorStorage):
         if "packed_rows" in state_dict:
             self._load_packed(state_dict)
             return
-        stored = state_dict["_storage"]
+        stored = _without_index(state_dict["_storage"])
+        if not self.initialized and not isinstance(stored, dict):
+            self._generic = True  # e.g. a storage of plain tensors
+        if self._generic:
+            super().load_state_dict(state_dict)
+            return
+        state_dict = dict(state_dict, _storage=stored)
         leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
         for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
             if value.shape[0] != self.max_size:
