@@ -1,0 +1,291 @@
+"""Drop-in behaviour against TorchRL's own classes: each test runs the same lines with TorchRL's storage or
+sampler and with ours and expects the same result (TorchRL's classes are the oracle), or checks a property
+stated by TorchRL's documentation (re-seeding replays draws, an epoch without replacement visits every item
+once)."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict, tensorclass
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSampler,
+    ReplayBuffer,
+    SamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from torchrl.data.replay_buffers.scheduler import LinearScheduler
+from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter
+
+from lightning_per import (
+    GPUPrioritizedReplayBuffer,
+    GPUPrioritizedSampler,
+    GPURandomSampler,
+    GPURankBasedSampler,
+    GPUSamplerWithoutReplacement,
+    GPUTensorStorage,
+    make_replay_buffer,
+)
+
+
+def _both(device):
+    """(TorchRL's storage class, ours on ``device``) as factories of a storage of ``n`` slots."""
+    return (lambda n, **kw: LazyTensorStorage(n, device=device, **kw),
+            lambda n, **kw: GPUTensorStorage(n, device=device, **kw))
+
+
+# ---------------------------------------------------------------------------- reads see the filled part
+@pytest.mark.parametrize("packed", [False, True])
+def test_reads_see_only_the_filled_slots(device, packed):
+    out = []
+    for make in _both(device):
+        kw = {"packed": packed} if make is _both(device)[1] and packed else {}
+        rb = TensorDictReplayBuffer(storage=make(5, **kw) if kw else make(5), batch_size=2)
+        rb.extend(TensorDict({"a": torch.arange(1, 4)}, [3]))
+        out.append((rb[:]["a"].tolist(), rb[1:]["a"].tolist(), int(rb[-1]["a"]), rb[[0, 2]]["a"].tolist(),
+                    rb[torch.tensor([-1])]["a"].tolist(), rb.storage.get(slice(None))["a"].tolist()))
+        with pytest.raises(IndexError):
+            rb[6]
+        with pytest.raises(IndexError):
+            rb[3]
+    assert out[1] == out[0] == ([1, 2, 3], [2, 3], 3, [1, 3], [3], [1, 2, 3])
+
+
+def test_sampler_reads_index_the_whole_ring(device):
+    """A sampler's slot tensor reads the preallocated ring (static shapes): the read path stays graph-capturable."""
+    storage = GPUTensorStorage(5, device=device)
+    storage.set(torch.arange(3), TensorDict({"a": torch.arange(1, 4)}, [3]))
+    assert storage.get(torch.tensor([2, 0], device=device))["a"].tolist() == [3, 1]
+    assert storage.get(torch.tensor([4], device=device)).batch_size == torch.Size([1])  # no host length involved
+
+
+# ---------------------------------------------------------------------------- pickling and deep copies
+@pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])
+def test_prioritized_samplers_pickle_and_deepcopy(cls, device):
+    storage = GPUTensorStorage(10, device=device)
+    storage.set(torch.arange(10), TensorDict({"x": torch.arange(10.0)}, [10]))
+    sampler = cls(10, 0.6, 0.4, device=device, seed=3)
+    sampler.update_priority(torch.arange(10), torch.arange(1.0, 11.0), storage=storage)
+    for clone in (lambda s: pickle.loads(pickle.dumps(s)), copy.deepcopy):
+        twin = clone(sampler)
+        torch.testing.assert_close(twin.probabilities(), sampler.probabilities())
+        state = sampler.get_rng_state()
+        expected = sampler.sample(storage, 6)[0]
+        sampler.set_rng_state(state)
+        assert torch.equal(twin.sample(storage, 6)[0], expected)
+
+
+@pytest.mark.parametrize("kind", ["proportional", "rank", "uniform"])
+def test_buffers_pickle_and_deepcopy(kind, device):
+    rb = make_replay_buffer(10, 2, sampler=kind, device=device, generator=torch.Generator().manual_seed(0))
+    rb.extend(TensorDict({"x": torch.arange(4.0)}, [4]))
+    for clone in (lambda b: pickle.loads(pickle.dumps(b)), copy.deepcopy):
+        twin = clone(rb)
+        assert len(twin) == 4 and twin[:]["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert torch.equal(twin.sample()["index"], rb.sample()["index"])  # same generator states
+
+
+# ---------------------------------------------------------------------------- the buffer's generator
+@pytest.mark.parametrize("kind", ["proportional", "rank", "uniform"])
+def test_reseeding_the_buffer_generator_in_place_replays_draws(kind, device):
+    gen = torch.Generator().manual_seed(0)
+    rb = make_replay_buffer(100, 8, sampler=kind, device=device, generator=gen)
+    rb.extend(TensorDict({"x": torch.arange(100)}, [100]))
+    gen.manual_seed(42)
+    a = rb.sample()["x"]
+    gen.manual_seed(42)
+    b = rb.sample()["x"]
+    gen.manual_seed(7)
+    c = rb.sample()["x"]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("kind", ["proportional", "rank", "uniform"])
+def test_state_dict_round_trip_replays_draws(kind, device):
+    gen = torch.Generator().manual_seed(0)
+    rb = make_replay_buffer(100, 8, sampler=kind, device=device, generator=gen)
+    rb.extend(TensorDict({"x": torch.arange(100)}, [100]))
+    rb.sample()
+    gen.manual_seed(42)  # re-seeded in place, then saved: the next draws follow the new seed, also on reload
+    state = rb.state_dict()
+    first = [rb.sample()["x"] for _ in range(2)]
+    rb.load_state_dict(state)
+    assert all(torch.equal(a, rb.sample()["x"]) for a in first)
+
+
+def test_torchrl_buffer_with_our_sampler_follows_its_generator(device):
+    gen = torch.Generator().manual_seed(0)
+    rb = TensorDictReplayBuffer(storage=GPUTensorStorage(100, device=device),
+                                sampler=GPUPrioritizedSampler(100, 0.7, 0.5, device=device), generator=gen,
+                                batch_size=8)
+    rb.extend(TensorDict({"x": torch.arange(100)}, [100]))
+    gen.manual_seed(42)
+    a = rb.sample()["x"]
+    gen.manual_seed(42)
+    assert torch.equal(a, rb.sample()["x"])
+
+
+# ---------------------------------------------------------------------------- constructor options
+def test_torchrl_storage_options_are_accepted(device):
+    for kw in ({"compilable": True}, {"compilable": False}, {"consolidated": True}, {"shared_init": True}):
+        out = []
+        for make in _both(device):
+            rb = ReplayBuffer(storage=make(6, **kw), batch_size=2)
+            rb.extend(TensorDict({"a": torch.arange(4), "b": torch.ones(4, 2)}, [4]))
+            out.append((len(rb), rb[:]["a"].tolist(), rb[:]["b"].shape))
+        assert out[1] == out[0], kw
+
+
+def test_max_priority_within_buffer_as_torchrl():
+    storage = LazyTensorStorage(3)
+    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
+    values = []
+    for sampler in (PrioritizedSampler(3, 0.7, 0.5, max_priority_within_buffer=True),
+                    GPUPrioritizedSampler(3, 0.7, 0.5, device="cpu", max_priority_within_buffer=True),
+                    GPUPrioritizedSampler(3, 0.7, 0.5, device="cpu")):
+        sampler.update_priority(torch.arange(3), torch.tensor([5.0, 1.0, 2.0]), storage=storage)
+        sampler.update_priority(torch.tensor([0]), torch.tensor([0.5]), storage=storage)  # the max leaves
+        values.append(float(sampler.default_priority))
+    assert values == pytest.approx([2.0, 2.0, 5.0])  # within the buffer (TorchRL's), ours, the running max
+
+
+def test_alpha_and_beta_as_tensors_follow_a_scheduler():
+    out = []
+    for sampler in (PrioritizedSampler(10, torch.tensor(0.6), torch.tensor(0.4)),
+                    GPUPrioritizedSampler(10, torch.tensor(0.6), torch.tensor(0.4), device="cpu")):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=4)
+        rb.extend(TensorDict({"x": torch.arange(10)}, [10]))
+        for name, final in (("alpha", 0.2), ("beta", 1.0)):
+            scheduler = LinearScheduler(rb, param_name=name, final_value=final, num_steps=4)
+            for _ in range(2):
+                scheduler.step()
+        out.append((float(sampler.alpha), float(sampler.beta)))
+    assert out[1] == pytest.approx(out[0])
+    assert out[0] != pytest.approx((0.6, 0.4))  # the schedulers moved both
+    sampler = GPUPrioritizedSampler(4, 0.5, 0.5, device="cpu")
+    sampler.beta = torch.tensor(0.9)
+    assert float(sampler._beta_t) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="beta"):
+        sampler.beta = torch.ones(2)
+    with pytest.raises(ValueError, match="alpha"):
+        sampler.alpha = torch.tensor(-1.0)
+
+
+def test_uniform_sampler_without_replacement(device):
+    sampler = GPURandomSampler(replacement=False, device=device, seed=0)
+    assert isinstance(sampler, GPUSamplerWithoutReplacement) and isinstance(sampler, SamplerWithoutReplacement)
+    rb = ReplayBuffer(storage=GPUTensorStorage(10, device=device), sampler=sampler, batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(10)}, [10]))
+    epoch = torch.cat([rb.sample()["x"] for _ in range(3)])  # 4 + 4 + 2
+    assert sorted(epoch.tolist()) == list(range(10)) and epoch.device.type == device.type
+    dropping = GPURandomSampler(replacement=False, drop_last=True, device=device)
+    rb = ReplayBuffer(storage=GPUTensorStorage(10, device=device), sampler=dropping, batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(10)}, [10]))
+    assert len(list(rb)) == 2  # two full batches per epoch, as TorchRL's drop_last
+
+
+def test_empty_sample_message_as_torchrl():
+    rb = GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=GPUTensorStorage(10, device="cpu"), batch_size=2)
+    with pytest.raises(RuntimeError, match="empty storage"):
+        rb.sample()
+
+
+# ---------------------------------------------------------------------------- writers and checkpoints
+def test_max_value_writer_unkept_items_are_skipped():
+    out = []
+    for storage, sampler in ((LazyTensorStorage(3), PrioritizedSampler(3, alpha=0.8, beta=0.9)),
+                             (GPUTensorStorage(3, device="cpu"), GPUPrioritizedSampler(3, 0.8, 0.9, device="cpu"))):
+        rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, writer=TensorDictMaxValueWriter(rank_key="r"),
+                                    batch_size=2)
+        rb.extend(TensorDict({"r": torch.tensor([1.0, 2.0, 3.0])}, [3]))
+        rb.extend(TensorDict({"r": torch.tensor([0.5, 4.0])}, [2]))  # 0.5 is not kept (index -1)
+        out.append(sorted(rb[:]["r"].tolist()))
+    assert out[1] == out[0] == [2.0, 3.0, 4.0]
+
+
+def test_storage_state_saved_by_torchrl_loads_into_an_initialised_storage():
+    src = TensorDictReplayBuffer(storage=LazyMemmapStorage(100), batch_size=3)
+    td = TensorDict({"obs": torch.arange(4.0).view(1, 4)}, [1])
+    for _ in range(3):
+        src.extend(td)
+    dst = TensorDictReplayBuffer(storage=GPUTensorStorage(100, device="cpu"), batch_size=3)
+    dst.extend(TensorDict({"obs": torch.zeros(1, 4)}, [1]))
+    dst.load_state_dict(src.state_dict())  # holds the writer's "index" field
+    assert len(dst) == 3 and torch.equal(dst[:]["obs"], src[:]["obs"])
+    assert set(dst.storage._storage.keys()) == {"obs"}
+
+
+# ---------------------------------------------------------------------------- other layouts
+def test_two_dimensional_storage_as_torchrl(device):
+    out = []
+    for make in _both(device):
+        rb = TensorDictReplayBuffer(storage=make(100, ndim=2), batch_size=4)
+        rb.extend(TensorDict({"x": torch.arange(12.0).view(4, 3)}, [4, 3]))  # 4 envs x 3 steps
+        out.append((tuple(rb.storage._storage.shape), len(rb), rb[:]["x"].tolist(), tuple(rb.sample().batch_size)))
+    assert out[1] == out[0]
+
+
+@pytest.mark.parametrize("sampler", ["prioritized", "uniform"])
+def test_our_samplers_on_a_two_dimensional_torchrl_storage(sampler):
+    storage = LazyMemmapStorage(100, ndim=2)
+    if sampler == "prioritized":
+        rb = GPUPrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=storage, batch_size=64, device="cpu")
+    else:
+        rb = TensorDictReplayBuffer(storage=storage, sampler=GPURandomSampler(device="cpu"), batch_size=64)
+    rb.extend(TensorDict({"x": torch.arange(12.0).view(4, 3)}, [4, 3]))  # stored as [3 steps, 4 envs]
+    batch = rb.sample()
+    assert batch.batch_size == torch.Size([64])
+    rows, cols = batch["index"].unbind(-1) if batch["index"].ndim == 2 else batch["index"]
+    assert torch.equal(batch["x"], storage._storage["x"][rows, cols])  # each item the one stored at its index
+    assert bool((rows < 3).all() and (cols < 4).all())
+    if sampler == "prioritized":  # a priority update through the 2-D index reaches that item only
+        rb.update_priority(torch.tensor([[2, 1]]), torch.tensor([1e6]))
+        assert bool((rb.sample()["x"] == storage._storage["x"][2, 1]).float().mean() > 0.9)
+
+
+def test_items_keep_their_own_batch_dims(device):
+    out = []
+    for make in _both(device):
+        rb = TensorDictReplayBuffer(storage=make(10), batch_size=2)
+        rb.extend(TensorDict({"obs": torch.arange(60.0).view(5, 3, 4)}, [5, 3]))
+        batch = rb.sample()
+        out.append((tuple(batch.batch_size), tuple(batch["obs"].shape), tuple(batch["index"].shape), rb[:].shape))
+        assert torch.equal(batch["obs"], rb[:]["obs"][batch["index"][:, 0]])
+    assert out[1] == out[0] == ((2, 3), (2, 3, 4), (2, 3), torch.Size([5, 3]))
+
+
+def test_ragged_lazy_stacks_as_torchrl():
+    out = []
+    for make in _both("cpu"):
+        rb = ReplayBuffer(storage=make(6), batch_size=2)
+        ragged = LazyStackedTensorDict(TensorDict(a=torch.arange(160.0).view(5, 4, 8), batch_size=5),
+                                       TensorDict(a=torch.arange(120.0).view(5, 3, 8), batch_size=5), stack_dim=1)
+        rb.extend(ragged)
+        out.append((len(rb), rb[2][1]["a"].tolist(), rb[4][0]["a"].shape))
+    assert out[1] == out[0]
+
+
+@tensorclass
+class _Step:
+    obs: torch.Tensor
+    reward: torch.Tensor
+
+
+@pytest.mark.parametrize("item", ["tensor", "tensorclass", "pytree"])
+def test_plain_tensors_tensorclasses_and_pytrees_are_stored(item, device):
+    data = {"tensor": torch.arange(5.0),
+            "tensorclass": _Step(obs=torch.arange(10.0).view(5, 2), reward=torch.arange(5.0), batch_size=[5]),
+            "pytree": {"obs": torch.arange(10.0).view(5, 2), "reward": torch.arange(5.0)}}[item]
+    out = []
+    for make in _both(device):
+        rb = ReplayBuffer(storage=make(8), batch_size=3)
+        rb.extend(data)
+        got = rb[1:3]
+        out.append((len(rb), type(got).__name__, str(torch.utils._pytree.tree_leaves(
+            got.to_dict() if hasattr(got, "to_dict") else got))))
+        sample = rb.sample()
+        assert torch.utils._pytree.tree_leaves(sample.to_dict() if hasattr(sample, "to_dict") else sample)[0].shape[0] == 3
+    assert out[1] == out[0]
