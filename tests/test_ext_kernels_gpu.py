@@ -77,9 +77,10 @@ def test_sampler_kernels_backend_tracks_reference_backend(capacity, monkeypatch)
     """The kernels' sampler (cached eager graphs, uniforms drawn in the kernel) against the reference sampler
     fed the uniforms of the documented device Philox stream (tests/_philox.py): same slots, weights, state."""
     storage = _Len(capacity)
-    fast = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=7)
+    fast = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="kernels", seed=7,
+                                 shuffle_strata=False)  # strata in order: the kernel draws its uniforms
     slow = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="reference", seed=7,
-                                 eager_graphs=False)  # its uniforms come from the host below
+                                 eager_graphs=False, shuffle_strata=False)  # its uniforms come from the host below
     assert "two_level_search_with_values" in fast._ops.COMPILED and int(fast._device_rng[0]) == 7
 
     def philox_uniforms(batch_size):

@@ -289,3 +289,29 @@ def test_plain_tensors_tensorclasses_and_pytrees_are_stored(item, device):
         sample = rb.sample()
         assert torch.utils._pytree.tree_leaves(sample.to_dict() if hasattr(sample, "to_dict") else sample)[0].shape[0] == 3
     assert out[1] == out[0]
+
+
+# ---------------------------------------------------------------------------- exchangeable stratified batches
+@pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])
+def test_stratified_batches_are_exchangeable(cls, device):
+    """With equal priorities a stratified batch holds one slot per stratum of N / B slots; shuffled (the default),
+    its halves have the same distribution: over 200 batches the mean slot of the first half minus that of the
+    second has mean 0 and standard deviation sigma / sqrt(200), sigma <= N / sqrt(3 * B) (each half-mean averages
+    B / 2 slots, one per distinct stratum: variance at most that of B / 2 independent uniforms on [0, N), x2 for
+    the difference). The bound 5 sigma / sqrt(200) is exceeded with probability < 1e-6; in stratum order the
+    difference is -N / 2 (about 100 standard errors away)."""
+    n, b, draws = 2048, 64, 200
+    storage = GPUTensorStorage(n, device=device)
+    storage.set(torch.arange(n), TensorDict({"x": torch.zeros(n)}, [n]))
+    sampler = cls(n, 1.0, 0.4, device=device, seed=0)
+    sampler.update_priority(torch.arange(n), torch.ones(n), storage=storage)
+    batches = torch.stack([sampler.sample(storage, b)[0] for _ in range(draws)]).double().cpu()  # [draws, B]
+    if cls is GPUPrioritizedSampler:  # still stratified: one slot per stratum of n / b slots
+        assert all(torch.equal((row // (n // b)).sort().values, torch.arange(b).double()) for row in batches)
+    diff = batches[:, : b // 2].mean(1) - batches[:, b // 2:].mean(1)
+    bound = 5 * n / (3 * b) ** 0.5 / draws ** 0.5
+    assert abs(float(diff.mean())) < bound
+    ordered = cls(n, 1.0, 0.4, device=device, seed=0, shuffle_strata=False)
+    ordered.update_priority(torch.arange(n), torch.ones(n), storage=storage)
+    first = ordered.sample(storage, b)[0].cpu()
+    assert torch.equal(first, first.sort().values)  # stratum order: sorted by slot

@@ -322,7 +322,9 @@ class DQN(LightningModule):
         self._replay_rng = torch.Generator()  # the buffer derives its device generator from this one
         self._replay_rng.manual_seed(seed + 2)
         r = self.replay_config
-        extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
+        # a full-batch loss does not see the batch order: strata in order (the kernels draw their own uniforms)
+        extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization,
+                                                   "shuffle_strata": False}
         self.rb = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device=device,
                                      alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng,
                                      packed=r.packed, frame_stack=self._frame_stack, **extra)

@@ -63,6 +63,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         eps: added to raw priorities before the exponent (> 0 keeps every stored value positive).
         device: where priorities live; default the CUDA device when available, else CPU.
         stratified: one draw per equal-mass segment (default) or i.i.d. draws.
+        shuffle_strata: with ``stratified``, return the draws in a uniformly random order (default): a device-side
+            permutation of the strata (the argsort of ``B`` random keys, no sync), so any part of a batch is
+            distributed as any other (exchangeable, as TorchRL's i.i.d. draws). ``False`` returns them in stratum
+            order, i.e. sorted by slot, and lets the compiled kernels draw their own uniforms (one launch less).
         weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
         seed: seed of the device generator when no buffer generator is set (default: drawn from
@@ -115,7 +119,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                  device: torch.device | str | None = None, stratified: bool = True,
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
                  dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True,
-                 max_priority_within_buffer: bool = False) -> None:
+                 max_priority_within_buffer: bool = False, shuffle_strata: bool = True) -> None:
         if not isinstance(max_capacity, int) or max_capacity < 1:
             raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
         if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
@@ -132,6 +136,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         self.reduction = reduction
         self.dtype = dtype
         self.stratified = stratified
+        self.shuffle_strata = bool(shuffle_strata)
         self.weight_normalization = weight_normalization
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self._device = resolve_device(device)
@@ -463,11 +468,25 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
         return torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)
 
+    def _shuffles(self) -> bool:
+        return self.stratified and self.shuffle_strata
+
+    def _draw_uniforms(self, batch_size: int) -> tuple[Tensor, bool]:
+        """``(u (B,) float64, stratified)`` for the ops: with :attr:`shuffle_strata`, the stratified targets
+        ``u_j = (pi(j) + U_j) / B`` for a uniformly random permutation ``pi`` of the strata (the argsort of B
+        uniform keys; the ops then take ``u`` as it is, ``stratified=False``), else i.i.d. uniforms and
+        :attr:`stratified` (the ops stratify them in stratum order)."""
+        if not self._shuffles():
+            return self._uniforms(batch_size), self.stratified
+        draws = torch.rand((2, batch_size), generator=self.generator, device=self._device, dtype=torch.float64)
+        strata = draws[0].argsort()  # [B] a uniformly random permutation (ties have probability ~2^-53)
+        return (strata + draws[1]) / batch_size, False
+
     def _device_draws(self, batch_size: int) -> bool:
         """True when a draw of ``batch_size`` takes its uniforms from the kernels' device RNG
         (:attr:`_device_rng`, not while ``torch.compile`` traces), else from :attr:`generator`."""
         return (self._device_rng is not None and batch_size <= self._ops.DEVICE_RNG_DRAWS
-                and not torch.compiler.is_compiling())
+                and not self._shuffles() and not torch.compiler.is_compiling())
 
     def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
         """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights."""
@@ -475,9 +494,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, batch_size,
                                                  self._beta_t, self.stratified, self.weight_normalization,
                                                  rng=self._device_rng)
-        return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min,
-                                             self._uniforms(batch_size), self._beta_t, self.stratified,
-                                             self.weight_normalization)
+        u, stratified = self._draw_uniforms(batch_size)
+        return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u, self._beta_t,
+                                             stratified, self.weight_normalization)
 
     def _draw_gather(self, batch_size: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(batch rows (B, W) int64, index (B,) int64, weight (B,) float32)``: :meth:`_draw` and the rows
@@ -487,9 +506,10 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                 self._leaves, self._block_sum, self._block_min, batch_size, self._beta_t, rows, self.stratified,
                 self.weight_normalization, rng=self._device_rng)
         else:
+            u, stratified = self._draw_uniforms(batch_size)
             index, weight, block = self._ops.sample_proportional_gather(
-                self._leaves, self._block_sum, self._block_min, self._uniforms(batch_size), self._beta_t, rows,
-                self.stratified, self.weight_normalization)  # [B], [B], [B, W]
+                self._leaves, self._block_sum, self._block_min, u, self._beta_t, rows, stratified,
+                self.weight_normalization)  # [B], [B], [B, W]
         return block, index, weight
 
     def _draw_state(self, batch_size: int) -> tuple[Tensor, ...]:

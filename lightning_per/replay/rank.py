@@ -100,8 +100,9 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         """``(index (B,) int64, weight (B,) float32)``: the ranking refreshed first if ``sort``, then the draw."""
         if sort:
             self._sort()
-        return self._ops.rank_sample(self._uniforms(batch_size), self._rank_cdf, self._order, n, self._alpha_t,
-                                     self._beta_t, self.stratified, self.weight_normalization)
+        u, stratified = self._draw_uniforms(batch_size)
+        return self._ops.rank_sample(u, self._rank_cdf, self._order, n, self._alpha_t, self._beta_t, stratified,
+                                     self.weight_normalization)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
