@@ -168,7 +168,7 @@ def test_alpha_and_beta_as_tensors_follow_a_scheduler():
     sampler = GPUPrioritizedSampler(4, 0.5, 0.5, device="cpu")
     sampler.beta = torch.tensor(0.9)
     assert float(sampler._beta_t) == pytest.approx(0.9)
-    with pytest.raises(ValueError, match="beta"):
+    with pytest.raises(TypeError, match="beta"):
         sampler.beta = torch.ones(2)
     with pytest.raises(ValueError, match="alpha"):
         sampler.alpha = torch.tensor(-1.0)
