@@ -315,3 +315,14 @@ def test_stratified_batches_are_exchangeable(cls, device):
     ordered.update_priority(torch.arange(n), torch.ones(n), storage=storage)
     first = ordered.sample(storage, b)[0].cpu()
     assert torch.equal(first, first.sort().values)  # stratum order: sorted by slot
+
+
+def test_slice_reads_are_views_as_torchrl(device):
+    out = []
+    for make in _both(device):
+        rb = TensorDictReplayBuffer(storage=make(6), batch_size=2)
+        rb.extend(TensorDict({"a": torch.arange(4.0)}, [4]))
+        rb.set_("a", torch.full((4,), 7.0))  # TorchRL writes through storage[:]
+        rb.set_at_("a", torch.tensor([1.0]), torch.tensor([2]))
+        out.append(rb[:]["a"].tolist())
+    assert out[1] == out[0] == [7.0, 7.0, 1.0, 7.0]

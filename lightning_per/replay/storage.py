@@ -523,31 +523,70 @@ class GPUTensorStorage(LazyTensorStorage):
         """
         if self._generic:
             return super().get(index)
-        if isinstance(index, torch.Tensor) and index.ndim == 1 and not index.dtype == torch.bool:
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype != torch.bool:
             return self._read(index)
-        return self._filled_part()[index]
+        return self._read_filled(index)
 
     def __getitem__(self, index):
         """``storage[index]`` (``rb[index]`` reads through it): the filled part ``[0, len(self))`` indexed by
-        ``index`` (any index a TensorDict takes; a tensor is moved to the storage's device), as TorchRL's.
+        ``index`` (an int, slice, list, range, array, bool mask or tensor; negative values count from the end of
+        the filled part), as TorchRL's. A CUDA index tensor is wrapped on the device, without a bounds check
+        (that would synchronise): its values must lie in ``[-len(self), len(self))``.
 
         Raises:
             RuntimeError: nothing was ever written.
-            IndexError: an index outside the filled part.
+            IndexError: an index outside the filled part (host-side indices).
         """
         if self._generic:
             return super().get(index)
-        if isinstance(index, torch.Tensor) and index.device != self._device_cached:
-            index = index.to(self._device_cached)
-        return self._filled_part()[index]
+        return self._read_filled(index)
 
-    def _filled_part(self) -> TensorDictBase:
-        """The stored TensorDict limited to the filled slots ``[0, len(self))`` (a view; the ring itself when
-        full)."""
+    def _read_filled(self, index):
+        """A read of the filled part: a slice (or ``...``) gives views into the stored tensors, as TorchRL's
+        ``storage[:len]`` (``rb[:].set_(...)`` writes through them); other indices gather the named slots."""
+        if (isinstance(index, slice) or index is Ellipsis) and type(self)._read is GPUTensorStorage._read:
+            if not self.initialized:
+                raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
+            n = len(self)
+            return (self._storage if n >= self.max_size else self._storage[:n])[index]
+        return self._read(self._filled_slots(index))
+
+    def _filled_slots(self, index) -> torch.Tensor:
+        """The ring slots that ``index`` names within the filled part ``[0, len(self))``: a ``(k,)`` int64 tensor,
+        or a 0-d one for an int (the read then drops the batch dimension, as TorchRL's).
+
+        Raises:
+            RuntimeError: nothing was ever written.
+            IndexError: a host-side index outside the filled part.
+        """
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
         n = len(self)
-        return self._storage if n >= self.max_size else self._storage[:n]
+        if isinstance(index, slice):
+            return torch.arange(*index.indices(n))
+        if index is Ellipsis:
+            return torch.arange(n)
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
+        if not isinstance(index, torch.Tensor):
+            try:
+                index = torch.as_tensor(index)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"index must be an int, slice, sequence or tensor of slots, got "
+                                f"{type(index).__name__}") from err
+        if index.dtype == torch.bool:
+            if index.shape != (n,):
+                raise IndexError(f"a boolean index must have one entry per stored item ({n}), got shape "
+                                 f"{tuple(index.shape)}")
+            return torch.arange(n, device=index.device)[index]
+        if index.is_floating_point() or index.is_complex():
+            raise IndexError(f"index must hold integers, got dtype {index.dtype}")
+        index = index.to(torch.int64)
+        if index.device.type == "cpu" and index.numel():
+            lo, hi = int(index.min()), int(index.max())  # sync-ok: a host tensor
+            if lo < -n or hi >= n:
+                raise IndexError(f"index {lo if lo < -n else hi} is out of range for a storage holding {n} items")
+        return torch.where(index < 0, index + n, index)
 
     def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
         """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
