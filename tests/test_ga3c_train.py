@@ -1,6 +1,7 @@
 """GA3C end to end under Trainer.fit: a short CartPole run through the CLI, the terminal-reward toy task
 (NVlabs/GA3C#31) learned, and Ctrl-C stopping every agent with nothing left behind."""
 
+import csv
 import json
 import os
 import signal
@@ -40,6 +41,40 @@ def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
     assert summary["episodes"] > 0 and summary["status"] == "done"
     assert (run_dir / "learning_curve.png").stat().st_size > 0
     assert (run_dir / "config.yaml").exists()
+    # every episode the agents finished is a row of episodes.csv; a CartPole return is the episode's length
+    with open(run_dir / "episodes.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert summary["episodes_csv"] == str(run_dir / "episodes.csv")
+    returns = [float(r["return"]) for r in rows]
+    assert all(r == int(r) and 1 <= r <= 500 for r in returns)
+    steps = [float(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] <= summary["env_steps"]
+    # the newest of them are the episodes Stats averaged into mean_return (all of them, when fewer)
+    assert len(rows) >= summary["mean_return_episodes"]
+    tail = returns[-summary["mean_return_episodes"]:]
+    assert sum(tail) / len(tail) == pytest.approx(summary["mean_return"])
+
+
+def test_episode_log_copies_the_stats_episodes_in_order():
+    import torch
+
+    from lightning_per.callbacks import episode_log_rows, new_episode_log
+
+    model = GA3C(GA3CConfig())
+    model.episode_log, model.episode_log_count = new_episode_log(4)  # small: the copy wraps around
+    stats = model.stats
+    stats.add_rollout(10, [(1.0, 3), (2.0, 4)])
+    model._sync_log(stats.episodes)
+    stats.add_rollout(10, [(3.0, 5)])
+    stats.add_rollout(10, [(4.0, 6), (5.0, 7), (6.0, 8)])
+    model._sync_log(stats.episodes)
+    t0 = stats.t0
+    expected = [(float(steps), t0 + t, ret) for t, steps, ret, _ in stats.episode_log]
+    assert [(s, r) for s, _, r in expected] == [(10.0, 1.0), (10.0, 2.0), (20.0, 3.0), (30.0, 4.0), (30.0, 5.0),
+                                                (30.0, 6.0)]
+    rows, dropped = episode_log_rows(model.episode_log, int(model.episode_log_count), 2)
+    assert dropped == 0 and rows == expected[2:]  # float64 all the way: exact
+    assert int(model.episode_log_count) == 6 and model.episode_log.dtype == torch.float64
 
 
 def test_terminal_reward_toy_task_is_learned():

@@ -11,12 +11,20 @@
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback, reduce_across_ranks
 from lightning_per.callbacks.checkpoint_io import AtomicCheckpointIO
-from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
+from lightning_per.callbacks.episodes import (
+    episode_log_rows,
+    new_episode_log,
+    new_episode_ring,
+    push_episode_log,
+    push_episode_returns,
+    recent_mean_return,
+)
 from lightning_per.callbacks.run_artifacts import RunArtifactsCallback, save_learning_curve
 from lightning_per.callbacks.wandb_utils import (
     AutoModeWandbLogger,
     make_wandb_logger,
     read_wandb_history,
+    read_wandb_step_metrics,
     resolve_wandb_mode,
 )
 
@@ -28,10 +36,14 @@ __all__ = [
     "make_wandb_logger",
     "AtomicCheckpointIO",
     "read_wandb_history",
+    "read_wandb_step_metrics",
     "resolve_wandb_mode",
     "reduce_across_ranks",
     "new_episode_ring",
     "push_episode_returns",
     "recent_mean_return",
+    "new_episode_log",
+    "push_episode_log",
+    "episode_log_rows",
     "save_learning_curve",
 ]

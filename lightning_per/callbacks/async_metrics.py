@@ -17,6 +17,11 @@ copies it into pinned host memory on a side CUDA stream and logs it when the cop
 
 At most one host synchronisation per epoch (the drain before a checkpoint, or ``sync_at_epoch_end=True``),
 none inside training steps. CPU modules use a plain copy.
+
+Episodes: when the module keeps an episode log (``episode_log`` / ``episode_log_count``, see
+:mod:`lightning_per.callbacks.episodes`), the same snapshot copies it, and publishing turns the episodes
+that ended since the last snapshot into rows of :attr:`AsyncMetricsCallback.episodes`, one per episode,
+each sent to the loggers (W&B: keys ``episode/*`` plotted against ``episode/env_steps``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks.callback import Callback
+from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from typing_extensions import override
+
+from lightning_per.callbacks.episodes import episode_log_rows
 
 __all__ = ["AsyncMetricsCallback", "reduce_across_ranks"]
 
@@ -75,11 +83,12 @@ def reduce_across_ranks(gathered: Tensor, ops: Sequence[str]) -> Tensor:
 class _Pending:
     """One snapshot in flight: the pinned host buffer, its completion event and the device source."""
 
-    __slots__ = ("names", "host", "event", "source", "info")
+    __slots__ = ("names", "host", "event", "source", "info", "episodes")
 
-    def __init__(self, names: list[str], host: Tensor, event: Any, source: Tensor | None,
-                 info: dict[str, float]) -> None:
+    def __init__(self, names: list[str], host: Tensor, event: Any, source: Any,
+                 info: dict[str, float], episodes: tuple[Tensor, Tensor] | None = None) -> None:
         self.names, self.host, self.event, self.source, self.info = names, host, event, source, info
+        self.episodes = episodes  # host copies of (episode_log, episode_log_count), or None
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -105,6 +114,14 @@ class AsyncMetricsCallback(Callback):
     :func:`reduce_across_ranks`): by default ``mean``/``last`` metrics are averaged over ranks, ``sum``
     summed, ``max``/``min`` taken; override per metric with ``rank_ops``.
 
+    Episodes (modules with an episode log, :mod:`~lightning_per.callbacks.episodes`): each episode that
+    ended becomes a row ``{"episode", "env_steps", "time_s", "return", "return_mean"}`` of
+    :attr:`episodes` (``return_mean``: mean of the newest ``return_window`` returns up to it; ``time_s``
+    on the history's clock), sent to every logger as ``episode/<key>`` (W&B: with ``episode/env_steps``
+    as the step metric of ``episode/*`` and, when the module logs ``env_steps``, ``<prefix>env_steps``
+    that of ``<prefix>*``, both set with ``wandb.define_metric``; other loggers: ``step`` = env steps).
+    Under DDP the rows are global rank 0's episodes.
+
     Args:
         prefix: prepended to each metric name for loggers and ``callback_metrics`` (not for the
             progress bar, which shows short names).
@@ -113,9 +130,10 @@ class AsyncMetricsCallback(Callback):
         prog_bar: show every metric (``True``), none (``False``), or the listed names.
         sync_at_epoch_end: wait for the copy at each epoch end instead of polling at later hooks.
         rank_ops: metric name -> ``mean|sum|max|min``, how DDP ranks are combined.
+        return_window: episodes averaged into each episode row's ``return_mean``.
 
     Raises:
-        ValueError: ``step`` or a ``rank_ops`` value is not one of the choices.
+        ValueError: ``step`` or a ``rank_ops`` value is not one of the choices, or ``return_window < 1``.
         TypeError: ``prog_bar`` is neither a bool nor a sequence of names; at ``setup``, the module has
             no ``metrics`` attribute with ``compute()`` and ``reset()``.
 
@@ -149,7 +167,10 @@ class AsyncMetricsCallback(Callback):
         prog_bar: bool | Sequence[str] = True,
         sync_at_epoch_end: bool = False,
         rank_ops: dict[str, str] | None = None,
+        return_window: int = 20,
     ) -> None:
+        if int(return_window) < 1:
+            raise ValueError(f"return_window must be >= 1, got {return_window}")
         if step not in ("global_step", "epoch"):
             raise ValueError(f"step must be 'global_step' or 'epoch', got {step!r}")
         if not isinstance(prog_bar, bool) and (
@@ -172,12 +193,23 @@ class AsyncMetricsCallback(Callback):
         self._epoch_t0: float | None = None
         self._resumed_time_s = 0.0
         self._trainer: pl.Trainer | None = None  # set between setup and teardown, for flush()
+        self.return_window = int(return_window)
+        self._episodes: list[dict[str, float]] = []
+        self._episodes_seen = 0  # episode count of the log at the last publish
+        self.episodes_dropped = 0  # episodes overwritten in the module's log before a snapshot read them
+        self._wandb_defined: set[int] = set()  # ids of the W&B runs given their step metrics
 
     # ----------------------------------------------------------------------------------- public API
     @property
     def history(self) -> list[dict[str, float]]:
         """One dict per logged epoch, oldest first (a copy). Times in seconds (``time.monotonic``)."""
         return [dict(row) for row in self._history]
+
+    @property
+    def episodes(self) -> list[dict[str, float]]:
+        """One dict per finished episode read so far, oldest first (a copy): ``episode`` (0-based index),
+        ``env_steps``, ``time_s`` (seconds on the history's clock), ``return``, ``return_mean``."""
+        return [dict(row) for row in self._episodes]
 
     @property
     def pending(self) -> int:
@@ -222,8 +254,18 @@ class AsyncMetricsCallback(Callback):
         self._trainer = None
 
     @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the clock of time_s starts here (before the module's own on_fit_start: episodes may end before
+        # the first training batch, e.g. GA3C's agents start there)
         self._t0 = time.monotonic() - self._resumed_time_s
+        count = getattr(pl_module, "episode_log_count", None)
+        if isinstance(count, Tensor):  # a log that is not checkpointed starts again at 0 on resume
+            self._episodes_seen = int(count)  # sync-ok: once, at fit start
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._t0 is None:
+            self._t0 = time.monotonic() - self._resumed_time_s
         metrics_device = torch.device(getattr(pl_module.metrics, "device", pl_module.device))
         if metrics_device.type == "cuda":
             # Creating a stream and first launches of kernels (CUDA lazy loading) synchronize the device,
@@ -280,7 +322,8 @@ class AsyncMetricsCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """History of logged epochs (snapshots in flight are drained first, so none is lost)."""
         self.flush()
-        return {"version": _STATE_SCHEMA_VERSION, "history": self.history}
+        return {"version": _STATE_SCHEMA_VERSION, "history": self.history, "episodes": self.episodes,
+                "episodes_seen": self._episodes_seen, "episodes_dropped": self.episodes_dropped}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -294,6 +337,9 @@ class AsyncMetricsCallback(Callback):
             raise ValueError(f"AsyncMetricsCallback state version {version} is not supported "
                              f"(expected {_STATE_SCHEMA_VERSION})")
         self._history = [dict(row) for row in state_dict.get("history", [])]
+        self._episodes = [dict(row) for row in state_dict.get("episodes", [])]
+        self._episodes_seen = int(state_dict.get("episodes_seen", len(self._episodes)))
+        self.episodes_dropped = int(state_dict.get("episodes_dropped", 0))
         self._resumed_time_s = float(self._history[-1].get("time_s", 0.0)) if self._history else 0.0
 
     # ------------------------------------------------------------------------------------ internals
@@ -318,18 +364,25 @@ class AsyncMetricsCallback(Callback):
             "time_s": now - (self._t0 if self._t0 is not None else now),
             "epoch_time_s": now - (self._epoch_t0 if self._epoch_t0 is not None else now),
         }
+        log = getattr(pl_module, "episode_log", None)
+        count = getattr(pl_module, "episode_log_count", None)
+        episodes = (log, count) if isinstance(log, Tensor) and isinstance(count, Tensor) else None
         if values.device.type != "cuda":
-            return _Pending(names, values.to("cpu", copy=True), None, None, info)
+            copies = None if episodes is None else tuple(t.detach().to("cpu", copy=True) for t in episodes)
+            return _Pending(names, values.to("cpu", copy=True), None, None, info, copies)
         stream = self._side_stream(values.device)
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        sources = [values, *(episodes or ())]
+        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda") for t in sources]
         stream.wait_stream(torch.cuda.current_stream(values.device))  # the values are computed there
         with torch.cuda.stream(stream):
-            host.copy_(values, non_blocking=True)
+            for host, src in zip(hosts, sources):
+                host.copy_(src.detach(), non_blocking=src.device.type == "cuda")
             event = torch.cuda.Event()
             event.record(stream)
         # ``values`` was allocated on the current stream: holding it until the event completes stops
         # the caching allocator from handing its memory to new work while the side stream reads it.
-        return _Pending(names, host, event, values, info)
+        copies = (hosts[1], hosts[2]) if episodes is not None else None
+        return _Pending(names, hosts[0], event, sources, info, copies)
 
     def _publish(self, item: _Pending, trainer: pl.Trainer | None) -> None:
         floats = item.host.tolist()  # sync-ok: pinned host buffer, its copy event has completed
@@ -337,6 +390,7 @@ class AsyncMetricsCallback(Callback):
         metrics = dict(zip(item.names, floats))
         row = {**item.info, **metrics}
         self._history.append(row)
+        new_episodes = self._read_episodes(item)
         if trainer is None:
             return
         logged = {f"{self.prefix}{k}": v for k, v in metrics.items()}
@@ -344,6 +398,11 @@ class AsyncMetricsCallback(Callback):
         if trainer.is_global_zero:
             step = int(item.info["global_step"] if self.step == "global_step" else item.info["epoch"])
             for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):
+                    self._define_wandb_steps(logger, item.names, item.episodes is not None)
+                for episode in new_episodes:  # oldest first, before the epoch's row
+                    logger.log_metrics({f"episode/{k}": v for k, v in episode.items()},
+                                       step=None if isinstance(logger, WandbLogger) else int(episode["env_steps"]))
                 logger.log_metrics(logged, step=step)
                 logger.save()
         # trainer.callback_metrics / progress_bar_metrics are the live dicts behind public properties.
@@ -358,3 +417,46 @@ class AsyncMetricsCallback(Callback):
                     bar.pop(k, None)
                 else:
                     bar[k] = v
+
+    def _read_episodes(self, item: _Pending) -> list[dict[str, float]]:
+        """Rows of the episodes that ended since the previous snapshot (appended to :attr:`episodes`)."""
+        if item.episodes is None:
+            return []
+        log, count = item.episodes
+        total = int(count)  # sync-ok: host copy, its event has completed
+        if total < self._episodes_seen:  # a log that restarted (a new module): read it from the start
+            self._episodes_seen = 0
+        rows, dropped = episode_log_rows(log, total, self._episodes_seen)
+        if dropped:
+            self.episodes_dropped += dropped
+            warnings.warn(f"AsyncMetricsCallback: {dropped} episode(s) ended and were overwritten in the module's "
+                          f"episode log ({log.shape[0]} rows) between two snapshots; give it more rows",
+                          stacklevel=2)
+        t0 = self._t0 if self._t0 is not None else 0.0
+        first = len(self._episodes) + self.episodes_dropped  # the run's episode index (continues on resume)
+        returns = [e["return"] for e in self._episodes[-(self.return_window - 1):]] if self.return_window > 1 else []
+        new = []
+        for k, (env_steps, t, ret) in enumerate(rows):
+            returns.append(ret)
+            window = returns[-self.return_window:]
+            new.append({"episode": first + k, "env_steps": env_steps, "time_s": t - t0, "return": ret,
+                        "return_mean": sum(window) / len(window)})
+        self._episodes.extend(new)
+        self._episodes_seen = total
+        return new
+
+    def _define_wandb_steps(self, logger: WandbLogger, names: list[str], episodes: bool) -> None:
+        """Plot ``episode/*`` against ``episode/env_steps`` (module with an episode log) and ``<prefix>*`` against
+        ``<prefix>env_steps`` (module logging ``env_steps``) in W&B, once per run, before its first row."""
+        if not episodes and "env_steps" not in names:
+            return
+        run = logger.experiment
+        if id(run) in self._wandb_defined or not callable(getattr(run, "define_metric", None)):
+            return
+        self._wandb_defined.add(id(run))
+        if episodes:
+            run.define_metric("episode/env_steps")
+            run.define_metric("episode/*", step_metric="episode/env_steps")
+        if "env_steps" in names:
+            run.define_metric(f"{self.prefix}env_steps")
+            run.define_metric(f"{self.prefix}*", step_metric=f"{self.prefix}env_steps")

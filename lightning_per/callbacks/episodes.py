@@ -12,6 +12,17 @@ Register both as buffers (``self.register_buffer(...)``) so they follow ``.to(de
 checkpoints. :func:`new_episode_ring` makes them, :func:`push_episode_returns` writes a batch of
 finished episodes in place with fixed shapes (no host sync, CUDA-graph capturable), and
 :func:`recent_mean_return` reads the mean of the newest ``window`` returns on the host.
+
+The episode log: the per-episode series the learning curves plot (what
+:class:`~lightning_per.callbacks.AsyncMetricsCallback` reads back once an epoch, when a module has it):
+
+- ``pl_module.episode_log``: ``(R, 3) float64`` on the module's device; row ``k % R`` holds episode
+  ``k`` as ``(env_steps, time, return)``: the env steps taken in total when it ended, the
+  ``time.monotonic()`` of its end (seconds), its return. Never-written rows are NaN.
+- ``pl_module.episode_log_count``: ``() int64``, episodes logged so far.
+
+:func:`new_episode_log` makes them, :func:`push_episode_log` appends in place (no host sync; O(N) per
+call), :func:`episode_log_rows` reads the rows of episodes ``[since, count)`` from host copies.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["new_episode_ring", "push_episode_returns", "recent_mean_return"]
+__all__ = ["new_episode_ring", "push_episode_returns", "recent_mean_return", "new_episode_log", "push_episode_log",
+           "episode_log_rows"]
 
 
 def new_episode_ring(capacity: int = 100, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
@@ -93,3 +105,91 @@ def recent_mean_return(ring: Tensor, count: Tensor | int, window: int = 20) -> f
     vals = host[slots]
     vals = vals[~torch.isnan(vals)]
     return float(vals.mean()) if vals.numel() else None
+
+
+def new_episode_log(capacity: int = 4096, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """An empty episode log: ``((capacity, 3) float64 NaN, () int64 zero)`` on ``device``.
+
+    Raises:
+        ValueError: ``capacity < 1``.
+    """
+    if int(capacity) < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    log = torch.full((int(capacity), 3), float("nan"), dtype=torch.float64, device=device)
+    return log, torch.zeros((), dtype=torch.int64, device=device)
+
+
+def push_episode_log(log: Tensor, count: Tensor, returns: Tensor, done: Tensor, env_steps: int | float | Tensor,
+                     time_s: float | Tensor) -> None:
+    """Append ``(env_steps, time_s, return)`` for each environment that finished an episode, in place.
+
+    Environments are taken in index order (as :func:`push_episode_returns`). Every environment writes
+    one row with distinct slots: a finished one its new row, the others the row already in their slot
+    (unchanged), so shapes are fixed and nothing is read back to the host.
+
+    Args:
+        log: ``(R, 3) float64`` episode log (updated in place), ``R >= N``.
+        count: ``() int64`` episodes logged so far (updated in place).
+        returns: ``(N,)`` float, each environment's episode return (read where ``done``).
+        done: ``(N,) bool``.
+        env_steps: env steps taken in total at these episode ends: a number, or ``(N,)`` / 0-d tensor.
+        time_s: ``time.monotonic()`` of the episode ends (seconds): a number or a 0-d / ``(N,)`` tensor.
+
+    Raises:
+        ValueError: shapes or dtypes differ from the above, or ``R < N``.
+
+    Example:
+        >>> log, count = new_episode_log(4)
+        >>> push_episode_log(log, count, torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]),
+        ...                  env_steps=30, time_s=1.5)
+        >>> int(count), log[:2].tolist()
+        (2, [[30.0, 1.5, 1.0], [30.0, 1.5, 3.0]])
+    """
+    if log.dim() != 2 or log.shape[1] != 3 or log.dtype != torch.float64:
+        raise ValueError(f"log must be (R, 3) float64, got {tuple(log.shape)} {log.dtype}")
+    if count.dim() != 0 or count.dtype != torch.int64:
+        raise ValueError(f"count must be a 0-d int64 tensor, got {tuple(count.shape)} {count.dtype}")
+    if done.dim() != 1 or done.dtype != torch.bool or returns.shape != done.shape:
+        raise ValueError(f"returns and done must both be (N,), done bool; got {tuple(returns.shape)} "
+                         f"and {tuple(done.shape)} {done.dtype}")
+    n, cap = done.shape[0], log.shape[0]
+    if n > cap:
+        raise ValueError(f"log must have at least as many rows as environments: {cap} < {n}")
+    if n == 0:
+        return
+    d = done.to(torch.int64)  # [N]
+    cum = torch.cumsum(d, 0)  # [N]
+    rank = torch.arange(n, device=log.device)  # [N]
+    # finished envs take count + 0..D-1, the others count + D.. (past the new end): distinct slots
+    pos = count + torch.where(done, cum - 1, cum[-1] + rank - cum)  # [N]
+    slot = torch.remainder(pos, cap)  # [N]
+
+    def column(x) -> Tensor:
+        return torch.as_tensor(x, dtype=torch.float64, device=log.device).expand(n)
+
+    new = torch.stack([column(env_steps), column(time_s), returns.to(log.device, torch.float64)], 1)  # [N, 3]
+    log.index_copy_(0, slot, torch.where(done.unsqueeze(1), new, log.index_select(0, slot)))
+    count.add_(cum[-1])
+
+
+def episode_log_rows(log: Tensor, count: int, since: int = 0) -> tuple[list[tuple[float, float, float]], int]:
+    """The rows ``(env_steps, time, return)`` of episodes ``since .. count - 1`` still in the log, oldest
+    first, and how many of those were overwritten before this read (more than ``R`` since ``since``).
+
+    Args:
+        log: ``(R, 3)`` host copy of the episode log; count: its episode count (host int).
+        since: first episode wanted (the count at the previous read).
+
+    Raises:
+        ValueError: ``since > count`` or ``log`` not ``(R, 3)``.
+    """
+    if log.dim() != 2 or log.shape[1] != 3:
+        raise ValueError(f"log must be (R, 3), got shape {tuple(log.shape)}")
+    if since > count:
+        raise ValueError(f"since ({since}) is past the episode count ({count})")
+    cap = log.shape[0]
+    first = max(since, count - cap)
+    host = log.detach().to("cpu", torch.float64)
+    slots = [k % cap for k in range(first, count)]
+    rows = [tuple(r) for r in host[slots].tolist()] if slots else []  # sync-ok: a host copy
+    return rows, first - since

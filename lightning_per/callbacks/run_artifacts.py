@@ -38,7 +38,8 @@ from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
 from lightning_per.callbacks.episodes import recent_mean_return
 from lightning_per.utils import atomic_write, atomic_write_text, json_safe
 
-__all__ = ["RunArtifactsCallback", "format_final_line"]
+__all__ = ["RunArtifactsCallback", "format_final_line", "learning_curve_figure", "save_learning_curve",
+           "write_episodes_csv", "write_history_csv"]
 
 _SUMMARY_SCHEMA_VERSION = 1
 
@@ -83,16 +84,20 @@ class RunArtifactsCallback(Callback):
     over resumed segments, ``time.monotonic``), ``updates_per_s``, ``env_steps_per_s``, ``world_size``,
     ``device``, ``device_name``, ``finished_at`` (ISO 8601, UTC), ``metrics`` (the last logged epoch's
     values), ``learning_curve`` (PNG path or null), ``history`` (path of ``history.csv``: one row per logged
-    epoch, every metric of the :class:`AsyncMetricsCallback` history, e.g. ``time_s`` and ``episode_return``
-    to read when a score was first reached; or null). Non-finite numbers are written as null. Files are written
+    epoch, every metric of the :class:`AsyncMetricsCallback` history; or null), ``episodes_csv`` (path of
+    ``episodes.csv``: one row per finished episode, ``episode, env_steps, time_s, return, return_mean``, from
+    a module with an episode log; or null). Non-finite numbers are written as null. Files are written
     atomically on global rank 0; one line (:func:`format_final_line`) is logged at INFO.
 
     Args:
         dirpath: run directory; ``None`` uses ``trainer.default_root_dir``.
         window: number of newest episodes averaged into ``mean_return``.
         plot: write the learning-curve PNG (needs an :class:`AsyncMetricsCallback` history).
-        return_key: history metric plotted as the episode return per epoch.
-        loss_key: history metric plotted as the loss per epoch.
+        return_key: history metric plotted as the episode return per epoch (modules without an episode log).
+        loss_key: history metric of the first panel below the returns (when ``panels`` is None).
+        panels: groups of history metrics plotted below the returns, one panel per group (None:
+            ``loss_key`` and ``is_weight_mean``); see :func:`learning_curve_figure`.
+        episodes_name: file name of the per-episode CSV.
         summary_name: file name of the summary.
         plot_name: file name of the PNG.
         history_name: file name of the per-epoch CSV.
@@ -120,11 +125,12 @@ class RunArtifactsCallback(Callback):
     def __init__(self, dirpath: str | None = None, window: int = 20, plot: bool = True,
                  return_key: str = "episode_return", loss_key: str = "loss",
                  summary_name: str = "summary.json", plot_name: str = "learning_curve.png",
-                 verbose: bool = True, history_name: str = "history.csv") -> None:
+                 verbose: bool = True, history_name: str = "history.csv", panels=None,
+                 episodes_name: str = "episodes.csv") -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         for arg, value in (("summary_name", summary_name), ("plot_name", plot_name),
-                           ("history_name", history_name)):
+                           ("history_name", history_name), ("episodes_name", episodes_name)):
             if not value or os.sep in value or (os.altsep and os.altsep in value):
                 raise ValueError(f"{arg} must be a plain file name, got {value!r}")
         self.dirpath = dirpath
@@ -132,6 +138,8 @@ class RunArtifactsCallback(Callback):
         self.plot = bool(plot)
         self.return_key, self.loss_key = return_key, loss_key
         self.history_name = history_name
+        self.episodes_name = episodes_name
+        self.panels = tuple(tuple(g) for g in panels) if panels is not None else ((loss_key,), ("is_weight_mean",))
         self.summary_name, self.plot_name = summary_name, plot_name
         self.verbose = bool(verbose)
         self._elapsed_before_s = 0.0  # wall time of earlier (resumed) segments, seconds
@@ -231,6 +239,7 @@ class RunArtifactsCallback(Callback):
             "metrics": {k: v for k, v in last.items()},
             "learning_curve": None,
             "history": None,
+            "episodes_csv": None,
         })
 
     def write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "done",
@@ -243,12 +252,16 @@ class RunArtifactsCallback(Callback):
             return summary
         run_dir = self.run_dir(trainer)
         metrics_cb = next((c for c in trainer.callbacks if isinstance(c, AsyncMetricsCallback)), None)
-        if self.plot and metrics_cb is not None and metrics_cb.history:
+        episodes = metrics_cb.episodes if metrics_cb is not None else []
+        if self.plot and metrics_cb is not None and (metrics_cb.history or episodes):
             png = run_dir / self.plot_name
-            save_learning_curve(metrics_cb.history, png, self.return_key, self.loss_key)
+            save_learning_curve(metrics_cb.history, png, self.return_key, self.loss_key, episodes=episodes,
+                                panels=self.panels, window=metrics_cb.return_window)
             summary["learning_curve"] = str(png)
         if metrics_cb is not None and metrics_cb.history:
             summary["history"] = str(write_history_csv(metrics_cb.history, run_dir / self.history_name))
+        if episodes:
+            summary["episodes_csv"] = str(write_episodes_csv(episodes, run_dir / self.episodes_name))
         path = run_dir / self.summary_name
         atomic_write_text(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
         self.final_line = format_final_line(summary, path)
@@ -272,33 +285,106 @@ def write_history_csv(history: list[dict[str, float]], path: str | os.PathLike[s
     return path
 
 
-def save_learning_curve(history: list[dict[str, float]], path: str | os.PathLike[str],
-                        return_key: str = "episode_return", loss_key: str = "loss") -> Path:
-    """Plot ``return_key`` and ``loss_key`` against the epoch (one panel each, those present) to a PNG.
+def write_episodes_csv(episodes: list[dict[str, float]], path: str | os.PathLike[str]) -> Path:
+    """Write the per-episode rows (:attr:`AsyncMetricsCallback.episodes`) as CSV atomically: columns
+    ``episode, env_steps, time_s, return, return_mean``, one row per finished episode, oldest first."""
+    path = Path(path)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(EPISODE_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in episodes:
+        writer.writerow({k: _as_number(row.get(k)) for k in EPISODE_COLUMNS})
+    atomic_write_text(path, buf.getvalue())
+    return path
 
-    Uses matplotlib's object API with the Agg canvas (no pyplot, no display). Written atomically.
+
+EPISODE_COLUMNS = ("episode", "env_steps", "time_s", "return", "return_mean")
+DEFAULT_PANELS = (("loss",), ("is_weight_mean",))
+
+
+def learning_curve_figure(history: list[dict[str, float]], episodes: list[dict[str, float]] | None = None,
+                          return_key: str = "episode_return", panels=DEFAULT_PANELS, window: int = 20):
+    """The learning-curve figure (a matplotlib ``Figure`` on the Agg canvas; no pyplot, no display).
+
+    With ``episodes`` (rows ``env_steps``, ``time_s``, ``return``, ``return_mean``, see
+    :attr:`~lightning_per.callbacks.AsyncMetricsCallback.episodes`): the first panel plots every episode's
+    return (points) and the mean of the last ``window`` (line) against env steps, the second the same
+    against wall time (seconds). Without: one panel of ``return_key`` per epoch. Below them, one panel per
+    group of ``panels`` (history metrics, e.g. ``("loss",)``, ``("policy_loss", "value_loss")``), the
+    groups and keys missing from ``history`` left out, against env steps when every history row has
+    ``env_steps``, else against the epoch.
+
+    Returns:
+        ``(figure, axes)``: the figure and a dict naming its axes: ``"return_env_steps"``,
+        ``"return_time"`` (with episodes) or ``"return_epoch"`` (without), then each panel's keys joined by
+        ``"+"``.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    panels = [(k, label) for k, label in ((return_key, "episode return (epoch mean)"), (loss_key, "loss"))
-              if any(k in row for row in history)]
-    if not panels:
+    by_steps = bool(history) and all(math.isfinite(row.get("env_steps", math.nan)) for row in history)
+    x_key, x_label = ("env_steps", "env steps") if by_steps else ("epoch", "epoch")
+    groups = [tuple(k for k in group if any(k in row for row in history)) for group in panels]
+    groups = [g for g in groups if g]
+    names = ["return_env_steps", "return_time"] if episodes else ["return_epoch"]
+    if not episodes and not any(return_key in row for row in history):
+        names = []
+    names += ["+".join(g) for g in groups]
+    if not names:  # nothing known to plot: the first metric the history has
         skip = ("epoch", "global_step", "time_s", "epoch_time_s")
-        panels = [(next((k for k in history[0] if k not in skip), "epoch_time_s"), "")]
-    fig = Figure(figsize=(7, 2.6 * len(panels)), dpi=100, layout="constrained")
+        key = next((k for k in (history[0] if history else {}) if k not in skip), "epoch_time_s")
+        groups, names = [(key,)], [key]
+    fig = Figure(figsize=(7.5, 2.4 * len(names)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, (key, label) in zip(axes, panels):
-        xs = [row["epoch"] for row in history if key in row]
-        ys = [row[key] for row in history if key in row]
-        ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, ms=3)
-        ax.set_ylabel(label or key)
-        ax.grid(alpha=0.3)
-        finite = [y for y in ys if math.isfinite(y)]
-        if key == loss_key and finite and min(finite) > 0 and max(finite) / min(finite) > 100:
+    axes = dict(zip(names, fig.subplots(len(names), 1, squeeze=False)[:, 0]))
+    if episodes:
+        steps = [e["env_steps"] for e in episodes]
+        times = [e["time_s"] for e in episodes]
+        rets = [e["return"] for e in episodes]
+        means = [e["return_mean"] for e in episodes]
+        for name, xs, label in (("return_env_steps", steps, "env steps"), ("return_time", times, "wall time (s)")):
+            ax = axes[name]
+            ax.plot(xs, rets, linestyle="none", marker=".", ms=3, alpha=0.35, label="episode")
+            ax.plot(xs, means, label=f"mean of last {window}")
+            ax.set_xlabel(label)
+            ax.set_ylabel("episode return")
+            ax.legend(loc="lower right", fontsize="small")
+    elif "return_epoch" in axes:
+        ax = axes["return_epoch"]
+        rows = [row for row in history if return_key in row]
+        ax.plot([row[x_key] for row in rows], [row[return_key] for row in rows], marker="o" if len(rows) < 40 else None,
+                ms=3)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("episode return (epoch mean)")
+    for group in groups:
+        ax = axes["+".join(group)]
+        finite_all = []
+        for key in group:
+            rows = [row for row in history if key in row]
+            ys = [row[key] for row in rows]
+            ax.plot([row[x_key] for row in rows], ys, marker="o" if len(rows) < 40 else None, ms=3, label=key)
+            finite_all += [y for y in ys if math.isfinite(y)]
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(group[0] if len(group) == 1 else " / ".join(group))
+        if len(group) > 1:
+            ax.legend(fontsize="small")
+        if "loss" in group[0] and finite_all and min(finite_all) > 0 and max(finite_all) / min(finite_all) > 100:
             ax.set_yscale("log")
-    axes[-1].set_xlabel("epoch")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+        if x_key == "epoch":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        elif "return_env_steps" in axes:
+            ax.sharex(axes["return_env_steps"])  # one env-step range for the returns and the metrics
+    for ax in axes.values():
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def save_learning_curve(history: list[dict[str, float]], path: str | os.PathLike[str],
+                        return_key: str = "episode_return", loss_key: str = "loss",
+                        episodes: list[dict[str, float]] | None = None, panels=None, window: int = 20) -> Path:
+    """Write :func:`learning_curve_figure` to a PNG atomically (``panels`` None: ``loss_key`` and
+    ``is_weight_mean``). Returns the path."""
+    panels = ((loss_key,), ("is_weight_mean",)) if panels is None else panels
+    fig, _ = learning_curve_figure(history, episodes, return_key, panels, window)
     return atomic_write(path, lambda f: fig.savefig(f, format="png"))

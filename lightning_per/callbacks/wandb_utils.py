@@ -6,7 +6,8 @@ r"""Weights & Biases without surprises: offline unless an API key is configured,
   from LightningCLI YAML (``logger: {class_path: lightning_per.callbacks.AutoModeWandbLogger, ...}``).
 - :func:`make_wandb_logger`: the same as a function.
 - :func:`read_wandb_history`: the history rows of a local run, read from its ``run-<id>.wandb`` file
-  (works offline; used by the tests). Upload an offline run later with ``wandb sync <run dir>``.
+  (works offline; used by the tests); :func:`read_wandb_step_metrics`: its ``define_metric`` x-axes.
+  Upload an offline run later with ``wandb sync <run dir>``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from urllib.parse import urlparse
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
-__all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_history", "resolve_wandb_mode",
-           "wandb_api_key_configured"]
+__all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_history", "read_wandb_step_metrics",
+           "resolve_wandb_mode", "wandb_api_key_configured"]
 
 _MODES = ("online", "offline", "disabled")
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
@@ -192,6 +193,48 @@ def _iter_wandb_records(path: Path):
             parts = []
 
 
+def _run_file(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.rglob("run-*.wandb"), key=lambda f: f.stat().st_mtime)
+        files = [f for f in files if "latest-run" not in f.parts]
+        if not files:
+            raise FileNotFoundError(f"no run-*.wandb file under {p}")
+        p = files[-1]
+    return p
+
+
+def read_wandb_step_metrics(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The x-axes a local W&B run declared with ``define_metric(name_or_glob, step_metric=...)``.
+
+    Args:
+        path: as for :func:`read_wandb_history`.
+
+    Returns:
+        ``{metric name or glob: step metric name}`` for every definition that names a step metric.
+
+    Raises:
+        FileNotFoundError: no ``.wandb`` file under ``path``.
+        ValueError: the file is not a W&B log or is corrupt.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    named: list[str] = []  # metrics defined by name, in order (step_metric_index counts them from 1)
+    out: dict[str, str] = {}
+    for raw in _iter_wandb_records(_run_file(path)):
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") != "metric":
+            continue
+        m = rec.metric
+        if m.name:
+            named.append(m.name)
+        step = m.step_metric or (named[m.step_metric_index - 1] if 0 < m.step_metric_index <= len(named) else "")
+        if step:
+            out[m.name or m.glob_name] = step
+    return out
+
+
 def read_wandb_history(path: str | os.PathLike[str], timeout_s: float = 0.0) -> list[dict[str, Any]]:
     """The history rows (one per ``wandb.log`` call) of a local W&B run, oldest first.
 
@@ -214,13 +257,7 @@ def read_wandb_history(path: str | os.PathLike[str], timeout_s: float = 0.0) -> 
     """
     from wandb.proto import wandb_internal_pb2 as pb
 
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(p.rglob("run-*.wandb"), key=lambda f: f.stat().st_mtime)
-        files = [f for f in files if "latest-run" not in f.parts]
-        if not files:
-            raise FileNotFoundError(f"no run-*.wandb file under {p}")
-        p = files[-1]
+    p = _run_file(path)
     deadline = time.monotonic() + timeout_s
     while True:
         rows, finished = [], False

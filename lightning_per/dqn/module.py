@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -30,7 +31,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
-from lightning_per.callbacks.episodes import new_episode_ring, push_episode_returns, recent_mean_return
+from lightning_per.callbacks.episodes import (
+    new_episode_log,
+    new_episode_ring,
+    push_episode_log,
+    push_episode_returns,
+    recent_mean_return,
+)
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
@@ -53,6 +60,7 @@ __all__ = ["DQN", "StepIndices", "replay_shard_path"]
 
 _STATE_VERSION = 1
 _RING = 100  # episode returns kept for RunArtifactsCallback (it reads the last 20)
+_EPISODE_LOG = 4096  # per-episode rows (env steps, time, return) kept between two epoch-end reads
 _METRICS = {"loss": "mean", "td_abs_mean": "mean", "td_abs_max": "max", "q_mean": "mean",
             "is_weight_mean": "mean", "episode_return": "mean", "episode_length": "mean",
             "env_steps": "last", "updates": "last", "clamped_priorities": "last", "epsilon": "last",
@@ -216,6 +224,10 @@ class DQN(LightningModule):
         ring, count = new_episode_ring(_RING)  # (100,) float32 NaN / () int64, see callbacks.episodes
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
+        # the learning curves' per-episode series (callbacks.episodes), read once an epoch; not checkpointed
+        log, log_count = new_episode_log(max(_EPISODE_LOG, 2 * env.num_envs))
+        self.register_buffer("episode_log", log, persistent=False)
+        self.register_buffer("episode_log_count", log_count, persistent=False)
         self.collector: NStepCollector | None = None
         self.rb = None
         self._replay_rng: torch.Generator | None = None
@@ -411,6 +423,8 @@ class DQN(LightningModule):
         self._epsilon = eps
         ring, count = self.episode_returns_ring, self.episode_returns_count
         push_episode_returns(ring, count, out.episode_return.to(ring.device), out.done.to(ring.device))
+        push_episode_log(self.episode_log, self.episode_log_count, out.episode_return.to(ring.device),
+                         out.done.to(ring.device), env_steps=self.env_steps, time_s=time.monotonic())
 
     # ------------------------------------------------------------------ learning
     def _learner_step(self, b: dict[str, Tensor], backward=None, optimizer=None,

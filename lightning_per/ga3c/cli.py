@@ -11,7 +11,9 @@ Every field of :class:`~lightning_per.ga3c.config.GA3CConfig` is also a ``--fiel
 file. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``wall_time_s``...),
-``learning_curve.png`` and the W&B files (when ``wandb_mode`` is not ``disabled``).
+``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
+TPS and PPS against env steps), ``episodes.csv``, ``history.csv`` and the W&B files (when ``wandb_mode`` is
+not ``disabled``).
 
 Times (seconds; see "Run length" in :mod:`lightning_per.ga3c.module`). The run's clock starts when
 ``Trainer.fit`` starts the GA3C system (agents, predictors, trainers), after the imports and the
@@ -143,10 +145,12 @@ def run(cfg, model=None) -> dict[str, Any]:
         logger = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
                                    finish_on_end=True)
         logger.log_hyperparams(cfg.to_dict())
-    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window)
+    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window,
+                                     panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
     # DDP: rates and counts add up over the ranks; everything else is averaged (AsyncMetricsCallback)
     rank_ops = {name: "sum" for name in ("pps", "steps_per_s", "fps", "na", "np", "nt", "env_steps", "episodes")}
-    trainer = build_trainer(cfg, cuda, logger, [AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops), artifacts],
+    metrics = AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops, return_window=cfg.return_window)
+    trainer = build_trainer(cfg, cuda, logger, [metrics, artifacts],
                             run_dir)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")

@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_per.callbacks import MetricAccumulator, new_episode_ring
+from lightning_per.callbacks import MetricAccumulator, new_episode_log, new_episode_ring
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.loss import a3c_loss
@@ -39,6 +39,7 @@ __all__ = ["GA3C"]
 
 log = logging.getLogger("lightning_per.ga3c")
 _RING = 100
+_EPISODE_LOG = 8192  # per-episode rows (env steps, time, return) kept between two epoch-end reads
 _METRICS = {
     "loss": "mean", "policy_loss": "mean", "value_loss": "mean", "entropy": "mean", "advantage": "mean",
     "batch_size": "mean", "policy_lag": "mean", "episode_return": "mean", "mean_return": "last",
@@ -129,6 +130,11 @@ class GA3C(pl.LightningModule):
         ring, count = new_episode_ring(_RING)
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
+        # the learning curves' per-episode series (callbacks.episodes), filled from Stats once an epoch
+        log, log_count = new_episode_log(_EPISODE_LOG)
+        self.register_buffer("episode_log", log, persistent=False)
+        self.register_buffer("episode_log_count", log_count, persistent=False)
+        self._log_synced = 0
         self.policy_version = 0  # optimizer steps so far (host int, read by predictor threads)
         self.stats = Stats()
         self.system: GA3CSystem | None = None
@@ -210,6 +216,8 @@ class GA3C(pl.LightningModule):
         torch.set_num_threads(self.cfg.torch_threads)
         self.metrics.to(self.device)
         self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
+        self._log_synced = 0
+        self.episode_log_count.zero_()
         self._epoch_snap = self.stats.snapshot()
         self._target_checked = -1
         self._stop_reason = self._stop_time = None
@@ -416,6 +424,28 @@ class GA3C(pl.LightningModule):
         m.add("episodes", snap.episodes)
         self._epoch_snap = snap
         self._sync_ring(snap.episodes)
+        self._sync_log(snap.episodes)
+
+    def _sync_log(self, total: int) -> None:
+        """Copy the episodes that ended since the last call into :attr:`episode_log`: ``(env steps, time,
+        return)`` with the env steps and the ``time.monotonic()`` counted when their rollout reached a
+        trainer (one pinned non-blocking copy)."""
+        new = total - self._log_synced
+        if new <= 0:
+            return
+        cap = self.episode_log.shape[0]
+        recent = self.stats.recent_episodes(min(new, cap))  # [(seconds since t0, steps, return, length)]
+        first = total - len(recent)
+        t0 = self.stats.t0
+        host = torch.tensor([(steps, t0 + t, ret) for t, steps, ret, _ in recent], dtype=torch.float64)  # [n, 3]
+        slots = torch.tensor([k % cap for k in range(first, total)], dtype=torch.int64)  # [n]
+        cuda = self.episode_log.device.type == "cuda"
+        if cuda:
+            host, slots = host.pin_memory(), slots.pin_memory()
+        dev = self.episode_log.device
+        self.episode_log.index_copy_(0, slots.to(dev, non_blocking=cuda), host.to(dev, non_blocking=cuda))
+        self.episode_log_count.fill_(total)
+        self._log_synced = total
 
     def _sync_ring(self, total: int) -> None:
         if total == self._ring_synced:

@@ -100,6 +100,15 @@ class Stats:
             tail = list(itertools.islice(reversed(self.episode_log), n))
         return [r for _, _, r, _ in reversed(tail)]
 
+    def recent_episodes(self, n: int) -> list[tuple[float, int, float, int]]:
+        """The last ``n`` (or fewer) episodes, oldest first: ``(seconds since t0, env steps, return, length)``
+        with the time and the env steps counted when the rollout that ended them was taken."""
+        if n <= 0:
+            return []
+        with self._lock:
+            tail = list(itertools.islice(reversed(self.episode_log), n))
+        return tail[::-1]
+
     @property
     def episodes(self) -> int:
         """Episodes finished so far (a host int; no lock needed to read it)."""
