@@ -118,6 +118,19 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
         drop_last, shuffle: as TorchRL's.
         device: where the permutation is drawn (default CUDA when available, else CPU).
         seed: device-generator seed when no buffer generator is set.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
+        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(8, device="cpu"), writer=GPURoundRobinWriter(),
+        ...                             sampler=GPUSamplerWithoutReplacement(device="cpu", seed=0), batch_size=3)
+        >>> _ = rb.extend(TensorDict({"reward": torch.arange(6.0)}, [6]))
+        >>> epoch = torch.cat([rb.sample()["index"] for _ in range(2)])  # two batches: one epoch
+        >>> sorted(epoch.tolist())  # every stored item exactly once
+        [0, 1, 2, 3, 4, 5]
     """
 
     def __init__(self, drop_last: bool = False, shuffle: bool = True, *, device: torch.device | str | None = None,
