@@ -16,6 +16,7 @@ SUITES: dict[str, str] = {
     "ga3c-learner": "benchmarks.ga3c_learner",
     "slice": "benchmarks.slice",
     "user_loop": "benchmarks.user_loop",
+    "learning": "benchmarks.learning",
 }
 
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.

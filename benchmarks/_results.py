@@ -36,6 +36,8 @@ class Results:
         metric: the row key the default plot shows, e.g. ``"step_us"``.
         devices: accelerators the run used (> 1 names the machine ``<gpu>x<devices>``).
         extra: more JSON fields (e.g. a scaling summary).
+        name: the results files' stem instead of the suite's name (a suite run per config, e.g.
+            ``learning-dqn_pong``).
     """
 
     rows: list[dict]
@@ -46,6 +48,7 @@ class Results:
     metric: str | None = None
     devices: int = 1
     extra: dict = field(default_factory=dict)
+    name: str | None = None
 
 
 def _version(name: str) -> str | None:
@@ -164,7 +167,7 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     machine = machine or machine_name(env, results.devices)
-    stem = out / f"{suite}-{machine}"
+    stem = out / f"{results.name or suite}-{machine}"
     paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
     payload = {"suite": suite, "machine": machine, "environment": env, "rows": results.rows, **results.extra}
     _atomic_write(paths[0], json.dumps(payload, indent=1, default=str) + "\n")
@@ -178,7 +181,7 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
             + f"; CPU {v('cpu')} ({v('cpu_cores')} cores). torch {v('torch')}, triton {v('triton')}, "
             f"torchrl {v('torchrl')}, python {v('python')}. Run at {v('utc')} (UTC).")
     table = results.table if results.table is not None else markdown_table(results.rows)
-    parts = [f"# {suite} ({machine})", results.title, meta, table.rstrip(), results.notes.strip(),
+    parts = [f"# {results.name or suite} ({machine})", results.title, meta, table.rstrip(), results.notes.strip(),
              f"Reproduce: `{env.get('command')}`"]
     _atomic_write(paths[1], "\n\n".join(p for p in parts if p) + "\n")
     if results.plot is not None:

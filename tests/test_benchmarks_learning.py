@@ -1,0 +1,116 @@
+"""The ``learning`` benchmark suite: time and env steps to a target from run directories' episodes.csv, checked
+on synthetic run directories whose crossing points are known by construction, the table and the figure of
+all seeds' curves, and one tiny real CartPole DQN run through the suite (in this process)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import SUITES, learning  # noqa: E402
+from benchmarks._results import write  # noqa: E402
+
+WINDOW, TARGET = 5, 20.0
+
+
+def _run_dir(path: Path, returns: list[float], wall: float) -> Path:
+    """A run directory as RunArtifactsCallback leaves it: episode k ends at env step 100 (k + 1), 0.5 (k + 1) s."""
+    path.mkdir(parents=True)
+    with open(path / "episodes.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["episode", "env_steps", "time_s", "return", "return_mean"])
+        for k, r in enumerate(returns):
+            w.writerow([k, 100 * (k + 1), 0.5 * (k + 1), r, ""])
+    summary = {"status": "done", "wall_time_s": wall, "env_steps": 100 * len(returns),
+               "env_steps_per_s": 100 * len(returns) / wall}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+@pytest.fixture
+def seeds(tmp_path):
+    return {
+        0: _run_dir(tmp_path / "s0", [float(k) for k in range(30)], 15.0),  # mean of k-4..k = k-2: >= 20 at k = 22
+        1: _run_dir(tmp_path / "s1", [10.0] * 30, 15.0),  # never
+        2: _run_dir(tmp_path / "s2", [19.0, 30.0, 30.0, 30.0, 30.0, 0.0], 3.0),  # first full window: k = 4
+    }
+
+
+def test_time_and_env_steps_to_target_from_the_episodes(seeds):
+    res = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    by_seed = {r["seed"]: r for r in res.rows}
+    assert (by_seed[0]["time_to_target_s"], by_seed[0]["env_steps_to_target"]) == (0.5 * 23, 100 * 23)
+    assert by_seed[0]["episodes_to_target"] == 23 and by_seed[0]["final_mean_return"] == 27.0
+    assert not by_seed[1]["reached"] and by_seed[1]["time_to_target_s"] is None
+    assert by_seed[1]["final_mean_return"] == by_seed[1]["best_mean_return"] == 10.0
+    assert (by_seed[2]["time_to_target_s"], by_seed[2]["env_steps_to_target"]) == (2.5, 500)
+    assert by_seed[2]["final_mean_return"] == 24.0 and by_seed[2]["best_mean_return"] == 27.8
+    assert by_seed[2]["env_steps"] == 600 and by_seed[2]["wall_time_s"] == 3.0
+    agg = res.extra["aggregate"]
+    assert agg["seeds_reached"] == 2 and agg["median_time_to_target_s"] == (11.5 + 2.5) / 2
+    assert agg["worst_time_to_target_s"] is None  # a seed never got there: no worst time
+    assert learning.aggregate([by_seed[0], by_seed[2]])["worst_env_steps_to_target"] == 2300
+
+
+def test_table_figure_and_files(seeds, tmp_path):
+    res = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    lines = res.table.splitlines()
+    assert lines[0].startswith("| seed | reached 20 | time to target (s) | env steps to target |")
+    assert lines[2].startswith("| 0 | yes | 11.5 | 2,300 |") and lines[3].startswith("| 1 | no |  |  |")
+    fig, (ax_steps, ax_time) = learning.figure(res.extra["curves"], TARGET, WINDOW, "toy")
+    assert ax_steps.get_xlabel() == "env steps" and ax_time.get_xlabel().startswith("wall time")
+    for ax, key in ((ax_steps, "env_steps"), (ax_time, "time_s")):
+        lines_ = ax.get_lines()
+        assert [ln.get_label() for ln in lines_] == ["seed 0", "seed 1", "seed 2", "target 20"]
+        seed0 = lines_[0]  # full windows only: episodes 4..29 of seed 0, mean k - 2
+        assert list(seed0.get_ydata()) == [float(k - 2) for k in range(4, 30)]
+        assert list(seed0.get_xdata()) == [(100.0 if key == "env_steps" else 0.5) * (k + 1) for k in range(4, 30)]
+        assert list(lines_[-1].get_ydata()) == [TARGET, TARGET]
+    env = {"gpu": None, "command": "python -m benchmarks run learning", "utc": "t"}
+    paths = write("learning", res, tmp_path / "out", env)
+    assert [p.name for p in paths] == ["learning-toy-cpu.json", "learning-toy-cpu.md", "learning-toy-cpu.png"]
+    data = json.loads(paths[0].read_text())
+    assert data["target"] == TARGET and [r["seed"] for r in data["rows"]] == [0, 1, 2]
+    assert "2 of 3 seeds reached 20" in paths[1].read_text()
+    assert paths[2].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_config_kind_and_commands(tmp_path):
+    assert learning.config_kind(ROOT / "configs/dqn_pong.yaml") == "dqn"
+    assert learning.config_kind(ROOT / "configs/ga3c_pong.yaml") == "ga3c"
+    dqn = learning.run_command("dqn", "c.yaml", 2, 18.0, tmp_path, 110.0, ["--x"])
+    assert dqn[1:4] == ["-m", "lightning_per.cli", "fit"] and dqn[-1] == "--x"
+    assert {"--model.seed", "--model.target_return", "--trainer.max_time"} <= set(dqn)
+    assert dqn[dqn.index("--trainer.max_time") + 1] == "00:00:01:50"
+    ga3c = learning.run_command("ga3c", "c.yaml", 2, 18.0, tmp_path, None, [], window=20)
+    assert ga3c[3] == "ga3c" and ga3c[ga3c.index("--seed") + 1] == "2" and "--max_time_s" not in ga3c
+    assert SUITES["learning"] == "benchmarks.learning"
+
+
+def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
+    """The suite end to end on one real (short) CartPole DQN run, in this process (no second interpreter)."""
+    from lightning_per.cli import main
+
+    def in_process(cmd, env, quiet=False):
+        monkeypatch.setenv("WANDB_MODE", env.get("WANDB_MODE", ""))
+        args = cmd[3:] + ["--trainer.max_time", "00:00:00:04"]  # after the suite's own budget: the last wins
+        return main(args)
+
+    monkeypatch.setattr(learning, "launch", in_process)
+    args = argparse.Namespace(quick=True, config=None, seeds=[0], target=None, window=20, budget_s=None,
+                              run_arg=[], wandb=False, device="cpu", out=str(tmp_path))
+    res = learning.run(args)
+    (row,) = res.rows
+    run_dir = tmp_path / "learning-runs" / "dqn_cartpole" / "seed0"
+    assert row["run_dir"] == str(run_dir) and (run_dir / "episodes.csv").exists()
+    episodes = learning.read_episodes(run_dir / "episodes.csv")
+    assert row["episodes"] == len(episodes) > 0 and row["env_steps"] >= episodes[-1]["env_steps"]
+    if len(episodes) >= 20:  # a full window (random CartPole episodes are ~20 steps: about 50 of them here)
+        assert row["final_mean_return"] == pytest.approx(sum(e["return"] for e in episodes[-20:]) / 20)
