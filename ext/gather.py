@@ -5,7 +5,8 @@ page-locked host memory read by the GPU.
   frame position and copies a chunk of that frame (the frame-deduplicated storage's batch read).
 * :func:`gather_rows` - ``src[index]`` in one launch, where ``src`` may be a pinned host tensor: under
   unified virtual addressing a page-locked allocation has one address for host and device, so the kernel
-  reads it over the bus with no staging copy and no host synchronisation (the pinned-host storage).
+  reads it over the bus with no staging copy and no host synchronisation (the pinned-host storage);
+  :func:`scatter_rows` writes transitions into it the same way.
 
 Both copy whole 8-, 4- or 1-byte words (the widest that divides a row) and are plain-torch references'
 twins (:mod:`lightning_per.ops.frames`); both are ``torch.library`` custom ops under ``torch.compile`` and
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from ._common import INTERPRET, cdiv, check_device, compiling, register_op
 
-__all__ = ["gather_stacks", "gather_rows"]
+__all__ = ["gather_stacks", "gather_rows", "scatter_rows"]
 
 #: Words a program copies (one chunk of a row).
 BLOCK = 1024
@@ -68,18 +69,47 @@ def _launch(src: Tensor, positions: Tensor | None, index: Tensor, k: int, out: T
     return out
 
 
-@register_op("gather_stacks", fake=lambda ring, positions, index: torch.empty(
-    (index.shape[0], positions.shape[1], *ring.shape[1:]), dtype=ring.dtype, device=ring.device))
+def _new_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    return torch.empty((index.shape[0], positions.shape[1], *ring.shape[1:]), dtype=ring.dtype, device=ring.device)
+
+
+def _new_rows(src: Tensor, index: Tensor) -> Tensor:
+    return torch.empty((index.shape[0], *src.shape[1:]), dtype=src.dtype, device=index.device)
+
+
+@register_op("gather_stacks", fake=_new_stacks)
 def _stacks_op(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
-    out = torch.empty((index.shape[0], positions.shape[1], *ring.shape[1:]), dtype=ring.dtype, device=ring.device)
-    return _launch(ring, positions, index, positions.shape[1], out)
+    return _launch(ring, positions, index, positions.shape[1], _new_stacks(ring, positions, index))
 
 
-@register_op("gather_rows", fake=lambda src, index, device: torch.empty(
-    (index.shape[0], *src.shape[1:]), dtype=src.dtype, device=index.device))
-def _rows_op(src: Tensor, index: Tensor, device: torch.device) -> Tensor:
-    out = torch.empty((index.shape[0], *src.shape[1:]), dtype=src.dtype, device=index.device)
-    return _launch(src, None, index, 1, out)
+@register_op("gather_rows", fake=lambda src, index: _new_rows(src, index))
+def _rows_op(src: Tensor, index: Tensor) -> Tensor:
+    return _launch(src, None, index, 1, _new_rows(src, index))
+
+
+@register_op("scatter_rows", mutates_args=("dst",))
+def _scatter_op(dst: Tensor, index: Tensor, src: Tensor) -> None:
+    _launch_scatter(dst, index, src)
+
+
+@triton.jit
+def _scatter_kernel(dst_ptr, index_ptr, src_ptr, words, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    slot = tl.load(index_ptr + row).to(tl.int64)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < words
+    values = tl.load(src_ptr + row.to(tl.int64) * words + offs, mask=mask)
+    tl.store(dst_ptr + slot * words + offs, values, mask=mask)
+
+
+def _launch_scatter(dst: Tensor, index: Tensor, src: Tensor) -> None:
+    words_dst, words_src = _words(dst), _words(src)
+    if words_src.dtype != words_dst.dtype:
+        words_src = src.reshape(src.shape[0], -1).view(torch.uint8).view(words_dst.dtype)
+    rows, words = words_src.shape
+    if rows and words:
+        _scatter_kernel[(rows, cdiv(words, BLOCK))](words_dst, index, words_src, words, BLOCK=BLOCK)
 
 
 def _check(name: str, t: Tensor, ndim: int | None = None) -> None:
@@ -106,7 +136,13 @@ def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
         check_device(t, name)
     if compiling():
         return torch.ops.lightning_per.gather_stacks(ring, positions, index)
-    return _stacks_op(ring, positions, index)
+    return _launch(ring, positions, index, positions.shape[1], _new_stacks(ring, positions, index))
+
+
+def _check_host(name: str, t: Tensor) -> None:
+    if not (t.is_cuda or INTERPRET or t.is_pinned()):
+        raise ValueError(f"{name} must be on the GPU or in pinned host memory (pin_memory=True), got pageable "
+                         f"host memory")
 
 
 def gather_rows(src: Tensor, index: Tensor) -> Tensor:
@@ -125,9 +161,34 @@ def gather_rows(src: Tensor, index: Tensor) -> Tensor:
     _check("src", src)
     _check("index", index, 1)
     check_device(index, "index")
-    if not (src.is_cuda or INTERPRET or src.is_pinned()):
-        raise ValueError("src must be on the GPU or in pinned host memory (pin_memory=True), got pageable "
-                         "host memory")
+    _check_host("src", src)
     if compiling():
-        return torch.ops.lightning_per.gather_rows(src, index, index.device)
-    return _rows_op(src, index, index.device)
+        return torch.ops.lightning_per.gather_rows(src, index)
+    return _launch(src, None, index, 1, _new_rows(src, index))
+
+
+def scatter_rows(dst: Tensor, index: Tensor, src: Tensor) -> None:
+    """``dst[index] = src`` by one kernel writing straight into ``dst`` (zero-copy when ``dst`` is pinned host
+    memory); no host synchronisation. A repeated index gets one of its rows (give repeats equal rows).
+
+    Args:
+        dst: ``(R, *row)`` contiguous, on the device or pinned on the host.
+        index: ``(B,)`` int64 rows in ``[0, R)``, on the device.
+        src: ``(B, *row)`` contiguous, same dtype and row shape as ``dst``, on the device.
+
+    Raises:
+        ValueError: ``dst`` is neither on the device nor pinned; shapes or dtypes that do not match.
+    """
+    _check("dst", dst)
+    _check("index", index, 1)
+    _check("src", src)
+    check_device(index, "index")
+    check_device(src, "src")
+    _check_host("dst", dst)
+    if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:] or src.shape[0] != index.shape[0]:
+        raise ValueError(f"src must be ({index.shape[0]}, *{tuple(dst.shape[1:])}) {dst.dtype}, got "
+                         f"{tuple(src.shape)} {src.dtype}")
+    if compiling():
+        torch.ops.lightning_per.scatter_rows(dst, index, src)
+        return
+    _launch_scatter(dst, index, src)

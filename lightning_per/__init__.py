@@ -22,12 +22,14 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUSliceSampler,
         GPUSamplerWithoutReplacement,
         GPUTensorStorage,
+        PinnedHostStorage,
         make_replay_buffer,
     )
 
 __all__ = [
     "GPUTensorStorage",
     "FrameStackStorage",
+    "PinnedHostStorage",
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",
     "GPURandomSampler",

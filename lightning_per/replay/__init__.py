@@ -3,6 +3,7 @@
 from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, make_replay_buffer
 from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.frames import FrameStackStorage
+from lightning_per.replay.host import PinnedHostStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -12,6 +13,7 @@ from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
 __all__ = [
     "GPUTensorStorage",
     "FrameStackStorage",
+    "PinnedHostStorage",
     "GPURoundRobinWriter",
     "GPUPrioritizedSampler",
     "GPURankBasedSampler",

@@ -25,6 +25,7 @@ from torchrl.data import (
 from lightning_per.integrity import atomic_directory, verify_directory
 from lightning_per.replay.errors import check_batch_size, check_generator, check_seed
 from lightning_per.replay.frames import FrameStackStorage
+from lightning_per.replay.host import PinnedHostStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -529,7 +530,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        device: torch.device | str | None = None, alpha: float = 0.6, beta: float = 0.4,
                        eps: float = 1e-6, generator: torch.Generator | None = None,
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
-                       frame_stack: int | None = None, frames: int | None = None,
+                       frame_stack: int | None = None, frames: int | None = None, pinned_host: bool = False,
                        frame_keys: tuple[Any, Any] = ("observation", "next_observation"),
                        **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
@@ -552,6 +553,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             (:class:`~lightning_per.replay.frames.FrameStackStorage` of ``frame_stack`` frames a stack and a ring
             of ``frames`` frames); needs ``sampler="proportional"`` (it masks slots whose frames are gone).
         frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack``).
+        pinned_host: keep the transitions in page-locked host memory
+            (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
+            ``device``): for buffers larger than the GPU.
         **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``,
             ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``, ``end_key``, ``end_keys``,
             ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``, ``slice_priority``.
@@ -581,7 +585,11 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
     device = resolve_device(device)
-    if frame_stack is None:
+    if pinned_host:
+        if frame_stack is not None:
+            raise ValueError("pinned_host=True and frame_stack: choose one storage")
+        storage = PinnedHostStorage(capacity, device=device)
+    elif frame_stack is None:
         storage = GPUTensorStorage(capacity, device=device, fallback=fallback, packed=packed)
     else:
         if sampler != "proportional":

@@ -311,7 +311,9 @@ class GPUTensorStorage(LazyTensorStorage):
             if not self.fallback:
                 raise
             warnings.warn(f"GPUTensorStorage: out of memory allocating {self.max_size} transitions on "
-                          f"{self.device}; keeping the replay data on the CPU instead", RuntimeWarning,
+                          f"{self.device}; keeping the replay data on the CPU instead (PinnedHostStorage, or "
+                          f"make_replay_buffer(pinned_host=True), keeps it in host memory with priorities, "
+                          f"draws and batches on the GPU)", RuntimeWarning,
                           stacklevel=4)
             torch.cuda.empty_cache()
             self.device = torch.device("cpu")

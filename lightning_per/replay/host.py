@@ -1,0 +1,192 @@
+"""PinnedHostStorage: transitions in page-locked host memory, read and written by the GPU directly.
+
+For buffers larger than the GPU: the ring of transitions (one packed row each, as
+:class:`GPUTensorStorage` ``packed=True``) lives in pinned host memory, while priorities, sampling and IS
+weights stay with the sampler on the GPU. Under unified virtual addressing a page-locked allocation has one
+address for host and device, so a batch read is one kernel that gathers the sampled rows over the bus
+(:func:`lightning_per.ext.gather.gather_rows`) and a write one kernel that scatters the new rows into host
+memory: no staging copy, no host synchronisation, and both capturable in a CUDA graph. Without CUDA the
+same logic runs on plain host memory with the plain-torch gather and scatter (the test oracle).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from lightning_per.ops.dispatch import load_ext
+from lightning_per.replay.storage import (
+    GPUTensorStorage,
+    _batch_views,
+    _field_views,
+    _last_writes,
+    _pack_plan,
+    _row_layout,
+    _spec,
+    _view_plan,
+    resolve_device,
+)
+
+__all__ = ["PinnedHostStorage"]
+
+
+def _reference_gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return rows[index.to(rows.device)].to(index.device, non_blocking=True)
+
+
+def _reference_scatter(rows: torch.Tensor, index: torch.Tensor, block: torch.Tensor) -> None:
+    rows[index.to(rows.device)] = block.to(rows.device)
+
+
+def _kernels(device: torch.device):
+    """``(gather, scatter)`` for batches on ``device``: the zero-copy Triton kernels on CUDA (one warning and
+    the plain-torch ops, which synchronise, if they cannot load), the plain-torch ops elsewhere."""
+    if device.type == "cuda":
+        load_ext()
+        try:
+            from lightning_per.ext.gather import gather_rows, scatter_rows  # imports triton
+            return gather_rows, scatter_rows
+        except Exception as err:  # noqa: BLE001 - a broken Triton falls back, announced once
+            warnings.warn(f"PinnedHostStorage: the zero-copy Triton gather is unavailable ({err!r}); batches go "
+                          f"through host-side indexing (one synchronisation a batch)", RuntimeWarning, stacklevel=3)
+    return _reference_gather, _reference_scatter
+
+
+class PinnedHostStorage(GPUTensorStorage):
+    """Ring of transitions in page-locked host memory whose batches the GPU gathers directly.
+
+    Args:
+        max_size: capacity in transitions (>= 1).
+        device: where batches (and the sampler) live; default ``cuda`` when available, else ``cpu``.
+        pin: page-lock the host ring (default: when CUDA is available; pinning needs a CUDA driver).
+
+    Layout: :attr:`rows` ``(max_size, row_bytes / 8) int64`` on the host (pinned), each transition one row
+    (the layout of :class:`GPUTensorStorage` ``packed=True``); ``get(index)`` returns a TensorDict ``[B]`` on
+    :attr:`device` whose fields are views into the gathered ``(B, row_bytes / 8)`` block.
+    A batch's bytes cross the bus each read: PCIe bandwidth, not device memory, bounds its cost (see the
+    ``storage`` benchmark suite). Reading the host ring on the host (``state_dict``) first waits for the
+    device's pending writes (one synchronisation, at checkpoints only).
+
+    Raises:
+        ValueError: ``max_size < 1``; ``device`` names CUDA without CUDA.
+        TypeError/ValueError (from :meth:`check_spec`): a write with other keys, shapes or dtypes.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from lightning_per.replay.host import PinnedHostStorage
+        >>> s = PinnedHostStorage(100, device="cpu")
+        >>> s.set(torch.arange(3), TensorDict({"observation": torch.ones(3, 51)}, [3]))
+        >>> s.get(torch.tensor([2, 0]))["observation"].shape
+        torch.Size([2, 51])
+    """
+
+    def __init__(self, max_size: int, *, device: torch.device | str | None = None, pin: bool | None = None) -> None:
+        device = resolve_device(device)
+        super().__init__(max_size, device=device, fallback=False, packed=True)
+        self.pin = torch.cuda.is_available() if pin is None else bool(pin)
+        self._batch_device = device
+        self._gather, self._scatter = _kernels(device)
+
+    # ------------------------------------------------------------------ allocation
+    def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
+        leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
+        layout, row_bytes = _row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
+        if layout is None:
+            raise TypeError("PinnedHostStorage packs each transition into one row: element sizes above 8 bytes "
+                            "(e.g. complex128) are not supported")
+        self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, pin_memory=self.pin)
+        self._layout, self._plan, self._pack = layout, _view_plan(layout, row_bytes // 8), _pack_plan(layout)
+        self._ring_bytes = self.rows.view(torch.uint8)
+        self._storage = TensorDict(_field_views(self.rows, layout), batch_size=[self.max_size], device="cpu")
+        self._spec = _spec(self._storage)
+        self._index_flat()
+        self._device_cached = self._batch_device
+        self.initialized = True
+
+    @property
+    def gather_rows(self) -> None:
+        """None: the ring is on the host, so samplers never fuse their draw with a device row gather."""
+        return None
+
+    # ------------------------------------------------------------------ writes
+    def _block(self, data: TensorDictBase) -> torch.Tensor:
+        """``data``'s transitions as packed rows ``(n, row_bytes / 8) int64`` on :attr:`device`."""
+        n = data.batch_size[0]
+        block = torch.zeros((n, self.rows.shape[1]), dtype=torch.int64, device=self._batch_device)
+        for key, view in _field_views(block, self._layout).items():
+            view.copy_(data.get(key), non_blocking=True)
+        return block
+
+    def set(self, cursor, data, *, set_cursor: bool = True) -> None:
+        """Write ``data`` (batch ``[n]``) at slots ``cursor`` (``(n,)`` int64 tensor, range or int): packed on
+        :attr:`device`, then one kernel scatters the rows into the host ring (no host synchronisation).
+
+        Raises:
+            As :meth:`check_spec`, before anything changes.
+        """
+        if isinstance(data, TensorDictBase) and data.batch_dims == 0:
+            data = data.unsqueeze(0)
+            cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
+        self.check_spec(data)
+        if not self.initialized:
+            self._init(data[0])
+        device = self._batch_device
+        if isinstance(cursor, torch.Tensor):
+            slots = cursor.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
+        elif isinstance(cursor, slice):
+            slots = torch.arange(self.max_size, device=device)[cursor]
+        elif isinstance(cursor, range):
+            slots = torch.arange(cursor.start, cursor.stop, cursor.step, device=device)
+        else:
+            slots = torch.as_tensor(cursor, dtype=torch.int64).reshape(-1).to(device)
+        if "index" in data.keys():
+            data = data.exclude("index")
+        block = self._block(data.to(device, non_blocking=True))
+        if slots.shape[0] > self.max_size:  # a repeated slot gets its last write
+            block = block[_last_writes(slots, self.max_size)]
+        self._scatter(self.rows, slots, block)
+        if set_cursor:
+            self._last_cursor = cursor
+            self._len = min(self._len + data.shape[0], self.max_size)
+        self._bump_revision()
+
+    # ------------------------------------------------------------------ reads
+    def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """Transitions at ``index``: one gather of their rows from the host ring (zero-copy on CUDA) into a
+        ``(B, row_bytes / 8)`` block on :attr:`device`, fields as views into it, plus ``extra``."""
+        if not self.initialized:
+            raise RuntimeError("Cannot read from an empty PinnedHostStorage: extend it first")
+        device = self._batch_device
+        if not isinstance(index, torch.Tensor):
+            index = torch.as_tensor(index, dtype=torch.int64)
+        squeeze = index.dim() == 0
+        index = index.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
+        block = self._gather(self.rows, index)  # [B, W] on the device
+        fields = _batch_views(block, self._layout, self._plan)
+        if extra:
+            for key, value in extra.items():
+                fields[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        batch = TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+        return batch[0] if squeeze else batch
+
+    # ------------------------------------------------------------------ persistence
+    def _settle(self) -> None:
+        if self._batch_device.type == "cuda":
+            torch.cuda.current_stream(self._batch_device).synchronize()  # sync-ok: host reads of the ring
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`GPUTensorStorage.state_dict` (packed rows), after the device's pending writes."""
+        self._settle()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`GPUTensorStorage.load_state_dict` (after the device's pending writes and reads)."""
+        self._settle()
+        super().load_state_dict(state_dict)
+        if self.initialized:
+            self._device_cached = self._batch_device
