@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "slice": "benchmarks.slice",
     "user_loop": "benchmarks.user_loop",
     "learning": "benchmarks.learning",
+    "storage": "benchmarks.storage",
 }
 
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.

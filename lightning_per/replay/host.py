@@ -33,6 +33,32 @@ from lightning_per.replay.storage import (
 __all__ = ["PinnedHostStorage"]
 
 
+#: ``cudaHostRegisterPortable | cudaHostRegisterMapped``: pinned for every device, in their address space.
+_REGISTER_FLAGS = 0x01 | 0x02
+
+
+class _PageLock:
+    """Page-locks the memory of a host tensor with ``cudaHostRegister`` and unlocks it when collected.
+
+    ``tensor.pin_memory()`` would go through torch's caching host allocator, which rounds an allocation up to
+    a power of two (an 85 GB ring would ask for 128 GiB); registering the tensor's own pages costs nothing
+    beyond its size."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ptr = tensor.data_ptr()
+        err = torch.cuda.cudart().cudaHostRegister(self.ptr, tensor.numel() * tensor.element_size(),
+                                                   _REGISTER_FLAGS)
+        if int(err) != 0:
+            self.ptr = None
+            raise RuntimeError(f"cudaHostRegister of {tensor.numel() * tensor.element_size()} bytes failed "
+                               f"(cudaError {int(err)}): page-locked memory is limited by the host's RAM "
+                               f"and its memlock limit")
+
+    def __del__(self) -> None:
+        if self.ptr is not None:
+            torch.cuda.cudart().cudaHostUnregister(self.ptr)
+
+
 def _reference_gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return rows[index.to(rows.device)].to(index.device, non_blocking=True)
 
@@ -61,7 +87,7 @@ class PinnedHostStorage(GPUTensorStorage):
     Args:
         max_size: capacity in transitions (>= 1).
         device: where batches (and the sampler) live; default ``cuda`` when available, else ``cpu``.
-        pin: page-lock the host ring (default: when CUDA is available; pinning needs a CUDA driver).
+        pin: page-lock the host ring (``cudaHostRegister``; default: when CUDA is available).
 
     Layout: :attr:`rows` ``(max_size, row_bytes / 8) int64`` on the host (pinned), each transition one row
     (the layout of :class:`GPUTensorStorage` ``packed=True``); ``get(index)`` returns a TensorDict ``[B]`` on
@@ -90,6 +116,7 @@ class PinnedHostStorage(GPUTensorStorage):
         super().__init__(max_size, device=device, fallback=False, packed=True)
         self.pin = torch.cuda.is_available() if pin is None else bool(pin)
         self._batch_device = device
+        self._lock: _PageLock | None = None
         self._gather, self._scatter = _kernels(device)
 
     # ------------------------------------------------------------------ allocation
@@ -99,7 +126,10 @@ class PinnedHostStorage(GPUTensorStorage):
         if layout is None:
             raise TypeError("PinnedHostStorage packs each transition into one row: element sizes above 8 bytes "
                             "(e.g. complex128) are not supported")
-        self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, pin_memory=self.pin)
+        self._lock = None  # the previous ring's lock goes first
+        self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64)
+        if self.pin:
+            self._lock = _PageLock(self.rows)
         self._layout, self._plan, self._pack = layout, _view_plan(layout, row_bytes // 8), _pack_plan(layout)
         self._ring_bytes = self.rows.view(torch.uint8)
         self._storage = TensorDict(_field_views(self.rows, layout), batch_size=[self.max_size], device="cpu")
