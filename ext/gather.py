@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, cdiv, check_device, compiling, register_op
+from ._common import INTERPRET, cdiv, check_device, compiling, register_op, remember_validated, validated
 
 __all__ = ["gather_stacks", "gather_rows", "scatter_rows"]
 
@@ -140,9 +140,15 @@ def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
 
 
 def _check_host(name: str, t: Tensor) -> None:
-    if not (t.is_cuda or INTERPRET or t.is_pinned()):
-        raise ValueError(f"{name} must be on the GPU or in pinned host memory (pin_memory=True), got pageable "
-                         f"host memory")
+    """Raise unless ``t`` is on the device or page-locked (a host ring checked once: the same tensor object
+    passes again without the driver query, see ``_common.validated``)."""
+    if t.is_cuda or INTERPRET or validated((t,)):
+        return
+    if t.is_pinned():
+        remember_validated((t,))
+        return
+    raise ValueError(f"{name} must be on the GPU or in pinned host memory (pin_memory=True), got pageable host "
+                     f"memory")
 
 
 def gather_rows(src: Tensor, index: Tensor) -> Tensor:
