@@ -138,7 +138,7 @@ def test_main_dispatches_ga3c_to_its_own_cli(monkeypatch):
     assert calls == [["--config", "x.yaml"]]
 
 
-@pytest.mark.parametrize("name", ["dqn_cartpole.yaml", "dqn_cartpole_gpu.yaml", "dqn_pong.yaml"])
+@pytest.mark.parametrize("name", ["dqn_cartpole.yaml", "dqn_cartpole_gpu.yaml", "dqn_pong.yaml", "dqn_atari.yaml"])
 def test_shipped_configs_build_the_model_and_name_real_trainer_arguments(name):
     cfg = yaml.safe_load((Path(__file__).parents[1] / "configs" / name).read_text())
     assert set(cfg["trainer"]) <= set(inspect.signature(Trainer.__init__).parameters)
@@ -147,6 +147,44 @@ def test_shipped_configs_build_the_model_and_name_real_trainer_arguments(name):
     if env.backend == "ale" and importlib.util.find_spec("ale_py") is None:
         pytest.skip("needs ale_py")
     DQN(env=env, replay=ReplayConfig(**model.pop("replay")), **model)
+
+
+@pytest.mark.parametrize(("env_id", "rom"), [("ALE/SpaceInvaders-v5", "space_invaders"),
+                                             ("ALE/Breakout-v5", "breakout")])
+def test_the_atari_config_takes_any_ale_id_with_the_pong_preprocessing(env_id, rom):
+    """configs/dqn_atari.yaml through the real CLI parser with another game: the model's action count is the
+    game's minimal action set (ale-py's own ALEInterface), and the env it builds gives the frames a bare ale-py
+    vector env gives for the same seed, with the Pong config's preprocessing settings."""
+    ale_py = pytest.importorskip("ale_py")
+    from ale_py.vector_env import AtariVectorEnv
+
+    from lightning_per.envs import make_env
+
+    config = Path(__file__).parents[1] / "configs" / "dqn_atari.yaml"
+    built = cli.cli_main(["--config", str(config), "--model.env.id", env_id, "--trainer.accelerator=cpu",
+                          "--model.compile=false", "--model.inductor=false", "--model.updates_per_graph=1",
+                          "--model.env.num_envs=2",
+                          "--model.replay.capacity=1000", "--trainer.logger=false"], run=False)
+    model = built.model
+    pong = yaml.safe_load((config.parent / "dqn_pong.yaml").read_text())["model"]["env"]
+    env_cfg = model.env_config
+    assert env_cfg.id == env_id and env_cfg.backend == "ale_vector"
+    for key in ("frame_stack", "frame_skip", "screen_size", "noop_max", "repeat_action_probability"):
+        assert getattr(env_cfg, key) == pong[key], key
+    ale = ale_py.ALEInterface()
+    ale.loadROM(ale_py.roms.get_rom_path(rom))
+    assert model.n_actions == len(ale.getMinimalActionSet())
+    env = make_env(env_cfg, seed=5)
+    bare = AtariVectorEnv(rom, 2, num_threads=1, autoreset_mode="SameStep", noop_max=pong["noop_max"],
+                          repeat_action_probability=0.0, reward_clipping=False)
+    try:
+        td = env.reset()
+        obs, _ = bare.reset(seed=5)
+        assert td["observation"].shape == (2, 4, 84, 84) and td["observation"].dtype == torch.uint8
+        assert torch.equal(td["observation"], torch.from_numpy(obs))
+    finally:
+        env.close()
+        bare.close()
 
 
 def test_updates_per_step_changes_nothing_but_the_step_grouping(tmp_path):

@@ -3,6 +3,8 @@
 (E, 4, 84, 84) uint8 stacks, oldest frame first and newest last, stacks cleared at episode ends, the
 policy's action index mapped through the ROM's minimal action set, terminal rewards kept and unclipped."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,20 @@ def test_gym_backend_accepts_the_ale_vector_kwargs():
         assert env.noop_max == PONG_KW["noop_max"] and env.frame_skip == PONG_KW["frameskip"]
     finally:
         group.close()
+
+
+def test_the_pong_config_takes_another_ale_id():
+    """``lightning-per ga3c --config configs/ga3c_pong.yaml --env ALE/Breakout-v5``: the same preprocessing,
+    the game's minimal action set (ale-py's ALEInterface)."""
+    import ale_py
+
+    from lightning_per.ga3c.cli import parse_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = parse_config(["--config", str(root / "configs/ga3c_pong.yaml"), "--env", "ALE/Breakout-v5"])
+    ale = ale_py.ALEInterface()
+    ale.loadROM(ale_py.roms.get_rom_path("breakout"))
+    spec = {"env": cfg.env, "backend": cfg.env_backend, "kwargs": dict(cfg.env_kwargs),
+            "frame_stack": cfg.atari_frame_stack}
+    shape, dtype, n_actions = probe_env(spec)
+    assert (shape, str(dtype), n_actions) == ((4, 84, 84), "uint8", len(ale.getMinimalActionSet()))
