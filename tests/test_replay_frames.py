@@ -274,3 +274,16 @@ def test_compiled_gathers_equal_reference(frame):
     index = torch.tensor([6, 0, 3, 3], device=dev)
     assert torch.equal(gather_stacks(ring, positions, index), frame_ops.gather_stacks(ring, positions, index))
     assert torch.equal(gather_rows(ring, index), ring[index])
+
+
+def test_mask_slots_refuses_a_mask_of_another_shape_and_changes_nothing():
+    sampler = GPUPrioritizedSampler(8, alpha=0.6, beta=0.4, device="cpu")
+    sampler.update_priority(torch.arange(8), torch.ones(8), storage=None)
+    before = sampler.probabilities().clone()
+    for bad in (torch.ones(7, dtype=torch.bool), torch.ones(8)):
+        with pytest.raises(ValueError, match=r"valid must be a \(8,\) bool tensor"):
+            sampler.mask_slots(bad)
+    assert torch.equal(sampler.probabilities(), before)
+    keep = torch.tensor([True, False] * 4)
+    sampler.mask_slots(keep)
+    torch.testing.assert_close(sampler.probabilities(), keep.double() / 4)  # P(i) = 1/4 on the kept slots

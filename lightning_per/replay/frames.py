@@ -26,11 +26,11 @@ import warnings
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.storage import GPUTensorStorage, _last_writes
+from lightning_per.replay.storage import GPUTensorStorage, _batch_views, _last_writes
 
 __all__ = ["FrameStackStorage"]
 
@@ -285,11 +285,23 @@ class FrameStackStorage(GPUTensorStorage):
         index = index.reshape(-1).to(device, non_blocking=True)
         if index.dtype != torch.int64:
             index = index.to(torch.int64)
-        batch = super()._read(index, extra)
         stacks = self._gather(self.frames, self.frame_positions, index)  # [B, 2S, *frame]
         s = self.frame_stack
-        batch.set(self.frame_keys[0], stacks[:, :s])
-        batch.set(self.frame_keys[1], stacks[:, s:])
+        obs, nxt = stacks[:, :s], stacks[:, s:]  # [B, S, *frame] views
+        if self._flat is not None and all(isinstance(k, str) for k in self.frame_keys) and all(
+                isinstance(v, torch.Tensor) and v.device == device and v.shape == index.shape
+                for v in (extra or {}).values()):
+            # one TensorDict of every field (the shapes are ours): the other keys as GPUTensorStorage reads them
+            fields = (_batch_views(self.rows[index], self._layout, self._plan) if self.rows is not None
+                      else {k: v[index] for k, v in self._flat.items()})
+            fields[self.frame_keys[0]], fields[self.frame_keys[1]] = obs, nxt
+            if extra:
+                fields.update(extra)
+            batch = TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+        else:
+            batch = super()._read(index, extra)
+            batch.set(self.frame_keys[0], obs)
+            batch.set(self.frame_keys[1], nxt)
         return batch[0] if squeeze else batch
 
     # ------------------------------------------------------------------ persistence
