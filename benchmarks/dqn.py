@@ -52,6 +52,7 @@ Every row reports updates/s, microseconds per update and host syncs per update (
     python -m benchmarks run dqn --fit-only --out /tmp/fit1             # dqn-fit on 1 GPU
     python -m benchmarks run dqn --fit-only --devices 2 --out /tmp/fit2 # dqn-fit on 2 GPUs (DDP)
     python -m benchmarks run dqn --scaling /tmp/fit1/dqn-h200.json /tmp/fit2/dqn-h200x2.json   # N / 1 device
+    python -m benchmarks run dqn --pool /tmp/fit*/dqn-h200*.json    # repeated runs: medians, spread, scaling
 
 Under --devices N > 1 Lightning's DDP launcher re-runs the command once per extra rank; only rank 0
 writes results (the replay rows are single-device measurements: --devices N > 1 implies --fit-only).
@@ -452,6 +453,10 @@ def add_arguments(ap) -> None:
     ap.add_argument("--merge", nargs="*", default=None, help="results JSON files of earlier runs: one table")
     ap.add_argument("--scaling", nargs=2, metavar=("ONE.json", "N.json"), default=None,
                     help="dqn-fit rows of a 1-device and an N-device run: the scaling table, nothing measured")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="RUN.json",
+                    help="results of repeated --fit-only runs (1 and N devices): every run, the median and spread "
+                         "per configuration and the scaling of the medians (benchmarks/fit_runs.py), nothing "
+                         "measured")
 
 
 def run(args) -> Results | None:
@@ -460,6 +465,18 @@ def run(args) -> Results | None:
     if a.merge:
         rows = [r for f in a.merge for r in json.loads(Path(f).read_text())["rows"]]
         return Results(rows=rows, table=table(rows), metric="updates_per_s", title=TITLE)
+    if a.pool:
+        from benchmarks import fit_runs
+
+        runs = fit_runs.load(a.pool)
+        files = [json.loads(Path(f).read_text()) for f in a.pool]
+        rows = [r for data in files for r in data["rows"]]
+        return Results(rows=rows, table=fit_runs.table(runs), plot=lambda path: fit_runs.plot(runs, path),
+                       devices=max(world for _, world in runs),
+                       extra={"pooled": [{"file": str(f), "environment": data.get("environment")}
+                                         for f, data in zip(a.pool, files)]},
+                       title="dqn-fit runs pooled: total updates/s of every run, the median and spread per "
+                             "configuration and device count, and the scaling of the medians.")
     if a.scaling:
         rows, result, text = scaling(a.scaling)
         return Results(rows=rows, table=text, metric="updates_per_s_total", extra={"scaling": result},

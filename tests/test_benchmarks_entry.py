@@ -103,3 +103,23 @@ def test_user_loop_quick_on_cpu_writes_every_cpu_row(tmp_path):
     assert all(r["updates_per_s"] > 0 for r in rows.values()) and rows["torchrl-eager"]["x_torchrl-eager"] == 1.0
     assert rows["ours-captured-k8"]["K"] == 8 and rows["ours-captured-k8"]["graphed"] is False
     assert "| loop | K | updates/s |" in (tmp_path / "user_loop-cpu.md").read_text()
+
+
+def test_dqn_pool_of_repeated_fit_runs(tmp_path):
+    """--pool: medians and scaling of repeated runs, worked out by hand (1 device: 100, 300, 200 -> 200;
+    2 devices: 380, 420 -> 400, 2.00x), written as the dqn suite's canonical files of the N-device machine."""
+    files = []
+    for i, (world, total) in enumerate([(1, 100), (1, 300), (1, 200), (2, 380), (2, 420)]):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"environment": {"gpu": "X"},
+                                    "rows": [{"impl": "dqn-fit", "world_size": world, "updates_per_s_total": total}]}))
+        files.append(str(path))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "dqn", "--pool", *files, "--out", str(out),
+                           "--machine", "gpux2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (out / "dqn-gpux2.md").read_text()
+    assert "| dqn-fit | 1 | 100, 300, 200 | 200 | 100% |  |" in md
+    assert "| dqn-fit | 2 | 380, 420 | 400 | 10% | 2.00x |" in md
+    data = json.loads((out / "dqn-gpux2.json").read_text())
+    assert len(data["rows"]) == 5 and [p["file"] for p in data["pooled"]] == files
