@@ -246,11 +246,16 @@ class FrameStackStorage(GPUTensorStorage):
         positions = serial.remainder(self.n_frames).to(torch.int32)
         oldest = serial.amin(1)  # [B]
 
-        self._inner = True
-        try:
-            GPUTensorStorage.set(self, cursor, self._rest(data), set_cursor=set_cursor)
-        finally:
-            self._inner = False
+        rest = self._rest(data)
+        pairs = self._flat_pairs(rest) if set_cursor and isinstance(cursor, torch.Tensor) else None
+        if pairs is not None:  # flat keys as stored: GPUTensorStorage's direct write (checked above)
+            self._write_pairs(cursor.reshape(-1), pairs)
+        else:
+            self._inner = True
+            try:
+                GPUTensorStorage.set(self, cursor, rest, set_cursor=set_cursor)
+            finally:
+                self._inner = False
         slots = self._slots(cursor, b, device)
         if slots.shape[0] > self.max_size:  # a batch longer than the ring: each slot keeps its last write
             last = _last_writes(slots, self.max_size)
