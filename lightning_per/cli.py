@@ -239,6 +239,16 @@ class LightningPerCLI(LightningCLI):
                           + ", ".join(f"model.{k}={b!r} (config: {a!r})" for k, (a, b) in kept.items()),
                           UserWarning, stacklevel=2)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's, with a ``ValueError``/``TypeError`` raised before training started (``setup``: e.g. a replay
+        capacity no memory holds) reported as a one-line error (exit status 2) with ``friendly_errors``."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (ValueError, TypeError) as err:
+            if not self.friendly_errors or getattr(getattr(self, "model", None), "fit_started", True):
+                raise
+            self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
+
     def before_fit(self) -> None:
         """Everything a resume from ``--ckpt_path`` would refuse, checked before ``Trainer.fit`` writes anything
         in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content

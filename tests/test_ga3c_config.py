@@ -108,3 +108,17 @@ def test_an_unknown_option_prints_one_usage_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 2  # usage, then the error (not every option's usage)
     assert err[0].startswith("usage: lightning-per ga3c") and "unrecognized arguments: --bogus" in err[1]
+
+
+def test_num_nodes_makes_a_multi_node_ddp_trainer(tmp_path):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from lightning_per.ga3c.cli import build_trainer
+
+    cfg = GA3CConfig(num_nodes=2, agents=2, device="cpu").validate()
+    trainer = build_trainer(cfg, False, False, [], tmp_path)
+    assert trainer.num_nodes == 2 and trainer.world_size == 2 and isinstance(trainer.strategy, DDPStrategy)
+    with pytest.raises(ValueError, match="agents=1 must be >= devices x num_nodes=2"):
+        GA3CConfig(num_nodes=2, agents=1).validate()
+    with pytest.raises(ValueError, match="num_nodes"):
+        GA3CConfig(num_nodes=0).validate()

@@ -125,3 +125,13 @@ def test_a_refused_resume_is_one_line_exit_2_and_changes_nothing(finished_run, t
     assert sorted(after) == sorted(before)
     changed = [name for name in before if before[name] != after[name]]
     assert not changed, changed
+
+
+def test_a_replay_capacity_no_memory_holds_is_one_line_exit_2_and_writes_no_summary(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", CONFIG, *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+                  "--model.replay.capacity=1000000000000"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "capacity 1000000000000" in err
+    assert not (tmp_path / "summary.json").exists()  # a start that failed is no run: nothing claims it ran

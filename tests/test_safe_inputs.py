@@ -86,23 +86,32 @@ def test_crafted_env_state_in_a_checkpoint_is_never_unpickled(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ overflow
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_CUDA)])
 @pytest.mark.parametrize("kind", ["proportional", "rank"])
-def test_alpha_two_with_a_huge_priority_stays_finite_and_is_counted_once(kind):
-    rb = make_replay_buffer(16, 4, sampler=kind, device="cpu", alpha=2.0, eps=1e-6,
+def test_alpha_two_with_a_huge_priority_stays_finite_and_is_counted_once(kind, device):
+    # on CUDA: the compiled write and the cached graphs of eager calls (a full ring below) take the same path
+    rb = make_replay_buffer(16, 4, sampler=kind, device=device, alpha=2.0, eps=1e-6,
                             generator=torch.Generator().manual_seed(1))
-    rb.extend(_rows(8))
-    rb.update_priority(torch.tensor([3]), torch.tensor([1e20]))  # 1e40 > float32 max
+    rb.extend(_rows(8).to(device))
+    rb.update_priority(torch.tensor([3], device=device), torch.tensor([1e20], device=device))  # 1e40 > max
     sampler = rb.sampler
     stored = sampler._leaves.view(-1)[:8]
     assert bool(torch.isfinite(stored).all()) and float(stored[3]) <= FMAX
     assert float(stored[3]) > 1e38  # still (by far) the largest: near float32's max
     assert int(sampler.clamped_priority_count) == 1
-    rb.extend(_rows(4, 8))  # new items take the running max raw priority: not counted again
+    rb.extend(_rows(4, 8).to(device))  # new items take the running max raw priority: not counted again
     assert int(sampler.clamped_priority_count) == 1
+    for _ in range(3):  # a full ring (16 slots): the cached-graph write path on CUDA
+        rb.extend(_rows(4, 12).to(device))
+        rb.update_priority(torch.arange(4, device=device), torch.full((4,), 1e25, device=device))
+    assert int(sampler.clamped_priority_count) == 1 + 3 * 4
     assert bool(torch.isfinite(sampler._leaves).all()) and bool(torch.isfinite(sampler._block_sum).all())
     for _ in range(5):
         batch = rb.sample()  # IndexError here before (an inf block sum)
-        assert batch["index"].min() >= 0 and batch["index"].max() < 12
+        assert batch["index"].min() >= 0 and batch["index"].max() < 16
         assert bool(torch.isfinite(batch["priority_weight"]).all())
 
 

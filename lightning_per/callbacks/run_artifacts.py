@@ -166,6 +166,8 @@ class RunArtifactsCallback(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         status = "interrupted" if isinstance(exception, (KeyboardInterrupt, SIGTERMException)) else "failed"
+        if self._t0 is None and status == "failed":
+            return  # training never started (a bad setting or checkpoint): an earlier run's summary stays as it was
         try:
             self.write(trainer, pl_module, status=status)
         except Exception as err:  # never mask the original exception

@@ -240,6 +240,7 @@ class DQN(LightningModule):
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
         self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
+        self.fit_started = False  # on_train_start ran: a failure before is a bad setting (the CLI's one-line error)
         self._host_recorded = False  # host counters recorded in the current step
         self.env_steps = 0  # host counters: deterministic, never read from the device
         self.updates = 0
@@ -402,6 +403,7 @@ class DQN(LightningModule):
 
     # ------------------------------------------------------------------ collection
     def on_train_start(self) -> None:
+        self.fit_started = True
         if self.hparams.compile and self._trainer is not None and self.trainer.world_size > 1:
             self._bypass_ddp_reducer()  # before the first training_step, which captures the update
         batch = self.replay_config.batch_size

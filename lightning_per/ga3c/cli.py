@@ -127,18 +127,21 @@ def run(cfg, model=None) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     model = prepare(cfg) if model is None else model
     # Under DDP Lightning's launcher re-runs this command for ranks >= 1 with this process's environment:
-    # they find rank 0's run directory there and write nothing but their own logs.
+    # they find rank 0's run directory there and write nothing but their own logs. Across nodes (num_nodes > 1)
+    # every process is started by the cluster's launcher: give them one run directory through
+    # LIGHTNING_PER_GA3C_RUN_DIR; only global rank 0 (node 0, local rank 0) writes the run's files.
     inherited = os.environ.get(_RUN_DIR_ENV)
-    is_rank_zero = inherited is None
+    is_rank_zero = os.environ.get("NODE_RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
     if inherited is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path(cfg.run_dir) / f"{cfg.run_name}-{stamp}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         if cfg.devices > 1:
             os.environ[_RUN_DIR_ENV] = str(run_dir)
     else:
         run_dir = Path(inherited)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if is_rank_zero:
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     logger: Any = False
     if cfg.wandb_mode != "disabled":
@@ -169,8 +172,9 @@ def run(cfg, model=None) -> dict[str, Any]:
             summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
             if artifacts.summary is not None:  # its wall_time_s (the "done:" line's) is replaced by GA3C's
                 summary["train_loop_time_s"] = artifacts.summary.get("wall_time_s")
-            if is_rank_zero:
+            if inherited is None:
                 os.environ.pop(_RUN_DIR_ENV, None)  # a later run in this process starts its own directory
+            if is_rank_zero:
                 atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
             log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s; "
                      "since the GA3C system started: stopped after %s s (%s), wall %s s with the %s s "
@@ -188,11 +192,13 @@ _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"
 
 def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
     """The ``pl.Trainer`` a GA3C run fits with (also the ``ga3c-learner`` benchmark suite): ``cfg.devices``
-    GPUs (or CPU processes), DDP above one, budgets ``max_updates`` / ``max_time_s``, ``grad_clip``."""
+    GPUs (or CPU processes) on each of ``cfg.num_nodes`` machines, DDP above one process in all, budgets
+    ``max_updates`` / ``max_time_s``, ``grad_clip``."""
     import lightning.pytorch as pl
 
     return pl.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, strategy="ddp" if cfg.devices > 1 else "auto",
+        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, num_nodes=cfg.num_nodes,
+        strategy="ddp" if cfg.devices * cfg.num_nodes > 1 else "auto",
         max_epochs=-1, max_steps=cfg.max_updates, max_time=datetime.timedelta(seconds=cfg.max_time_s),
         logger=logger, callbacks=callbacks, gradient_clip_val=cfg.grad_clip,
         enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,

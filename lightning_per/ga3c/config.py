@@ -148,6 +148,11 @@ class GA3CConfig:
     DDP: every rank runs its own GA3C system (predictors, trainers, agent processes), ``agents`` and
     ``max_agents`` are split across the ranks, env seeds are offset by 1000 x rank, and DDP all-reduces
     the gradients of each update (every rank takes the same number of optimizer steps)."""
+    num_nodes: int = 1
+    """Machines (Lightning's ``Trainer(num_nodes=...)``), each running ``devices`` learner processes; above one
+    node every process is started by the cluster's launcher with Lightning's environment (``NODE_RANK``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and the ``devices * num_nodes`` ranks split the agents
+    as above (by global rank). Rank 0 writes the run's files."""
     torch_threads: int = 1
     """``torch.set_num_threads`` of the learner process (predictor/trainer/learner threads)."""
     seed: int = 0
@@ -172,9 +177,10 @@ class GA3CConfig:
             _check_int(self, name, low=1)
         _check_int(self, "rollout_slots", low=2)
         _check_int(self, "devices", low=1)
-        if self.agents < self.devices:
-            raise ValueError(f"agents={self.agents} must be >= devices={self.devices} (agents are split "
-                             "across the DDP ranks)")
+        _check_int(self, "num_nodes", low=1)
+        if self.agents < self.devices * self.num_nodes:
+            raise ValueError(f"agents={self.agents} must be >= devices x num_nodes={self.devices * self.num_nodes} "
+                             "(agents are split across the DDP ranks)")
         _check_int(self, "max_updates", low=-1)
         _check_int(self, "seed", low=0)
         for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),

@@ -243,7 +243,7 @@ class GA3C(pl.LightningModule):
         c = self.cfg
         agents = share(c.agents)
         return dataclasses.replace(c, agents=agents, max_agents=max(agents, share(c.max_agents)),
-                                   seed=c.seed + 1000 * rank, devices=1)
+                                   seed=c.seed + 1000 * rank, devices=1, num_nodes=1)
 
     def transfer_batch_to_device(self, batch: dict, device: torch.device, dataloader_idx: int) -> dict:
         """Copy what :meth:`training_step` reads (``obs``, ``action``, ``ret``) to ``device``, non-blocking
