@@ -75,10 +75,10 @@ def _sha256(path: Path, fsync: bool = False) -> tuple[str, int]:
 
 
 def _manifest(kind: str, generation: str, files: Mapping[str, Path], meta: Mapping[str, Any] | None,
-              fsync: bool) -> str:
+              fsync: bool, known: Mapping[str, tuple[str, int]] | None = None) -> str:
     entries = {}
     for rel, path in sorted(files.items()):
-        sha, size = _sha256(path, fsync=fsync)
+        sha, size = (known or {}).get(rel) or _sha256(path, fsync=fsync)
         entries[rel] = {"bytes": size, "sha256": sha}
     return json.dumps({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
                        "generation": generation, "files": entries, "meta": dict(meta or {})}, indent=1) + "\n"
@@ -268,12 +268,14 @@ def file_manifest_path(path: str | os.PathLike[str]) -> Path:
 
 
 def save_file_manifest(path: str | os.PathLike[str], kind: str, generation: str,
-                       meta: Mapping[str, Any] | None = None) -> Path:
+                       meta: Mapping[str, Any] | None = None, digest: tuple[str, int] | None = None) -> Path:
     """Write the manifest of the (already complete) file ``path``, atomically: its size, SHA-256 and
-    ``generation``. Written after the file, so a save interrupted in between leaves a file its manifest
-    refuses."""
+    ``generation`` (``digest``: ``(sha256 hex, bytes)`` of what was written, else read back from the file).
+    Written after the file, so a save interrupted in between leaves a file its manifest refuses."""
     path = Path(path)
-    return atomic_write_text(file_manifest_path(path), _manifest(kind, generation, {path.name: path}, meta, False))
+    known = {path.name: digest} if digest is not None else None
+    return atomic_write_text(file_manifest_path(path),
+                             _manifest(kind, generation, {path.name: path}, meta, False, known))
 
 
 def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
@@ -305,8 +307,9 @@ def save_torch_file(obj: Any, path: str | os.PathLike[str], kind: str, generatio
     remove_stale(path)
     buf = io.BytesIO()
     torch.save(obj, buf)
-    atomic_write(path, lambda f: f.write(buf.getbuffer()))
-    save_file_manifest(path, kind, generation, meta)
+    data = buf.getbuffer()
+    atomic_write(path, lambda f: f.write(data))
+    save_file_manifest(path, kind, generation, meta, (hashlib.sha256(data).hexdigest(), data.nbytes))
     return Path(path)
 
 
