@@ -114,3 +114,20 @@ def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
     assert row["episodes"] == len(episodes) > 0 and row["env_steps"] >= episodes[-1]["env_steps"]
     if len(episodes) >= 20:  # a full window (random CartPole episodes are ~20 steps: about 50 of them here)
         assert row["final_mean_return"] == pytest.approx(sum(e["return"] for e in episodes[-20:]) / 20)
+
+
+def test_profile_loop_tool_measures_the_configs_own_steps(tmp_path, monkeypatch):
+    """``python -m benchmarks tool profile_loop --tiny``: both windows measured; at replay ratio 0.25 with 4 envs
+    each training step (one update) owes 4 env steps, one vector step."""
+    from benchmarks import profile_loop
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "p.json"
+    assert profile_loop.main(["--config", str(ROOT / "configs/dqn_cartpole.yaml"), "--tiny", "--warmup-steps", "3",
+                              "--steps", "8", "--out", str(out), "--run-dir", str(tmp_path / "run")]) == 0
+    res = json.loads(out.read_text())
+    for window in ("free_running", "broken_down"):
+        assert res[window]["updates"] == 8 and res[window]["env_steps"] == 8 * 4
+    assert set(res["phases_ms"]) == set(profile_loop.PHASES)
+    assert res["phases_ms"]["env step"] > 0 and res["phases_ms"]["update: sample + learner + priorities"] > 0
+    assert "| env step |" in out.with_suffix(".md").read_text()
