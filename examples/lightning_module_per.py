@@ -39,6 +39,12 @@ except ImportError:  # torchrl 0.11
     from torchrl.collectors import SyncDataCollector as Collector
 
 
+def make_env(seed: int) -> TransformedEnv:
+    env = TransformedEnv(GymEnv("CartPole-v1", device="cpu"), StepCounter())
+    env.set_seed(seed)
+    return env
+
+
 class CartPoleDQN(pl.LightningModule):
     """Double DQN on CartPole: each training step collects ``frames_per_step`` frames, then runs
     ``updates_per_step`` updates in one call of the captured update."""
@@ -50,12 +56,11 @@ class CartPoleDQN(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False  # the optimizer steps inside the captured update
-        self.env = TransformedEnv(GymEnv("CartPole-v1", device="cpu"), StepCounter())
-        self.env.set_seed(seed)
-        spec = self.env.action_spec
-        self.actor = QValueActor(MLP(in_features=self.env.observation_spec["observation"].shape[-1],
-                                     out_features=spec.space.n, num_cells=[64, 64]), in_keys=["observation"],
-                                 spec=spec)
+        env = make_env(seed)  # for its specs; the collector gets its own (an env is no part of the model)
+        spec, obs_dim = env.action_spec, env.observation_spec["observation"].shape[-1]
+        env.close()
+        self.actor = QValueActor(MLP(in_features=obs_dim, out_features=spec.space.n, num_cells=[64, 64]),
+                                 in_keys=["observation"], spec=spec)
         self.explore = EGreedyModule(spec, eps_init=1.0, eps_end=0.05, annealing_num_steps=total_frames // 2)
         self.loss_module = DQNLoss(self.actor, action_space=spec, delay_value=True, double_dqn=True)
         self.loss_module.make_value_estimator(gamma=gamma)
@@ -104,7 +109,7 @@ class CartPoleDQN(pl.LightningModule):
     def on_train_start(self) -> None:
         h = self.hparams
         policy = TensorDictSequential(self.actor, self.explore)
-        self.collector = Collector(self.env, policy, frames_per_batch=h.frames_per_step, total_frames=-1,
+        self.collector = Collector(make_env(h.seed), policy, frames_per_batch=h.frames_per_step, total_frames=-1,
                                    device="cpu", storing_device="cpu", policy_device=self.device)
         self._frames = iter(self.collector)
         self.update = self.build_update(self.optimizers())
