@@ -182,9 +182,12 @@ def test_count_optimizer_step_runs_the_wrappers_hooks_n_times():
     count_optimizer_step(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))  # no hooks: nothing
 
 
-def test_ga3c_does_not_import_the_dqn_package():
-    code = ("import sys, lightning_per.ga3c, lightning_per.ga3c.module; "
-            "assert not [m for m in sys.modules if m.startswith('lightning_per.dqn')], "
-            "[m for m in sys.modules if m.startswith('lightning_per.dqn')]")
+def test_layering_ga3c_does_not_import_dqn_and_graphs_imports_neither():
+    code = ("import sys, lightning_per.graphs; "
+            "bad = [m for m in sys.modules if m.startswith(('lightning_per.dqn', 'lightning_per.ga3c'))]; "
+            "assert not bad, bad; "
+            "import lightning_per.ga3c, lightning_per.ga3c.module; "
+            "bad = [m for m in sys.modules if m.startswith('lightning_per.dqn')]; "
+            "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
