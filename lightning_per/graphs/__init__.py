@@ -6,11 +6,34 @@
 - :class:`HardUpdate`: TorchRL's hard target-network schedule on a device counter (capturable).
 - :class:`CapturedUpdate`: the capture the DQN and GA3C modules build their graph modes on;
   :func:`count_optimizer_step` reports in-graph optimizer steps to Lightning; :func:`no_recompiles`.
+
+Names are imported on first use (PEP 562): the modules' graph modes need neither tensordict's nor TorchRL's
+objectives at import time.
 """
 
-from lightning_per.graphs.capture import CapturedStep, CaptureError, capture
-from lightning_per.graphs.targets import HardUpdate
-from lightning_per.graphs.update import CapturedUpdate, count_optimizer_step, no_recompiles
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_per.graphs.capture import CapturedStep, CaptureError, capture
+    from lightning_per.graphs.targets import HardUpdate
+    from lightning_per.graphs.update import CapturedUpdate, count_optimizer_step, no_recompiles
+
+_WHERE = {"CaptureError": "capture", "CapturedStep": "capture", "capture": "capture", "HardUpdate": "targets",
+          "CapturedUpdate": "update", "count_optimizer_step": "update", "no_recompiles": "update"}
 __all__ = ["CaptureError", "CapturedStep", "CapturedUpdate", "HardUpdate", "capture", "count_optimizer_step",
            "no_recompiles"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

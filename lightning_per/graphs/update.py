@@ -1,10 +1,10 @@
 """One training update captured once in a CUDA graph and replayed: :class:`CapturedUpdate`.
 
 The building block of the DQN module's graph mode (``DQN(compile=True)``, see :mod:`lightning_per.dqn.module`)
-and of GA3C's (``cuda_graph: true``); :func:`lightning_per.graphs.capture` shares its rollback helpers. A side-stream eager
-warm-up, the rollback of everything the warm-up changed (parameters, optimizer state, listed device state,
-generators), the capture with the drawn-from generators registered, and a replay per call. One replay costs
-one CPU launch instead of the ~100 kernel launches of a small network's update.
+and of GA3C's (``cuda_graph: true``); :func:`lightning_per.graphs.capture` shares its rollback helpers. A
+side-stream eager warm-up, the rollback of everything the warm-up changed (parameters, optimizer state,
+listed device state, generators), the capture with the drawn-from generators registered, and a replay per
+call. One replay costs one CPU launch instead of the ~100 kernel launches of a small network's update.
 """
 
 from __future__ import annotations
