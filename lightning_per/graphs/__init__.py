@@ -17,21 +17,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_per.graphs.capture import CapturedStep, CaptureError, capture
+    from lightning_per.graphs.captured_step import CapturedStep, CaptureError, capture
     from lightning_per.graphs.targets import HardUpdate
     from lightning_per.graphs.update import CapturedUpdate, count_optimizer_step, no_recompiles
 
-_WHERE = {"CaptureError": "capture", "CapturedStep": "capture", "capture": "capture", "HardUpdate": "targets",
-          "CapturedUpdate": "update", "count_optimizer_step": "update", "no_recompiles": "update"}
+_WHERE = {"CaptureError": "captured_step", "CapturedStep": "captured_step", "capture": "captured_step",
+          "HardUpdate": "targets", "CapturedUpdate": "update", "count_optimizer_step": "update",
+          "no_recompiles": "update"}
 __all__ = ["CaptureError", "CapturedStep", "CapturedUpdate", "HardUpdate", "capture", "count_optimizer_step",
            "no_recompiles"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
+        module = importlib.import_module(f"{__name__}.{_WHERE[name]}")
+        globals().update({n: getattr(module, n) for n, where in _WHERE.items() if where == _WHERE[name]})
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
