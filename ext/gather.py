@@ -20,11 +20,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, cdiv, check_device, compiling, register_op, remember_validated, validated
+from ._common import INTERPRET, cdiv, check_device, chunk_for, compiling, register_op, remember_validated, validated
 
 __all__ = ["gather_stacks", "gather_rows", "scatter_rows"]
 
-#: Words a program copies (one chunk of a row).
+#: Most words a program copies (one chunk of a row); shorter rows get one power-of-two chunk of their size.
 BLOCK = 1024
 
 
@@ -63,9 +63,10 @@ def _launch(src: Tensor, positions: Tensor | None, index: Tensor, k: int, out: T
     rows, words = words_out.shape
     if rows and words:
         pos = positions if positions is not None else index
-        _gather_kernel[(rows, cdiv(words, BLOCK))](
+        block = chunk_for(words, BLOCK)
+        _gather_kernel[(rows, cdiv(words, block))](
             words_src, pos, index, words_out, k, words, pos.stride(0),
-            TWO_LEVEL=positions is not None, BLOCK=BLOCK)
+            TWO_LEVEL=positions is not None, BLOCK=block)
     return out
 
 
@@ -109,7 +110,8 @@ def _launch_scatter(dst: Tensor, index: Tensor, src: Tensor) -> None:
         words_src = src.reshape(src.shape[0], -1).view(torch.uint8).view(words_dst.dtype)
     rows, words = words_src.shape
     if rows and words:
-        _scatter_kernel[(rows, cdiv(words, BLOCK))](words_dst, index, words_src, words, BLOCK=BLOCK)
+        block = chunk_for(words, BLOCK)
+        _scatter_kernel[(rows, cdiv(words, block))](words_dst, index, words_src, words, BLOCK=block)
 
 
 def _check(name: str, t: Tensor, ndim: int | None = None) -> None:

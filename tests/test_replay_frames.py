@@ -259,7 +259,7 @@ def test_hash_is_exact_integer_sum():
     assert frame_ops.hash_frames(frames[:2], w).tolist() == want  # no int64 overflow
 
 
-@pytest.mark.parametrize("frame", [(3, 3), (3, 4), (4, 4), (84, 84)])
+@pytest.mark.parametrize("frame", [(3, 3), (3, 4), (4, 4), (84, 84), (96, 96)])  # (96, 96): 2 chunks
 def test_compiled_gathers_equal_reference(frame):
     kd = pytest.importorskip("_kernel_devices")  # CUDA, or CPU through Triton's interpreter
     param = kd.KDEVS[0]
