@@ -102,7 +102,8 @@ def main(argv=None) -> float:
     obs_dim = env.observation_spec["observation"].shape[-1]
     learner = make_learner(obs_dim, env.action_spec, device=device, hard_update=a.hard_update, capture=a.capture,
                            compile_loss=a.compile, updates_per_replay=a.updates_per_replay, seed=a.seed)
-    explore = EGreedyModule(env.action_spec, eps_init=1.0, eps_end=0.05, annealing_num_steps=a.frames // 2)
+    explore = EGreedyModule(env.action_spec, eps_init=1.0, eps_end=0.05,
+                            annealing_num_steps=a.frames // 2).to(device)  # epsilon beside the actor's actions
     policy = TensorDictSequential(learner.actor, explore)
     frames_per_batch, updates_per_batch = 50, 16  # replay ratio 1/4 (over the learner's device batches)
     calls = max(updates_per_batch // a.updates_per_replay, 1)
