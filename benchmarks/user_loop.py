@@ -108,6 +108,7 @@ def eager_update(rb, loss_fn, opt, target):
 def learner_graph_update(rb, loss, opt, target, device):
     """TorchRL's best with its buffer: the learner in a hand-written ``torch.cuda.graph``; sample + priorities eager."""
     static = rb.sample().select(*KEYS, strict=False).clone()  # the IS weights' key differs across versions
+    keys = list(static.keys(True, True))  # before the loss adds "td_error"
 
     def learn():
         out = loss(static)  # writes static["td_error"]
@@ -129,7 +130,7 @@ def learner_graph_update(rb, loss, opt, target, device):
         learn()
 
     def update():
-        static.update_(rb.sample().select(*static.keys(True, True)))
+        static.update_(rb.sample().select(*keys))
         graph.replay()
         rb.update_tensordict_priority(static)
     return update, graph
