@@ -47,7 +47,7 @@ from benchmarks._results import Results
 
 OBS, ACTIONS, HIDDEN = 51, 45, (256, 256)
 KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
-        ("next", "terminated"), "priority_weight", "index")
+        ("next", "terminated"), "priority_weight", "_weight", "index")  # "_weight": older TorchRL's IS weights
 
 
 def transitions(n: int, device, seed: int):
