@@ -182,3 +182,40 @@ def test_wandb_offline_run_has_episode_rows_keyed_by_env_steps(tmp_path, monkeyp
     assert len([r for r in rows if "train/loss" in r]) == EPOCHS
     steps = read_wandb_step_metrics(run_dir)
     assert steps["episode/*"] == "episode/env_steps" and steps["train/*"] == "train/env_steps"
+
+
+class _DeviceScriptedEpisodes(ScriptedEpisodes):
+    """The same episodes with every step's inputs made on the module's device before training (no host data
+    enters a step)."""
+
+    def on_fit_start(self) -> None:
+        steps = EPOCHS * STEPS_PER_EPOCH
+        self._done = torch.tensor([_ends(s) for s in range(steps)], device=self.device)  # [S, N]
+        self._returns = torch.tensor([[_return(s, i) for i in range(N_ENVS)] for s in range(steps)],
+                                     device=self.device)  # [S, N]
+        self.metrics.to(self.device)
+
+    def training_step(self, batch, batch_idx):
+        step = self.global_step
+        t = time.monotonic()
+        self.step_times.append(t)
+        push_episode_log(self.episode_log, self.episode_log_count, self._returns[step], self._done[step],
+                         env_steps=(step + 1) * ENV_STEPS_PER_STEP, time_s=t)
+        loss = self.lin(batch.float().unsqueeze(1)).pow(2).mean()
+        self.metrics.add("loss", loss.detach())
+        return loss
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_episode_log_on_gpu_never_syncs_inside_steps_and_reads_back_the_model(tmp_path):
+    from test_callbacks_gpu import _SyncGuardOff, _SyncGuardOn
+
+    module = _DeviceScriptedEpisodes()
+    metrics = AsyncMetricsCallback(prog_bar=False, return_window=3)
+    trainer = pl.Trainer(default_root_dir=str(tmp_path), max_epochs=EPOCHS, accelerator="gpu", devices=1,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, callbacks=[_SyncGuardOn(), metrics, _SyncGuardOff()])
+    trainer.fit(module)
+    expected = model_episodes(EPOCHS * STEPS_PER_EPOCH)
+    assert [(r["env_steps"], r["return"]) for r in metrics.episodes] == [(float(s), r) for _, s, r in expected]

@@ -371,6 +371,8 @@ class AsyncMetricsCallback(Callback):
             copies = None if episodes is None else tuple(t.detach().to("cpu", copy=True) for t in episodes)
             return _Pending(names, values.to("cpu", copy=True), None, None, info, copies)
         stream = self._side_stream(values.device)
+        if episodes is not None:  # the module keeps writing its log: copy it on this stream first, in order
+            episodes = tuple(t.detach().clone() for t in episodes)
         sources = [values, *(episodes or ())]
         hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda") for t in sources]
         stream.wait_stream(torch.cuda.current_stream(values.device))  # the values are computed there

@@ -165,7 +165,9 @@ def push_episode_log(log: Tensor, count: Tensor, returns: Tensor, done: Tensor, 
     slot = torch.remainder(pos, cap)  # [N]
 
     def column(x) -> Tensor:
-        return torch.as_tensor(x, dtype=torch.float64, device=log.device).expand(n)
+        if isinstance(x, Tensor):
+            return x.to(log.device, torch.float64).expand(n)
+        return torch.full((n,), float(x), dtype=torch.float64, device=log.device)  # a fill: no host-to-device copy
 
     new = torch.stack([column(env_steps), column(time_s), returns.to(log.device, torch.float64)], 1)  # [N, 3]
     log.index_copy_(0, slot, torch.where(done.unsqueeze(1), new, log.index_select(0, slot)))
