@@ -14,6 +14,9 @@ Rows (``K``: updates per call, i.e. per graph replay):
                            of TorchRL's class (one import switched), eager
   ours-captured-k1/-k8     the whole update in ``lightning_per.graphs.capture`` (K = 1, 8)
   ours-captured-compiled-k1/-k8   the same with ``torch.compile(loss)`` (default mode) inside the graph (CUDA)
+  ours-captured-compiled-learner-k8  the learner part (loss, backward, Adam, SoftUpdate) in one
+                           ``torch.compile``'d function (LeanRL's recipe), sample and priority update around it,
+                           all in the graph (CUDA)
   ours-cudagraphmodule     the whole update wrapped in tensordict's ``CudaGraphModule`` (warmup 2)
 Columns: updates/s (median of ``--repeats`` timed runs of ~``--seconds`` each, wall clock between two device
 synchronisations), us per update, host synchronisations per update (``torch.cuda.set_sync_debug_mode("warn")``),
@@ -177,12 +180,47 @@ def torchrl_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[d
     rows.append({"impl": "torchrl-eager", **measure(eager_update(rb, loss, opt, target), 1, device, seconds,
                                                     repeats)})
     if torch.device(device).type == "cuda":
-        loss, target, opt = make_learner(device)
-        update, graph = learner_graph_update(rb, loss, opt, target, device)
-        rows.append({"impl": "torchrl-learner-graph", **measure(update, 1, device, seconds, repeats)})
-        torch.cuda.synchronize(device)
-        graph.reset()
+        def learner_graph():
+            loss, target, opt = make_learner(device)
+            update, graph = learner_graph_update(rb, loss, opt, target, device)
+            try:
+                return measure(update, 1, device, seconds, repeats)
+            finally:
+                torch.cuda.synchronize(device)
+                graph.reset()
+        rows.append(_row("torchrl-learner-graph", learner_graph))
     return rows
+
+
+def compiled_learner_update(rb, loss, opt, target):
+    """The update with its learner part (loss, backward, Adam, SoftUpdate) in one ``torch.compile``'d function
+    (the LeanRL recipe's ``torch.compile(update)``); sample and priority update around it."""
+    def learn(batch):
+        out = loss(batch)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        target.step()
+        return out["loss"].detach()
+
+    learn = torch.compile(learn)
+
+    def update():
+        batch = rb.sample()
+        out = learn(batch)
+        rb.update_tensordict_priority(batch)
+        return out
+    return update
+
+
+def _row(name: str, measure_row) -> dict:
+    """One row, or its error (one failing row must not cost the others of a one-shot run)."""
+    try:
+        return {"impl": name, **measure_row()}
+    except Exception as err:  # noqa: BLE001 - recorded in the results, printed
+        print(f"{name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return {"impl": name, "K": None, "updates_per_s": None, "us_per_update": None,
+                "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]}
 
 
 def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict]:
@@ -193,31 +231,39 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
     rb = make_buffer(TensorDictPrioritizedReplayBuffer, N, B, device)
     rows = []
     loss, target, opt = make_learner(device)
-    rows.append({"impl": "ours-eager", **measure(eager_update(rb, loss, opt, target), 1, device, seconds, repeats)})
-    for compiled in (False, True) if cuda else (False,):  # on CPU, Inductor's C++ path is not what this measures
-        for k in (1, 8):
+    rows.append(_row("ours-eager", lambda: measure(eager_update(rb, loss, opt, target), 1, device, seconds, repeats)))
+    variants = [("", 1), ("", 8)] + ([("-compiled", 1), ("-compiled", 8), ("-compiled-learner", 8)] if cuda else [])
+    for compiled, k in variants:  # on CPU, Inductor's C++ path is not what this measures
+        def captured(compiled=compiled, k=k):
             torch._dynamo.reset()
             loss, target, opt = make_learner(device)
-            loss_fn = torch.compile(loss) if compiled else loss
-            update = graphs.capture(eager_update(rb, loss_fn, opt, target), state=[loss, opt, rb, target],
-                                    updates_per_replay=k)
-            name = f"ours-captured{'-compiled' if compiled else ''}-k{k}"
-            rows.append({"impl": name, **measure(update, k, device, seconds, repeats), "graphed": update.graphed})
-            update.release()
+            if compiled == "-compiled-learner":
+                step = compiled_learner_update(rb, loss, opt, target)
+            else:
+                step = eager_update(rb, torch.compile(loss) if compiled else loss, opt, target)
+            update = graphs.capture(step, state=[loss, opt, rb, target], updates_per_replay=k)
+            try:
+                return {**measure(update, k, device, seconds, repeats), "graphed": update.graphed}
+            finally:
+                update.release()
+        rows.append(_row(f"ours-captured{compiled}-k{k}", captured))
     if cuda:
         from tensordict.nn import CudaGraphModule
 
-        loss, target, opt = make_learner(device)
-        update = CudaGraphModule(eager_update(rb, loss, opt, target), warmup=2)
-        rows.append({"impl": "ours-cudagraphmodule", **measure(update, 1, device, seconds, repeats)})
+        def graph_module():
+            loss, target, opt = make_learner(device)
+            return measure(CudaGraphModule(eager_update(rb, loss, opt, target), warmup=2), 1, device, seconds,
+                           repeats)
+        rows.append(_row("ours-cudagraphmodule", graph_module))
     return rows
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
-    base = {r["impl"]: r["updates_per_s"] for r in rows}
+    base = {r["impl"]: r["updates_per_s"] for r in rows if r.get("updates_per_s")}
     for r in rows:
         for ref in ("torchrl-eager", "torchrl-learner-graph"):
-            r[f"x_{ref}"] = r["updates_per_s"] / base[ref] if ref in base else None
+            ok = ref in base and r.get("updates_per_s")
+            r[f"x_{ref}"] = r["updates_per_s"] / base[ref] if ok else None
     return rows
 
 
@@ -228,6 +274,9 @@ def table(rows: list[dict]) -> str:
     lines = ["| loop | K | updates/s | us/update | host syncs/update | x TorchRL eager | x TorchRL best |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['impl']} | - | failed: {r['error']} | | | | |")
+            continue
         lines.append(f"| {r['impl']} | {r['K']} | {r['updates_per_s']:,.0f} | {r['us_per_update']:.1f} "
                      f"| {num(r.get('syncs_per_update'), '.2f')} | {num(r.get('x_torchrl-eager'), '.1f')} "
                      f"| {num(r.get('x_torchrl-learner-graph'), '.1f')} |")
@@ -240,6 +289,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r.get("updates_per_s")]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
     names = [r["impl"] for r in rows]
     ax.barh(names, [r["updates_per_s"] for r in rows],
@@ -253,7 +303,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def _order(rows: list[dict]) -> list[dict]:
     order = ["torchrl-eager", "torchrl-learner-graph", "ours-eager", "ours-captured-k1", "ours-captured-k8",
-             "ours-captured-compiled-k1", "ours-captured-compiled-k8", "ours-cudagraphmodule"]
+             "ours-captured-compiled-k1", "ours-captured-compiled-k8", "ours-captured-compiled-learner-k8",
+             "ours-cudagraphmodule"]
     return sorted(rows, key=lambda r: order.index(r["impl"]) if r["impl"] in order else len(order))
 
 
@@ -312,7 +363,7 @@ def run(args) -> Results:
     rows = with_ratios(_order(rows))
     best = {r["impl"]: r for r in rows}
     notes = []
-    for impl in ("ours-captured-k8", "ours-captured-compiled-k8"):
+    for impl in ("ours-captured-k8", "ours-captured-compiled-k8", "ours-captured-compiled-learner-k8"):
         if impl in best and best[impl].get("x_torchrl-eager") is not None:
             r = best[impl]
             notes.append(f"- {impl}: {r['updates_per_s']:,.0f} updates/s, {r['x_torchrl-eager']:.1f}x TorchRL's eager "
