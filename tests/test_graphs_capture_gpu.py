@@ -317,3 +317,17 @@ def test_inputs_are_copied_into_the_static_inputs():
         torch.testing.assert_close(g, w)
     with pytest.raises(ValueError, match=r"input 0 must have the captured shape \(16, 51\)"):
         update(torch.randn(8, OBS, device="cuda"))
+
+
+def test_tensordict_cudagraphmodule_replays_our_whole_update():
+    """docs/graphs.md: tensordict's CudaGraphModule can wrap the whole update over our buffer (its warm-up calls
+    are real updates; the compiled kernels' device-counter draws need no registered generator)."""
+    from tensordict.nn import CudaGraphModule
+
+    step, loss, opt, rb, target = _recipe(backend="kernels", lr=1e-3)
+    update = CudaGraphModule(step, warmup=2)
+    outs = [update() for _ in range(8)]  # 1 eager warm-up, the capturing call, 6 replays
+    idx = [o["index"] for o in outs[2:]]
+    assert all(not torch.equal(a, b) for a, b in zip(idx, idx[1:]))  # every replay draws new slots
+    assert all(bool(torch.isfinite(o["loss"])) for o in outs)
+    assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 8  # every call was one Adam step
