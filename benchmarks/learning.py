@@ -18,6 +18,9 @@ and against wall time, with the target.
     python -m benchmarks run learning --config configs/dqn_pong.yaml --seeds 0 1 2 --target 18
     python -m benchmarks run learning --config configs/ga3c_pong.yaml --seeds 0 1 2 --target 18
     python -m benchmarks run learning --quick        # CartPole DQN on the CPU, two seeds, a few seconds each
+    # one seed per call (each within a time limit), then one table of all of them:
+    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --budget-s 300 --seeds 1
+    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --seeds 0 1 2 --reuse-runs
 
 Results: ``<out>/learning-<config name>-<machine>.json``, ``.md``, ``.png``; the seeds' run directories under
 ``<out>/learning-runs/<config name>/seed<k>/``.
@@ -59,6 +62,9 @@ def add_arguments(ap) -> None:
                     help="one more command-line argument for every run (repeat it: --run-arg=--agents "
                          "--run-arg=32)")
     ap.add_argument("--wandb", action="store_true", help="keep the config's W&B logging (default: disabled)")
+    ap.add_argument("--reuse-runs", action="store_true",
+                    help="a seed whose run directory under --out already has episodes.csv is read, not run again "
+                         "(run the seeds in separate calls, then all of them with --reuse-runs for one table)")
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -163,7 +169,7 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
     wall = summary.get("wall_time_s")
     env_steps = summary.get("env_steps")
     row.update(wall_time_s=wall, env_steps=env_steps,
-               env_steps_per_s=summary.get("env_steps_per_s") or summary.get("steps_per_s"),
+               env_steps_per_s=summary.get("steps_per_s") or summary.get("env_steps_per_s"),  # GA3C: its wall
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
 
@@ -280,6 +286,10 @@ def run(args) -> Results:
     seed_dirs = {}
     for seed in seeds:
         run_dir = base / f"seed{seed}"
+        if args.reuse_runs and any(run_dir.rglob("episodes.csv")):
+            print(f"learning: seed {seed}: reusing {find_run_files(run_dir)}", flush=True)
+            seed_dirs[seed] = find_run_files(run_dir)
+            continue
         cmd = run_command(kind, config, seed, target, run_dir, args.budget_s, extra, args.window)
         print(f"learning: seed {seed}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()

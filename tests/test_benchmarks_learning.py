@@ -105,7 +105,7 @@ def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learning, "launch", in_process)
     args = argparse.Namespace(quick=True, config=None, seeds=[0], target=None, window=20, budget_s=None,
-                              run_arg=[], wandb=False, device="cpu", out=str(tmp_path))
+                              run_arg=[], wandb=False, device="cpu", out=str(tmp_path), reuse_runs=False)
     res = learning.run(args)
     (row,) = res.rows
     run_dir = tmp_path / "learning-runs" / "dqn_cartpole" / "seed0"
@@ -114,6 +114,10 @@ def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
     assert row["episodes"] == len(episodes) > 0 and row["env_steps"] >= episodes[-1]["env_steps"]
     if len(episodes) >= 20:  # a full window (random CartPole episodes are ~20 steps: about 50 of them here)
         assert row["final_mean_return"] == pytest.approx(sum(e["return"] for e in episodes[-20:]) / 20)
+    # with reuse_runs a second call reads the seed's directory instead of training again
+    monkeypatch.setattr(learning, "launch", lambda *a, **k: pytest.fail("ran again"))
+    args.reuse_runs, args.seeds = True, [0]
+    assert learning.run(args).rows == res.rows
 
 
 def test_profile_loop_tool_measures_the_configs_own_steps(tmp_path, monkeypatch):

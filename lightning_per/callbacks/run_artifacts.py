@@ -373,6 +373,8 @@ def learning_curve_figure(history: list[dict[str, float]], episodes: list[dict[s
             ax.legend(fontsize="small")
         if "loss" in group[0] and finite_all and min(finite_all) > 0 and max(finite_all) / min(finite_all) > 100:
             ax.set_yscale("log")
+        else:
+            ax.ticklabel_format(axis="y", useOffset=False)  # an entropy near ln 2 reads as such, not as an offset
         if x_key == "epoch":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         elif "return_env_steps" in axes:
