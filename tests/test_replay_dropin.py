@@ -326,3 +326,16 @@ def test_slice_reads_are_views_as_torchrl(device):
         rb.set_at_("a", torch.tensor([1.0]), torch.tensor([2]))
         out.append(rb[:]["a"].tolist())
     assert out[1] == out[0] == [7.0, 7.0, 1.0, 7.0]
+
+
+def test_slice_sampler_follows_its_buffer_generator():
+    from lightning_per import GPUSliceSampler
+
+    gen = torch.Generator().manual_seed(0)
+    rb = TensorDictReplayBuffer(storage=GPUTensorStorage(64, device="cpu"), batch_size=8, generator=gen,
+                                sampler=GPUSliceSampler(64, num_slices=2, traj_key="episode", device="cpu"))
+    rb.extend(TensorDict({"episode": torch.arange(64) // 16, "x": torch.arange(64)}, [64]))
+    gen.manual_seed(42)
+    a = rb.sample()["x"]
+    gen.manual_seed(42)
+    assert torch.equal(a, rb.sample()["x"])

@@ -65,7 +65,9 @@ def check_exponent(name: str, value, *, eps: float | None = None) -> float:
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        # TorchRL's wording ("alpha must be greater or equal than 0", "beta ... equal to 0"), and finite
+        raise ValueError(f"{name} must be greater or equal {'than' if name == 'alpha' else 'to'} 0 and finite, "
+                         f"got {name}={value!r}")
     if eps is not None and eps < 1 and value > 0:
         limit = math.log(FLOAT32_TINY) / math.log(eps)
         if value > limit:

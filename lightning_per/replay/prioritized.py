@@ -245,6 +245,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         return torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)
 
     @property
+    def _max_priority(self) -> tuple[Tensor | None, None]:
+        """TorchRL's private ``(max raw priority, its slot)`` pair, for code written against TorchRL's sampler:
+        ``(0-d float32 tensor, None)``, or ``(None, None)`` before any priority was written. Reads the device
+        (a diagnostic, not for a training step); the slot is not tracked."""
+        if bool(torch.isinf(self._max_raw)):  # sync-ok: a diagnostic accessor
+            return None, None
+        return self._max_raw.clone(), None
+
+    @property
     def clamped_priority_count(self) -> Tensor:
         """0-d int64 device tensor: priorities received that were NaN, +/-Inf or negative, or finite but so large
         that ``(p + eps)^alpha`` would overflow float32 (alpha > 1; stored as the largest raw priority whose

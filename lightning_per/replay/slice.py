@@ -323,7 +323,8 @@ class _SliceIndex:
         """Checks before a draw; (re)builds the start mask for a new slice length (host-decided)."""
         T, num = self._slice_shape(batch_size)
         if storage is None or len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty replay buffer: extend it first")
+            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
+                                   "extend it first")
         if self._signal is None:
             self._resolve_signal(storage)
         if T != self._T:
@@ -331,6 +332,7 @@ class _SliceIndex:
             self._refresh_all()
         if not self._checked:
             self._check_valid(T)
+        self._follow_buffer_rng()  # a buffer generator re-seeded in place replays the same slices
         return T, num
 
     def _check_valid(self, T: int) -> None:
