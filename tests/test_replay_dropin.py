@@ -130,7 +130,8 @@ def test_torchrl_buffer_with_our_sampler_follows_its_generator(device):
 
 # ---------------------------------------------------------------------------- constructor options
 def test_torchrl_storage_options_are_accepted(device):
-    for kw in ({"compilable": True}, {"compilable": False}, {"consolidated": True}, {"shared_init": True}):
+    for kw in ({"compilable": True}, {"compilable": False}, {"consolidated": True}, {"shared_init": True},
+               {"shared_init": True, "cleanup_memmap": False}):
         out = []
         for make in _both(device):
             rb = ReplayBuffer(storage=make(6, **kw), batch_size=2)

@@ -368,8 +368,8 @@ class GPUPrioritizedReplayBuffer(_VerifiedDumps, TensorDictPrioritizedReplayBuff
         device: where transitions and priorities live (default CUDA when available, else CPU).
         sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default), ``"rank"``
             (:class:`GPURankBasedSampler`) or ``"prioritized_slice"`` (:class:`GPUPrioritizedSliceSampler`).
-        sampler_kwargs: extra arguments of the sampler (``stratified``, ``weight_normalization``,
-            ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
+        sampler_kwargs: extra arguments of the sampler (``stratified``, ``shuffle_strata``,
+            ``weight_normalization``, ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
 
     A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
     :class:`GPUTensorStorage` of the same size; other TorchRL tensor storages (``LazyMemmapStorage``,
@@ -556,9 +556,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         pinned_host: keep the transitions in page-locked host memory
             (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
             ``device``): for buffers larger than the GPU.
-        **sampler_kwargs: ``stratified``, ``weight_normalization``, ``sort_every``, ``backend``, ``seed``,
-            ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``, ``end_key``, ``end_keys``,
-            ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``, ``slice_priority``.
+        **sampler_kwargs: ``stratified``, ``shuffle_strata``, ``weight_normalization``, ``sort_every``,
+            ``backend``, ``seed``, ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``,
+            ``end_key``, ``end_keys``, ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``,
+            ``slice_priority``.
 
     Returns:
         :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``/``"rank"``, else a TorchRL

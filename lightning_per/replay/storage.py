@@ -218,8 +218,8 @@ class GPUTensorStorage(LazyTensorStorage):
 
         ndim: dimensions of the storage's batch (TorchRL's ``ndim``: ``2`` keeps ``[n_envs, T]`` batches of a
             parallel collector as ``[T, n_envs]`` rows); ``ndim > 1`` uses TorchRL's layout (see Layout).
-        compilable, consolidated, shared_init: as TorchRL's ``LazyTensorStorage`` (``consolidated`` and
-            ``shared_init`` use TorchRL's layout).
+        compilable, consolidated, shared_init, cleanup_memmap: as TorchRL's ``LazyTensorStorage``
+            (``consolidated`` and ``shared_init`` use TorchRL's layout).
 
     Layout (:attr:`ring` True): a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
     (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` every key
@@ -260,7 +260,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
                  ndim: int = 1, packed: bool = False, compilable: bool = False, consolidated: bool = False,
-                 shared_init: bool = False) -> None:
+                 shared_init: bool = False, cleanup_memmap: bool = True) -> None:
         if not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
@@ -268,6 +268,8 @@ class GPUTensorStorage(LazyTensorStorage):
         device = resolve_device(device)
         options = {k: v for k, v in (("compilable", compilable), ("consolidated", consolidated),
                                      ("shared_init", shared_init)) if v}  # TorchRL versions without them
+        if not cleanup_memmap:
+            options["cleanup_memmap"] = False
         super().__init__(max_size, device=device, ndim=ndim, **options)
         self.fallback = fallback
         self.packed = bool(packed)
