@@ -340,3 +340,29 @@ def test_slice_sampler_follows_its_buffer_generator():
     a = rb.sample()["x"]
     gen.manual_seed(42)
     assert torch.equal(a, rb.sample()["x"])
+
+
+def test_key_reads_and_nested_torchrl_states_as_torchrl(tmp_path):
+    item = TensorDict({"obs": torch.ones(1, 4), "next": {"obs": torch.ones(1, 4)}}, [1])
+    out = []
+    for make in _both("cpu"):
+        src = TensorDictReplayBuffer(storage=make(10), batch_size=3)
+        for _ in range(3):
+            src.extend(item)
+        dst = TensorDictReplayBuffer(storage=GPUTensorStorage(10, device="cpu"), batch_size=3)
+        dst.extend(item * 0)
+        dst.load_state_dict(src.state_dict())  # nested keys saved flat by tensordict, TorchRL's with "index"
+        out.append((dst.storage.get(("next", "obs")).tolist(), src.storage.get("obs").shape,
+                    sorted(map(str, dst.storage._storage.keys(True, True)))))
+    assert out[1] == out[0] and out[0][0] == [[1.0] * 4] * 3 and out[0][1] == torch.Size([3, 4])
+
+
+def test_pytree_storage_dumps_and_loads(tmp_path):
+    data = {"obs": torch.arange(10.0).view(5, 2), "reward": torch.arange(5.0)}
+    storage = GPUTensorStorage(8, device="cpu")
+    ReplayBuffer(storage=storage, batch_size=2).extend(data)
+    storage.dumps(tmp_path / "s")
+    other = GPUTensorStorage(8, device="cpu")
+    ReplayBuffer(storage=other, batch_size=2).extend({k: v * 0 for k, v in data.items()})  # as TorchRL's: initialised
+    other.loads(tmp_path / "s")
+    assert len(other) == 5 and torch.equal(other[1:3]["obs"], data["obs"][1:3])

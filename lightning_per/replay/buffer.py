@@ -290,6 +290,8 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
     for part, file in ((rb._storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
         if not hasattr(part, "check_state_dict"):
             continue
+        if part is rb._storage and not file.is_file() and (file.parent / "storage_metadata.json").is_file():
+            continue  # items in TorchRL's layout, saved by TorchRL's checkpointer: its own loads checks them
         if not file.is_file():
             raise FileNotFoundError(f"no {file.parent.name} checkpoint at {file} (a directory written by a replay "
                                     f"buffer's dumps() has one)")

@@ -15,12 +15,14 @@ is then False).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from tensordict.utils import expand_as_right
@@ -181,7 +183,8 @@ def _without_index(stored: Any) -> Any:
     """A saved ``TensorDict`` state without the round-robin writer's ``"index"`` tag (TorchRL's storages keep it
     as a field; this ring never stores it)."""
     if isinstance(stored, dict) and "index" in stored:
-        stored = type(stored)((k, v) for k, v in stored.items() if k != "index")
+        stored = copy.copy(stored)  # keeps the state's own attributes (tensordict's nesting metadata)
+        del stored["index"]
     return stored
 
 
@@ -546,9 +549,11 @@ class GPUTensorStorage(LazyTensorStorage):
         return self._read_filled(index)
 
     def _read_filled(self, index):
-        """A read of the filled part: a slice (or ``...``) gives views into the stored tensors, as TorchRL's
-        ``storage[:len]`` (``rb[:].set_(...)`` writes through them); other indices gather the named slots."""
-        if (isinstance(index, slice) or index is Ellipsis) and type(self)._read is GPUTensorStorage._read:
+        """A read of the filled part: a slice, ``...``, a key or a tuple gives views into the stored tensors, as
+        TorchRL's ``storage[:len]`` (``rb[:].set_(...)`` writes through them); ints, sequences and tensors gather
+        the named slots."""
+        if not isinstance(index, (int, list, range, torch.Tensor, np.ndarray)) and (
+                type(self)._read is GPUTensorStorage._read):  # slices, keys, tuples: TorchRL's views
             if not self.initialized:
                 raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
             n = len(self)
@@ -788,7 +793,10 @@ class GPUTensorStorage(LazyTensorStorage):
         self._bump_revision()
 
     def dumps(self, path: str | os.PathLike) -> None:
-        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename)."""
+        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename); items kept in
+        TorchRL's layout (:attr:`ring` False) are saved by TorchRL's checkpointer (memory-mapped, pytrees too)."""
+        if self._generic and self.initialized:
+            return super().dumps(path)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tmp = path / "storage.pt.tmp"
@@ -796,7 +804,10 @@ class GPUTensorStorage(LazyTensorStorage):
         os.replace(tmp, path / "storage.pt")
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Load what :meth:`dumps` wrote (onto this storage's device)."""
+        """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
+        if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
+            self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
+            return super().loads(path)
         state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
         self.load_state_dict(state)
 
