@@ -366,3 +366,17 @@ def test_pytree_storage_dumps_and_loads(tmp_path):
     ReplayBuffer(storage=other, batch_size=2).extend({k: v * 0 for k, v in data.items()})  # as TorchRL's: initialised
     other.loads(tmp_path / "s")
     assert len(other) == 5 and torch.equal(other[1:3]["obs"], data["obs"][1:3])
+
+
+def test_compilable_storage_of_tensors_writes_inside_a_full_graph():
+    storage = GPUTensorStorage(100, device="cpu", compilable=True)
+    data = torch.arange(25).unsqueeze(-1)
+    storage.set(torch.arange(25), data)
+
+    @torch.compile(fullgraph=True)
+    def write(cursor, value):
+        storage.set(cursor, value)
+
+    write(torch.arange(25, 50), data)
+    write(torch.arange(50, 75), data)
+    assert len(storage) == 75 and torch.equal(storage[:75], data.repeat(3, 1))

@@ -169,6 +169,9 @@ def _last_writes(cursor: torch.Tensor, max_size: int) -> torch.Tensor:
     return last.scatter_reduce_(0, slot, position, reduce="amax")[slot]
 
 
+_TORCHRL_SET = LazyTensorStorage.set
+
+
 def _ring_leaves(data: TensorDictBase) -> bool:
     """Whether every leaf of ``data`` is a dense tensor (no non-tensor data, no nested tensor, no ragged lazy
     stack), what the ring's preallocated tensors can hold."""
@@ -427,7 +430,8 @@ class GPUTensorStorage(LazyTensorStorage):
         every device (plain indexed assignment leaves that undefined on CUDA).
         """
         if not self._uses_ring(data, batched=not (isinstance(data, TensorDictBase) and data.batch_dims == 0)):
-            return super().set(cursor, data, set_cursor=set_cursor)
+            # TorchRL's set, named on its class: torch.compile(fullgraph=True) cannot trace super() to it
+            return _TORCHRL_SET(self, cursor, data, set_cursor=set_cursor)
         if isinstance(data, TensorDictBase) and data.batch_dims == 0:
             data = data.unsqueeze(0)
             cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
