@@ -301,8 +301,8 @@ class GPUTensorStorage(LazyTensorStorage):
         (a TensorDict of plain tensors with one batch dimension, ``batched``, or none, not a ragged lazy stack)."""
         if self._generic:
             return False
-        if self.initialized:
-            return True
+        if self.initialized or type(self).set is not GPUTensorStorage.set:  # a subclass with its own writes
+            return True                                                    # keeps its ring (and its checks)
         ok = (isinstance(data, TensorDictBase) and data.batch_dims == int(batched)
               and _ring_leaves(data))
         if not ok:
