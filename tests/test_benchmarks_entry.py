@@ -123,3 +123,11 @@ def test_dqn_pool_of_repeated_fit_runs(tmp_path):
     assert "| dqn-fit | 2 | 380, 420 | 400 | 10% | 2.00x |" in md
     data = json.loads((out / "dqn-gpux2.json").read_text())
     assert len(data["rows"]) == 5 and [p["file"] for p in data["pooled"]] == files
+
+
+def test_every_benchmark_module_is_a_suite_or_a_tool():
+    from benchmarks import TOOLS
+
+    modules = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")}
+    registered = set(TOOLS) | {m.rsplit(".", 1)[1] for m in SUITES.values()}
+    assert modules == registered, (sorted(modules - registered), sorted(registered - modules))
