@@ -55,6 +55,7 @@ SLICE_SCHEMA_VERSION = 1
 #: How :class:`GPUPrioritizedSliceSampler` turns transition priorities into a start's priority.
 SLICE_PRIORITY_RULES = ("start", "max")
 _CHUNK = 1 << 22  # starts recomputed per pass by a rebuild
+_ONE_LAUNCH = 1024  # the largest priority write the compiled kernels do in one launch (ext.update.MAX_ONE_LAUNCH)
 _AUTO_TRAJ_KEYS = (("collector", "traj_ids"), "episode")  # what TorchRL probes when no key is given
 
 
@@ -87,6 +88,93 @@ def _reduce_touched(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None,
     block_sum[rows] = total
     if block_min is not None:
         block_min[rows] = low
+
+
+def next_end(end_leaves: Tensor, end_bsum: Tensor, pos: Tensor) -> Tensor:
+    """The first effective end at or after each slot ``pos`` ``(B,)`` int64, cyclically: ``(B,)`` int64.
+
+    ``end_leaves`` ``(nb, blk)`` float32 holds 1.0 at ends, ``end_bsum`` ``(nb,)`` float64 its row sums. The
+    count of ends before ``pos`` (block prefix + row prefix) is ``k``; the answer is the ``(k + 1)``-th end (the
+    first one when none follows ``pos``): a two-level inverse-CDF search for ``k + 0.5``.
+    """
+    blk = end_leaves.shape[1]
+    cdf = torch.cumsum(end_bsum, 0)  # [nb] float64
+    row = torch.div(pos, blk, rounding_mode="floor")
+    offset = pos - row * blk
+    before = (cdf - end_bsum)[row] + (end_leaves[row] * (torch.arange(blk, device=pos.device) < offset[:, None])
+                                      ).sum(1, dtype=torch.float64)
+    target = torch.where(before >= cdf[-1] - 0.5, torch.zeros_like(before), before) + 0.5
+    b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.numel() - 1)
+    rest = target - (cdf - end_bsum)[b]
+    row_cdf = torch.cumsum(end_leaves[b], 1, dtype=torch.float64)
+    j = torch.searchsorted(row_cdf, rest.unsqueeze(1), right=True).squeeze(1).clamp_(max=blk - 1)
+    return b * blk + j
+
+
+def uniform_starts(first: Tensor, pick: Tensor, end_leaves: Tensor, end_bsum: Tensor, n: int, T: int) -> Tensor:
+    """TorchRL's uniform start inside each drawn trajectory: ``first`` ``(S,)`` its first slot, ``pick`` ``(S,)``
+    float64 U[0, 1); ``n_k = max(L_k - T + 1, 1)`` starts; returns ``(S,)`` int64 slots."""
+    length = (next_end(end_leaves, end_bsum, first) - first) % n + 1  # [S] trajectory lengths
+    n_starts = (length - T + 1).clamp_min(1)
+    return (first + (pick * n_starts).floor().to(torch.int64).clamp_max(n_starts - 1)) % n
+
+
+def slice_steps(start: Tensor, ends: Tensor, n: int, T: int, done: Tensor | None, terminated: Tensor | None,
+                init: Tensor | None) -> tuple[Tensor, ...]:
+    """The slots and markers of the slices starting at ``start`` ``(S,)`` (``ends``: ``(>= n,)`` float32
+    effective end flags; ``done`` / ``terminated`` / ``init``: the stored ``(n, ...)`` flags or None).
+
+    Returns:
+        ``index (S*T,) int64`` (a short slice repeats its last slot), ``member (S*T,) bool`` (real steps),
+        ``last (S*T, 1) bool`` (each slice's last real step), ``done | last``, ``terminated``, ``init | first``
+        (``(S*T, 1)`` bool; None where the stored flag is None).
+    """
+    offsets = torch.arange(T, device=start.device)
+    window = (start[:, None] + offsets) % n  # [S, T]
+    e = (ends[window] > 0).to(torch.int32)
+    member = (torch.cumsum(e, 1) - e) == 0  # no end before step j: inside the slice
+    length = member.sum(1, keepdim=True)  # [S, 1]
+    index = ((start[:, None] + torch.minimum(offsets, length - 1)) % n).reshape(-1)
+    last = (offsets == length - 1).reshape(-1, 1)
+    done_out = last if done is None else done[index].reshape(-1, 1).bool() | last
+    term_out = torch.zeros_like(last) if terminated is None else terminated[index].reshape(-1, 1).bool()
+    init_out = None
+    if init is not None:
+        got = init[index]
+        first = (offsets == 0).expand(start.shape[0], T).reshape(-1)
+        init_out = got | first.reshape(first.shape + (1,) * (got.dim() - 1))
+    return index, member.reshape(-1), last, done_out, term_out, init_out
+
+
+def hidden_raw(index: Tensor, raw: Tensor, valid: Tensor, n_valid: int, n: int, trash: int, max_raw: Tensor,
+               raw_store: Tensor, n_dropped: Tensor, scratch: Tensor) -> Tensor:
+    """The part of a ``"start"``-rule write the fused write does not do (:meth:`GPUPrioritizedSliceSampler._write`):
+    the slots of ``index`` that cannot start a slice keep their cleaned raw priority (last write wins) in
+    ``raw_store`` and are not counted as dropped (``scratch``: ``(n,)`` int32 for the last writers). Returns the write's slots (those slots sent to ``trash``) and the
+    largest of their cleaned priorities, for the running max once the write (which cleans with the running max
+    as it was) is done."""
+    inside = (index >= 0) & (index < n_valid)
+    hidden = inside & ~valid[index.clamp(0, n - 1)]  # written, but no slice starts there
+    default = torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)
+    clean, _ = reference.sanitize_priority(raw, default)
+    positions = torch.arange(index.numel(), dtype=torch.int32, device=index.device)
+    last = clean[reference.last_writer(index.clamp(0, n - 1), scratch, positions)]  # each slot's last value
+    raw_store.index_put_((torch.where(hidden, index, trash),), torch.where(hidden, last, 0.0))
+    n_dropped -= hidden.sum()
+    return torch.where(hidden, trash, index), torch.where(hidden, clean, float("-inf")).amax()
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _device_fn(name: str, fn, device: torch.device, compiled: bool):
+    """``fn`` as is (CPU, the reference), or compiled once by ``torch.compile`` (CUDA with the compiled kernels:
+    its elementwise steps fused into a few kernels)."""
+    if not compiled or device.type != "cuda":
+        return fn
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=False)
+    return _COMPILED[name]
 
 
 def _has_key(storage, key) -> bool:
@@ -348,53 +436,30 @@ class _SliceIndex:
                              f"trajectories or pass strict_length=False")
         self._checked = True
 
-    def _next_end(self, pos: Tensor) -> Tensor:
-        """The first effective end at or after each slot ``pos`` ``(B,)`` (cyclically), ``(B,)`` int64."""
-        blk = self.slice_block
-        cdf = torch.cumsum(self._end_bsum, 0)  # [nb] float64
-        row = torch.div(pos, blk, rounding_mode="floor")
-        offset = pos - row * blk
-        leaves = self._end_leaves[row]  # [B, blk]
-        before = (cdf - self._end_bsum)[row] + (leaves * (torch.arange(blk, device=pos.device) < offset[:, None])
-                                                ).sum(1, dtype=torch.float64)
-        total = cdf[-1]
-        target = torch.where(before >= total - 0.5, torch.zeros_like(before), before) + 0.5  # wrap to the first end
-        b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.numel() - 1)
-        rest = target - (cdf - self._end_bsum)[b]
-        row_cdf = torch.cumsum(self._end_leaves[b], 1, dtype=torch.float64)
-        j = torch.searchsorted(row_cdf, rest.unsqueeze(1), right=True).squeeze(1).clamp_(max=blk - 1)
-        return b * blk + j
+    def _init_fns(self) -> None:
+        """The draw's steps: compiled on CUDA when the compiled kernels serve the draws (``torch.compile``, once per
+        slice shape: the first draw of a shape compiles, outside any capture), else plain torch."""
+        compiled = self._ops is not reference
+        self._slice_steps = _device_fn("slice_steps", slice_steps, self._device, compiled)
+        self._uniform_starts = _device_fn("uniform_starts", uniform_starts, self._device, compiled)
+        self._hidden_raw = hidden_raw  # plain: the writes' batch sizes vary (a compile per size would stall them)
 
     def _expand(self, start: Tensor, T: int, storage) -> tuple[Tensor, dict[Any, Tensor]]:
         """Slots of the slices starting at ``start`` ``(S,)``: ``(index (S * T,) int64, info)``."""
-        N, d = self._slots, start.device
-        offsets = torch.arange(T, device=d)
-        window = (start[:, None] + offsets) % N  # [S, T]
-        ends = (self._end_leaves.view(-1)[window] > 0).to(torch.int32)
-        member = (torch.cumsum(ends, 1) - ends) == 0  # no end before step j: inside the slice
-        length = member.sum(1, keepdim=True)  # [S, 1]
-        index = ((start[:, None] + torch.minimum(offsets, length - 1)) % N).reshape(-1)
+        marks = self.truncated_key is not None
+        done_key = _replace_last(self.truncated_key, "done") if marks else None
+        terminated_key = _replace_last(self.truncated_key, "terminated") if marks else None
+        init = _ring_tensor(storage, self.init_key) if self.init_key is not None else None
+        index, member, last, done, terminated, init = self._slice_steps(
+            start, self._end_leaves.view(-1), self._slots, T, _ring_tensor(storage, done_key) if marks else None,
+            _ring_tensor(storage, terminated_key) if marks else None, init)
         info: dict[Any, Tensor] = {}
-        last_step = (offsets == length - 1).reshape(-1, 1)  # [S * T, 1]
-        if self.truncated_key is not None:
-            done_key = _replace_last(self.truncated_key, "done")
-            terminated_key = _replace_last(self.truncated_key, "terminated")
-            done = _ring_tensor(storage, done_key)
-            done = last_step if done is None else done[index].reshape(-1, 1).bool() | last_step
-            terminated = _ring_tensor(storage, terminated_key)
-            terminated = (torch.zeros_like(last_step) if terminated is None
-                          else terminated[index].reshape(-1, 1).bool())
-            info[self.truncated_key] = last_step
-            info[done_key] = done
-            info[terminated_key] = terminated
+        if marks:
+            info[self.truncated_key], info[done_key], info[terminated_key] = last, done, terminated
         if not self.strict_length:
-            info[("collector", "mask")] = member.reshape(-1)
-        if self.init_key is not None:
-            stored = _ring_tensor(storage, self.init_key)
-            if stored is not None:
-                first = (offsets == 0).expand(start.shape[0], T).reshape(-1)
-                got = stored[index]
-                info[self.init_key] = got | first.reshape(first.shape + (1,) * (got.dim() - 1))
+            info[("collector", "mask")] = member
+        if init is not None:
+            info[self.init_key] = init
         return index, info
 
     def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
@@ -476,6 +541,7 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
                           traj_key=traj_key, strict_length=strict_length, truncated_key=truncated_key,
                           init_key=init_key, span=span)
         self._ops = select_backend(self._device, backend)
+        self._init_fns()
         self._init_rng(seed)
         self._init_starts()
 
@@ -527,10 +593,8 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
         u = torch.rand(num, generator=self.generator, device=self._device, dtype=torch.float64)
         first, _ = self._ops.sample_proportional(self._start_leaves, self._start_bsum, self._start_bmin, u, 0.0,
                                                  False, "buffer")
-        length = (self._next_end(first) - first) % self._slots + 1  # [S] trajectory lengths
-        n_starts = (length - T + 1).clamp_min(1)
         pick = torch.rand(num, generator=self.generator, device=self._device, dtype=torch.float64)
-        start = (first + (pick * n_starts).floor().to(torch.int64).clamp_max(n_starts - 1)) % self._slots
+        start = self._uniform_starts(first, pick, self._end_leaves, self._end_bsum, self._slots, T)
         return self._expand(start, T, storage)
 
     def probabilities(self, T: int | None = None) -> Tensor:
@@ -665,6 +729,8 @@ class GPUPrioritizedSliceSampler(_SliceIndex, GPUPrioritizedSampler, Prioritized
         GPUPrioritizedSampler.__init__(self, max_capacity, alpha, beta, eps, device=device, stratified=stratified,
                                        weight_normalization=weight_normalization, backend=backend, seed=seed,
                                        dtype=dtype, reduction=reduction, eager_graphs=eager_graphs)
+        self._init_fns()
+        self._scratch = torch.zeros(max_capacity, dtype=torch.int32, device=self._device)  # a write's last writers
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, beta={self._beta}, "
@@ -709,15 +775,17 @@ class GPUPrioritizedSliceSampler(_SliceIndex, GPUPrioritizedSampler, Prioritized
             starts = (slots[:, None] - torch.arange(self._T, device=d)) % N
             self._starts_changed(starts.reshape(-1))
             return
-        trash = self._max_capacity
-        inside = (index >= 0) & (index < n_valid)
-        hidden = inside & ~self._valid[index.clamp(0, N - 1)]  # written, but no slice starts there
-        clean, _ = reference.sanitize_priority(raw, self._default_priority(self._max_raw))
-        super()._write(torch.where(hidden, trash, index), raw, n_valid)
-        self._n_dropped -= hidden.sum()  # the write counted them as dropped
-        last = reference.last_write_wins(index, clean)  # [B] each slot's last value
-        self._raw.index_put_((torch.where(hidden, index, trash),), torch.where(hidden, last, 0.0))
-        torch.maximum(self._max_raw, torch.where(hidden, clean, float("-inf")).amax(), out=self._max_raw)
+        if raw.device != d:
+            raw = raw.to(d, non_blocking=True)
+        target, hidden_max = self._hidden_raw(index, raw, self._valid, n_valid, N, self._max_capacity, self._max_raw,
+                                              self._raw, self._n_dropped, self._scratch)
+        B = index.numel()
+        if self._ops is not reference and _ONE_LAUNCH < B <= 4 * _ONE_LAUNCH:
+            for at in range(0, B, _ONE_LAUNCH):  # the kernels' one-launch write per piece (in order: last wins)
+                super()._write(target[at:at + _ONE_LAUNCH], raw[at:at + _ONE_LAUNCH], n_valid)
+        else:
+            super()._write(target, raw, n_valid)
+        torch.maximum(self._max_raw, hidden_max, out=self._max_raw)
 
     def _rebuild(self) -> None:
         if getattr(self, "_T", None) is None or not hasattr(self, "_valid"):
