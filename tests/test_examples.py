@@ -40,3 +40,14 @@ def test_own_lightning_module_with_captured_update_runs(tmp_path):
     # warm-up 120 frames (a quarter): steps 8..29 update, 4 optimizer steps each, counted for Lightning
     assert re.search(r"(\d+) optimizer steps", out).group(1) == str((30 - 7) * 4)
     assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "W&B offline run files"
+
+
+def test_recurrent_dqn_from_prioritized_slices_runs():
+    """The recurrent example's whole loop (episodes written whole, slices sampled, LSTM updated from stored
+    states, priorities written back) in a short run."""
+    out = _run("examples/recurrent_dqn.py", "--steps", "800", "--learn-start", "400", "--slices", "4")
+    match = re.search(r"lstm: mean return of the last 20 episodes after (\d+) env steps: ([\d.]+) \((\d+) episodes, "
+                      r"(\d+) updates", out)
+    assert match, out
+    # 8 envs: one update per vector step from env step 400 to 800 (51 steps); episodes last >= 5 steps
+    assert int(match.group(4)) == 51 and float(match.group(2)) >= 5.0
