@@ -19,11 +19,13 @@ and against wall time, with the target.
     python -m benchmarks run learning --config configs/ga3c_pong.yaml --seeds 0 1 2 --target 18
     python -m benchmarks run learning --quick        # CartPole DQN on the CPU, two seeds, a few seconds each
     # one seed per call (each within a time limit), then one table of all of them:
-    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --budget-s 300 --seeds 1
-    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --seeds 0 1 2 --reuse-runs
+    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --budget-s 300 --seeds 1 \
+        --runs-dir runs/learning
+    python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --seeds 0 1 2 --reuse-runs \
+        --runs-dir runs/learning
 
 Results: ``<out>/learning-<config name>-<machine>.json``, ``.md``, ``.png``; the seeds' run directories under
-``<out>/learning-runs/<config name>/seed<k>/``.
+``<runs-dir>/<config name>/seed<k>/`` (default ``<out>/learning-runs``).
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ def add_arguments(ap) -> None:
                     help="one more command-line argument for every run (repeat it: --run-arg=--agents "
                          "--run-arg=32)")
     ap.add_argument("--wandb", action="store_true", help="keep the config's W&B logging (default: disabled)")
+    ap.add_argument("--runs-dir", default=None,
+                    help="where the seeds' run directories go (default: <out>/learning-runs)")
     ap.add_argument("--reuse-runs", action="store_true",
-                    help="a seed whose run directory under --out already has episodes.csv is read, not run again "
+                    help="a seed whose run directory under --runs-dir already has episodes.csv is read, not run again "
                          "(run the seeds in separate calls, then all of them with --reuse-runs for one table)")
 
 
@@ -282,7 +286,7 @@ def run(args) -> Results:
     env = {**os.environ}
     if not args.wandb:
         env["WANDB_MODE"] = "disabled"
-    base = Path(args.out) / "learning-runs" / name
+    base = Path(getattr(args, "runs_dir", None) or Path(args.out) / "learning-runs") / name
     seed_dirs = {}
     for seed in seeds:
         run_dir = base / f"seed{seed}"
