@@ -219,3 +219,27 @@ def test_episode_log_on_gpu_never_syncs_inside_steps_and_reads_back_the_model(tm
     trainer.fit(module)
     expected = model_episodes(EPOCHS * STEPS_PER_EPOCH)
     assert [(r["env_steps"], r["return"]) for r in metrics.episodes] == [(float(s), r) for _, s, r in expected]
+
+
+def test_a_resumed_run_continues_the_episode_series(tmp_path):
+    """The log is not checkpointed (a fresh one after resume); the callback's rows are: the series after resume
+    is the uninterrupted model's, indices and clock continuing."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(epochs, ckpt_path=None, callbacks=()):
+        metrics = AsyncMetricsCallback(prog_bar=False, return_window=3)
+        pl.Trainer(default_root_dir=str(tmp_path), max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+                   enable_progress_bar=False, enable_model_summary=False, callbacks=[metrics, *callbacks],
+                   enable_checkpointing=bool(callbacks)).fit(ScriptedEpisodes(), ckpt_path=ckpt_path)
+        return metrics
+
+    first = fit(2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+    resumed = fit(EPOCHS, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    expected = model_episodes(EPOCHS * STEPS_PER_EPOCH)
+    rows = resumed.episodes
+    assert [(r["episode"], r["env_steps"], r["return"]) for r in rows] == [
+        (k, float(s), r) for k, (_, s, r) in enumerate(expected)]
+    assert rows[:len(first.episodes)] == first.episodes
+    assert all(b["time_s"] >= a["time_s"] for a, b in zip(rows, rows[1:]))
+    returns = [r for _, _, r in expected]
+    assert rows[-1]["return_mean"] == pytest.approx(sum(returns[-3:]) / 3)  # the window spans the resume
