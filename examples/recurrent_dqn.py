@@ -50,6 +50,47 @@ def q_network(kind: str, hidden: int, n_obs: int) -> TensorDictSequential:
     return TensorDictSequential(embed, core, head)
 
 
+def pad_episode(episode: TensorDict, tail: int) -> TensorDict:
+    """One finished episode ``(L,)`` followed by ``tail`` padding steps, ``"valid"`` False on them.
+
+    A slice never runs past a trajectory's end, so without a tail the last step of an episode lies in one
+    slice of ``T`` and a middle step in ``T``: the terminal transitions, the only ones that pull the
+    Q-values down, would be drawn ``T`` times less often than the others and the Q-values inflate to the
+    discounted sum of an endless episode. With ``T - 1`` padding steps after it (copies of the last step,
+    no reward, the episode's end moved to the last of them) every real step lies in ``T`` slices; the
+    padding carries no loss, no target and priority 0.
+    """
+    pad = episode[-1:].expand(tail).clone()
+    pad["valid"] = torch.zeros(tail, dtype=torch.bool)
+    pad["reward"] = torch.zeros(tail, 1)
+    pad["is_init"] = torch.zeros(tail, 1, dtype=torch.bool)
+    pad["next", "done"] = torch.arange(tail).eq(tail - 1).unsqueeze(-1)
+    out = torch.cat([episode, pad], 0)
+    out["next", "done"][len(episode) - 1] = tail == 0
+    return out
+
+
+def n_step_targets(reward: torch.Tensor, terminated: torch.Tensor, q_next: torch.Tensor, real: torch.Tensor,
+                   gamma: float, n: int) -> torch.Tensor:
+    """n-step return targets inside slices ``(S, T)`` (every argument ``(S, T)``; ``real`` a bool prefix mask).
+
+    ``y_t = sum_{k<h} gamma^k r_{t+k} + gamma^h (1 - terminated_{t+h-1}) Q'(s_{t+h})`` with ``h = min(n,
+    real steps from t to the slice's end)`` (Sutton & Barto 2018, eq. 7.1); ``q_next[:, j]`` is the target
+    value of step ``j``'s next state. Values at steps where ``real`` is False are meaningless.
+    """
+    S, T = reward.shape
+    reward = reward * real
+    left = real.sum(1, keepdim=True) - torch.arange(T)  # [S, T] real steps from t to the slice's end
+    horizon = left.clamp(1, n)
+    y = torch.zeros(S, T)
+    for k in range(n):
+        shifted = torch.nn.functional.pad(reward[:, k:], (0, k))
+        y = y + (gamma ** k) * shifted * (k < horizon)
+    at = (torch.arange(T) + horizon - 1).clamp(max=T - 1)  # the step whose next state bootstraps
+    not_end = (~terminated).float()
+    return y + (gamma ** horizon) * not_end.gather(1, at) * q_next.gather(1, at)
+
+
 def main(argv=None) -> float:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--net", choices=["lstm", "mlp"], default="lstm")
@@ -87,12 +128,12 @@ def main(argv=None) -> float:
 
     # per-env episode buffers, written to the replay when the episode ends
     L = env.max_steps
-    keys = {"observation": (len(VISIBLE),), "action": (), "reward": (1,), "is_init": (1,),
+    keys = {"observation": (len(VISIBLE),), "action": (), "reward": (1,), "is_init": (1,), "valid": (),
             ("next", "observation"): (len(VISIBLE),), ("next", "done"): (1,), ("next", "terminated"): (1,)}
     if recurrent:
         for k in ("recurrent_state_h", "recurrent_state_c"):
             keys[k] = keys[("next", k)] = (1, H)
-    dtypes = {"action": torch.int64, "is_init": torch.bool, ("next", "done"): torch.bool,
+    dtypes = {"action": torch.int64, "is_init": torch.bool, "valid": torch.bool, ("next", "done"): torch.bool,
               ("next", "terminated"): torch.bool}
     episode = TensorDict({k: torch.zeros(E, L, *shape, dtype=dtypes.get(k, torch.float32))
                           for k, shape in keys.items()}, [E, L])
@@ -118,6 +159,7 @@ def main(argv=None) -> float:
         out = env.step(state.set("action", action))["next"]
         next_obs = out["observation"][:, VISIBLE]
         row = {"observation": obs, "action": action, "reward": out["reward"], "is_init": is_init,
+               "valid": torch.ones(E, dtype=torch.bool),
                ("next", "observation"): next_obs, ("next", "done"): out["done"],
                ("next", "terminated"): out["terminated"]}
         if recurrent:
@@ -132,7 +174,8 @@ def main(argv=None) -> float:
         step += E
         done = out["done"].squeeze(-1)
         for e in torch.nonzero(done).flatten().tolist():  # whole episodes, one at a time
-            rb.extend(episode[e, : int(length[e])].clone())
+            slots = rb.extend(pad_episode(episode[e, : int(length[e])], T - 1))
+            rb.update_priority(slots[int(length[e]):], torch.zeros(T - 1))  # padding: never drawn for itself
             returns.append(float(ep_return[e]))
             if len(returns) % 20 == 0:
                 print(f"step {step:6d}  episodes {len(returns):4d}  mean return (last 20) "
@@ -150,7 +193,8 @@ def main(argv=None) -> float:
         if step < a.learn_start or len(rb) < S * T or (step // E) % a.update_every:
             continue
         batch = rb.sample().reshape(S, T)
-        real = batch["collector", "mask"]  # [S, T] False on the padding of short slices
+        drawn = batch["collector", "mask"]  # [S, T] False on the padding of short slices
+        real = drawn & batch["valid"]  # and on the padding after an episode's end
         train = real.clone()
         train[:, : a.burn_in] = False  # warm-up steps: the LSTM state catches up, no loss
         nxt = batch["next"].select(*[k for k in ("observation", "recurrent_state_h", "recurrent_state_c")
@@ -165,18 +209,8 @@ def main(argv=None) -> float:
             with torch.no_grad():
                 best = qnet(nxt.clone())["action_value"].argmax(-1, keepdim=True)
                 q_next = target(nxt)["action_value"].gather(-1, best).squeeze(-1)
-        # n-step targets inside the slice: y_t = sum_{k<h} g^k r_{t+k} + g^h (1 - terminated) Q'(s_{t+h}),
-        # h = min(n, steps left in the slice)  (horizon below)
-        reward = batch["reward"].squeeze(-1) * real
-        not_end = (~batch["next", "terminated"].squeeze(-1)).float()
-        left = real.sum(1, keepdim=True) - torch.arange(T)  # [S, T] real steps from t to the slice's end
-        horizon = left.clamp(1, a.n_step)
-        y = torch.zeros(S, T)
-        for k in range(a.n_step):
-            shifted = torch.nn.functional.pad(reward[:, k:], (0, k))
-            y = y + (a.gamma ** k) * shifted * (k < horizon)
-        at = (torch.arange(T) + horizon - 1).clamp(max=T - 1)  # the step whose next state bootstraps
-        y = y + (a.gamma ** horizon) * not_end.gather(1, at) * q_next.gather(1, at)
+        y = n_step_targets(batch["reward"].squeeze(-1), batch["next", "terminated"].squeeze(-1), q_next, real,
+                           a.gamma, a.n_step)
         td_error = q - y
         w = batch["priority_weight"] * train
         loss = (nn.functional.smooth_l1_loss(q, y, reduction="none") * w).sum() / train.sum().clamp_min(1)
@@ -184,7 +218,7 @@ def main(argv=None) -> float:
         loss.backward()
         nn.utils.clip_grad_norm_(qnet.parameters(), 10.0)
         optim.step()
-        rb.update_priority(batch["index"][real], td_error.detach().abs()[real])
+        rb.update_priority(batch["index"][drawn], (td_error.detach().abs() * real)[drawn])
         updates += 1
         if updates % 200 == 0 and a.verbose:
             print(f"  update {updates}: loss {loss.item():.4f}  mean Q {q.detach()[train].mean().item():.2f}  "
