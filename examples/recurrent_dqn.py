@@ -13,6 +13,9 @@ errors| become the steps' priorities.
 
 Episodes are collected by ``--envs`` CartPoles stepped together and written to the replay one whole
 episode at a time, so that every episode lies in consecutive slots (slices never cross an episode's end).
+Each episode is followed by ``slice_len - 1`` padding steps (``"valid"`` False: no loss, no target, priority
+0) so that its last steps start slices too: without them the terminal transition, the one that bounds the
+Q-values, lies in one slice where a middle step lies in ``slice_len``, and the Q-values inflate.
 
     python examples/recurrent_dqn.py                    # LSTM, 100k env steps on the CPU
     python examples/recurrent_dqn.py --net mlp          # the same with a feed-forward Q-network
