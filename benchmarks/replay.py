@@ -5,6 +5,8 @@ Rows, measured side by side in one process per implementation family:
   ours-graph        the same step captured in one CUDA graph and replayed
   *-sample-update   the graph rows without the step's priority math: the new priorities are a given (B,)
                     tensor, so the graph holds only the replay's work (sample + read + update_priority)
+  *-ordered         the same with ``shuffle_strata=False``: stratified draws in stratum order (the default
+                    shuffles them on the device; with the kernels, ordered draws take their uniforms in the kernel)
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default); reference ops
   ours-rank-kernels-eager  the same with the compiled rank-sample kernel (the sort is torch.sort in both)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
@@ -110,11 +112,14 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
     from lightning_per import make_replay_buffer
 
     rows = []
-    for name, kind, backend, eager_graphs in (("ours-eager", "proportional", "reference", True),
-                                              ("ours-rank-eager", "rank", "reference", True),
-                                              ("ours-rank-kernels-eager", "rank", "kernels", True),
-                                              ("ours-kernels-eager", "proportional", "kernels", True),
-                                              ("ours-kernels-eager-launches", "proportional", "kernels", False)):
+    for name, kind, backend, eager_graphs, shuffle in (
+            ("ours-eager", "proportional", "reference", True, True),
+            ("ours-eager-ordered", "proportional", "reference", True, False),
+            ("ours-rank-eager", "rank", "reference", True, True),
+            ("ours-rank-kernels-eager", "rank", "kernels", True, True),
+            ("ours-kernels-eager", "proportional", "kernels", True, True),
+            ("ours-kernels-eager-ordered", "proportional", "kernels", True, False),
+            ("ours-kernels-eager-launches", "proportional", "kernels", False, True)):
         if backend == "kernels" and device.type != "cuda":
             continue
         if device.type == "cuda":  # the previous buffer (held by reference cycles of its graphs) freed first
@@ -122,7 +127,8 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,  # one gather
-                                eager_graphs=eager_graphs, generator=torch.Generator().manual_seed(0))
+                                eager_graphs=eager_graphs, generator=torch.Generator().manual_seed(0),
+                                shuffle_strata=shuffle)
         fill(rb, N, device)
         mem = (torch.cuda.memory_allocated(device) - base) / N if device.type == "cuda" else float("nan")
         step = step_fn(rb, B)
@@ -134,7 +140,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
         rows.append(row)
         if device.type == "cuda" and kind == "proportional" and eager_graphs:
             rows += graph_rows(rb, row, name, B, device, iters)
-            if backend == "kernels":  # the replay's own work: new priorities given (no priority math)
+            if backend == "kernels" and shuffle:  # the replay's own work: new priorities given (no priority math)
                 given = torch.rand(B, device=device, generator=torch.Generator(device=device).manual_seed(1)) + 0.01
                 rows += graph_rows(rb, row, name, B, device, iters, "-sample-update", priority=given)
                 rows += graph_rows(rb, row, name, B, device, iters, "-unfused", fused=False)  # two launches
