@@ -17,7 +17,9 @@ Rows (``K``: updates per call, i.e. per graph replay):
   ours-captured-compiled-learner-k8  the learner part (loss, backward, Adam, SoftUpdate) in one
                            ``torch.compile``'d function (LeanRL's recipe), sample and priority update around it,
                            all in the graph (CUDA)
-  ours-cudagraphmodule     the whole update wrapped in tensordict's ``CudaGraphModule`` (warmup 2)
+  ours-cudagraphmodule     the whole update wrapped in tensordict's ``CudaGraphModule`` (warmup 2), over a buffer
+                           whose sampler takes ``shuffle_strata=False`` (CudaGraphModule registers no generator
+                           with its graph: the draws take their uniforms from the compiled kernels' device counters)
 Columns: updates/s (median of ``--repeats`` timed runs of ~``--seconds`` each, wall clock between two device
 synchronisations), us per update, host synchronisations per update (``torch.cuda.set_sync_debug_mode("warn")``),
 and the ratios to torchrl-eager and torchrl-learner-graph of the same run.
@@ -66,11 +68,13 @@ def transitions(n: int, device, seed: int):
                                 "terminated": done.clone()}}, [n], device=device)
 
 
-def make_buffer(cls, N: int, B: int, device):
-    """``cls(alpha=0.6, beta=0.4, storage=LazyTensorStorage(N, device), batch_size=B)``, filled with N transitions."""
+def make_buffer(cls, N: int, B: int, device, **kwargs):
+    """``cls(alpha=0.6, beta=0.4, storage=LazyTensorStorage(N, device), batch_size=B, **kwargs)``, filled with N
+    transitions."""
     from torchrl.data import LazyTensorStorage
 
-    rb = cls(alpha=0.6, beta=0.4, storage=LazyTensorStorage(N, device=device), batch_size=B, priority_key="td_error")
+    rb = cls(alpha=0.6, beta=0.4, storage=LazyTensorStorage(N, device=device), batch_size=B, priority_key="td_error",
+             **kwargs)
     chunk = min(N, 100_000)
     for i in range(0, N, chunk):
         rb.extend(transitions(min(chunk, N - i), device, seed=i))
@@ -248,14 +252,28 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
                 update.release()
         rows.append(_row(f"ours-captured{compiled}-k{k}", captured))
     if cuda:
-        from tensordict.nn import CudaGraphModule
-
         def graph_module():
-            loss, target, opt = make_learner(device)
-            return measure(CudaGraphModule(eager_update(rb, loss, opt, target), warmup=2), 1, device, seconds,
-                           repeats)
+            return measure(cudagraphmodule_update(N, B, device)[0], 1, device, seconds, repeats)
         rows.append(_row("ours-cudagraphmodule", graph_module))
     return rows
+
+
+#: the sampler of the CudaGraphModule row: stratum-ordered draws, whose uniforms the compiled kernels take from
+#: counters in device memory (CudaGraphModule registers no generator with its graph; see docs/graphs.md)
+CUDAGRAPHMODULE_SAMPLER = {"shuffle_strata": False}
+
+
+def cudagraphmodule_update(N: int, B: int, device, warmup: int = 2, sampler_kwargs: dict | None = None):
+    """``(update, rb)``: the whole update in tensordict's ``CudaGraphModule(update, warmup=warmup)``, over our buffer
+    ``rb`` (N transitions; sampler :data:`CUDAGRAPHMODULE_SAMPLER`, or ``sampler_kwargs``) and a new learner."""
+    from tensordict.nn import CudaGraphModule
+
+    from lightning_per import GPUPrioritizedReplayBuffer
+
+    kwargs = dict(CUDAGRAPHMODULE_SAMPLER) if sampler_kwargs is None else sampler_kwargs
+    rb = make_buffer(GPUPrioritizedReplayBuffer, N, B, device, sampler_kwargs=kwargs)
+    loss, target, opt = make_learner(device)
+    return CudaGraphModule(eager_update(rb, loss, opt, target), warmup=warmup), rb
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -274,8 +292,9 @@ def table(rows: list[dict]) -> str:
     lines = ["| loop | K | updates/s | us/update | host syncs/update | x TorchRL eager | x TorchRL best |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r.get("error"):
-            lines.append(f"| {r['impl']} | - | failed: {r['error']} | | | | |")
+        if r.get("error"):  # a failed row stays in the table, with its error (one line, no cell breaks)
+            error = " ".join(str(r["error"]).split()).replace("|", "\\|")
+            lines.append(f"| {r['impl']} | {num(r.get('K'), 'd')} | failed: {error} | - | - | - | - |")
             continue
         lines.append(f"| {r['impl']} | {r['K']} | {r['updates_per_s']:,.0f} | {r['us_per_update']:.1f} "
                      f"| {num(r.get('syncs_per_update'), '.2f')} | {num(r.get('x_torchrl-eager'), '.1f')} "
@@ -358,6 +377,8 @@ def run(args) -> Results:
                          torchrl_rows(args.N, args.B, args.device, args.seconds, args.repeats))
             except (ImportError, RuntimeError, subprocess.CalledProcessError) as err:  # e.g. no C++ tree here
                 print(f"TorchRL rows skipped ({type(err).__name__}: {err})", file=sys.stderr)
+                rows.append({"impl": "torchrl-eager", "K": None, "updates_per_s": None, "us_per_update": None,
+                             "error": f"TorchRL rows skipped: {type(err).__name__}: {err}"[:300]})
         if args.family in ("all", "ours"):
             rows += [{**r, **_versions()} for r in ours_rows(args.N, args.B, args.device, args.seconds, args.repeats)]
     rows = with_ratios(_order(rows))

@@ -105,6 +105,21 @@ def test_user_loop_quick_on_cpu_writes_every_cpu_row(tmp_path):
     assert "| loop | K | updates/s |" in (tmp_path / "user_loop-cpu.md").read_text()
 
 
+def test_user_loop_table_keeps_a_failed_row_with_its_error():
+    from benchmarks.user_loop import table, with_ratios
+
+    rows = with_ratios([
+        {"impl": "torchrl-eager", "K": 1, "updates_per_s": 200.0, "us_per_update": 5000.0, "syncs_per_update": 11.0},
+        {"impl": "ours-cudagraphmodule", "K": None, "updates_per_s": None, "us_per_update": None,
+         "error": "RuntimeError: a | b\nsecond line"},
+        {"impl": "ours-eager", "K": 1, "updates_per_s": 300.0, "us_per_update": 3333.3, "syncs_per_update": 0.0}])
+    lines = table(rows).splitlines()
+    assert len(lines) == 2 + 3  # header, rule and every row
+    assert lines[3] == "| ours-cudagraphmodule | - | failed: RuntimeError: a \\| b second line | - | - | - | - |"
+    assert lines[3].count(" | ") == lines[2].count(" | ")  # as many cells as a measured row
+    assert lines[4] == "| ours-eager | 1 | 300 | 3333.3 | 0.00 | 1.5 | - |"
+
+
 def test_dqn_pool_of_repeated_fit_runs(tmp_path):
     """--pool: medians and scaling of repeated runs, worked out by hand (1 device: 100, 300, 200 -> 200;
     2 devices: 380, 420 -> 400, 2.00x), written as the dqn suite's canonical files of the N-device machine."""

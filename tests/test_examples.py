@@ -3,10 +3,14 @@ update is the eager fallback of ``lightning_per.graphs.capture`` (the GPU tests 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from _examples import load_example
 
 ROOT = Path(__file__).parents[1]
 _SUMMARY = r"(\d+) frames, (\d+) episodes, mean return of the last 20: ([\d.]+)"
@@ -25,6 +29,17 @@ def _check_cartpole_summary(out: str, frames: int) -> None:
     # return is the episode length: `frames` frames hold at most frames / 5 episodes, each returning >= 5
     assert int(match.group(1)) == frames
     assert 0 < int(match.group(2)) <= frames // 5 and float(match.group(3)) >= 5.0
+
+
+@pytest.mark.parametrize("name", ["torchrl_dqn_per", "lightning_module_per"])
+def test_example_loads_as_a_module(name):
+    """The GPU tests call the examples' functions in-process: loading one runs its dataclasses and classes."""
+    module = load_example(name)
+    assert module.__name__ == f"example_{name}" and f"example_{name}" not in sys.modules
+    if name == "torchrl_dqn_per":
+        assert dataclasses.is_dataclass(module.Learner) and callable(module.make_learner)
+    else:
+        assert callable(module.CartPoleDQN.build_update)
 
 
 def test_torchrl_dqn_recipe_with_our_buffer_runs():

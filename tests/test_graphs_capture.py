@@ -129,6 +129,56 @@ def test_host_samplers_and_torchrl_hard_update_are_refused_by_name():
     _graphed([loss, ours, HardUpdate(loss, value_network_update_interval=3)])
 
 
+#: torch's error for a draw from a CUDA generator that the graph being captured did not register
+#: (``CUDAGeneratorState::increase`` in ATen; what tensordict's CudaGraphModule meets over a generator-drawing sampler)
+_UNREGISTERED = "Attempt to increase offset for a CUDA generator not in capture mode."
+
+
+def _raise_unregistered(*args, **kwargs):
+    raise RuntimeError(_UNREGISTERED)
+
+
+def test_a_draw_from_a_generator_the_capture_did_not_register_is_named(monkeypatch):
+    """The default sampler (shuffled strata) draws its uniforms from its own generator: inside a capture that did
+    not register it, the error names the generator and the ways out; it is what graphs.capture registers."""
+    rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="kernels", seed=0)
+    rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
+    sampler = rb.sampler
+    assert sampler.draw_generators(8) == (sampler.generator,)
+    monkeypatch.setattr(torch, "rand", _raise_unregistered)
+    with pytest.raises(RuntimeError) as info:
+        rb.sample()
+    message = str(info.value)
+    for part in ("GPUPrioritizedSampler.generator", "lightning_per.graphs.capture", "register_generator_state",
+                 "shuffle_strata=False"):
+        assert part in message, (part, message)
+    assert isinstance(info.value.__cause__, RuntimeError) and _UNREGISTERED in str(info.value.__cause__)
+
+
+def test_stratum_ordered_kernel_draws_use_no_generator(monkeypatch):
+    """shuffle_strata=False with the compiled kernels (the user_loop suite's CudaGraphModule row): the draw takes
+    its uniforms from device counters, so nothing draws from a torch generator and nothing needs registering."""
+    rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="kernels", seed=0,
+                            shuffle_strata=False)
+    rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
+    assert rb.sampler.draw_generators(8) == ()
+    monkeypatch.setattr(torch, "rand", _raise_unregistered)
+    batch = rb.sample()
+    assert batch["index"].shape == (8,) and bool((batch["index"] < 16).all())
+
+
+def test_other_draw_errors_pass_unchanged(monkeypatch):
+    rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="reference", seed=0)
+    rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(torch, "rand", fail)
+    with pytest.raises(RuntimeError, match="^some other failure$"):
+        rb.sample()
+
+
 @pytest.mark.parametrize("interval", [0, 1, 4])
 def test_device_hard_update_copies_when_torchrl_hard_update_does(interval):
     """Against TorchRL's HardUpdate (the reference schedule): after every step the target networks are equal."""

@@ -11,7 +11,6 @@ and the priorities still record every update's gradient and TD error."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -27,18 +26,12 @@ from torchrl.objectives import HardUpdate as TorchRLHardUpdate
 
 from lightning_per import make_replay_buffer
 from lightning_per.graphs import CaptureError, HardUpdate, capture
+from _examples import load_example
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).parents[1]
 OBS, ACTIONS = 51, 45
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _transitions(n: int, obs: int, actions: int, device, seed: int) -> TensorDict:
@@ -147,7 +140,7 @@ def test_captured_compiled_loss_equals_eager_compiled_loss():
 
 @pytest.mark.parametrize("compile_loss", [False, True])
 def test_torchrl_example_update_makes_no_host_sync_over_1000_updates(compile_loss):
-    ex = _example("torchrl_dqn_per")
+    ex = load_example("torchrl_dqn_per")
     learner = ex.make_learner(4, OneHot(2), device="cuda", capture=True, compile_loss=compile_loss,
                               updates_per_replay=8)
     rb = learner.rb
@@ -171,7 +164,7 @@ def test_torchrl_example_update_makes_no_host_sync_over_1000_updates(compile_los
 
 
 def test_lightning_example_update_makes_no_host_sync_over_1000_updates():
-    ex = _example("lightning_module_per")
+    ex = load_example("lightning_module_per")
     m = ex.CartPoleDQN(updates_per_step=8, capture=True)
     m.to("cuda")
     m.setup("fit")
@@ -331,3 +324,46 @@ def test_tensordict_cudagraphmodule_replays_our_whole_update():
     assert all(not torch.equal(a, b) for a, b in zip(idx, idx[1:]))  # every replay draws new slots
     assert all(bool(torch.isfinite(o["loss"])) for o in outs)
     assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 8  # every call was one Adam step
+
+
+# The user_loop suite's ours-cudagraphmodule row, in a child process: CudaGraphModule takes TensorDicts out of
+# torch's pytree registry for the rest of the process (tensordict's warning: "irreversible").
+_CUDAGRAPHMODULE_ROW = """
+import json, sys
+import torch
+from benchmarks.user_loop import cudagraphmodule_update
+
+update, rb = cudagraphmodule_update(4096, 64, "cuda")  # the row's configuration (shuffle_strata=False), small N
+losses = [update().clone() for _ in range(2)]  # call 0 warms up, call 1 runs eagerly and captures
+before = rb.sampler._raw.clone()
+losses += [update().clone() for _ in range(4)]  # replays
+torch.cuda.synchronize()
+out = {"finite": bool(torch.isfinite(torch.stack(losses)).all()),
+       "distinct_replays": len({round(float(x), 7) for x in losses[2:]}),
+       "priorities_changed": int((rb.sampler._raw != before).sum())}
+update, rb = cudagraphmodule_update(4096, 64, "cuda", sampler_kwargs={})  # the default sampler: shuffled strata
+try:
+    for _ in range(3):
+        update()
+    out["default_error"] = None
+except RuntimeError as err:
+    out["default_error"] = str(err)
+print(json.dumps(out))
+"""
+
+
+def test_user_loop_cudagraphmodule_row_replays_the_whole_update_and_names_an_unregistered_generator():
+    """tensordict's CudaGraphModule over our buffer registers no generator: with the row's sampler
+    (shuffle_strata=False, device-counter draws) every replay samples anew and the replays write priorities; with the default
+    one (its draws use the sampler's own generator) the capture fails with the error naming it."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CUDAGRAPHMODULE_ROW], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["finite"] and out["distinct_replays"] == 4 and out["priorities_changed"] > 0, out
+    assert out["default_error"] is not None and "GPUPrioritizedSampler.generator" in out["default_error"], out
+    assert "shuffle_strata=False" in out["default_error"], out

@@ -46,6 +46,26 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+#: torch's error when a CUDA generator is advanced while a stream capture is underway that the generator was not
+#: registered with (``CUDAGeneratorState::increase``; a host check before any launch, so the capture stays valid)
+_UNREGISTERED_GENERATOR = "not in capture mode"
+
+
+def unregistered_generator_error(sampler: object, exc: BaseException, way: str = "") -> BaseException:
+    """``exc`` itself, or, when it is torch's error for a draw from a CUDA generator that the graph being captured
+    did not register, a RuntimeError naming ``sampler``'s generator and the ways out (``way``: one more, specific
+    to the sampler). The caller raises the result ``from exc``."""
+    if _UNREGISTERED_GENERATOR not in str(exc):
+        return exc
+    ways = ["capture the update with lightning_per.graphs.capture (it registers the generators the buffer's draws "
+            "use)", "call graph.register_generator_state(sampler.generator) before your own torch.cuda.graph capture"]
+    return RuntimeError(
+        f"{type(sampler).__name__}.generator (the sampler's own CUDA torch.Generator) is drawn from inside a CUDA "
+        f"graph capture that did not register it: torch.cuda.graph registers only the device's default generator, "
+        f"so captures made by others (tensordict's CudaGraphModule, a plain torch.cuda.graph) cannot draw from it. "
+        f"Either " + "; or ".join([*ways, *([way] if way else [])]) + ".")
+
+
 class DeviceRNGMixin:
     """Gives a sampler ``self.generator`` (a ``torch.Generator`` on ``self._device``)."""
 
@@ -96,6 +116,24 @@ class DeviceRNGMixin:
         self.generator.manual_seed(_take_seed(buf, state))
         self._seeded()
         self._buffer_rng_seen = buf.get_state()
+
+    def _rand(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """float64 U[0, 1) draws of ``shape`` from :attr:`generator` on the sampler's device.
+
+        Raises:
+            RuntimeError: inside a CUDA-graph capture that did not register :attr:`generator` (the message names
+                it and how to capture instead).
+        """
+        if torch.compiler.is_compiling():  # traced: no capture underway, and no try block for dynamo to trace
+            return torch.rand(shape, generator=self.generator, device=self._device, dtype=torch.float64)
+        try:
+            return torch.rand(shape, generator=self.generator, device=self._device, dtype=torch.float64)
+        except RuntimeError as exc:
+            raise unregistered_generator_error(self, exc, self._unregistered_way()) from exc
+
+    def _unregistered_way(self) -> str:
+        """One more way out for :func:`unregistered_generator_error`, specific to the sampler ("" if none)."""
+        return ""
 
     def manual_seed(self, seed: int) -> None:
         """Seed the device generator directly (reproducible runs without a buffer generator)."""

@@ -66,7 +66,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         shuffle_strata: with ``stratified``, return the draws in a uniformly random order (default): a device-side
             permutation of the strata (the argsort of ``B`` random keys, no sync), so any part of a batch is
             distributed as any other (exchangeable, as TorchRL's i.i.d. draws). ``False`` returns them in stratum
-            order, i.e. sorted by slot, and lets the compiled kernels draw their own uniforms (one launch less).
+            order, i.e. sorted by slot, and lets the compiled kernels draw their own uniforms (one launch less,
+            and no generator for a CUDA graph to register: what a capture made by others, such as tensordict's
+            ``CudaGraphModule``, needs; the shuffled draws raise a RuntimeError naming :attr:`generator` there).
         weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
         seed: seed of the device generator when no buffer generator is set (default: drawn from
@@ -475,7 +477,13 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _uniforms(self, batch_size: int) -> Tensor:
         """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
-        return torch.rand(batch_size, generator=self.generator, device=self._device, dtype=torch.float64)
+        return self._rand((batch_size,))
+
+    def _unregistered_way(self) -> str:
+        if self._device_rng is not None and self._shuffles():
+            return ("build the sampler with shuffle_strata=False (with the compiled kernels its draws then take "
+                    "their uniforms from counters in device memory: no generator to register)")
+        return ""
 
     def _shuffles(self) -> bool:
         return self.stratified and self.shuffle_strata
@@ -487,7 +495,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         :attr:`stratified` (the ops stratify them in stratum order)."""
         if not self._shuffles():
             return self._uniforms(batch_size), self.stratified
-        draws = torch.rand((2, batch_size), generator=self.generator, device=self._device, dtype=torch.float64)
+        draws = self._rand((2, batch_size))
         strata = draws[0].argsort()  # [B] a uniformly random permutation (ties have probability ~2^-53)
         return (strata + draws[1]) / batch_size, False
 

@@ -10,7 +10,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
 from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
 
-from lightning_per.replay._rng import DeviceRNGMixin
+from lightning_per.replay._rng import DeviceRNGMixin, unregistered_generator_error
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
 
@@ -63,7 +63,13 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         if n == 0:
             raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): extend it first")
         self._follow_buffer_rng()
-        index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
+        if torch.compiler.is_compiling():
+            index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
+        else:
+            try:
+                index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
+            except RuntimeError as exc:  # a capture that did not register the generator: named
+                raise unregistered_generator_error(self, exc) from exc
         if getattr(storage, "ndim", 1) > 1:
             return torch.unravel_index(index, storage.shape), {}
         return index, {}

@@ -590,10 +590,10 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
             EmptyBufferError: the storage is empty.
         """
         T, num = self._prepare_draw(storage, batch_size)
-        u = torch.rand(num, generator=self.generator, device=self._device, dtype=torch.float64)
+        u = self._rand((num,))
         first, _ = self._ops.sample_proportional(self._start_leaves, self._start_bsum, self._start_bmin, u, 0.0,
                                                  False, "buffer")
-        pick = torch.rand(num, generator=self.generator, device=self._device, dtype=torch.float64)
+        pick = self._rand((num,))
         start = self._uniform_starts(first, pick, self._end_leaves, self._end_bsum, self._slots, T)
         return self._expand(start, T, storage)
 
