@@ -4,19 +4,14 @@ probabilities against an enumeration of TorchRL's slice rule)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import torch
+from _examples import load_example
 from tensordict import TensorDict
 
 from lightning_per import make_replay_buffer
 
-_PATH = Path(__file__).parents[1] / "examples" / "recurrent_dqn.py"
-_spec = importlib.util.spec_from_file_location("recurrent_dqn_example", _PATH)
-example = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(example)
+example = load_example("recurrent_dqn")
 
 
 def _numpy_n_step(reward, terminated, q_next, length, gamma, n):
