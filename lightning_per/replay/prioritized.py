@@ -44,6 +44,10 @@ from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_dev
 __all__ = ["GPUPrioritizedSampler"]
 
 SAMPLER_SCHEMA_VERSION = 1
+#: Largest batch whose strata permutation is ranked by one ``(B, B)`` comparison (two elementwise kernels, no
+#: sort: a sort of a short row runs in one thread block, many times slower than the batch's draw); larger
+#: batches argsort their keys.
+RANK_PERMUTATION_MAX = 1024
 FUSED_GATHER_MAX_WORDS = 1024
 """Widest packed row (int64 words, i.e. 8 KiB) that :meth:`GPUPrioritizedSampler.sample_gather` copies inside
 the sample kernel (one program per draw copies its row); wider rows, e.g. Atari frame stacks, are gathered by
@@ -64,7 +68,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         device: where priorities live; default the CUDA device when available, else CPU.
         stratified: one draw per equal-mass segment (default) or i.i.d. draws.
         shuffle_strata: with ``stratified``, return the draws in a uniformly random order (default): a device-side
-            permutation of the strata (the argsort of ``B`` random keys, no sync), so any part of a batch is
+            permutation of the strata (the ranks of ``B`` random keys, no sync), so any part of a batch is
             distributed as any other (exchangeable, as TorchRL's i.i.d. draws). ``False`` returns them in stratum
             order, i.e. sorted by slot, and lets the compiled kernels draw their own uniforms (one launch less,
             and no generator for a CUDA graph to register: what a capture made by others, such as tensordict's
@@ -490,14 +494,14 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _draw_uniforms(self, batch_size: int) -> tuple[Tensor, bool]:
         """``(u (B,) float64, stratified)`` for the ops: with :attr:`shuffle_strata`, the stratified targets
-        ``u_j = (pi(j) + U_j) / B`` for a uniformly random permutation ``pi`` of the strata (the argsort of B
-        uniform keys; the ops then take ``u`` as it is, ``stratified=False``), else i.i.d. uniforms and
+        ``u_j = (pi(j) + U_j) / B`` for a uniformly random permutation ``pi`` of the strata (the ranks of B
+        uniform keys, :func:`random_permutation`; the ops then take ``u`` as it is, ``stratified=False``), else
+        i.i.d. uniforms and
         :attr:`stratified` (the ops stratify them in stratum order)."""
         if not self._shuffles():
             return self._uniforms(batch_size), self.stratified
         draws = self._rand((2, batch_size))
-        strata = draws[0].argsort()  # [B] a uniformly random permutation (ties have probability ~2^-53)
-        return (strata + draws[1]) / batch_size, False
+        return (random_permutation(draws[0]) + draws[1]) / batch_size, False
 
     def _device_draws(self, batch_size: int) -> bool:
         """True when a draw of ``batch_size`` takes its uniforms from the kernels' device RNG
@@ -801,3 +805,22 @@ def _unravel(index: Tensor, storage):
     if ndim <= 1:
         return index
     return torch.unravel_index(index, storage.shape)
+
+
+def random_permutation(keys: Tensor) -> Tensor:
+    """A uniformly random permutation of ``range(B)`` from ``B`` i.i.d. continuous keys: each key's rank (the
+    number of keys below it), ``(B,)`` int64 on ``keys``' device, no host sync.
+
+    The ranks of exchangeable keys are a uniformly random permutation (ties have probability ~2^-53 for
+    float64 uniforms); up to :data:`RANK_PERMUTATION_MAX` keys they are counted by one ``(B, B)`` comparison
+    and a row sum (no sort), beyond by ``argsort`` (whose result, the inverse of the ranks, is uniform too).
+
+    Example::
+
+        >>> import torch
+        >>> random_permutation(torch.tensor([0.7, 0.1, 0.4]))
+        tensor([2, 0, 1])
+    """
+    if keys.numel() > RANK_PERMUTATION_MAX:
+        return keys.argsort()
+    return (keys.unsqueeze(1) > keys).sum(1)
