@@ -2,8 +2,8 @@
 op with a ``TorchDispatchMode`` on the CPU: what a CUDA graph of the step records, without a GPU.
 
 A shuffled stratified draw (``shuffle_strata``, the default) may add only its permutation's few elementwise ops
-of ``B`` elements to the step: no sort (a sort of a short row runs in one thread block, slower than the whole
-step's other kernels together) and no op over the ``N`` slots.
+of ``B`` (or ``B * B``) elements to the step: no sort (for a short row a sort kernel runs in a single thread
+block) and no op over the ``N`` slots.
 """
 
 from __future__ import annotations

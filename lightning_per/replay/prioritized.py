@@ -44,9 +44,8 @@ from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_dev
 __all__ = ["GPUPrioritizedSampler"]
 
 SAMPLER_SCHEMA_VERSION = 1
-#: Largest batch whose strata permutation is ranked by one ``(B, B)`` comparison (two elementwise kernels, no
-#: sort: a sort of a short row runs in one thread block, many times slower than the batch's draw); larger
-#: batches argsort their keys.
+#: Largest batch whose strata permutation is ranked by one ``(B, B)`` comparison (two fully parallel kernels;
+#: no sort kernel, which for a short row runs in a single thread block); larger batches argsort their keys.
 RANK_PERMUTATION_MAX = 1024
 FUSED_GATHER_MAX_WORDS = 1024
 """Widest packed row (int64 words, i.e. 8 KiB) that :meth:`GPUPrioritizedSampler.sample_gather` copies inside
