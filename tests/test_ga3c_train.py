@@ -77,6 +77,22 @@ def test_episode_log_copies_the_stats_episodes_in_order():
     assert int(model.episode_log_count) == 6 and model.episode_log.dtype == torch.float64
 
 
+def test_episode_log_takes_the_episodes_the_count_names_when_more_end_meanwhile():
+    from lightning_per.callbacks import episode_log_rows, new_episode_log
+
+    model = GA3C(GA3CConfig())
+    model.episode_log, model.episode_log_count = new_episode_log(16)
+    stats = model.stats
+    stats.add_rollout(10, [(1.0, 3), (2.0, 4)])
+    counted = stats.episodes  # the epoch's snapshot counts 2 episodes ...
+    stats.add_rollout(10, [(3.0, 5)])  # ... and an agent's rollout ends a third before the copy
+    model._sync_log(counted)
+    model._sync_log(stats.episodes)
+    # each episode once, in the order they ended: (env steps, return) from the rollouts above
+    rows, dropped = episode_log_rows(model.episode_log, int(model.episode_log_count))
+    assert dropped == 0 and [(s, r) for s, _, r in rows] == [(10.0, 1.0), (10.0, 2.0), (20.0, 3.0)]
+
+
 def test_terminal_reward_toy_task_is_learned():
     cfg = GA3CConfig(env=TOY_ENV_ID, agents=2, envs_per_agent=8, t_max=3, train_min_batch_size=48,
                      hidden_sizes=[32], optimizer="adam", lr=3e-3, beta=0.001, gamma=0.99,

@@ -434,7 +434,8 @@ class GA3C(pl.LightningModule):
         if new <= 0:
             return
         cap = self.episode_log.shape[0]
-        recent = self.stats.recent_episodes(min(new, cap))  # [(seconds since t0, steps, return, length)]
+        # by number: episodes that ended after the snapshot counted `total` belong to the next sync
+        recent = self.stats.episodes_range(total - min(new, cap), total)  # [(t since t0, steps, return, len)]
         first = total - len(recent)
         t0 = self.stats.t0
         host = torch.tensor([(steps, t0 + t, ret) for t, steps, ret, _ in recent], dtype=torch.float64)  # [n, 3]

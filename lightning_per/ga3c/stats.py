@@ -109,6 +109,18 @@ class Stats:
             tail = list(itertools.islice(reversed(self.episode_log), n))
         return tail[::-1]
 
+    def episodes_range(self, first: int, end: int) -> list[tuple[float, int, float, int]]:
+        """Episodes ``first`` (inclusive) to ``end`` (exclusive) by their number since the start, oldest first,
+        as :meth:`recent_episodes` gives them; episodes dropped from the history are left out.
+
+        Read by number, not "the last n": episodes that end while a caller works on an older count are not
+        taken for older ones.
+        """
+        with self._lock:
+            oldest = self._episodes - len(self.episode_log)  # number of the first episode still kept
+            lo, hi = max(first, oldest) - oldest, min(end, self._episodes) - oldest
+            return list(itertools.islice(self.episode_log, lo, hi)) if hi > lo else []
+
     @property
     def episodes(self) -> int:
         """Episodes finished so far (a host int; no lock needed to read it)."""
