@@ -36,7 +36,7 @@ from benchmarks._harness import capture, count_syncs, timed
 from benchmarks._results import Results, markdown_table
 
 
-def transitions(n: int, device, generator: torch.Generator) -> "TensorDict":  # noqa: F821
+def transitions(n: int, device, generator: torch.Generator) -> TensorDict:  # noqa: F821
     from tensordict import TensorDict
 
     lengths = torch.randint(50, 451, (n // 50 + 2,), generator=generator)
@@ -194,7 +194,7 @@ def run(args) -> Results:
             rows += measure(N, T, S, device, iters, t_iters, families)
     columns = ["impl", "N", "S", "T", "step_us", "syncs_per_step", "extend64_us"]
     return Results(rows=rows, table=markdown_table(rows, columns), metric="step_us",
-                   title=f"One sequence-replay step = sample S slices of T + read them + update S*T priorities "
-                         f"(uniform rows: no update): microseconds per step (CUDA events on a GPU, wall clock on a "
-                         f"CPU), host syncs per step, extend of 64 transitions.",
+                   title="One sequence-replay step = sample S slices of T + read them + update S*T priorities "
+                         "(uniform rows: no update): microseconds per step (CUDA events on a GPU, wall clock on a "
+                         "CPU), host syncs per step, extend of 64 transitions.",
                    notes=ratios(rows))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _examples import load_example
 from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
 from torchrl.data import OneHot
@@ -26,7 +27,6 @@ from torchrl.objectives import HardUpdate as TorchRLHardUpdate
 
 from lightning_per import make_replay_buffer
 from lightning_per.graphs import CaptureError, HardUpdate, capture
-from _examples import load_example
 
 pytestmark = pytest.mark.gpu
 
@@ -354,7 +354,8 @@ print(json.dumps(out))
 
 def test_user_loop_cudagraphmodule_row_replays_the_whole_update_and_names_an_unregistered_generator():
     """tensordict's CudaGraphModule over our buffer registers no generator: with the row's sampler
-    (shuffle_strata=False, device-counter draws) every replay samples anew and the replays write priorities; with the default
+    (shuffle_strata=False, device-counter draws) every replay samples anew and the replays write priorities;
+    with the default
     one (its draws use the sampler's own generator) the capture fails with the error naming it."""
     import json
     import subprocess

@@ -288,7 +288,8 @@ def test_plain_tensors_tensorclasses_and_pytrees_are_stored(item, device):
         out.append((len(rb), type(got).__name__, str(torch.utils._pytree.tree_leaves(
             got.to_dict() if hasattr(got, "to_dict") else got))))
         sample = rb.sample()
-        assert torch.utils._pytree.tree_leaves(sample.to_dict() if hasattr(sample, "to_dict") else sample)[0].shape[0] == 3
+        leaves = torch.utils._pytree.tree_leaves(sample.to_dict() if hasattr(sample, "to_dict") else sample)
+        assert leaves[0].shape[0] == 3
     assert out[1] == out[0]
 
 

@@ -476,7 +476,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         """The checks every draw makes: ``batch_size`` an int >= 1, a non-empty storage (errors as :meth:`sample`)."""
         check_batch_size(batch_size)
         if len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): extend it first")
+            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
+                                   "extend it first")
 
     def _uniforms(self, batch_size: int) -> Tensor:
         """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""

@@ -61,7 +61,8 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         check_batch_size(batch_size)
         n = len(storage)
         if n == 0:
-            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): extend it first")
+            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
+                                   "extend it first")
         self._follow_buffer_rng()
         if torch.compiler.is_compiling():
             index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)

@@ -47,7 +47,7 @@ from lightning_per.ops import block_size_for, reduce_blocks, reference, select_b
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
-from lightning_per.replay.storage import _set_all, resolve_device, GPUTensorStorage
+from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
 
 __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULES"]
 
@@ -150,7 +150,8 @@ def hidden_raw(index: Tensor, raw: Tensor, valid: Tensor, n_valid: int, n: int, 
                raw_store: Tensor, n_dropped: Tensor, scratch: Tensor) -> Tensor:
     """The part of a ``"start"``-rule write the fused write does not do (:meth:`GPUPrioritizedSliceSampler._write`):
     the slots of ``index`` that cannot start a slice keep their cleaned raw priority (last write wins) in
-    ``raw_store`` and are not counted as dropped (``scratch``: ``(n,)`` int32 for the last writers). Returns the write's slots (those slots sent to ``trash``) and the
+    ``raw_store`` and are not counted as dropped (``scratch``: ``(n,)`` int32 for the last writers).
+    Returns the write's slots (those slots sent to ``trash``) and the
     largest of their cleaned priorities, for the running max once the write (which cleans with the running max
     as it was) is done."""
     inside = (index >= 0) & (index < n_valid)
@@ -378,7 +379,8 @@ class _SliceIndex:
                 raise ValueError(f"slice sampler checkpoint's {key!r} must be a ({self._slots},) tensor")
         filled = state["filled"]
         if isinstance(filled, bool) or not isinstance(filled, int) or not 0 <= filled <= self._slots:
-            raise ValueError(f"slice sampler checkpoint's 'filled' must be an int in [0, {self._slots}], got {filled!r}")
+            raise ValueError(f"slice sampler checkpoint's 'filled' must be an int in [0, {self._slots}], "
+                             f"got {filled!r}")
 
     def _load_slice_state(self, state: dict[str, Any]) -> None:
         self._raw_end.copy_(state["raw_end"].to(self._device))

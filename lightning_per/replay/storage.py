@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import expand_as_right
 from torchrl.data import LazyTensorStorage
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
