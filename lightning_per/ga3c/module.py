@@ -483,9 +483,12 @@ class GA3C(pl.LightningModule):
         t0 = self.stats.t0
         wall = max(snap.t - t0, 1e-9)
         c = self.cfg
+        # the mean return of the newest episodes the episode log (episodes.csv) holds, so the summary and the
+        # file agree; episodes that ended after the last epoch's copy (e.g. during shutdown) count in "episodes"
+        logged = self.stats.episodes_range(max(self._log_synced - c.return_window, 0), self._log_synced)
         return {
-            "mean_return": self.stats.mean_return(c.return_window) if snap.episodes else None,
-            "mean_return_episodes": min(c.return_window, snap.episodes),
+            "mean_return": sum(r for _, _, r, _ in logged) / len(logged) if logged else None,
+            "mean_return_episodes": len(logged),
             "episodes": snap.episodes,
             "tps": snap.updates / wall,
             "pps": snap.predictions / wall,
