@@ -334,7 +334,7 @@ import torch
 from benchmarks.user_loop import cudagraphmodule_update
 
 update, rb = cudagraphmodule_update(4096, 64, "cuda")  # the row's configuration (shuffle_strata=False), small N
-losses = [update().clone() for _ in range(2)]  # call 0 warms up, call 1 runs eagerly and captures
+losses = [update().clone() for _ in range(2)]  # the first call warms up, the second runs eagerly and captures
 before = rb.sampler._raw.clone()
 losses += [update().clone() for _ in range(4)]  # replays
 torch.cuda.synchronize()

@@ -183,7 +183,7 @@ class DeviceRNGMixin:
     def _load_rng_state(self, state: dict) -> None:
         self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
         seen = state.get("buffer_seen")
-        self._buffer_rng_seen = seen.cpu().clone() if isinstance(seen, torch.Tensor) else None
+        self._buffer_rng_seen = seen.cpu().clone() if isinstance(seen, torch.Tensor) else None  # sync-ok: load
         self._rng_fingerprint = None if seen is not None else state["fingerprint"]
         # until the buffer attaches another generator (TorchRL's load restores its own), the restored device stream
         # continues under the generator attached now

@@ -607,7 +607,7 @@ class GPUSliceSampler(_SliceIndex, DeviceRNGMixin, SliceSampler):
         k = starts.sum()
         p = torch.zeros(self._slots, dtype=torch.float64)
         N = self._slots
-        for s in torch.nonzero(starts).flatten().tolist():
+        for s in torch.nonzero(starts).flatten().tolist():  # sync-ok: host copy (diagnostics)
             members = []
             j = s
             while True:
