@@ -45,7 +45,7 @@ def _transitions(n: int, obs: int, actions: int, device, seed: int) -> TensorDic
 
 
 def _recipe(*, backend: str = "kernels", hard: int | None = None, compile_loss: bool = False, lr: float = 1e-12,
-            capacity: int = 4096, filled: int = 2048, batch: int = 64):
+            capacity: int = 4096, filled: int = 2048, batch: int = 64, shuffle_strata: bool = True):
     """TorchRL's DQN recipe pieces on CUDA with our buffer (partly filled), seeded identically on every call."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -57,7 +57,8 @@ def _recipe(*, backend: str = "kernels", hard: int | None = None, compile_loss: 
     target = HardUpdate(loss, value_network_update_interval=hard) if hard is not None else SoftUpdate(loss, tau=0.05)
     opt = torch.optim.Adam(loss.parameters(), lr=lr, capturable=True)
     rb = make_replay_buffer(capacity, batch, sampler="proportional", device=dev, alpha=0.6, beta=0.4,
-                            priority_key="td_error", backend=backend, generator=torch.Generator().manual_seed(0))
+                            priority_key="td_error", backend=backend, generator=torch.Generator().manual_seed(0),
+                            shuffle_strata=shuffle_strata)
     rb.extend(_transitions(filled, OBS, ACTIONS, dev, seed=1))
     loss_fn = torch.compile(loss) if compile_loss else loss
 
@@ -317,7 +318,7 @@ def test_tensordict_cudagraphmodule_replays_our_whole_update():
     are real updates; the compiled kernels' device-counter draws need no registered generator)."""
     from tensordict.nn import CudaGraphModule
 
-    step, loss, opt, rb, target = _recipe(backend="kernels", lr=1e-3)
+    step, loss, opt, rb, target = _recipe(backend="kernels", lr=1e-3, shuffle_strata=False)
     update = CudaGraphModule(step, warmup=2)
     outs = [update() for _ in range(8)]  # 1 eager warm-up, the capturing call, 6 replays
     idx = [o["index"] for o in outs[2:]]
