@@ -56,7 +56,7 @@ def capture(fn, generators=()):
 
     ``generators``: custom ``torch.Generator`` objects ``fn`` draws from (registered with the graph).
     """
-    from lightning_per.utils import capture_cuda_graph  # lazily: a --family torchrl run may lack it
+    from lightning_per.graphs.streams import capture_cuda_graph  # lazily: a --family torchrl run may lack it
 
     return capture_cuda_graph(fn, generators).replay
 

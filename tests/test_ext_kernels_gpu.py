@@ -21,8 +21,8 @@ from lightning_per.ext import composite, rank, sample, update  # noqa: E402
 from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
+from lightning_per.graphs.streams import capture_cuda_graph as capture  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
-from lightning_per.utils import capture_cuda_graph as capture  # noqa: E402
 
 F64 = torch.float64
 

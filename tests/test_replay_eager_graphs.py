@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from lightning_per.replay._eager_graphs import EagerGraphs, _Entry, _pack
+from lightning_per.graphs.eager import EagerGraphs, _Entry, _pack
 
 
 class _NoGraph:
@@ -77,7 +77,7 @@ def test_paused_eager_graphs_neither_record_nor_replay(monkeypatch):
     capture) calls are not served by cached graphs, in this thread only."""
     import threading
 
-    from lightning_per.utils import eager_graphs_are_paused, eager_graphs_paused
+    from lightning_per.graphs.eager import eager_graphs_are_paused, eager_graphs_paused
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert EagerGraphs.active()

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from lightning_per import GPUTensorStorage, make_replay_buffer
-from lightning_per.utils import capture_cuda_graph as capture
+from lightning_per.graphs.streams import capture_cuda_graph as capture
 
 pytestmark = pytest.mark.gpu
 

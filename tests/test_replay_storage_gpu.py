@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from test_replay_frames import StackModel, _check_slots, _td
 
 from lightning_per import FrameStackStorage, PinnedHostStorage, make_replay_buffer
-from lightning_per.utils import capture_cuda_graph as capture
+from lightning_per.graphs.streams import capture_cuda_graph as capture
 
 pytestmark = pytest.mark.gpu
 

@@ -22,16 +22,15 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor, nn
 
-from lightning_per.graphs.update import _restore, _snapshot, no_recompiles
-from lightning_per.utils import cuda_graph_capture, eager_graphs_paused
+from lightning_per.graphs.capturing import cuda_graph_capture
+from lightning_per.graphs.eager import eager_graphs_paused
+from lightning_per.graphs.errors import CaptureError
+from lightning_per.graphs.state import CaptureState
+from lightning_per.graphs.update import no_recompiles
 
 __all__ = ["CaptureError", "CapturedStep", "capture"]
 
 _SYNC_MESSAGE = "synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("error")
-
-
-class CaptureError(RuntimeError):
-    """The step cannot be recorded in a CUDA graph; the message names the operation and the way out."""
 
 
 def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1, warmup: int = 3,
@@ -121,7 +120,7 @@ class CapturedStep:
         if isinstance(state, (Tensor, nn.Module)) or not isinstance(state, Sequence):
             raise TypeError(f"state must be a list of the objects the step changes, got {type(state).__name__}")
         self.step, self.updates_per_replay, self.warmup = step, updates_per_replay, warmup
-        self._parts = _Parts(state)
+        self._parts = CaptureState(state)
         self.device = torch.device(device) if device is not None else self._parts.device()
         if enabled and self.device.type != "cuda":
             raise ValueError(f"enabled=True needs a CUDA device, got {self.device} (pass device= or CUDA state)")
@@ -224,174 +223,6 @@ class CapturedStep:
             torch.cuda.synchronize(self.device)  # sync-ok: end of a run; no replay may be in flight
             self.graph.reset()
             self.graph = None
-
-
-class _Parts:
-    """What :func:`capture` rolls back after its warm-up, sorted by kind from the user's ``state`` list."""
-
-    def __init__(self, state: Sequence[Any]) -> None:
-        from torchrl.data import ReplayBuffer
-        from torchrl.data.replay_buffers.samplers import Sampler
-        from torchrl.objectives.utils import TargetNetUpdater
-
-        self.tensors: dict[int, Tensor] = {}
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.samplers: list[tuple[Any, Any]] = []  # (sampler, storage or None)
-        self._owners: list[Any] = []  # the replay buffer of each sampler, or None
-        self.user_generators: list[torch.Generator] = []
-        self.updaters: list[Any] = []
-        for i, obj in enumerate(state):
-            if isinstance(obj, Tensor):
-                self._add(obj)
-            elif isinstance(obj, nn.Module):
-                for t in (*obj.parameters(), *obj.buffers()):
-                    self._add(t)
-            elif isinstance(obj, torch.optim.Optimizer) or isinstance(getattr(obj, "optimizer", None),
-                                                                      torch.optim.Optimizer):
-                opt = obj if isinstance(obj, torch.optim.Optimizer) else obj.optimizer  # Lightning's wrapper
-                self.optimizers.append(opt)
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        self._add(p)
-            elif isinstance(obj, torch.Generator):
-                self.user_generators.append(obj)
-            elif isinstance(obj, ReplayBuffer):
-                self.samplers.append((obj.sampler, obj.storage))
-                self._owners.append(obj)
-            elif isinstance(obj, Sampler):
-                self.samplers.append((obj, None))
-                self._owners.append(None)
-            elif isinstance(obj, TargetNetUpdater):
-                self.updaters.append(obj)
-                for t in obj._targets.values(True, True):
-                    self._add(t)
-                for t in getattr(obj, "capture_state", list)():
-                    self._add(t)
-            elif isinstance(obj, TensorDictBase):
-                for t in obj.values(True, True):
-                    self._add(t)
-            else:
-                raise TypeError(f"state[{i}] must be a tensor, nn.Module, optimizer, generator, replay buffer, "
-                                f"sampler or target updater, got {type(obj).__name__}")
-        for sampler, _ in self.samplers:
-            for t in getattr(sampler, "device_state", list)():
-                self._add(t)
-
-    def _add(self, t: Tensor) -> None:
-        self.tensors.setdefault(id(t), t)
-
-    def device(self) -> torch.device:
-        """The first CUDA device among the tensors (samplers' included), else CPU."""
-        for t in self.tensors.values():
-            if t.device.type == "cuda":
-                return t.device
-        for sampler, _ in self.samplers:
-            d = getattr(sampler, "device", None)
-            if d is not None and torch.device(d).type == "cuda":
-                return torch.device(d)
-        return torch.device("cpu")
-
-    def check_capturable(self) -> None:
-        """CaptureError for a part that cannot live in a graph, whatever the step does with it."""
-        from torchrl.objectives.utils import HardUpdate as TorchRLHardUpdate
-
-        from lightning_per.replay import GPUPrioritizedSampler, GPURandomSampler, GPURankBasedSampler
-
-        for opt in self.optimizers:
-            for group in opt.param_groups:
-                if group.get("capturable") is False:
-                    name = type(opt).__name__
-                    raise CaptureError(f"optimizer {name} was built with capturable=False: its step count lives on "
-                                       f"the host, which a CUDA graph cannot advance; build it with "
-                                       f"{name}(..., capturable=True)")
-        for sampler, _ in self.samplers:
-            name = type(sampler).__name__
-            if isinstance(sampler, GPURankBasedSampler):
-                raise CaptureError(f"{name} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
-                                   f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the "
-                                   f"learner alone (pass the batch as the step's input)")
-            if not isinstance(sampler, (GPUPrioritizedSampler, GPURandomSampler)):
-                raise CaptureError(f"sampler {name} cannot be captured (TorchRL's samplers draw on the host); use "
-                                   f"lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the "
-                                   f"learner alone (pass the batch as the step's input)")
-        for updater in self.updaters:
-            if isinstance(updater, TorchRLHardUpdate):
-                raise CaptureError("TorchRL's HardUpdate counts steps in a Python int, which a CUDA graph freezes "
-                                   "(it would copy at every replay or never); use lightning_per.graphs.HardUpdate, "
-                                   "the same schedule on a device counter")
-
-    def check_ready(self) -> None:
-        """CaptureError for a buffer that cannot be captured yet (empty; uniform draws from a filling ring)."""
-        from lightning_per.replay import GPURandomSampler
-
-        for sampler, storage in self.samplers:
-            if storage is None:
-                continue
-            if len(storage) == 0:
-                raise CaptureError("the replay buffer is empty: extend it before the first call (the graph records "
-                                   "reads of its storage)")
-            if isinstance(sampler, GPURandomSampler) and len(storage) < storage.max_size:
-                raise CaptureError(f"{type(sampler).__name__} draws from len(storage), a host int a CUDA graph "
-                                   f"freezes ({len(storage)} of {storage.max_size}): capture once the buffer is full, "
-                                   f"or use the prioritized sampler")
-
-    def _batch_sizes(self) -> list[tuple[Any, int | None]]:
-        """Each sampler with its buffer's batch size (None: a bare sampler, or a buffer without one)."""
-        return [(s, getattr(owner, "_batch_size", None)) for s, owner in zip(
-            (s for s, _ in self.samplers), self._owners)]
-
-    def generators(self) -> list[torch.Generator]:
-        """The CUDA generators to register with the graph (the device's default one is always registered)."""
-        gens: dict[int, torch.Generator] = {}
-        drawn = []
-        for sampler, batch_size in self._batch_sizes():
-            if batch_size is not None and hasattr(sampler, "draw_generators"):
-                # none when the compiled kernels draw from counters in device memory (a registered generator
-                # costs every replay two small host-to-device writes)
-                drawn += list(sampler.draw_generators(batch_size))
-            else:
-                drawn.append(getattr(sampler, "generator", None))
-        for gen in [*self.user_generators, *drawn]:
-            if isinstance(gen, torch.Generator) and gen.device.type == "cuda":
-                gens.setdefault(id(gen), gen)
-        return [g for g in gens.values() if g is not _default_cuda_generator(g.device)]
-
-    @torch.no_grad()
-    def snapshot(self, device: torch.device) -> dict[str, Any]:
-        """Copies of every tensor, optimizer state, sampler RNG and generator state (no host sync)."""
-        all_gens = list(self.user_generators)
-        for sampler, _ in self.samplers:  # ours restore theirs through set_rng_state (device counters too)
-            gen = getattr(sampler, "generator", None)
-            if not hasattr(sampler, "get_rng_state") and isinstance(gen, torch.Generator):
-                all_gens.append(gen)
-        if device.type == "cuda":
-            all_gens.append(_default_cuda_generator(device))
-        return {"tensors": [(t, t.detach().clone()) for t in self.tensors.values()],
-                "optimizers": [(opt, _snapshot([], opt)) for opt in self.optimizers],
-                "samplers": [(s, s.get_rng_state()) for s, _ in self.samplers if hasattr(s, "get_rng_state")],
-                "generators": [(g, g.get_state()) for g in all_gens]}
-
-    @torch.no_grad()
-    def restore(self, saved: dict[str, Any]) -> None:
-        """Put back a :meth:`snapshot` in place (optimizer state created since is zeroed)."""
-        for t, value in saved["tensors"]:
-            t.detach().copy_(value)
-        for opt, value in saved["optimizers"]:
-            _restore([], opt, value)
-        for sampler, value in saved["samplers"]:
-            sampler.set_rng_state(value)
-        for gen, value in saved["generators"]:
-            gen.set_state(value)
-
-    def drop_grads(self) -> None:
-        """The optimizers' gradients set to None: the captured backward allocates them in the graph's pool."""
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-
-
-def _default_cuda_generator(device: torch.device) -> torch.Generator:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.default_generators[index]
 
 
 @contextlib.contextmanager

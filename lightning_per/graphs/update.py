@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from lightning_per.utils import cuda_graph_capture, warm_up_on_side_stream
+from lightning_per.graphs.capturing import cuda_graph_capture
+from lightning_per.graphs.streams import warm_up_on_side_stream
 
 __all__ = ["CapturedUpdate", "count_optimizer_step", "no_recompiles"]
 

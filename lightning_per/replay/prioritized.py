@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
+from lightning_per.graphs.eager import EagerGraphs
 from lightning_per.ops import block_size_for, select_backend
-from lightning_per.replay._eager_graphs import EagerGraphs
 from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint, check_rng_state
 from lightning_per.replay.errors import (
     FLOAT32_MAX,
@@ -85,7 +85,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             the row gather; a priority write of B slots into a full buffer, and the default priorities an
             extend of B items writes there) by replaying a CUDA graph
             recorded at the second such call: one launch instead of several, same results, fresh outputs
-            (a call's outputs of one dtype share an allocation; see :mod:`lightning_per.replay._eager_graphs`).
+            (a call's outputs of one dtype share an allocation; see :mod:`lightning_per.graphs.eager`).
             The first capture of each shape synchronises the device once. Ignored on CPU, under
             ``torch.compile``, inside an outer CUDA-graph capture and during a capture's warm-up. The
             rank-based sampler serves its re-sort + draw too, once the buffer is full.
@@ -570,6 +570,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if rng is not None:
             rng[1:].zero_()
             rng[:1].fill_(self._ops.seed_word(self.generator.initial_seed() if seed is None else seed))
+
+    def capture_problem(self, storage) -> str | None:
+        """None: draws and priority updates run on the device from device state, so a CUDA graph can record them
+        (:class:`lightning_per.graphs.CapturableSampler`)."""
+        return None
 
     def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
         """The torch generators a draw of ``batch_size`` consumes: what a CUDA graph that records such draws must

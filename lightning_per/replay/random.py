@@ -75,6 +75,15 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
             return torch.unravel_index(index, storage.shape), {}
         return index, {}
 
+    def capture_problem(self, storage) -> str | None:
+        """Why a CUDA graph cannot record draws from ``storage`` now (None: it can, or ``storage`` is None): the
+        draws read ``len(storage)``, a host int a graph freezes, so the ring must be full
+        (:class:`lightning_per.graphs.CapturableSampler`)."""
+        if storage is None or len(storage) >= storage.max_size:
+            return None
+        return (f"{type(self).__name__} draws from len(storage), a host int a CUDA graph freezes ({len(storage)} of "
+                f"{storage.max_size}): capture once the buffer is full, or use the prioritized sampler")
+
     def state_dict(self) -> dict[str, Any]:
         return {"_schema_version": _SCHEMA_VERSION, "kind": type(self).__name__, "rng": self._rng_state()}
 

@@ -64,6 +64,12 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         self.sort_every = sort_every
         super().__init__(max_capacity, alpha, beta, eps, **kwargs)
 
+    def capture_problem(self, storage) -> str | None:
+        """Why a CUDA graph cannot record this sampler's draws (:class:`lightning_per.graphs.CapturableSampler`)."""
+        return (f"{type(self).__name__} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
+                f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
+                f"the batch as the step's input)")
+
     def _init(self) -> None:
         super()._init()
         _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)  # [N] float64

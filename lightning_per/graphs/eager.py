@@ -28,7 +28,7 @@ The contract that makes this transparent to callers:
   when it reallocates its state.
 * **Only plain eager calls.** Nothing is cached while ``torch.compile`` traces, while the current
   stream is being captured (an outer CUDA graph records the launches itself) or inside
-  ``lightning_per.utils.eager_graphs_paused`` (the warm-up before such a capture).
+  :func:`eager_graphs_paused` (the warm-up before such a capture).
 
 The capture synchronises the device once and empties the caching allocator (``torch.cuda.graph`` does,
 before it records): a one-time cost per call shape, exempt from ``torch.cuda.set_sync_debug_mode`` while it
@@ -38,16 +38,45 @@ itself: callers serialise calls on one sampler (the replay buffer's locks do).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from lightning_per.utils import cuda_graph_capture, eager_graphs_are_paused
+from lightning_per.graphs.capturing import cuda_graph_capture
 
-__all__ = ["EagerGraphs"]
+__all__ = ["EagerGraphs", "eager_graphs_are_paused", "eager_graphs_paused"]
+
+_EAGER_GRAPHS_PAUSED = threading.local()
+
+
+@contextlib.contextmanager
+def eager_graphs_paused() -> Iterator[None]:
+    """Within (this thread only): the samplers' cached CUDA graphs (:class:`EagerGraphs`) neither record nor
+    replay; eager calls launch their kernels. :func:`~lightning_per.graphs.streams.warm_up_on_side_stream`
+    uses it: a warm-up before a capture is about to record those calls itself, so caching them would only
+    cost a sync and memory.
+
+    Example:
+        >>> with eager_graphs_paused():
+        ...     eager_graphs_are_paused()
+        True
+    """
+    _EAGER_GRAPHS_PAUSED.depth = getattr(_EAGER_GRAPHS_PAUSED, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _EAGER_GRAPHS_PAUSED.depth -= 1
+
+
+def eager_graphs_are_paused() -> bool:
+    """Whether this thread is inside :func:`eager_graphs_paused`."""
+    return getattr(_EAGER_GRAPHS_PAUSED, "depth", 0) > 0
+
 
 class _Entry:
     """One captured call: static inputs, the graph, its outputs' flat buffers (one per dtype) and where each
@@ -101,7 +130,7 @@ class EagerGraphs:
     @staticmethod
     def active() -> bool:
         """True when a call may be served by a graph: a plain eager call (not traced by ``torch.compile``,
-        not on a stream being captured, not inside :func:`lightning_per.utils.eager_graphs_paused`)."""
+        not on a stream being captured, not inside :func:`eager_graphs_paused`)."""
         return (not eager_graphs_are_paused() and not torch.compiler.is_compiling()
                 and not torch.cuda.is_current_stream_capturing())
 

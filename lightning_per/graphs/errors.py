@@ -1,0 +1,16 @@
+"""The error of the graph layer: :class:`CaptureError`."""
+
+from __future__ import annotations
+
+__all__ = ["CaptureError"]
+
+
+class CaptureError(RuntimeError):
+    """The step cannot be recorded in a CUDA graph; the message names the operation and the way out.
+
+    Example:
+        >>> raise CaptureError("optimizer Adam was built with capturable=False: ...")
+        Traceback (most recent call last):
+        ...
+        lightning_per.graphs.errors.CaptureError: optimizer Adam was built with capturable=False: ...
+    """

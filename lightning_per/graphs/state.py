@@ -1,0 +1,209 @@
+"""The state a whole-update capture rolls back after its warm-up: :class:`CaptureState`.
+
+:func:`lightning_per.graphs.capture` sorts the user's ``state`` list by kind (tensors, modules, optimizers,
+generators, replay buffers and samplers, target updaters), checks that each part can live in a CUDA graph,
+snapshots them before the side-stream warm-up and restores them after it, so the first replay is the first
+update. Samplers are found by duck typing (:class:`~lightning_per.graphs.protocol.CapturableSampler`): this
+layer imports nothing of :mod:`lightning_per.replay`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torch import Tensor, nn
+
+from lightning_per.graphs.errors import CaptureError
+from lightning_per.graphs.update import _restore, _snapshot
+
+__all__ = ["CaptureState", "default_cuda_generator"]
+
+
+class CaptureState:
+    """What :func:`~lightning_per.graphs.capture` rolls back after its warm-up, sorted by kind from the user's
+    ``state`` list.
+
+    Args:
+        state: the objects the step changes (see :func:`~lightning_per.graphs.capture`).
+
+    Raises:
+        TypeError: an entry of ``state`` is of an unsupported kind (named by its position).
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Linear(2, 1)
+        >>> parts = CaptureState([net, torch.optim.SGD(net.parameters(), lr=0.1)])
+        >>> len(parts.tensors), len(parts.optimizers), parts.device()
+        (2, 1, device(type='cpu'))
+    """
+
+    def __init__(self, state: Sequence[Any]) -> None:
+        from torchrl.data import ReplayBuffer
+        from torchrl.data.replay_buffers.samplers import Sampler
+        from torchrl.objectives.utils import TargetNetUpdater
+
+        self.tensors: dict[int, Tensor] = {}
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.samplers: list[tuple[Any, Any]] = []  # (sampler, storage or None)
+        self._owners: list[Any] = []  # the replay buffer of each sampler, or None
+        self.user_generators: list[torch.Generator] = []
+        self.updaters: list[Any] = []
+        for i, obj in enumerate(state):
+            if isinstance(obj, Tensor):
+                self._add(obj)
+            elif isinstance(obj, nn.Module):
+                for t in (*obj.parameters(), *obj.buffers()):
+                    self._add(t)
+            elif isinstance(obj, torch.optim.Optimizer) or isinstance(getattr(obj, "optimizer", None),
+                                                                      torch.optim.Optimizer):
+                opt = obj if isinstance(obj, torch.optim.Optimizer) else obj.optimizer  # Lightning's wrapper
+                self.optimizers.append(opt)
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        self._add(p)
+            elif isinstance(obj, torch.Generator):
+                self.user_generators.append(obj)
+            elif isinstance(obj, ReplayBuffer):
+                self.samplers.append((obj.sampler, obj.storage))
+                self._owners.append(obj)
+            elif isinstance(obj, Sampler):
+                self.samplers.append((obj, None))
+                self._owners.append(None)
+            elif isinstance(obj, TargetNetUpdater):
+                self.updaters.append(obj)
+                for t in obj._targets.values(True, True):
+                    self._add(t)
+                for t in getattr(obj, "capture_state", list)():
+                    self._add(t)
+            elif isinstance(obj, TensorDictBase):
+                for t in obj.values(True, True):
+                    self._add(t)
+            else:
+                raise TypeError(f"state[{i}] must be a tensor, nn.Module, optimizer, generator, replay buffer, "
+                                f"sampler or target updater, got {type(obj).__name__}")
+        for sampler, _ in self.samplers:
+            for t in getattr(sampler, "device_state", list)():
+                self._add(t)
+
+    def _add(self, t: Tensor) -> None:
+        self.tensors.setdefault(id(t), t)
+
+    def device(self) -> torch.device:
+        """The first CUDA device among the tensors (samplers' included), else CPU."""
+        for t in self.tensors.values():
+            if t.device.type == "cuda":
+                return t.device
+        for sampler, _ in self.samplers:
+            d = getattr(sampler, "device", None)
+            if d is not None and torch.device(d).type == "cuda":
+                return torch.device(d)
+        return torch.device("cpu")
+
+    def check_capturable(self) -> None:
+        """CaptureError for a part that cannot live in a graph, whatever the step does with it."""
+        from torchrl.objectives.utils import HardUpdate as TorchRLHardUpdate
+
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                if group.get("capturable") is False:
+                    name = type(opt).__name__
+                    raise CaptureError(f"optimizer {name} was built with capturable=False: its step count lives on "
+                                       f"the host, which a CUDA graph cannot advance; build it with "
+                                       f"{name}(..., capturable=True)")
+        for sampler, _ in self.samplers:
+            problem = _sampler_problem(sampler, None)
+            if problem is not None:
+                raise CaptureError(problem)
+        for updater in self.updaters:
+            if isinstance(updater, TorchRLHardUpdate):
+                raise CaptureError("TorchRL's HardUpdate counts steps in a Python int, which a CUDA graph freezes "
+                                   "(it would copy at every replay or never); use lightning_per.graphs.HardUpdate, "
+                                   "the same schedule on a device counter")
+
+    def check_ready(self) -> None:
+        """CaptureError for a buffer that cannot be captured yet (empty; a sampler not ready for its fill level)."""
+        for sampler, storage in self.samplers:
+            if storage is None:
+                continue
+            if len(storage) == 0:
+                raise CaptureError("the replay buffer is empty: extend it before the first call (the graph records "
+                                   "reads of its storage)")
+            problem = _sampler_problem(sampler, storage)
+            if problem is not None:
+                raise CaptureError(problem)
+
+    def _batch_sizes(self) -> list[tuple[Any, int | None]]:
+        """Each sampler with its buffer's batch size (None: a bare sampler, or a buffer without one)."""
+        return [(s, getattr(owner, "_batch_size", None)) for s, owner in zip(
+            (s for s, _ in self.samplers), self._owners)]
+
+    def generators(self) -> list[torch.Generator]:
+        """The CUDA generators to register with the graph (the device's default one is always registered)."""
+        gens: dict[int, torch.Generator] = {}
+        drawn = []
+        for sampler, batch_size in self._batch_sizes():
+            if batch_size is not None and hasattr(sampler, "draw_generators"):
+                # none when the compiled kernels draw from counters in device memory (a registered generator
+                # costs every replay two small host-to-device writes)
+                drawn += list(sampler.draw_generators(batch_size))
+            else:
+                drawn.append(getattr(sampler, "generator", None))
+        for gen in [*self.user_generators, *drawn]:
+            if isinstance(gen, torch.Generator) and gen.device.type == "cuda":
+                gens.setdefault(id(gen), gen)
+        return [g for g in gens.values() if g is not default_cuda_generator(g.device)]
+
+    @torch.no_grad()
+    def snapshot(self, device: torch.device) -> dict[str, Any]:
+        """Copies of every tensor, optimizer state, sampler RNG and generator state (no host sync)."""
+        all_gens = list(self.user_generators)
+        for sampler, _ in self.samplers:  # ours restore theirs through set_rng_state (device counters too)
+            gen = getattr(sampler, "generator", None)
+            if not hasattr(sampler, "get_rng_state") and isinstance(gen, torch.Generator):
+                all_gens.append(gen)
+        if device.type == "cuda":
+            all_gens.append(default_cuda_generator(device))
+        return {"tensors": [(t, t.detach().clone()) for t in self.tensors.values()],
+                "optimizers": [(opt, _snapshot([], opt)) for opt in self.optimizers],
+                "samplers": [(s, s.get_rng_state()) for s, _ in self.samplers if hasattr(s, "get_rng_state")],
+                "generators": [(g, g.get_state()) for g in all_gens]}
+
+    @torch.no_grad()
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back a :meth:`snapshot` in place (optimizer state created since is zeroed)."""
+        for t, value in saved["tensors"]:
+            t.detach().copy_(value)
+        for opt, value in saved["optimizers"]:
+            _restore([], opt, value)
+        for sampler, value in saved["samplers"]:
+            sampler.set_rng_state(value)
+        for gen, value in saved["generators"]:
+            gen.set_state(value)
+
+    def drop_grads(self) -> None:
+        """The optimizers' gradients set to None: the captured backward allocates them in the graph's pool."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+
+def default_cuda_generator(device: torch.device) -> torch.Generator:
+    """The default CUDA generator of ``device`` (the current device when it has no index)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
+
+
+
+
+def _sampler_problem(sampler: Any, storage: Any | None) -> str | None:
+    """Why ``sampler`` cannot be captured (with ``storage``, or by its kind when None), or None
+    (:meth:`~lightning_per.graphs.protocol.CapturableSampler.capture_problem`; a sampler without it draws on the
+    host)."""
+    check = getattr(sampler, "capture_problem", None)
+    if check is None:
+        return (f"sampler {type(sampler).__name__} cannot be captured (TorchRL's samplers draw on the host); use "
+                f"lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the learner alone "
+                f"(pass the batch as the step's input)")
+    return check(storage)
