@@ -17,6 +17,7 @@ from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, T
 
 from lightning_per import make_replay_buffer
 from lightning_per.replay import GPURoundRobinWriter
+from lightning_per.replay import rows as rows_mod
 from lightning_per.replay import storage as storage_mod
 
 
@@ -199,11 +200,11 @@ def test_batch_views_are_field_views(n):
     spec = {"x": ((2, 1, 3), torch.float16), "y": ((0,), torch.float64), "z": ((1,), torch.int8),
             "w": ((4, 4), torch.complex64), "v": ((), torch.float64), "u": ((1, 1), torch.uint8),
             "t": ((5,), torch.bfloat16), "a": ((), torch.int64), "d": ((), torch.bool)}
-    layout, row_bytes = storage_mod._row_layout(spec)
-    plan = storage_mod._view_plan(layout, row_bytes // 8)
+    layout, row_bytes = rows_mod.row_layout(spec)
+    plan = rows_mod.view_plan(layout, row_bytes // 8)
     block = torch.randint(-2**62, 2**62, (n, row_bytes // 8))
-    want = storage_mod._field_views(block, layout)
-    got = storage_mod._batch_views(block, layout, plan)
+    want = rows_mod.field_views(block, layout)
+    got = rows_mod.batch_views(block, layout, plan)
     assert list(got) == list(want)
     for key in want:
         a, b = got[key], want[key]

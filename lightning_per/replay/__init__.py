@@ -8,7 +8,8 @@ from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
-from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage
+from lightning_per.replay.storage import GPUTensorStorage
+from lightning_per.replay.writer import GPURoundRobinWriter
 
 __all__ = [
     "GPUTensorStorage",

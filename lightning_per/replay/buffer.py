@@ -30,7 +30,8 @@ from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
-from lightning_per.replay.storage import GPURoundRobinWriter, GPUTensorStorage, default_device, resolve_device
+from lightning_per.replay.storage import GPUTensorStorage, default_device, resolve_device
+from lightning_per.replay.writer import GPURoundRobinWriter
 
 __all__ = ["GPUPrioritizedReplayBuffer", "make_replay_buffer", "BUFFER_SCHEMA_VERSION"]
 

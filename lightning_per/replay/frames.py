@@ -26,11 +26,13 @@ import warnings
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.storage import GPUTensorStorage, _batch_views, _last_writes
+from lightning_per.replay.compat import unsafe_tensordict
+from lightning_per.replay.rows import batch_views, last_writes
+from lightning_per.replay.storage import GPUTensorStorage
 
 __all__ = ["FrameStackStorage"]
 
@@ -247,9 +249,9 @@ class FrameStackStorage(GPUTensorStorage):
         oldest = serial.amin(1)  # [B]
 
         rest = self._rest(data)
-        pairs = self._flat_pairs(rest) if set_cursor and isinstance(cursor, torch.Tensor) else None
+        pairs = self.direct_pairs(rest) if set_cursor and isinstance(cursor, torch.Tensor) else None
         if pairs is not None:  # flat keys as stored: GPUTensorStorage's direct write (checked above)
-            self._write_pairs(cursor.reshape(-1), pairs)
+            self.write_direct(cursor.reshape(-1), pairs)
         else:
             self._inner = True
             try:
@@ -258,7 +260,7 @@ class FrameStackStorage(GPUTensorStorage):
                 self._inner = False
         slots = self._slots(cursor, b, device)
         if slots.shape[0] > self.max_size:  # a batch longer than the ring: each slot keeps its last write
-            last = _last_writes(slots, self.max_size)
+            last = last_writes(slots, self.max_size)
             slots, positions, oldest = slots[last], positions[last], oldest[last]
         self.frame_positions[slots] = positions
         self.oldest[slots] = oldest
@@ -297,12 +299,12 @@ class FrameStackStorage(GPUTensorStorage):
                 isinstance(v, torch.Tensor) and v.device == device and v.shape == index.shape
                 for v in (extra or {}).values()):
             # one TensorDict of every field (the shapes are ours): the other keys as GPUTensorStorage reads them
-            fields = (_batch_views(self.rows[index], self._layout, self._plan) if self.rows is not None
+            fields = (batch_views(self.rows[index], self._layout, self._plan) if self.rows is not None
                       else {k: v[index] for k, v in self._flat.items()})
             fields[self.frame_keys[0]], fields[self.frame_keys[1]] = obs, nxt
             if extra:
                 fields.update(extra)
-            batch = TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+            batch = unsafe_tensordict(fields, index.shape, device)
         else:
             batch = super()._read(index, extra)
             batch.set(self.frame_keys[0], obs)

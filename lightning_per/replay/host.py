@@ -18,17 +18,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.storage import (
-    GPUTensorStorage,
-    _batch_views,
-    _field_views,
-    _last_writes,
-    _pack_plan,
-    _row_layout,
-    _spec,
-    _view_plan,
-    resolve_device,
-)
+from lightning_per.replay.compat import unsafe_tensordict
+from lightning_per.replay.rows import batch_views, field_views, item_spec, last_writes, pack_plan, row_layout, view_plan
+from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
 __all__ = ["PinnedHostStorage"]
 
@@ -122,7 +114,7 @@ class PinnedHostStorage(GPUTensorStorage):
     # ------------------------------------------------------------------ allocation
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
         leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
-        layout, row_bytes = _row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
+        layout, row_bytes = row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
         if layout is None:
             raise TypeError("PinnedHostStorage packs each transition into one row: element sizes above 8 bytes "
                             "(e.g. complex128) are not supported")
@@ -130,10 +122,10 @@ class PinnedHostStorage(GPUTensorStorage):
         self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64)
         if self.pin:
             self._lock = _PageLock(self.rows)
-        self._layout, self._plan, self._pack = layout, _view_plan(layout, row_bytes // 8), _pack_plan(layout)
+        self._layout, self._plan, self._pack = layout, view_plan(layout, row_bytes // 8), pack_plan(layout)
         self._ring_bytes = self.rows.view(torch.uint8)
-        self._storage = TensorDict(_field_views(self.rows, layout), batch_size=[self.max_size], device="cpu")
-        self._spec = _spec(self._storage)
+        self._storage = TensorDict(field_views(self.rows, layout), batch_size=[self.max_size], device="cpu")
+        self._spec = item_spec(self._storage)
         self._index_flat()
         self._device_cached = self._batch_device
         self.initialized = True
@@ -148,7 +140,7 @@ class PinnedHostStorage(GPUTensorStorage):
         """``data``'s transitions as packed rows ``(n, row_bytes / 8) int64`` on :attr:`device`."""
         n = data.batch_size[0]
         block = torch.zeros((n, self.rows.shape[1]), dtype=torch.int64, device=self._batch_device)
-        for key, view in _field_views(block, self._layout).items():
+        for key, view in field_views(block, self._layout).items():
             view.copy_(data.get(key), non_blocking=True)
         return block
 
@@ -178,7 +170,7 @@ class PinnedHostStorage(GPUTensorStorage):
             data = data.exclude("index")
         block = self._block(data.to(device, non_blocking=True))
         if slots.shape[0] > self.max_size:  # a repeated slot gets its last write
-            block = block[_last_writes(slots, self.max_size)]
+            block = block[last_writes(slots, self.max_size)]
         self._scatter(self.rows, slots, block)
         if set_cursor:
             self._last_cursor = cursor
@@ -197,11 +189,11 @@ class PinnedHostStorage(GPUTensorStorage):
         squeeze = index.dim() == 0
         index = index.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
         block = self._gather(self.rows, index)  # [B, W] on the device
-        fields = _batch_views(block, self._layout, self._plan)
+        fields = batch_views(block, self._layout, self._plan)
         if extra:
             for key, value in extra.items():
                 fields[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        batch = TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+        batch = unsafe_tensordict(fields, index.shape, device)
         return batch[0] if squeeze else batch
 
     # ------------------------------------------------------------------ persistence

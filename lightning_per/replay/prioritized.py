@@ -39,7 +39,8 @@ from lightning_per.replay.errors import (
     check_kind,
     check_seed,
 )
-from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
+from lightning_per.replay.rows import set_all
+from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
 __all__ = ["GPUPrioritizedSampler"]
 
@@ -630,7 +631,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
             if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
                 return index, info, storage._read(index, extra)
-            return index, info, _set_all(storage.get(index), extra)
+            return index, info, set_all(storage.get(index), extra)
         self._check_draw(storage, batch_size)
         self._follow_buffer_rng()
         block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),

@@ -47,7 +47,8 @@ from lightning_per.ops import block_size_for, reduce_blocks, reference, select_b
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
-from lightning_per.replay.storage import GPUTensorStorage, _set_all, resolve_device
+from lightning_per.replay.rows import set_all
+from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
 __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULES"]
 
@@ -472,7 +473,7 @@ class _SliceIndex:
         if with_info:
             extra["index"] = index
         batch = storage._read(index) if isinstance(storage, GPUTensorStorage) else storage.get(index)
-        return index, info, _set_all(batch, extra)
+        return index, info, set_all(batch, extra)
 
 
 class _KeysOnly:

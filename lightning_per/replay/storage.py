@@ -1,4 +1,4 @@
-"""GPUTensorStorage: one preallocated ring of transitions on the device, and the writer that fills it.
+"""GPUTensorStorage: one preallocated ring of transitions on the device (its TorchRL adapter).
 
 A :class:`torchrl.data.LazyTensorStorage` whose writes are device-to-device copies with no host
 synchronisation: ``len()`` is a host int advanced by the host-side write cursor (as in the ring
@@ -15,8 +15,6 @@ is then False).
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 import warnings
 from pathlib import Path
@@ -25,13 +23,29 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.utils import expand_as_right
 from torchrl.data import LazyTensorStorage
-from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
-__all__ = ["GPUTensorStorage", "GPURoundRobinWriter", "default_device"]
+from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len, unsafe_tensordict
+from lightning_per.replay.rows import (
+    batch_views,
+    field_views,
+    item_spec,
+    last_writes,
+    layout_key,
+    pack_plan,
+    ring_leaves,
+    row_layout,
+    set_all,
+    view_plan,
+)
+from lightning_per.replay.storage_checkpoint import (
+    STORAGE_SCHEMA_VERSION,
+    check_storage_state,
+    state_leaves,
+    without_index,
+)
 
-STORAGE_SCHEMA_VERSION = 2  # 2: packed storages save their ring of rows (packed_rows)
+__all__ = ["GPUTensorStorage", "default_device", "resolve_device"]
 
 
 def default_device() -> torch.device:
@@ -54,148 +68,7 @@ def resolve_device(device: torch.device | str | None, name: str = "device") -> t
     return device
 
 
-def _spec(td: TensorDictBase, skip_batch: int = 1) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
-    return {k: (tuple(v.shape[skip_batch:]), v.dtype)
-            for k, v in td.items(include_nested=True, leaves_only=True)}
-
-
-def _row_layout(spec: dict[Any, tuple[tuple[int, ...], torch.dtype]]):
-    """Byte offsets of each field in a packed row: ``({key: (offset, nbytes, dtype, shape)}, row_bytes)``.
-
-    Fields go in order of decreasing element size (then insertion order), each at an offset aligned to
-    its element size; the row is padded to a multiple of 8 bytes. ``(None, 0)`` if some element size
-    exceeds 8 bytes."""
-    sizes = {k: torch.empty((), dtype=dtype).element_size() for k, (_, dtype) in spec.items()}
-    if any(es > 8 for es in sizes.values()):
-        return None, 0
-    layout, offset = {}, 0
-    for key in sorted(spec, key=lambda k: -sizes[k]):  # stable: insertion order within a size
-        shape, dtype = spec[key]
-        es = sizes[key]
-        offset = -(-offset // es) * es
-        nbytes = es * math.prod(shape)
-        layout[key] = (offset, nbytes, dtype, shape)
-        offset += nbytes
-    return layout, max(8, -(-offset // 8) * 8)
-
-
-def _field_views(rows: torch.Tensor, layout) -> dict[Any, torch.Tensor]:
-    """Views ``(n, *shape) dtype`` of each field of ``rows`` ``(n, row_bytes / 8) int64`` (no copy)."""
-    raw = rows.view(torch.uint8)  # (n, row_bytes)
-    n = rows.shape[0]
-    return {key: raw[:, off:off + nbytes].view(dtype).view(n, *shape)
-            for key, (off, nbytes, dtype, shape) in layout.items()}
-
-
-def _view_plan(layout, row_words: int) -> tuple:
-    """How :func:`_batch_views` rebuilds :func:`_field_views` of a fresh block in one view op per field
-    (plus one ``view(dtype)`` per dtype other than int64): per field, in layout order,
-    ``(key, dtype, scalar, offset, shape, strides)`` in units of the field's element size, taken from
-    ``_field_views`` itself (so sizes, strides and offsets are the same tensors' metadata)."""
-    probe = torch.empty((2, row_words), dtype=torch.int64)
-    plan = []
-    for key, view in _field_views(probe, layout).items():
-        es = view.element_size()
-        scalar = view.dim() == 1
-        plan.append((key, view.dtype, scalar, view.storage_offset(), tuple(view.shape[1:]),
-                     (row_words * 8 // es,) + tuple(view.stride()[1:])))
-    return tuple(plan)
-
-
-def _pack_plan(layout) -> tuple | None:
-    """How a batch's fields become the bytes ``[0, end)`` of their packed rows in one ``torch.cat``:
-    ``((key, two_d), ...), end)`` in row order, skipping empty fields (``two_d``: the field is ``(n, k)``,
-    whose ``view(uint8)`` is its ``(n, k * itemsize)`` bytes; other shapes are flattened to 2-D first).
-    None if some field does not start where the previous one ends (no such layout comes out of
-    :func:`_row_layout`, which orders fields by decreasing element size: only the row's tail is padding)."""
-    pack, end = [], 0
-    for key, (off, nbytes, _, shape) in sorted(layout.items(), key=lambda kv: kv[1][0]):
-        if not nbytes:
-            continue
-        if off != end:
-            return None
-        pack.append((key, len(shape) == 1))
-        end = off + nbytes
-    return (tuple(pack), end) if pack else None
-
-
-def _batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Tensor]:
-    """:func:`_field_views` of ``block`` ``(n, row_words) int64``, a fresh contiguous tensor (storage
-    offset 0, e.g. a gather ``rows[index]``): the same views (sizes, strides, offsets), built with fewer
-    ops (hot read path). ``n <= 1`` goes through :func:`_field_views` (its size-0/1 batch dim gets other
-    strides)."""
-    n = block.shape[0]
-    if n <= 1:
-        return _field_views(block, layout)
-    bases = {torch.int64: block}
-    out = {}
-    for key, dtype, scalar, offset, shape, strides in plan:
-        base = bases.get(dtype)
-        if base is None:
-            base = bases[dtype] = block.view(dtype)
-        out[key] = base.select(1, offset) if scalar else base.as_strided((n, *shape), strides, offset)
-    return out
-
-
-def _layout_key(key: Any) -> Any:
-    """A saved packed layout's key as the storage's layout holds it (a nested key saved as a list: a tuple)."""
-    return tuple(key) if isinstance(key, list) else key
-
-
-def _state_leaves(stored, prefix: tuple[str, ...] = ()) -> dict[Any, torch.Tensor]:
-    """``{key: tensor}`` (a str, or a tuple for a nested key) of a ``TensorDict.state_dict()``, in either
-    tensordict format: flat with ``"."``-joined keys (e.g. tensordict 0.14) or nested dicts carrying
-    ``"__batch_size"``/``"__device"`` entries at every level (e.g. 0.11); the metadata is skipped."""
-    leaves = {}
-    for name, value in stored.items():
-        if not isinstance(name, str) or name in ("__batch_size", "__device"):
-            continue
-        key = prefix + tuple(name.split("."))
-        if isinstance(value, dict):
-            leaves.update(_state_leaves(value, key))
-        elif isinstance(value, torch.Tensor):
-            leaves[key[0] if len(key) == 1 else key] = value
-    return leaves
-
-
-def _last_writes(cursor: torch.Tensor, max_size: int) -> torch.Tensor:
-    """For each write ``i`` of ``cursor`` ``(n,)`` (slots of a ring of ``max_size``), the position of the last
-    write to the same slot. ``ring[cursor] = data[_last_writes(cursor, max_size)]`` is ``ring[cursor] = data``
-    with a slot written more than once keeping its last write, on every device: indexed assignment with a
-    repeated index is undefined (on CUDA, concurrent threads write the slot in no fixed order). No host sync."""
-    position = torch.arange(cursor.shape[0], device=cursor.device)
-    last = torch.full((max_size,), -1, dtype=torch.long, device=cursor.device)
-    slot = cursor.remainder(max_size)
-    return last.scatter_reduce_(0, slot, position, reduce="amax")[slot]
-
-
-_TORCHRL_SET = LazyTensorStorage.set
-
-
-def _ring_leaves(data: TensorDictBase) -> bool:
-    """Whether every leaf of ``data`` is a dense tensor (no non-tensor data, no nested tensor, no ragged lazy
-    stack), what the ring's preallocated tensors can hold."""
-    try:
-        leaves = list(data.values(include_nested=True, leaves_only=True))
-    except RuntimeError:  # a lazy stack of ragged tensors cannot present them as one tensor
-        return False
-    return all(isinstance(v, torch.Tensor) and not v.is_nested for v in leaves)
-
-
-def _without_index(stored: Any) -> Any:
-    """A saved ``TensorDict`` state without the round-robin writer's ``"index"`` tag (TorchRL's storages keep it
-    as a field; this ring never stores it)."""
-    if isinstance(stored, dict) and "index" in stored:
-        stored = copy.copy(stored)  # keeps the state's own attributes (tensordict's nesting metadata)
-        del stored["index"]
-    return stored
-
-
-def _set_all(data: TensorDictBase, extra: dict[str, torch.Tensor] | None) -> TensorDictBase:
-    """``data.set(key, value)`` for each of ``extra`` (validated: moved to ``data``'s device, shape checked)."""
-    for key, value in (extra or {}).items():
-        data.set(key, value)
-    return data
+_TORCHRL_SET = LazyTensorStorage.set  # named on its class: torch.compile cannot trace super() to it
 
 
 class GPUTensorStorage(LazyTensorStorage):
@@ -208,20 +81,6 @@ class GPUTensorStorage(LazyTensorStorage):
             :class:`RuntimeWarning`); with ``False`` the OOM error propagates.
         packed: keep all keys in one ring of rows (one gather per read; batch fields are views, see
             Layout). Default False: batches are plain contiguous tensors, as TorchRL's.
-
-    Layout: a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
-    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` every key
-    is a view into one row-major ``(max_size, row_bytes / 8) int64`` ring (:attr:`rows`):
-    each transition is one row of ``row_bytes`` bytes (its fields at offsets aligned to their element
-    size, the row padded to 8 bytes), so a read of ``B`` transitions is a single gather kernel, whatever
-    the number of keys, and the batch's tensors are views into that gathered ``(B, row_bytes / 8)``
-    block: their batch stride is the row, not the field. Consequences: ``torch.save`` of a batch (or
-    of two of its fields) fails (views of one buffer under different dtypes) and ``.view(-1)`` of a
-    multi-dimensional field fails, until ``.contiguous()``/``.clone()``; one field kept alive keeps the
-    whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
-    Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
-    has no effect).
-
         ndim: dimensions of the storage's batch (TorchRL's ``ndim``: ``2`` keeps ``[n_envs, T]`` batches of a
             parallel collector as ``[T, n_envs]`` rows); ``ndim > 1`` uses TorchRL's layout (see Layout).
         compilable, consolidated, shared_init, cleanup_memmap: as TorchRL's ``LazyTensorStorage``
@@ -304,7 +163,7 @@ class GPUTensorStorage(LazyTensorStorage):
         if self.initialized or type(self).set is not GPUTensorStorage.set:  # a subclass with its own writes
             return True                                                    # keeps its ring (and its checks)
         ok = (isinstance(data, TensorDictBase) and data.batch_dims == int(batched)
-              and _ring_leaves(data))
+              and ring_leaves(data))
         if not ok:
             self._generic = True
         return ok
@@ -329,27 +188,27 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
         leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
-        layout, row_bytes = _row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
+        layout, row_bytes = row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
         if self.packed and layout is not None:
             self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, device=device)
             self._layout = layout
-            self._plan = _view_plan(layout, row_bytes // 8)
-            self._pack = _pack_plan(layout)
+            self._plan = view_plan(layout, row_bytes // 8)
+            self._pack = pack_plan(layout)
             self._ring_bytes = self.rows.view(torch.uint8)  # (max_size, row_bytes)
-            tensors = _field_views(self.rows, layout)
+            tensors = field_views(self.rows, layout)
         else:
             self.rows, self._layout = None, {}
             self._plan = self._pack = self._ring_bytes = None
             tensors = {k: torch.zeros((self.max_size, *v.shape), dtype=v.dtype, device=device)
                        for k, v in leaves.items()}
         self._storage = TensorDict(tensors, batch_size=[self.max_size], device=device)
-        self._spec = _spec(self._storage)
+        self._spec = item_spec(self._storage)
         self._index_flat()
         self.initialized = True
 
     def _repack(self) -> None:
         """Put the packed views back after TorchRL's ``load_state_dict`` (it may install new tensors)."""
-        views = _field_views(self.rows, self._layout)
+        views = field_views(self.rows, self._layout)
         for key, view in views.items():
             current = self._storage.get(key)
             if current is not view:
@@ -368,19 +227,14 @@ class GPUTensorStorage(LazyTensorStorage):
         self._device_cached = self._storage.device
 
     def _bump_revision(self) -> None:
-        """TorchRL's mutation counter after a write (``_bump_mutation_revision``, torchrl >= 0.12; older
-        versions have none)."""
-        bump = getattr(self, "_bump_mutation_revision", None)
-        if bump is not None:
-            bump()
+        """TorchRL's mutation counter after a write (:func:`~lightning_per.replay.compat.bump_mutation_revision`)."""
+        bump_mutation_revision(self)
 
     def __len__(self) -> int:
         # TorchRL's __len__ reads a multiprocessing.Value under its lock, behind a torch.compile guard; the
         # unlocked read of the same int is what the hot paths need (sample, update_priority).
-        value = self.__dict__.get("_len_value")
-        if value is None or self._compilable or torch.compiler.is_compiling():
-            return super().__len__()
-        return value.get_obj().value
+        value = None if torch.compiler.is_compiling() else unlocked_len(self)
+        return super().__len__() if value is None else value
 
     @property
     def nbytes(self) -> int:
@@ -388,7 +242,7 @@ class GPUTensorStorage(LazyTensorStorage):
         if not self.initialized:
             return 0
         if self._generic:
-            return sum(v.numel() * v.element_size() for v in torch.utils._pytree.tree_leaves(
+            return sum(v.numel() * v.element_size() for v in tree_leaves(
                 self._storage.to_dict() if isinstance(self._storage, TensorDictBase) else self._storage)
                 if isinstance(v, torch.Tensor))
         if self.rows is not None:
@@ -410,7 +264,7 @@ class GPUTensorStorage(LazyTensorStorage):
                             f"{type(data).__name__}")
         if self._spec is None:
             return
-        got = _spec(data.exclude("index") if "index" in data.keys() else data)
+        got = item_spec(data.exclude("index") if "index" in data.keys() else data)
         want = self._spec
         if set(got) != set(want):
             missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
@@ -446,14 +300,14 @@ class GPUTensorStorage(LazyTensorStorage):
             data = data.exclude("index")
         if (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.shape[0] > self.max_size
                 and data.shape[:1] == cursor.shape):
-            data = data[_last_writes(cursor, self.max_size)]  # a repeated slot keeps its last write
+            data = data[last_writes(cursor, self.max_size)]  # a repeated slot keeps its last write
         self._storage[cursor] = data
         if set_cursor:  # after the write: a cursor that does not fit ``data`` raises with the length unchanged
             self._last_cursor = cursor
             self._len = min(self._len + data.shape[0], self.max_size)
         self._bump_revision()
 
-    def _flat_pairs(self, data) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    def direct_pairs(self, data) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
         """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]``
         (``n >= 1``) whose top-level tensors, but ``"index"``, are exactly the stored keys with the stored
         per-item shapes and dtypes (what :meth:`check_spec` accepts, for flat storages); else None (the
@@ -472,8 +326,8 @@ class GPUTensorStorage(LazyTensorStorage):
             pairs[key] = (want[0], value)
         return pairs if len(pairs) == len(spec) else None
 
-    def _write_pairs(self, cursor: torch.Tensor, pairs, start: int | None = None) -> None:
-        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`_flat_pairs` (already validated): per key
+    def write_direct(self, cursor: torch.Tensor, pairs, start: int | None = None) -> None:
+        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`direct_pairs` (already validated): per key
         ``ring[cursor] = value`` (as TensorDict's indexed assignment does), or, when the caller knows
         ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] = value`` (the same writes with no
         index) and, for a packed ring, the bytes of all fields at once (:meth:`_write_rows`). ``cursor`` holds
@@ -608,15 +462,15 @@ class GPUTensorStorage(LazyTensorStorage):
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
         if self._generic:
-            return _set_all(super().get(index), extra)
+            return set_all(super().get(index), extra)
         device = self._device_cached
         if self._flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
             if isinstance(index, torch.Tensor) and index.device != device:
                 index = index.to(device, non_blocking=True)
-            return _set_all(self._storage[index], extra)
+            return set_all(self._storage[index], extra)
         for value in (extra or {}).values():  # a loop, not all(<genexpr>): fewer Python calls on the hot path
             if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == index.shape):
-                return _set_all(self._read(index), extra)  # validated sets (they move or reject such values)
+                return set_all(self._read(index), extra)  # validated sets (they move or reject such values)
         if index.device != device:
             index = index.to(device, non_blocking=True)
         if self.rows is not None:  # one gather of whole rows; the fields are views into it
@@ -627,15 +481,15 @@ class GPUTensorStorage(LazyTensorStorage):
         if extra:
             fields.update(extra)
         # a TensorDict built without re-validating shapes we guarantee
-        return TensorDict._new_unsafe(fields, batch_size=index.shape, device=device)
+        return unsafe_tensordict(fields, index.shape, device)
 
     def _rows_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> TensorDict:
         """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` plus ``extra``
         (no validation: :meth:`_read` and :meth:`rows_to_batch` guarantee the shapes)."""
-        fields = _batch_views(block, self._layout, self._plan)
+        fields = batch_views(block, self._layout, self._plan)
         if extra:
             fields.update(extra)
-        return TensorDict._new_unsafe(fields, batch_size=block.shape[:1], device=self._device_cached)
+        return unsafe_tensordict(fields, block.shape[:1], self._device_cached)
 
     @property
     def gather_rows(self) -> torch.Tensor | None:
@@ -692,54 +546,8 @@ class GPUTensorStorage(LazyTensorStorage):
         Raises:
             ValueError: the checkpoint is refused (the message names why).
         """
-        if not isinstance(state_dict, dict):
-            raise ValueError(f"storage checkpoint must be a dict, got {type(state_dict).__name__}")
-        version = state_dict.get("_schema_version", 0)
-        if version > STORAGE_SCHEMA_VERSION:
-            raise ValueError(f"storage checkpoint schema {version} is newer than this code "
-                             f"({STORAGE_SCHEMA_VERSION}); upgrade lightning_per")
-        missing = [k for k in ("_storage", "initialized", "_len") if k not in state_dict]
-        if missing:
-            raise ValueError(f"storage checkpoint lacks {missing}")
-        if "packed_rows" in state_dict:
-            rows, layout = state_dict["packed_rows"], state_dict.get("packed_layout")
-            if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or not isinstance(layout, list):
-                raise ValueError("storage checkpoint's packed_rows must be a (slots, words) tensor with a "
-                                 "packed_layout list")
-            slots, row_bytes = rows.shape[0], rows.shape[1] * rows.element_size()
-            saved = {}
-            for entry in layout:
-                try:
-                    key, off, nbytes, dtype, shape = entry
-                    dtype = getattr(torch, dtype)
-                except (TypeError, ValueError, AttributeError) as err:
-                    raise ValueError(f"storage checkpoint's packed_layout entry {entry!r} is not "
-                                     f"(key, offset, bytes, dtype, shape)") from err
-                if not (isinstance(dtype, torch.dtype) and 0 <= off and off + nbytes <= row_bytes
-                        and nbytes == math.prod(shape) * dtype.itemsize):
-                    raise ValueError(f"storage checkpoint's packed_layout entry {entry!r} does not fit its "
-                                     f"{row_bytes}-byte rows")
-                saved[_layout_key(key)] = (dtype, tuple(shape))
-        else:
-            stored = _without_index(state_dict["_storage"])
-            leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
-            if self._generic or not isinstance(stored, dict) or self.ndim > 1:
-                leaves = {}  # TorchRL's layout (a tensor, a pytree, batch dims of their own): TorchRL's load
-            slots = next(iter(leaves.values())).shape[0] if leaves else self.max_size
-            if any(v.shape[0] != slots for v in leaves.values()):
-                raise ValueError("storage checkpoint's fields hold different numbers of slots")
-            saved = {k: (v.dtype, tuple(v.shape[1:])) for k, v in leaves.items()}
-        if slots != self.max_size:
-            raise ValueError(f"the saved storage holds {slots} slots, this one max_size={self.max_size}")
-        n = state_dict["_len"]
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_size:
-            raise ValueError(f"storage checkpoint's length must be an int in [0, {self.max_size}], got {n!r}")
-        have = self._fields()
-        if have and saved != have:
-            diff = sorted((k for k in set(have) | set(saved) if have.get(k) != saved.get(k)), key=str)
-            names = [str(k) for k in diff]
-            raise ValueError(f"storage checkpoint's transitions differ from this storage's in {names}: saved "
-                             f"{ {k: saved.get(k) for k in diff} }, stored { {k: have.get(k) for k in diff} }")
+        check_storage_state(state_dict, max_size=self.max_size, ndim=self.ndim, generic=self._generic,
+                            fields=self._fields())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
@@ -751,14 +559,14 @@ class GPUTensorStorage(LazyTensorStorage):
         if "packed_rows" in state_dict:
             self._load_packed(state_dict)
             return
-        stored = _without_index(state_dict["_storage"])
+        stored = without_index(state_dict["_storage"])
         if not self.initialized and not isinstance(stored, dict):
             self._generic = True  # e.g. a storage of plain tensors
         if self._generic:
             super().load_state_dict(state_dict)
             return
         state_dict = dict(state_dict, _storage=stored)
-        leaves = _state_leaves(stored) if isinstance(stored, dict) else {}
+        leaves = state_leaves(stored) if isinstance(stored, dict) else {}
         for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
             if value.shape[0] != self.max_size:
                 raise ValueError(f"the saved storage holds {value.shape[0]} slots, this one max_size={self.max_size}")
@@ -774,16 +582,16 @@ class GPUTensorStorage(LazyTensorStorage):
         if self.initialized:
             if self.rows is not None:
                 self._repack()
-            self._spec = _spec(self._storage)
+            self._spec = item_spec(self._storage)
             self._index_flat()
 
     def _load_packed(self, state_dict: dict[str, Any]) -> None:
         rows = state_dict["packed_rows"]
-        layout = {_layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
+        layout = {layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
                   for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
         if rows.shape[0] != self.max_size:
             raise ValueError(f"the saved storage holds {rows.shape[0]} slots, this one max_size={self.max_size}")
-        fields = _field_views(rows, layout)
+        fields = field_views(rows, layout)
         if not self.initialized:
             self._allocate(TensorDict({k: v[0] for k, v in fields.items()}, batch_size=[]),
                            torch.device(self.device))
@@ -814,69 +622,3 @@ class GPUTensorStorage(LazyTensorStorage):
             return super().loads(path)
         state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
         self.load_state_dict(state)
-
-
-class GPURoundRobinWriter(TensorDictRoundRobinWriter):
-    """TorchRL's round-robin writer that validates a batch against the storage spec *before* moving
-    its cursor, so a rejected ``extend`` leaves cursor, length, data and priorities unchanged.
-
-    A batch that a :class:`GPUTensorStorage` can take as it is (flat keys, the stored spec, see
-    :meth:`GPUTensorStorage._flat_pairs`) is written directly: the same cursor, write count, ``"index"``
-    tag, stored values and ``mark_update`` calls as TorchRL's ``extend``, without its generic machinery.
-
-    Example::
-
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import TensorDictReplayBuffer
-        >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), writer=GPURoundRobinWriter())
-        >>> rb.extend(TensorDict({"reward": torch.arange(6.0)}, [6]))  # the slots written: the ring wraps
-        tensor([0, 1, 2, 3, 0, 1])
-        >>> rb.extend(TensorDict({"reward": torch.zeros(2, 3)}, [2]))  # another shape: refused
-        Traceback (most recent call last):
-        ...
-        ValueError: data['reward'] has per-item shape (3,), the storage holds ()
-        >>> len(rb), rb.storage.get(torch.arange(4))["reward"]  # nothing changed
-        (4, tensor([4., 5., 2., 3.]))
-    """
-
-    def extend(self, data):
-        pairs = self._direct_pairs(data)
-        if pairs is None:
-            check = getattr(self._storage, "check_spec", None)
-            if check is not None:
-                check(data)
-            return super().extend(data)
-        index = self._write_direct(data, pairs)
-        data.set("index", expand_as_right(index, data))  # as TorchRL's writer tags the batch
-        self._mark_update_entities(index)
-        return index
-
-    def _direct_pairs(self, data):
-        """:meth:`GPUTensorStorage._flat_pairs` of ``data`` when the direct write applies, else None."""
-        storage = self._storage
-        if (type(storage) is not GPUTensorStorage or not isinstance(data, TensorDictBase)
-                or getattr(self, "_track_generations", False) or getattr(self, "_generation", None) is not None
-                or torch.compiler.is_compiling()):
-            return None
-        return storage._flat_pairs(data)
-
-    def _write_direct(self, data, pairs) -> torch.Tensor:
-        """Move the cursor by ``n = len(data)`` and write ``pairs`` at the slots; returns them, ``(n,)`` int64
-        on ``data``'s device (CPU if it has none), as TorchRL's ``extend``: ``arange(cursor, cursor + n) %
-        max_size``."""
-        cursor, n, max_size = self._cursor, data.batch_size[0], self._storage.max_size
-        index = torch.arange(cursor, cursor + n, dtype=torch.long, device=data.device or "cpu")
-        wraps = cursor + n > max_size
-        if wraps:
-            index = index % max_size
-        self._cursor = (cursor + n) % max_size
-        self._write_count += n
-        self._storage._write_pairs(index, pairs, None if wraps else cursor)
-        return index
-
-    def add(self, data):
-        check = getattr(self._storage, "check_spec", None)
-        if check is not None and isinstance(data, TensorDictBase):
-            check(data.unsqueeze(0))
-        return super().add(data)

@@ -1,0 +1,67 @@
+"""Every access of :mod:`lightning_per.replay` to private attributes of TorchRL, tensordict and torch, in one place.
+
+Each function names the third-party attribute it reads or writes; ``tests/test_replay_compat.py`` checks that
+each attribute still exists in the installed versions, so an upgrade that removes one fails there, by name,
+instead of deep in a write path. The adapters' own inherited state (``LazyTensorStorage._storage``, ``_len``,
+``_last_cursor``, the writer's ``_storage``) is theirs and stays with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+__all__ = ["advance_writer", "bump_mutation_revision", "direct_writer", "mark_update_entities", "tree_leaves",
+           "unlocked_len", "unsafe_tensordict"]
+
+
+def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
+    """A TensorDict of ``fields`` built without re-validating their shapes (tensordict's private
+    ``TensorDict._new_unsafe``): for batches whose shapes the caller guarantees (hot read paths)."""
+    return TensorDict._new_unsafe(fields, batch_size=batch_size, device=device)
+
+
+def bump_mutation_revision(storage: Any) -> None:
+    """TorchRL's storage mutation counter after a write (``_bump_mutation_revision``, torchrl >= 0.12; older
+    versions have none)."""
+    bump = getattr(storage, "_bump_mutation_revision", None)
+    if bump is not None:
+        bump()
+
+
+def unlocked_len(storage: Any) -> int | None:
+    """The filled length of a TorchRL ``TensorStorage`` read without its lock (its private
+    ``multiprocessing.Value`` ``_len_value``; the same int that ``__len__`` reads under the lock), or None when
+    there is none or the storage is ``compilable`` (``_compilable``: a plain int then): call ``__len__``."""
+    value = storage.__dict__.get("_len_value")
+    if value is None or storage._compilable:
+        return None
+    return value.get_obj().value
+
+
+def tree_leaves(tree: Any) -> list:
+    """The leaves of a pytree (torch's private ``torch.utils._pytree.tree_leaves``)."""
+    return torch.utils._pytree.tree_leaves(tree)
+
+
+def direct_writer(writer: Any) -> bool:
+    """Whether a TorchRL writer keeps no write generations (its private ``_track_generations`` and
+    ``_generation``), so a direct write that bypasses TorchRL's ``extend`` loses nothing."""
+    return not getattr(writer, "_track_generations", False) and getattr(writer, "_generation", None) is None
+
+
+def advance_writer(writer: Any, n: int, max_size: int) -> int:
+    """Move a TorchRL round-robin writer by ``n`` items on a ring of ``max_size`` (its private ``_cursor`` and
+    ``_write_count`` properties, as its ``extend`` does); returns the cursor before the move (a host int)."""
+    cursor = writer._cursor
+    writer._cursor = (cursor + n) % max_size
+    writer._write_count += n
+    return cursor
+
+
+def mark_update_entities(writer: Any, index) -> None:
+    """A TorchRL writer's ``_mark_update_entities(index)``: tell the storage's attached entities (the sampler)
+    which slots were written."""
+    writer._mark_update_entities(index)

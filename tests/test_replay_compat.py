@@ -1,0 +1,45 @@
+"""The third-party private attributes that lightning_per.replay.compat relies on still exist (one test each)."""
+
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
+
+from lightning_per.replay import compat
+
+
+def test_tensordict_new_unsafe_exists():
+    assert callable(getattr(TensorDict, "_new_unsafe", None))
+    td = compat.unsafe_tensordict({"a": torch.zeros(3, 2)}, torch.Size([3]), None)
+    assert td.batch_size == torch.Size([3]) and td["a"].shape == (3, 2)
+
+
+def test_storage_len_value_and_compilable_exist():
+    storage = LazyTensorStorage(4)
+    assert "_len_value" in storage.__dict__ and hasattr(storage, "_compilable")
+    storage.set(torch.arange(2), TensorDict({"a": torch.zeros(2)}, [2]))
+    assert compat.unlocked_len(storage) == len(storage) == 2
+
+
+def test_storage_bump_mutation_revision():
+    storage = LazyTensorStorage(4)
+    compat.bump_mutation_revision(storage)  # absent on older torchrl: a no-op, never an error
+    major, minor = (int(x) for x in __import__("torchrl").__version__.split(".")[:2])
+    if (major, minor) >= (0, 12):
+        assert callable(getattr(storage, "_bump_mutation_revision", None))
+
+
+def test_pytree_tree_leaves_exists():
+    assert compat.tree_leaves({"a": torch.zeros(1), "b": [torch.ones(2)]})[1].shape == (2,)
+
+
+def test_round_robin_writer_private_attributes_exist():
+    writer = TensorDictRoundRobinWriter()
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4), writer=writer)
+    for name in ("_cursor", "_write_count", "_mark_update_entities"):
+        assert hasattr(type(writer), name), name
+    assert compat.direct_writer(writer)
+    assert compat.advance_writer(writer, 6, 4) == 0
+    assert writer._cursor == 2 and writer._write_count == 6
+    compat.mark_update_entities(writer, torch.arange(2))
+    assert len(rb) == 0
