@@ -21,24 +21,24 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from lightning_per.callbacks import MetricAccumulator, new_episode_log, new_episode_ring
+from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
+from lightning_per.ga3c.host_state import RING, HostState
 from lightning_per.ga3c.loss import a3c_loss
 from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF
-from lightning_per.ga3c.stats import Stats, rates
+from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.graphs import CapturedUpdate, count_optimizer_step
 
 __all__ = ["GA3C"]
 
 log = logging.getLogger("lightning_per.ga3c")
-_RING = 100
 _EPISODE_LOG = 8192  # per-episode rows (env steps, time, return) kept between two epoch-end reads
 _METRICS = {
     "loss": "mean", "policy_loss": "mean", "value_loss": "mean", "entropy": "mean", "advantage": "mean",
@@ -49,51 +49,9 @@ _METRICS = {
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
-_DDP_STALL_GRACE_S = 10.0  # DDP: a rank waiting for a batch gives up this long after max_time_s (see above)
 
 
-def _identity(x: Any) -> Any:
-    return x
-
-
-class _BatchStream(IterableDataset):
-    """``updates_per_epoch`` batches from the trainer threads per epoch; ends early (and asks the
-    Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed (see "Run length" in the
-    module docstring: with one process a fetch waits for a batch until the deadline at most)."""
-
-    def __init__(self, module: GA3C) -> None:
-        self.module = module
-
-    def __iter__(self):
-        m = self.module
-        if m.system is None:
-            raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
-        deadline = m.stats.t0 + m.cfg.max_time_s  # time.monotonic()
-        single = m.trainer.world_size == 1
-        for _ in range(m.cfg.updates_per_epoch):
-            left = deadline - time.monotonic()
-            if single and left <= 0:
-                m.publish_host_state()
-                m.request_stop("max_time_s")
-                return
-            # DDP: Lightning's Timer stops every rank at the same step; this only ends a stalled pipeline
-            batch = m.system.get_batch(timeout=left if single else max(left, 0.0) + _DDP_STALL_GRACE_S)
-            if batch is None:
-                m.publish_host_state()
-                m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
-                return
-            yield batch
-
-
-class _SystemGuard(Callback):
-    """Stops the agents when ``fit`` fails or is interrupted (Lightning calls no module hook then)."""
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                     exception: BaseException) -> None:
-        pl_module.shutdown()
-
-
-class GA3C(pl.LightningModule):
+class GA3C(HostState, pl.LightningModule):
     """GA3C actor-critic (Babaeizadeh et al., ICLR 2017) trained with ``Trainer.fit``.
 
     Args:
@@ -127,7 +85,7 @@ class GA3C(pl.LightningModule):
             torch.manual_seed(cfg.seed)
             self.net = make_network(cfg.network, obs_shape, n_actions, cfg.hidden_sizes)
         self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates", "episodes"))
-        ring, count = new_episode_ring(_RING)
+        ring, count = new_episode_ring(RING)
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
         # the learning curves' per-episode series (callbacks.episodes), filled from Stats once an epoch
@@ -207,10 +165,10 @@ class GA3C(pl.LightningModule):
         return torch.optim.Adam(params, lr=c.lr, capturable=capturable)
 
     def configure_callbacks(self):
-        return [_SystemGuard()]
+        return [SystemGuard()]
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_BatchStream(self), batch_size=None, collate_fn=_identity)
+        return DataLoader(BatchStream(self), batch_size=None, collate_fn=identity)
 
     def on_fit_start(self) -> None:
         torch.set_num_threads(self.cfg.torch_threads)
@@ -393,75 +351,6 @@ class GA3C(pl.LightningModule):
             self._captured.release()
             self._captured = None
 
-    # ---- host state -> device metrics / episode ring ----------------------------------------
-    def publish_host_state(self) -> None:
-        """Fold host counters into :attr:`metrics` and the episode ring (Python numbers and one
-        pinned non-blocking copy: no device synchronisation)."""
-        if self.system is None:
-            return
-        snap = self.stats.snapshot()
-        r = rates(self._epoch_snap, snap, self.cfg.frame_skip)
-        m = self.metrics
-        for name in ("tps", "pps", "steps_per_s", "fps", "predict_batch"):
-            m.add(name, r[name])
-        updates = snap.updates - self._epoch_snap.updates
-        if updates > 0:  # means over this window's updates, as if added at each step
-            m.add("batch_size", snap.batch_transitions - self._epoch_snap.batch_transitions, count=updates)
-            m.add("policy_lag", snap.lag_sum - self._epoch_snap.lag_sum, count=updates)
-        counts = self.system.counts()
-        m.add("na", counts.agents)
-        m.add("np", counts.predictors)
-        m.add("nt", counts.trainers)
-        for name, size in self.system.queue_sizes().items():
-            m.add(name, size)
-        new = snap.episodes - self._epoch_snap.episodes
-        if new > 0:
-            recent = self.stats.recent_returns(new)
-            m.add("episode_return", sum(recent), count=len(recent))
-            m.add("mean_return", self.stats.mean_return(self.cfg.return_window))
-        m.add("env_steps", snap.steps)
-        m.add("updates", snap.updates)
-        m.add("episodes", snap.episodes)
-        self._epoch_snap = snap
-        self._sync_ring(snap.episodes)
-        self._sync_log(snap.episodes)
-
-    def _sync_log(self, total: int) -> None:
-        """Copy the episodes that ended since the last call into :attr:`episode_log`: ``(env steps, time,
-        return)`` with the env steps and the ``time.monotonic()`` counted when their rollout reached a
-        trainer (one pinned non-blocking copy)."""
-        new = total - self._log_synced
-        if new <= 0:
-            return
-        cap = self.episode_log.shape[0]
-        # by number: episodes that ended after the snapshot counted `total` belong to the next sync
-        recent = self.stats.episodes_range(total - min(new, cap), total)  # [(t since t0, steps, return, len)]
-        first = total - len(recent)
-        t0 = self.stats.t0
-        host = torch.tensor([(steps, t0 + t, ret) for t, steps, ret, _ in recent], dtype=torch.float64)  # [n, 3]
-        slots = torch.tensor([k % cap for k in range(first, total)], dtype=torch.int64)  # [n]
-        cuda = self.episode_log.device.type == "cuda"
-        if cuda:
-            host, slots = host.pin_memory(), slots.pin_memory()
-        dev = self.episode_log.device
-        self.episode_log.index_copy_(0, slots.to(dev, non_blocking=cuda), host.to(dev, non_blocking=cuda))
-        self.episode_log_count.fill_(total)
-        self._log_synced = total
-
-    def _sync_ring(self, total: int) -> None:
-        if total == self._ring_synced:
-            return
-        recent = self.stats.recent_returns(min(total, _RING))
-        host = torch.full((_RING,), float("nan"), dtype=torch.float32)
-        start = total - len(recent)
-        for j, ret in enumerate(recent):
-            host[(start + j) % _RING] = ret
-        if self.episode_returns_ring.device.type == "cuda":
-            host = host.pin_memory()
-        self.episode_returns_ring.copy_(host, non_blocking=True)
-        self.episode_returns_count.fill_(total)
-        self._ring_synced = total
-
     def shutdown(self) -> None:
         """Stop agents, predictors and trainers (within 5 s) and record the run's host summary. Idempotent."""
         if self.system is None:
@@ -473,39 +362,3 @@ class GA3C(pl.LightningModule):
         self.system_summary = self._summarise(system, counts.as_tuple(), t_close)
         if system.error is not None:
             raise RuntimeError(f"GA3C system failed: {system.error}") from system.error
-
-    def _summarise(self, system: GA3CSystem, counts: tuple[int, int, int], t_close: float) -> dict[str, Any]:
-        """The host summary. Times in seconds from ``stats.t0`` (``on_fit_start``, the ``max_time_s``
-        clock): ``wall_time_s`` to the end of the shutdown, ``stopped_at_s`` to the stop decision (or to
-        the shutdown's start if none was recorded: interruption, failure); ``shutdown_s``:
-        :meth:`GA3CSystem.close`, which started at ``t_close``."""
-        snap = self.stats.snapshot()
-        t0 = self.stats.t0
-        wall = max(snap.t - t0, 1e-9)
-        c = self.cfg
-        # the mean return of the newest episodes the episode log (episodes.csv) holds, so the summary and the
-        # file agree; episodes that ended after the last epoch's copy (e.g. during shutdown) count in "episodes"
-        logged = self.stats.episodes_range(max(self._log_synced - c.return_window, 0), self._log_synced)
-        return {
-            "mean_return": sum(r for _, _, r, _ in logged) / len(logged) if logged else None,
-            "mean_return_episodes": len(logged),
-            "episodes": snap.episodes,
-            "tps": snap.updates / wall,
-            "pps": snap.predictions / wall,
-            "steps_per_s": snap.steps / wall,
-            "fps": snap.steps * c.frame_skip / wall,
-            "policy_lag_mean": snap.lag_sum / snap.updates if snap.updates else None,
-            "wall_time_s": wall,
-            "stop_reason": self._stop_reason,
-            "stopped_at_s": (self._stop_time if self._stop_time is not None else t_close) - t0,
-            "shutdown_s": snap.t - t_close,
-            "max_time_s": c.max_time_s,
-            "env_steps": snap.steps,
-            "updates": snap.updates,
-            "predictions": snap.predictions,
-            "time_to_target_s": self.time_to_target_s,
-            "target_return": c.target_return,
-            "final_counts": {"agents": counts[0], "predictors": counts[1], "trainers": counts[2]},
-            "agents_replaced": system.replaced,
-            "adjustments": system.adjuster.history if system.adjuster is not None else [],
-        }

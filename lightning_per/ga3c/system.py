@@ -28,20 +28,15 @@ moment cannot stall the others.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import multiprocessing as mp
 import os
 import queue
-import runpy
 import signal
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -49,52 +44,20 @@ import torch
 from lightning_per.ga3c.adjust import Counts, DynamicAdjuster
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.shared import SharedRollouts, make_layout
+from lightning_per.ga3c.sigterm import SigtermRecorder
+from lightning_per.ga3c.spawn import AgentHandle, agent_process, start_process
 from lightning_per.ga3c.stats import Stats, rates
 from lightning_per.ga3c.workers import PredictorThread, TrainerThread
 
 __all__ = ["GA3CSystem"]
 
+_Agent = AgentHandle  # the name benchmarks/ga3c_learner.py builds stand-in agents with
+
 log = logging.getLogger("lightning_per.ga3c")
-_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_boot.py")
-_MAIN_LOCK = threading.Lock()
 _GET_POLL_S = 0.1  # longest single wait of get_batch on the batch queue (how fast it notices a stop)
 _SUPERVISE_S = 0.2  # supervisor period: how fast a dead agent is noticed
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 _STOP_SIGNAL_GRACE_S = 1.0  # an agent killed by a stop signal stays dead this long before it is replaced
-
-
-@contextlib.contextmanager
-def _no_main_reimport():
-    """Hide ``__main__``'s file/spec while a spawn child is launched.
-
-    ``spawn`` re-runs the parent's main script in the child (``multiprocessing.spawn.
-    get_preparation_data``); for the ``lightning-per`` console script that imports the whole
-    package with torch and Lightning. Agents need nothing from ``__main__``.
-    """
-    main = sys.modules.get("__main__")
-    with _MAIN_LOCK:
-        if main is None:
-            yield
-            return
-        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None
-        try:
-            yield
-        finally:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
-
-
-@dataclass
-class _Agent:
-    incarnation: int
-    process: Any
-    response_sem: Any
-    free_sem: Any
-    retiring: bool = False
-    started: float = field(default_factory=time.monotonic)
-    dead_since: float | None = None  # time.monotonic() when the supervisor first saw it dead
 
 
 class GA3CSystem:
@@ -138,8 +101,7 @@ class GA3CSystem:
         self.pred_sem = self.train_sem = None
         self._closed = False
         self.stop_signal: int | None = None  # the signal that stopped the run (SIGTERM), if one did
-        self._sigterm_handler: Callable | None = None  # ours, while installed
-        self._sigterm_previous: Any = None
+        self._sigterm = SigtermRecorder(self._record_signal, lambda: not self._closed)
 
     # ---- buffers: row arithmetic and the torch views predictors/trainers use -----------------
     def row(self, index: int, slot: int, t: int) -> int:
@@ -272,12 +234,9 @@ class GA3CSystem:
                       pred_sem=self.pred_sem, train_sem=self.train_sem, response_sem=resp, free_sem=free,
                       gamma=c.gamma, reward_clip=c.reward_clip, parent_pid=os.getpid(),
                       seed=c.seed + 10_007 * inc)
-        proc = self.ctx.Process(target=runpy.run_path, args=(_BOOT,), name=f"ga3c-agent-{index}", daemon=True,
-                                kwargs={"init_globals": {"GA3C_AGENT_KWARGS": kwargs},
-                                        "run_name": "__ga3c_agent__"})
+        proc = agent_process(self.ctx, index, kwargs)
         self._agents[index] = _Agent(inc, proc, resp, free)
-        with _no_main_reimport():
-            proc.start()
+        start_process(proc)
         return True
 
     def _active_agents(self) -> list[int]:
@@ -352,34 +311,9 @@ class GA3CSystem:
         self.replaced += 1
         return self._spawn_agent(index)
 
-    # ---- signals -----------------------------------------------------------------------------
-    def _install_sigterm_handler(self) -> None:
-        """Main thread only: record SIGTERM for the supervisor, then run the handler found here."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        previous = signal.getsignal(signal.SIGTERM)
-
-        def on_sigterm(signum, frame):
-            if not self._closed:
-                self.stop_signal = signum  # a plain store: the supervisor acts on it
-            if callable(previous):
-                previous(signum, frame)
-            elif previous != signal.SIG_IGN:  # SIG_DFL (or None: not set from Python): terminate as before
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-        self._sigterm_handler, self._sigterm_previous = on_sigterm, previous
-
-    def _restore_sigterm_handler(self) -> None:
-        """Put the previous handler back if ours is still the installed one (one installed over ours keeps
-        calling it; ours then only forwards)."""
-        handler, self._sigterm_handler = self._sigterm_handler, None
-        if handler is None or threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is handler:
-            previous = self._sigterm_previous
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    # ---- signals (see :mod:`.sigterm`) ----------------------------------------------------------
+    def _record_signal(self, signum: int) -> None:
+        self.stop_signal = signum
 
     # ---- predictor / trainer threads ---------------------------------------------------------
     def _set_threads(self, threads: list, n: int, cls, prefix: str) -> None:
@@ -418,7 +352,7 @@ class GA3CSystem:
         self.pred_sem, self.train_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
         self.batch_q: queue.Queue = queue.Queue(maxsize=c.batch_queue_size)
         atexit.register(self.close)
-        self._install_sigterm_handler()
+        self._sigterm.install()
         self.set_counts(Counts(c.agents, c.predictors, c.trainers))
         self._supervisor = threading.Thread(target=self._supervise, name="ga3c-supervisor", daemon=True)
         self._supervisor.start()
@@ -470,7 +404,7 @@ class GA3CSystem:
         if self.shared is not None:
             self.shared.close()
         atexit.unregister(self.close)
-        self._restore_sigterm_handler()
+        self._sigterm.restore()
         killed = sum(p.exitcode is not None and p.exitcode < 0 for p in procs)
         log.info("GA3C system stopped in %.2f s (%d agent processes, %d terminated, %d of them while starting)",
                  time.monotonic() - t0, len(procs), killed, len(booting))

@@ -1,0 +1,61 @@
+"""The GA3C module's data: the stream of trainer-thread batches ``Trainer.fit`` iterates, and the callback
+that stops the GA3C system when ``fit`` fails (see "Run length" in docs/ga3c.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import IterableDataset
+
+if TYPE_CHECKING:
+    from lightning_per.ga3c.module import GA3C
+
+__all__ = ["identity", "BatchStream", "SystemGuard"]
+
+DDP_STALL_GRACE_S = 10.0  # DDP: a rank waiting for a batch gives up this long after max_time_s
+
+
+def identity(x: Any) -> Any:
+    """The DataLoader's ``collate_fn``: each item already is a whole batch."""
+    return x
+
+
+class BatchStream(IterableDataset):
+    """``updates_per_epoch`` batches from the trainer threads per epoch; ends early (and asks the
+    Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed (with one process a fetch
+    waits for a batch until the deadline at most; under DDP Lightning's Timer stops every rank at the same
+    step, and a rank whose pipeline stalled gives up ``DDP_STALL_GRACE_S`` after the deadline)."""
+
+    def __init__(self, module: GA3C) -> None:
+        self.module = module
+
+    def __iter__(self):
+        m = self.module
+        if m.system is None:
+            raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
+        deadline = m.stats.t0 + m.cfg.max_time_s  # time.monotonic()
+        single = m.trainer.world_size == 1
+        for _ in range(m.cfg.updates_per_epoch):
+            left = deadline - time.monotonic()
+            if single and left <= 0:
+                m.publish_host_state()
+                m.request_stop("max_time_s")
+                return
+            # DDP: Lightning's Timer stops every rank at the same step; this only ends a stalled pipeline
+            batch = m.system.get_batch(timeout=left if single else max(left, 0.0) + DDP_STALL_GRACE_S)
+            if batch is None:
+                m.publish_host_state()
+                m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
+                return
+            yield batch
+
+
+class SystemGuard(Callback):
+    """Stops the agents when ``fit`` fails or is interrupted (Lightning calls no module hook then)."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        pl_module.shutdown()
