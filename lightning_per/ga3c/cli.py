@@ -6,9 +6,12 @@ Usage::
     lightning-per ga3c --config configs/ga3c_pong.yaml --agents 16 --dynamic_adjustment true
     lightning-per ga3c --help                 # every field of GA3CConfig with its documentation
 
-Every field of :class:`~lightning_per.ga3c.config.GA3CConfig` is also a ``--field value`` option
-(values parsed as YAML: ``--reward_clip null``, ``--hidden_sizes [64,64]``); options override the
-file. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
+The parser is jsonargparse's, the machinery under ``lightning-per fit``'s LightningCLI
+(:func:`~lightning_per.ga3c.config.config_parser`): every field of
+:class:`~lightning_per.ga3c.config.GA3CConfig` is a typed ``--field value`` option (values parsed as YAML:
+``--reward_clip null``, ``--hidden_sizes [64,64]``), documented by the field's docstring; options after
+``--config`` override the file (jsonargparse applies them in order), and ``--print_config`` prints the
+resulting config as YAML. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``wall_time_s``...),
 ``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
@@ -28,7 +31,6 @@ Elapsed time is ..." (its ``max_time``, whole seconds) also counts from ``on_tra
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
@@ -44,36 +46,21 @@ from typing import Any
 __all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer"]
 
 log = logging.getLogger("lightning_per.ga3c")
-_UNSET = object()
 
 
-def _yaml_value(text: str) -> Any:
-    import yaml
-
-    return yaml.safe_load(text)
-
-
-class _ShortUsageParser(argparse.ArgumentParser):
-    """A command-line error prints one usage line before its message, not the usage of every option
-    (``--help`` still lists them all), as ``lightning-per fit`` does."""
-
-    def print_usage(self, file=None) -> None:
-        prog = self.prog
-        (file or sys.stderr).write(f"usage: {prog} [--config YAML] [--<field> VALUE ...] (see {prog} --help)\n")
+def _print_short_usage(prog: str) -> None:
+    """The usage on a command-line error: one line (``--help`` still lists every option), as
+    ``lightning-per fit`` does."""
+    sys.stderr.write(f"usage: {prog} [--config YAML] [--<field> VALUE ...] (see {prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``ga3c`` argument parser: ``--config`` plus one ``--<field>`` per config field."""
-    from lightning_per.ga3c.config import GA3CConfig, field_docs
+def build_parser():
+    """The ``ga3c`` command's jsonargparse parser (:func:`~lightning_per.ga3c.config.config_parser`):
+    ``--config`` plus one typed ``--<field>`` per :class:`~lightning_per.ga3c.config.GA3CConfig` field,
+    documented by the field's docstring, and jsonargparse's ``--print_config``."""
+    from lightning_per.ga3c.config import config_parser
 
-    # the help texts state each field's default themselves (the parser's own default is a sentinel)
-    parser = _ShortUsageParser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
-    parser.add_argument("--config", default=None, help="YAML file of GA3CConfig fields")
-    defaults = GA3CConfig().to_dict()
-    for name, doc in field_docs().items():
-        parser.add_argument(f"--{name}", default=_UNSET, type=_yaml_value, metavar="VALUE",
-                            help=f"{doc} (default: {defaults[name]!r})".replace("%", "%%"))
-    return parser
+    return config_parser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
 
 
 def _setup_logging() -> None:
@@ -217,13 +204,12 @@ def parse_config(argv: Sequence[str]):
     """The validated :class:`~lightning_per.ga3c.config.GA3CConfig` of a ``ga3c`` command line.
 
     Raises:
-        ValueError: an unknown field or a bad value (the message names the field).
+        ValueError: an unknown option (:class:`~lightning_per.ga3c.config.UnknownOption`), a missing config
+            file or a bad value (the message names the field).
     """
-    from lightning_per.ga3c.config import load_config
+    from lightning_per.ga3c.config import parse_args
 
-    ns = build_parser().parse_args(list(argv))
-    overrides = {k: v for k, v in vars(ns).items() if k != "config" and v is not _UNSET}
-    return load_config(ns.config, overrides)
+    return parse_args(build_parser(), list(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,10 +236,16 @@ def _train(cfg, model=None) -> int:
 def console_main(argv: Sequence[str] | None = None) -> int:
     """``lightning-per ga3c``: :func:`main`, with a bad config value reported as one line on stderr and exit
     status 2 (``LIGHTNING_PER_TRACEBACK=1`` raises it instead)."""
+    from lightning_per.ga3c.config import UnknownOption
+
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = parse_config(argv)
         model = prepare(cfg)  # setting errors surface here, before a run directory is written
+    except UnknownOption as err:  # a command-line mistake: the usage line, then the error (argparse's way)
+        parser = build_parser()
+        _print_short_usage(parser.prog)
+        parser.exit(2, f"{parser.prog}: error: {str(err).split('; known fields')[0]}\n")
     except ValueError as err:
         if os.environ.get("LIGHTNING_PER_TRACEBACK"):
             raise

@@ -1,23 +1,23 @@
 """GA3C configuration: one typed, documented, validated dataclass, read from YAML.
 
-Why a dataclass and not LightningCLI: a GA3C run configures processes, threads, queues and shared
-memory as much as it configures the LightningModule and the Trainer, and the dynamic adjustment
-changes several of those knobs at run time. One flat dataclass keeps every knob named, typed,
-documented (the attribute docstrings below) and validated in one place, and the CLI
-(:mod:`lightning_per.ga3c.cli`) derives its ``--field value`` overrides from the same fields, so YAML,
-command line and code cannot drift apart.
+Why one flat dataclass and not LightningCLI's ``--model.*`` / ``--trainer.*`` groups: a GA3C run configures
+processes, threads, queues and shared memory as much as it configures the LightningModule and the Trainer
+(whose settings follow from these fields: :func:`lightning_per.ga3c.cli.build_trainer`), and the dynamic
+adjustment changes several of those knobs at run time. The dataclass keeps every knob named, typed,
+documented (the attribute docstrings below) and validated in one place; jsonargparse, the parser under
+LightningCLI, builds the command line and reads the YAML from it (:func:`config_parser`), so YAML, command
+line and code cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GA3CConfig", "load_config"]
+__all__ = ["GA3CConfig", "load_config", "config_parser", "parse_args", "field_docs", "UnknownOption"]
 
 _OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam")
 _NETWORKS = ("auto", "mlp", "conv")
@@ -243,46 +243,75 @@ def _check_float(cfg: GA3CConfig, name: str, low: float = -math.inf, high: float
         raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value!r}")
 
 
-def field_types() -> dict[str, Any]:
-    """``field name -> resolved type annotation`` of :class:`GA3CConfig` (used by the CLI)."""
-    hints = typing.get_type_hints(GA3CConfig)
-    return {f.name: hints[f.name] for f in fields(GA3CConfig)}
+def config_parser(**kwargs: Any):
+    """The jsonargparse parser of :class:`GA3CConfig` (the ``ga3c`` command's, and :func:`load_config`'s):
+    ``--config FILE`` (jsonargparse's ``ActionConfigFile``: YAML, later options override earlier ones) and
+    one typed ``--<field>`` per field, its help the field's attribute docstring. Values are YAML
+    (``--reward_clip null``, ``--hidden_sizes [64,64]``). It raises ``argparse.ArgumentError`` instead of
+    exiting; :func:`parse_args` turns that into a ``ValueError``.
+
+    Args:
+        **kwargs: for ``jsonargparse.ArgumentParser`` (``prog``, ``description``...).
+
+    Example::
+
+        >>> cfg = parse_args(config_parser(), ["--agents", "2", "--reward_clip", "null"])
+        >>> cfg.agents, cfg.reward_clip
+        (2, None)
+    """
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    class _ConfigFile(ActionConfigFile):
+        """``--config``: a missing file is named in one line (jsonargparse's own message gives the absolute
+        path of whatever it tried)."""
+
+        def __call__(self, parser, cfg, values, option_string=None):
+            if isinstance(values, (str, Path)) and not Path(values).is_file():
+                raise ValueError(f"config file {str(values)!r} not found")
+            return super().__call__(parser, cfg, values, option_string)
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # the fields' docstrings become the help
+    parser = ArgumentParser(exit_on_error=False, **kwargs)
+    parser.add_argument("--config", action=_ConfigFile, help="YAML file of GA3CConfig fields")
+    parser.add_class_arguments(GA3CConfig)
+    return parser
+
+
+class UnknownOption(ValueError):
+    """A command-line option or config key that is no field of :class:`GA3CConfig`."""
+
+
+def parse_args(parser, argv: list[str]) -> GA3CConfig:
+    """Parse ``argv`` with ``parser`` (:func:`config_parser`) into a validated :class:`GA3CConfig`.
+
+    Raises:
+        UnknownOption: an option or a config-file key that is no field (a ValueError).
+        ValueError: a missing config file, a value of the wrong type or out of range (the message names the
+            field).
+    """
+    from argparse import ArgumentError
+
+    try:
+        ns = parser.parse_args(list(argv))
+    except ArgumentError as err:
+        message = " ".join(str(err).split())
+        if message.startswith("unrecognized arguments") or "is not accepted" in message:
+            raise UnknownOption(f"{message}; known fields: {sorted(f.name for f in fields(GA3CConfig))}") from None
+        raise ValueError(message) from None
+    values = ns.as_dict()
+    return GA3CConfig(**{f.name: values[f.name] for f in fields(GA3CConfig)}).validate()
 
 
 def field_docs() -> dict[str, str]:
-    """``field name -> attribute docstring`` of :class:`GA3CConfig` (the CLI's ``--help``)."""
-    import ast
-    import inspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(GA3CConfig)))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _coerce(name: str, value: Any, annotation: Any) -> Any:
-    """YAML gives ints (``lr: 1``) or, for ``1e-3`` (YAML 1.1), strings where floats are meant; accept
-    those, leave anything else to :meth:`GA3CConfig.validate`."""
-    args = typing.get_args(annotation)
-    if annotation is float or (float in args and value is not None):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                return value
-    return value
+    """``field name -> attribute docstring`` of :class:`GA3CConfig` (what ``--help`` shows), as the
+    parser read them."""
+    return {a.dest: " ".join(str(a.help).split()) for a in config_parser()._actions
+            if a.dest in GA3CConfig.__dataclass_fields__}
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GA3CConfig:
-    """Build and validate a :class:`GA3CConfig` from a YAML mapping plus overrides.
+    """Build and validate a :class:`GA3CConfig` from a YAML mapping plus overrides, through
+    :func:`config_parser` (the command line's types and checks).
 
     Args:
         path: YAML file whose top level maps field names to values (None: defaults only).
@@ -291,22 +320,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     Raises:
         ValueError: an unknown field name, a file that is not a mapping, or a value out of range.
     """
-    import yaml  # local: only the CLI and tests read files
+    import json
 
-    values: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).is_file():
-            raise ValueError(f"config file {str(path)!r} not found")
-        with open(path) as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config {str(path)!r} must be a mapping of field names, "
-                             f"got {type(loaded).__name__}")
-        values.update(loaded)
-    values.update(overrides or {})
-    types = field_types()
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise ValueError(f"unknown GA3C config field(s) {unknown}; known fields: {sorted(types)}")
-    cfg = GA3CConfig(**{k: _coerce(k, v, types[k]) for k, v in values.items()})
-    return cfg.validate()
+    parser = config_parser()
+    argv = [] if path is None else ["--config", str(path)]
+    for name, value in (overrides or {}).items():
+        argv.append(f"--{name}={json.dumps(value)}")  # JSON is YAML: the value keeps its type
+    return parse_args(parser, argv)
