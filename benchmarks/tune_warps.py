@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     from lightning_per import make_replay_buffer
     from lightning_per.ops.dispatch import load_ext
 
-    ext = load_ext()  # lightning_per.ext, installed or from the source tree
+    ext = load_ext()  # lightning_per.ext (the top-level ext/ of a source checkout or an install)
 
     dev, B = torch.device("cuda"), args.batch
     rows = []

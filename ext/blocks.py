@@ -6,8 +6,8 @@ row reduction the fused update (:mod:`.update`) shares.
   ``MAX_CHUNK``, chunk sums added in order: the reference's scan total up to rounding), ``min`` = minimum of
   the non-zero leaves (``+inf`` if none).
 * ``last_write_wins``: ``out[k] = values[max{j : index[j] == index[k]}]`` by O(B^2) comparisons spread
-  over ``ceil(B / 64)`` programs, for ``B <= MAX_QUADRATIC``; larger batches use the reference's
-  O(B log B) sort (``last_write_wins``) or O(B) scatter-amax (``last_writer``).
+  over ``ceil(B / 64)`` programs, for ``B <= MAX_QUADRATIC``; larger batches use the plain-torch
+  O(B log B) sort (``last_write_wins``) or O(B) scatter-amax (``last_writer``) of :mod:`.torch_paths`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lightning_per.ops import reference
-
 from ._common import MAX_CHUNK, cdiv, check_device, chunk_for, compiling, expect, register_op, warps_for
+from .torch_paths import scatter_last_writer, sorted_last_write_wins
 
 __all__ = ["reduce_blocks", "last_write_wins", "last_writer", "row_stats", "MAX_QUADRATIC", "BB"]
 
@@ -111,12 +110,12 @@ def reduce_blocks(rows: Tensor) -> tuple[Tensor, Tensor]:
 
 def last_write_wins(index: Tensor, values: Tensor) -> Tensor:
     """Compiled ``reference.last_write_wins``: ``(B,)`` ``values[max{j : index[j] == index[k]}]``
-    (one launch for ``B <= MAX_QUADRATIC``, the reference's sort above)."""
+    (one launch for ``B <= MAX_QUADRATIC``, a plain-torch sort above)."""
     expect(index, "index", ndim=1)
     check_device(index, "index")
     expect(values, "values", shape=index.shape, device=index.device)
     if index.numel() > MAX_QUADRATIC:
-        return reference.last_write_wins(index, values)
+        return sorted_last_write_wins(index, values)
     if compiling():
         return torch.ops.lightning_per.last_write_wins(index, values)
     return _launch_last(index, values)
@@ -125,14 +124,14 @@ def last_write_wins(index: Tensor, values: Tensor) -> Tensor:
 def last_writer(index: Tensor, scratch: Tensor, positions: Tensor) -> Tensor:
     """Compiled ``reference.last_writer``: ``(B,)`` int64 ``positions[max{j : index[j] == index[k]}]``.
 
-    One launch for ``B <= MAX_QUADRATIC`` (``scratch`` untouched); the reference's scatter-amax into
+    One launch for ``B <= MAX_QUADRATIC`` (``scratch`` untouched); a plain-torch scatter-amax into
     ``scratch`` above.
     """
     expect(index, "index", ndim=1)
     check_device(index, "index")
     expect(positions, "positions", shape=index.shape, device=index.device)
     if index.numel() > MAX_QUADRATIC:
-        return reference.last_writer(index, scratch, positions)
+        return scatter_last_writer(index, scratch, positions)
     if compiling():
         return torch.ops.lightning_per.last_write_wins(index, positions).to(torch.int64)
     return _launch_last(index, positions, torch.int64)

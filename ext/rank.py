@@ -99,7 +99,7 @@ def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tenso
                 stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Fused rank-based draw ``(index (B,) int64, w (B,) float32)`` (module docstring).
 
-    Equals ``ext.composite.rank_sample`` (``GPURankBasedSampler.sample`` after its sort refresh).
+    Equals ``lightning_per.ops.reference.rank_sample`` (``GPURankBasedSampler.sample`` after its sort refresh).
 
     Args:
         u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws, B >= 1.

@@ -419,7 +419,7 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
                         rng: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fused proportional draw ``(index, w)`` from i.i.d. uniforms ``u`` (module docstring, steps 1-4).
 
-    Equals ``ext.composite.sample_proportional`` (the sampler's reference sequence:
+    Equals ``lightning_per.ops.reference.sample_proportional`` (the sampler's reference sequence:
     ``stratified_uniforms`` -> ``two_level_search_with_values`` -> ``is_weights(p, block_min.amin())``).
 
     Args:

@@ -1,6 +1,6 @@
 """Fused priority update: the sampler's whole ``_write`` in one launch, with no O(N) pass.
 
-``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``ext.composite.write_priorities``).
+``write_priorities`` = ``GPUPrioritizedSampler._write`` (twin: ``lightning_per.ops.reference.write_priorities``).
 
 Batches of at most ``MAX_ONE_LAUNCH`` entries (every training step, every extend of a rollout): one
 program per entry ``k`` (``_write_one_kernel``). Each program loads all B slots (one vector), cleans

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # `lightning_per.ext` is the top-level ext/ folder: an installed package maps it (pyproject's
-# package-dir); a source checkout on PYTHONPATH (the GPU machine) registers it through the loader.
+# package-dir); a source checkout on PYTHONPATH (the GPU machine) finds it through lightning_per/__init__.py.
 from lightning_per.ops.dispatch import load_ext  # noqa: E402
 
 load_ext()

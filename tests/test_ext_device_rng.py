@@ -20,7 +20,8 @@ from _kernel_devices import CUDA, KDEVS, triton  # noqa: E402  (sets TRITON_INTE
 from _philox import expected_uniforms, philox4x32_10  # noqa: E402
 from lightning_per.ext import sample  # noqa: E402
 from lightning_per.ext.sample import _device_uniform  # noqa: E402
-from lightning_per.ext.selfcheck import make_levels  # noqa: E402
+
+from lightning_per.ops.selfcheck import make_levels  # noqa: E402
 
 tl = triton.language
 

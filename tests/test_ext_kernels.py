@@ -17,11 +17,11 @@ import pytest
 import torch
 from _kernel_devices import KDEVS  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms  # noqa: E402
-from lightning_per.ext import _common, blocks, composite, priority, rank, sample, update  # noqa: E402
-from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
+from lightning_per.ext import _common, blocks, priority, rank, sample, update  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
+from lightning_per.ops.selfcheck import boundary_uniforms, fresh_state, make_levels  # noqa: E402
 
 
 @pytest.fixture(params=KDEVS)
@@ -69,7 +69,7 @@ def test_sample_proportional_matches_composite(kdev, gen, normalize, stratified)
     u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
     beta = torch.tensor(0.7, dtype=torch.float64, device=kdev) if stratified else 0.4  # tensor or float
     index, w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
-    want_index, want_w = composite.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
     torch.testing.assert_close(index, want_index, rtol=0, atol=0)
     torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
     assert w.dtype == torch.float32 and (w <= 1).all()
@@ -101,7 +101,7 @@ def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, m
         update._launch_write(*got.values(), index, prio, n_valid, capacity,
                              *_common.scalar_arg(alpha, "alpha", kdev), 1e-6, max_chunk=max_chunk,
                              max_quadratic=max_quadratic, max_one=max_one)
-        composite.write_priorities(**want, **args)
+        reference.write_priorities(**want, **args)
     for key in ("raw_store", "leaves", "block_min", "max_raw"):
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
     torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
@@ -127,7 +127,7 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and 
         index[n - 1], prio[n - 1] = 3, float("nan")  # the last write of slot 3
         index, prio = index.to(kdev), prio.to(kdev)
         update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
-        composite.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
+        reference.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
         for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
             torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
         torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
@@ -219,7 +219,7 @@ def test_rank_sample_matches_composite(kdev, gen, normalize):
     alpha, beta = (torch.tensor(v, dtype=torch.float64, device=kdev) for v in (0.7, 0.5))
     for n in (1, 257, 300):
         index, w = rank.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
-        want_index, want_w = composite.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
+        want_index, want_w = reference.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
 
@@ -243,7 +243,7 @@ def test_launchers_raise_with_the_limit(kdev):
 
 # ------------------------------------------------------------------------- backend and samplers
 def test_make_backend_exposes_reference_names_and_passes_self_check(kdev):
-    backend = dispatch.select_backend(kdev, "kernels")  # make_backend + self-check, cached per device
+    backend = dispatch.select_backend(kdev, "kernels")  # make_kernel_ops + self-check, cached per device
     for name in reference.__all__:
         assert callable(getattr(backend, name)), name
     assert backend.two_level_search_with_values is sample.two_level_search_with_values
@@ -294,7 +294,7 @@ def _select_with_failure(monkeypatch, device):
 
     monkeypatch.setattr(dispatch, "_CHECKED", {})
     monkeypatch.setattr(dispatch, "_WARNED", set())
-    monkeypatch.setattr(ext, "make_backend", boom)
+    monkeypatch.setattr(dispatch, "make_kernel_ops", boom)
     monkeypatch.setattr(dispatch, "load_ext", lambda: ext)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -367,7 +367,7 @@ def test_sample_proportional_gather_public_op_and_backend(kdev, gen, normalize):
     assert "sample_proportional_gather" in backend.COMPILED
     for _ in range(2):  # the second call takes the validated fast path
         index, w, got = backend.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True, normalize)
-        want_index, want_w, want_rows = composite.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True,
+        want_index, want_w, want_rows = reference.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True,
                                                                              normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
@@ -421,3 +421,19 @@ def test_sample_proportional_gather_validates_rows(kdev, gen):
     with pytest.raises(ValueError, match="normalize"):
         sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 2, dtype=torch.int64, device=kdev),
                                           normalize="max")
+
+
+# ----------------------------------------------------------------------- large-batch torch paths
+@pytest.mark.parametrize("n", [1, 2, 37, 5000])
+def test_large_batch_torch_paths_equal_the_reference(gen, n):
+    """The plain-torch paths the launchers take above MAX_QUADRATIC (ext/torch_paths.py, written without the
+    reference so that ext/ imports nothing of lightning_per) give the reference's result, clashes included."""
+    from lightning_per.ext import torch_paths
+
+    index = torch.randint(0, max(n // 3, 1), (n,), generator=gen)
+    values = torch.rand(n, generator=gen, dtype=torch.float64)
+    assert torch.equal(torch_paths.sorted_last_write_wins(index, values), reference.last_write_wins(index, values))
+    positions = torch.arange(n, dtype=torch.int32)
+    scratch = torch.zeros(n + 1, dtype=torch.int32)
+    assert torch.equal(torch_paths.scatter_last_writer(index, scratch.clone(), positions),
+                       reference.last_writer(index, scratch, positions))

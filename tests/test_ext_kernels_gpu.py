@@ -15,14 +15,13 @@ import torch
 pytestmark = pytest.mark.gpu
 triton = pytest.importorskip("triton")
 
-import lightning_per.ext as ext  # noqa: E402
 from _philox import expected_uniforms  # noqa: E402
-from lightning_per.ext import composite, rank, sample, update  # noqa: E402
-from lightning_per.ext.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
+from lightning_per.ext import rank, sample, update  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
 from lightning_per.graphs.streams import capture_cuda_graph as capture  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
+from lightning_per.ops.selfcheck import boundary_uniforms, fresh_state  # noqa: E402
 
 F64 = torch.float64
 
@@ -67,7 +66,7 @@ def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
     beta = torch.tensor(0.4, dtype=F64, device="cuda")
     for normalize in ("buffer", "batch"):
         got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
-        want = composite.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
+        want = reference.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
 
@@ -155,7 +154,7 @@ def test_one_launch_write_equals_composite_under_clashes(batch):
         prio[5::101] = -1.0
         update.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity,
                                 alpha=alpha, eps=EPS)
-        composite.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
+        reference.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
                                    alpha=alpha, eps=EPS)
         # after every call: a refresh that raced would be repaired by a later touch of its block
         torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
@@ -323,7 +322,7 @@ def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(dispatch, "_CHECKED", {})
     monkeypatch.setattr(dispatch, "_WARNED", set())
-    monkeypatch.setattr(ext, "make_backend", boom)
+    monkeypatch.setattr(dispatch, "make_kernel_ops", boom)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         chosen = [dispatch.select_backend(torch.device("cuda"), "kernels") for _ in range(2)]

@@ -37,7 +37,7 @@ def _kernels_here() -> bool:
 
 
 def _kernels_on(device: torch.device) -> bool:
-    """Whether ``backend="kernels"`` gets the compiled kernels on ``device`` (``ext.make_backend``'s rule: CUDA
+    """Whether ``backend="kernels"`` gets the compiled kernels on ``device`` (``ext.backend.TritonOps``' rule: CUDA
     devices, or CPU under the interpreter); elsewhere :func:`lightning_per.ops.select_backend` falls back to
     the reference ops with a warning (e.g. the CPU case on a CUDA machine, where conftest.py sets no
     interpreter)."""

@@ -1,7 +1,10 @@
-"""Stateless tensor math of prioritized replay (reference ops + backend dispatch). No Lightning here."""
+"""Stateless tensor math of prioritized replay: the typed :class:`ReplayOps` protocol, its plain-torch
+reference, and the backend choice (the reference, or the self-checked kernels of ``lightning_per.ext``).
+No Lightning here."""
 
 from lightning_per.ops import reference
 from lightning_per.ops.dispatch import select_backend
+from lightning_per.ops.protocol import CompiledReplayOps, ReplayOps
 from lightning_per.ops.reference import (
     block_size_for,
     inverse_cdf_search,
@@ -18,6 +21,8 @@ from lightning_per.ops.reference import (
 __all__ = [
     "reference",
     "select_backend",
+    "ReplayOps",
+    "CompiledReplayOps",
     "block_size_for",
     "inverse_cdf_search",
     "is_weights",

@@ -1,52 +1,66 @@
-"""Backend selection for the replay ops: compiled kernels from ``ext/`` when they load and pass a
-self-check against :mod:`lightning_per.ops.reference`, the reference ops otherwise.
+"""Backend selection for the replay ops: the compiled kernels (:class:`lightning_per.ops.kernels.KernelOps`)
+when they build and pass a self-check against :mod:`lightning_per.ops.reference`, the reference otherwise.
 
-A sampler calls :func:`select_backend` once, at construction (no device branches in hot
-methods). A fallback is announced once with :func:`warnings.warn`.
+A sampler calls :func:`select_backend` once, at construction (no device branches in hot methods). A
+fallback is announced once with :func:`warnings.warn`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from lightning_per.ops import reference
+from lightning_per.ops.protocol import CompiledReplayOps, ReplayOps
 
-__all__ = ["select_backend", "load_ext"]
+__all__ = ["select_backend", "make_kernel_ops", "load_ext"]
 
 _WARNED: set[str] = set()
-_CHECKED: dict[str, ModuleType | None] = {}
+_CHECKED: dict[str, ReplayOps | None] = {}
 
 
 def load_ext() -> ModuleType | None:
-    """Import the compiled-kernel package (``lightning_per.ext``, sources in the top-level ``ext/``).
-
-    Returns None when it cannot be imported. Works for an installed package and for a source tree on
-    ``PYTHONPATH`` (the ``ext/`` folder beside ``lightning_per/``).
-    """
+    """The compiled-kernel package ``lightning_per.ext`` (sources in the top-level ``ext/``), or None when it
+    is not installed. Imports no Triton (its kernel modules do)."""
     try:
-        return importlib.import_module("lightning_per.ext")
+        import lightning_per.ext as ext
     except ImportError:
-        pass
-    src = Path(__file__).resolve().parents[2] / "ext" / "__init__.py"
-    if not src.exists():
         return None
-    spec = importlib.util.spec_from_file_location("lightning_per.ext", src,
-                                                  submodule_search_locations=[str(src.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lightning_per.ext"] = module
+    return ext
+
+
+def make_kernel_ops(device: torch.device | str) -> CompiledReplayOps:
+    """The compiled replay ops for ``device``, self-checked against the reference before they are returned.
+
+    Args:
+        device: a CUDA device (or CPU when Triton runs under ``TRITON_INTERPRET=1``).
+
+    Returns:
+        A :class:`lightning_per.ops.kernels.KernelOps`: every name of :mod:`lightning_per.ops.reference` (same
+        signatures), ``COMPILED`` (the names that run kernels) and the helpers ``prepare_write``,
+        ``new_rng_state``, ``seed_word``, ``DEVICE_RNG_DRAWS``.
+
+    Raises:
+        RuntimeError: the device is not supported, Triton or a kernel fails to build, or a kernel's result
+            differs from the reference (the message names the op).
+    """
+    device = torch.device(device)
     try:
-        spec.loader.exec_module(module)
-    except Exception:  # a broken build must not break the package: the caller falls back
-        sys.modules.pop("lightning_per.ext", None)
-        return None
-    return module
+        from lightning_per.ops.kernels import KernelOps  # imports triton: may raise
+    except Exception as err:  # noqa: BLE001 - a broken Triton must turn into the documented RuntimeError
+        raise RuntimeError(f"importing the Triton kernels failed: {err!r}") from err
+    from lightning_per.ops.selfcheck import self_check
+
+    ops = KernelOps(device)
+    try:
+        self_check(ops, device)
+    except RuntimeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - compile errors, launch failures: all mean "fall back"
+        raise RuntimeError(f"replay kernels failed to run on {device}: {err!r}") from err
+    return ops
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -55,8 +69,8 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def select_backend(device: torch.device, prefer: str = "auto") -> ModuleType:
-    """The module whose functions the samplers call for ``device``.
+def select_backend(device: torch.device, prefer: str = "auto") -> ReplayOps:
+    """The replay ops the samplers call for ``device``.
 
     Args:
         device: the sampler's device.
@@ -64,11 +78,16 @@ def select_backend(device: torch.device, prefer: str = "auto") -> ModuleType:
             ``"reference"`` (always plain torch) or ``"kernels"`` (kernels or a warning + reference).
 
     Returns:
-        A module exposing the functions of :mod:`lightning_per.ops.reference` (``two_level_search``,
-        ``reduce_blocks``, ...), possibly replaced by compiled versions.
+        :mod:`lightning_per.ops.reference`, or the compiled :class:`lightning_per.ops.kernels.KernelOps` of
+        ``device`` (built and checked once per device, then shared).
 
     Raises:
         ValueError: ``prefer`` is not one of the three names.
+
+    Example::
+
+        >>> select_backend(torch.device("cpu"), "reference") is reference
+        True
     """
     if prefer not in ("auto", "reference", "kernels"):
         raise ValueError(f"backend must be 'auto', 'reference' or 'kernels', got {prefer!r}")
@@ -76,14 +95,13 @@ def select_backend(device: torch.device, prefer: str = "auto") -> ModuleType:
         return reference
     key = str(device)
     if key not in _CHECKED:
-        ext = load_ext()
         backend = None
-        if ext is None or not hasattr(ext, "make_backend"):
+        if load_ext() is None:
             _warn_once("ext-missing", "lightning_per: compiled replay kernels unavailable; "
                                       "using the plain-torch reference ops")
         else:
             try:
-                backend = ext.make_backend(device)  # builds and self-checks against reference
+                backend = make_kernel_ops(device)  # builds and self-checks against reference
             except Exception as err:  # noqa: BLE001 - any build/self-check failure means fallback
                 _warn_once("ext-failed", f"lightning_per: compiled replay kernels failed their "
                                          f"build or self-check on {device} ({err!r}); using the "

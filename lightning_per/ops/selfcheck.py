@@ -1,5 +1,5 @@
-"""One-time self-check of the compiled ops against :mod:`lightning_per.ops.reference` (and the
-reference compositions of :mod:`.composite`) on small random inputs; run by :func:`make_backend`.
+"""One-time self-check of the compiled ops against :mod:`lightning_per.ops.reference` on small random
+inputs; run by :func:`lightning_per.ops.dispatch.make_kernel_ops` before a sampler may use the kernels.
 
 Indices, counts and integer-valued sums must match exactly (integer-valued priorities make every
 float64 prefix sum exact, so ties ``u S == C_i`` are exercised too); float values to ``rtol`` 1e-6
@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import reference
-
-from . import composite
+from lightning_per.ops.protocol import CompiledReplayOps
 
 __all__ = ["self_check", "make_levels", "boundary_uniforms", "fresh_state"]
 
@@ -74,7 +73,7 @@ def _close(name: str, got: Tensor, want: Tensor, rtol: float) -> None:
         raise RuntimeError(f"self-check failed: {name} differs from the reference beyond rtol={rtol}")
 
 
-def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_search(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     beta = torch.tensor(0.4, dtype=torch.float64, device=device)
     for capacity in (5, 37):
         leaves, bs, bm = make_levels(capacity, device, gen)
@@ -85,7 +84,7 @@ def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
         _equal(f"two_level_search_with_values[{capacity}].value", got[1], want[1])
         for normalize in ("buffer", "batch"):
             (gi, gw), (wi, ww) = (f(leaves, bs, bm, u[:6], beta, True, normalize)
-                                  for f in (ops.sample_proportional, composite.sample_proportional))
+                                  for f in (ops.sample_proportional, reference.sample_proportional))
             _equal(f"sample_proportional[{normalize}].index", gi, wi)
             _close(f"sample_proportional[{normalize}].weight", gw, ww, 1e-6)
         p_min = bm.amin()
@@ -93,11 +92,9 @@ def _check_search(ops, device: torch.device, gen: torch.Generator) -> None:
                1e-6)
 
 
-def _check_gather(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_gather(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     """The fused sample + row gather against ``sample_proportional`` then ``rows[index]`` (a packed ring of
     37 rows of 5 int64 words, random bits), both normalisations."""
-    if not hasattr(ops, "sample_proportional_gather"):
-        return
     capacity = 37
     leaves, bs, bm = make_levels(capacity, device, gen)
     rows = torch.randint(-2**62, 2**62, (capacity, 5), generator=gen).to(device)
@@ -105,13 +102,13 @@ def _check_gather(ops, device: torch.device, gen: torch.Generator) -> None:
     beta = torch.tensor(0.4, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
         (gi, gw, gr), (wi, ww, wr) = (f(leaves, bs, bm, u, beta, rows, True, normalize)
-                                      for f in (ops.sample_proportional_gather, composite.sample_proportional_gather))
+                                      for f in (ops.sample_proportional_gather, reference.sample_proportional_gather))
         _equal(f"sample_proportional_gather[{normalize}].index", gi, wi)
         _close(f"sample_proportional_gather[{normalize}].weight", gw, ww, 1e-6)
         _equal(f"sample_proportional_gather[{normalize}].rows", gr, wr)
 
 
-def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_priority_ops(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     raw = torch.tensor([0.5, float("nan"), float("inf"), -float("inf"), -2.0, 0.0, 3.0, 1e30], device=device)
     mp = torch.tensor(7.0, device=device)
     for i, (g, w) in enumerate(zip(ops.sanitize_priority(raw, mp), reference.sanitize_priority(raw, mp))):
@@ -126,14 +123,12 @@ def _check_priority_ops(ops, device: torch.device, gen: torch.Generator) -> None
     index = torch.randint(0, 6, (40,), generator=gen).to(device)
     values = torch.rand(40, generator=gen, dtype=torch.float64).to(device)
     _equal("last_write_wins", ops.last_write_wins(index, values), reference.last_write_wins(index, values))
-    if hasattr(reference, "last_writer"):
-        pos = torch.arange(40, dtype=torch.int32, device=device)
-        scratch = torch.zeros(8, dtype=torch.int32, device=device)
-        _equal("last_writer", ops.last_writer(index, scratch.clone(), pos),
-               reference.last_writer(index, scratch, pos))
+    pos = torch.arange(40, dtype=torch.int32, device=device)
+    scratch = torch.zeros(8, dtype=torch.int32, device=device)
+    _equal("last_writer", ops.last_writer(index, scratch.clone(), pos), reference.last_writer(index, scratch, pos))
 
 
-def _check_write(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_write(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     capacity, n_valid = 37, 30
     leaves = make_levels(capacity, device, gen, integer=False)[0]
     got, want = fresh_state(leaves), fresh_state(leaves)
@@ -146,7 +141,7 @@ def _check_write(ops, device: torch.device, gen: torch.Generator) -> None:
         index, prio = index.to(device), prio.to(device)
         ops.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha,
                              eps=1e-6)
-        composite.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
+        reference.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
                                    alpha=alpha, eps=1e-6)
     for key in ("raw_store", "leaves", "block_min", "max_raw"):
         _close(f"write_priorities.{key}", got[key], want[key], 1e-6)
@@ -155,7 +150,7 @@ def _check_write(ops, device: torch.device, gen: torch.Generator) -> None:
     _equal("write_priorities.n_dropped", got["n_dropped"], want["n_dropped"])
 
 
-def _check_rank(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_rank(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     _, cdf = reference.rank_weights(50, 0.7, device)
     order = torch.randperm(50, generator=gen).to(device)
     u = torch.rand(20, generator=gen, dtype=torch.float64).to(device)
@@ -163,12 +158,12 @@ def _check_rank(ops, device: torch.device, gen: torch.Generator) -> None:
     beta = torch.tensor(0.5, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
         (gi, gw), (wi, ww) = (f(u, cdf, order, 41, alpha, beta, True, normalize)
-                              for f in (ops.rank_sample, composite.rank_sample))
+                              for f in (ops.rank_sample, reference.rank_sample))
         _equal(f"rank_sample[{normalize}].index", gi, wi)
         _close(f"rank_sample[{normalize}].weight", gw, ww, 1e-6)
 
 
-def _check_device_rng(ops, device: torch.device, gen: torch.Generator) -> None:
+def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     """The in-kernel uniforms (``rng=``): both sample kernels build and run, draw the same slots and weights from
     equal states, count one draw per position, and land on written slots."""
     capacity, batch = 37, 8
@@ -188,7 +183,7 @@ def _check_device_rng(ops, device: torch.device, gen: torch.Generator) -> None:
         raise RuntimeError("device rng: a draw landed on an empty slot")
 
 
-def self_check(ops, device: torch.device, seed: int = 0) -> None:
+def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> None:
     """Run every compiled op of ``ops`` on ``device`` against the reference.
 
     Raises:

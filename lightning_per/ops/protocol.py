@@ -1,0 +1,96 @@
+"""The typed interface of the replay ops: :class:`ReplayOps`, and :class:`CompiledReplayOps` for the kernels.
+
+A sampler holds one implementation, chosen once at construction by
+:func:`lightning_per.ops.dispatch.select_backend`: the module :mod:`lightning_per.ops.reference` (plain
+torch, CPU and CUDA: the oracle and the fallback) or a :class:`lightning_per.ops.kernels.KernelOps` (the
+Triton kernels of ``lightning_per.ext``, admitted after a self-check). Both satisfy :class:`ReplayOps`
+structurally (a module can implement a protocol, PEP 544), so static tools follow every call to its
+definition. Shapes, dtypes and formulas: the functions of :mod:`lightning_per.ops.reference`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["ReplayOps", "CompiledReplayOps"]
+
+
+@runtime_checkable
+class ReplayOps(Protocol):
+    """The replay ops every backend provides (signatures of :mod:`lightning_per.ops.reference`).
+
+    Example::
+
+        >>> from lightning_per.ops import reference
+        >>> isinstance(reference, ReplayOps)
+        True
+    """
+
+    def block_size_for(self, capacity: int) -> int: ...
+
+    def sanitize_priority(self, priority: Tensor, max_priority: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def transform_priority(self, clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor: ...
+
+    def reduce_blocks(self, rows: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def last_write_wins(self, index: Tensor, values: Tensor) -> Tensor: ...
+
+    def last_writer(self, index: Tensor, scratch: Tensor, positions: Tensor) -> Tensor: ...
+
+    def stratified_uniforms(self, batch_size: int, generator: torch.Generator | None, device: torch.device,
+                            stratified: bool = True) -> Tensor: ...
+
+    def inverse_cdf_search(self, cdf: Tensor, target: Tensor) -> Tensor: ...
+
+    def two_level_search(self, leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor: ...
+
+    def two_level_search_with_values(self, leaves: Tensor, block_sum: Tensor,
+                                     u: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def is_weights(self, p_sel: Tensor, p_min: Tensor, beta: Tensor | float,
+                   normalize: str = "buffer") -> Tensor: ...
+
+    def rank_weights(self, capacity: int, alpha: float,
+                     device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]: ...
+
+    def sample_proportional(self, leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+                            beta: Tensor | float, stratified: bool = True,
+                            normalize: str = "buffer") -> tuple[Tensor, Tensor]: ...
+
+    def sample_proportional_gather(self, leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
+                                   beta: Tensor | float, rows: Tensor, stratified: bool = True,
+                                   normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def write_priorities(self, raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor,
+                         max_raw: Tensor, n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor,
+                         n_valid: int, trash: int, alpha: Tensor | float, eps: float) -> None: ...
+
+    def rank_sample(self, u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
+                    beta: Tensor | float, stratified: bool = True,
+                    normalize: str = "buffer") -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
+class CompiledReplayOps(ReplayOps, Protocol):
+    """:class:`ReplayOps` on compiled kernels, with what only they have.
+
+    ``sample_proportional`` and ``sample_proportional_gather`` also take ``u`` as an int (the batch size)
+    with ``rng=`` a device RNG state from :meth:`new_rng_state`: the uniforms are drawn in the kernel.
+    """
+
+    #: The names whose calls run kernels.
+    COMPILED: tuple[str, ...]
+    #: Most draws one call may take from a device RNG state.
+    DEVICE_RNG_DRAWS: int
+    #: The device the ops were checked on.
+    device: torch.device
+
+    def prepare_write(self, leaves: Tensor) -> None: ...
+
+    def new_rng_state(self, seed: int, device: torch.device | str) -> Tensor: ...
+
+    def seed_word(self, seed: int) -> int: ...
