@@ -16,11 +16,11 @@ import pytest
 import torch
 from test_dqn_module import _module
 
-from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.dqn import ReplayConfig, make_q_network
 from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.learner import MetricSlots, learner_step, record_update_metrics_
 from lightning_per.envs import EnvConfig
+from lightning_per.metrics.accumulator import MetricAccumulator
 
 BACKEND = "inductor" if shutil.which("g++") or shutil.which("c++") else "aot_eager"
 _TIGHT = {"rtol": 1e-5, "atol": 1e-6}

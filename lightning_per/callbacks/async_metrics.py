@@ -1,7 +1,7 @@
 r"""Epoch-level metrics read back from the device without stalling the training loop.
 
 The LightningModule accumulates its metrics in device tensors (``pl_module.metrics``, see
-:class:`~lightning_per.callbacks.MetricAccumulator`). Once an epoch this callback takes a snapshot,
+:class:`~lightning_per.metrics.MetricAccumulator`). Once an epoch this callback takes a snapshot,
 copies it into pinned host memory on a side CUDA stream and logs it when the copy has landed:
 
 .. code-block:: text
@@ -19,7 +19,7 @@ At most one host synchronisation per epoch (the drain before a checkpoint, or ``
 none inside training steps. CPU modules use a plain copy.
 
 Episodes: when the module keeps an episode log (``episode_log`` / ``episode_log_count``, see
-:mod:`lightning_per.callbacks.episodes`), the same snapshot copies it, and publishing turns the episodes
+:mod:`lightning_per.metrics.episodes`), the same snapshot copies it, and publishing turns the episodes
 that ended since the last snapshot into rows of :attr:`AsyncMetricsCallback.episodes`, one per episode,
 each sent to the loggers (W&B: keys ``episode/*`` plotted against ``episode/env_steps``).
 """
@@ -39,63 +39,13 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_per.callbacks.episodes import episode_log_rows
+from lightning_per.callbacks.host_copy import HostCopy, copy_to_host
+from lightning_per.metrics.episodes import episode_log_rows
+from lightning_per.metrics.ranks import DEFAULT_RANK_OP, RANK_OPS, reduce_across_ranks
 
-__all__ = ["AsyncMetricsCallback", "reduce_across_ranks"]
+__all__ = ["AsyncMetricsCallback"]
 
 _STATE_SCHEMA_VERSION = 1
-_RANK_OPS = ("mean", "sum", "max", "min")
-# How a metric of each accumulator reduction is combined across ranks by default.
-_DEFAULT_RANK_OP = {"mean": "mean", "sum": "sum", "max": "max", "min": "min", "last": "mean"}
-
-
-def reduce_across_ranks(gathered: Tensor, ops: Sequence[str]) -> Tensor:
-    """Combine per-rank metric vectors on their device, ignoring NaN (ranks without observations).
-
-    Args:
-        gathered: ``(W, M)`` float tensor, row ``r`` = metrics of rank ``r`` (``strategy.all_gather``).
-        ops: ``M`` names from ``mean, sum, max, min``: how each column is combined. ``mean`` is the
-            unweighted mean over the ranks that have a value.
-
-    Returns:
-        ``(M,)`` tensor (same dtype and device); NaN where every rank is NaN (``sum``: 0).
-
-    Raises:
-        ValueError: ``gathered`` is not 2-D, or ``ops`` has the wrong length or an unknown name.
-    """
-    if gathered.dim() != 2 or gathered.shape[1] != len(ops):
-        raise ValueError(f"gathered must be (W, M={len(ops)}), got shape {tuple(gathered.shape)}")
-    bad = sorted(set(ops) - set(_RANK_OPS))
-    if bad:
-        raise ValueError(f"ops must be from {_RANK_OPS}, got {bad}")
-    nan = torch.isnan(gathered)  # [W, M]
-    n = (~nan).sum(0)  # [M]
-    total = torch.where(nan, 0.0, gathered).sum(0)  # [M]
-    mean = torch.where(n > 0, total / n.clamp_min(1), float("nan"))
-    hi = torch.where(nan, float("-inf"), gathered).amax(0)
-    lo = torch.where(nan, float("inf"), gathered).amin(0)
-    hi = torch.where(n > 0, hi, float("nan"))
-    lo = torch.where(n > 0, lo, float("nan"))
-    code = torch.tensor([_RANK_OPS.index(o) for o in ops], device=gathered.device)
-    return torch.where(code == 0, mean, torch.where(code == 1, total, torch.where(code == 2, hi, lo)))
-
-
-class _Pending:
-    """One snapshot in flight: the pinned host buffer, its completion event and the device source."""
-
-    __slots__ = ("names", "host", "event", "source", "info", "episodes")
-
-    def __init__(self, names: list[str], host: Tensor, event: Any, source: Any,
-                 info: dict[str, float], episodes: tuple[Tensor, Tensor] | None = None) -> None:
-        self.names, self.host, self.event, self.source, self.info = names, host, event, source, info
-        self.episodes = episodes  # host copies of (episode_log, episode_log_count), or None
-
-    def ready(self) -> bool:
-        return self.event is None or self.event.query()
-
-    def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
 
 
 class AsyncMetricsCallback(Callback):
@@ -114,7 +64,7 @@ class AsyncMetricsCallback(Callback):
     :func:`reduce_across_ranks`): by default ``mean``/``last`` metrics are averaged over ranks, ``sum``
     summed, ``max``/``min`` taken; override per metric with ``rank_ops``.
 
-    Episodes (modules with an episode log, :mod:`~lightning_per.callbacks.episodes`): each episode that
+    Episodes (modules with an episode log, :mod:`~lightning_per.metrics.episodes`): each episode that
     ended becomes a row ``{"episode", "env_steps", "time_s", "return", "return_mean"}`` of
     :attr:`episodes` (``return_mean``: mean of the newest ``return_window`` returns up to it; ``time_s``
     on the history's clock), sent to every logger as ``episode/<key>`` (W&B: with ``episode/env_steps``
@@ -141,7 +91,7 @@ class AsyncMetricsCallback(Callback):
 
         >>> from lightning.pytorch import Trainer
         >>> from lightning.pytorch.demos.boring_classes import BoringModel
-        >>> from lightning_per.callbacks import MetricAccumulator
+        >>> from lightning_per.metrics import MetricAccumulator
         >>> class Model(BoringModel):
         ...     def __init__(self):
         ...         super().__init__()
@@ -178,16 +128,16 @@ class AsyncMetricsCallback(Callback):
         ):
             raise TypeError(f"prog_bar must be a bool or a list of metric names, got {prog_bar!r}")
         rank_ops = dict(rank_ops or {})
-        bad = {k: v for k, v in rank_ops.items() if v not in _RANK_OPS}
+        bad = {k: v for k, v in rank_ops.items() if v not in RANK_OPS}
         if bad:
-            raise ValueError(f"rank_ops values must be one of {_RANK_OPS}, got {bad}")
+            raise ValueError(f"rank_ops values must be one of {RANK_OPS}, got {bad}")
         self.prefix = str(prefix)
         self.step = step
         self.prog_bar = prog_bar if isinstance(prog_bar, bool) else tuple(prog_bar)
         self.sync_at_epoch_end = bool(sync_at_epoch_end)
         self.rank_ops = rank_ops
         self._history: list[dict[str, float]] = []
-        self._pending: list[_Pending] = []
+        self._pending: list[HostCopy] = []
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._t0: float | None = None  # time.monotonic() at the start of this run, minus resumed time
         self._epoch_t0: float | None = None
@@ -343,7 +293,7 @@ class AsyncMetricsCallback(Callback):
         self._resumed_time_s = float(self._history[-1].get("time_s", 0.0)) if self._history else 0.0
 
     # ------------------------------------------------------------------------------------ internals
-    def _snapshot(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> _Pending:
+    def _snapshot(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> HostCopy:
         """Enqueue the device->host copy of this epoch's metrics; no host sync on CUDA."""
         metrics = pl_module.metrics
         if callable(getattr(metrics, "compute_stacked", None)):
@@ -355,7 +305,7 @@ class AsyncMetricsCallback(Callback):
         values = values.detach().to(torch.float64)
         if trainer.world_size > 1:
             kinds = getattr(metrics, "kinds", {})
-            ops = [self.rank_ops.get(n, _DEFAULT_RANK_OP.get(kinds.get(n, "mean"), "mean")) for n in names]
+            ops = [self.rank_ops.get(n, DEFAULT_RANK_OP.get(kinds.get(n, "mean"), "mean")) for n in names]
             values = reduce_across_ranks(trainer.strategy.all_gather(values).reshape(-1, len(names)), ops)
         now = time.monotonic()
         info = {
@@ -367,26 +317,10 @@ class AsyncMetricsCallback(Callback):
         log = getattr(pl_module, "episode_log", None)
         count = getattr(pl_module, "episode_log_count", None)
         episodes = (log, count) if isinstance(log, Tensor) and isinstance(count, Tensor) else None
-        if values.device.type != "cuda":
-            copies = None if episodes is None else tuple(t.detach().to("cpu", copy=True) for t in episodes)
-            return _Pending(names, values.to("cpu", copy=True), None, None, info, copies)
-        stream = self._side_stream(values.device)
-        if episodes is not None:  # the module keeps writing its log: copy it on this stream first, in order
-            episodes = tuple(t.detach().clone() for t in episodes)
-        sources = [values, *(episodes or ())]
-        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda") for t in sources]
-        stream.wait_stream(torch.cuda.current_stream(values.device))  # the values are computed there
-        with torch.cuda.stream(stream):
-            for host, src in zip(hosts, sources):
-                host.copy_(src.detach(), non_blocking=src.device.type == "cuda")
-            event = torch.cuda.Event()
-            event.record(stream)
-        # ``values`` was allocated on the current stream: holding it until the event completes stops
-        # the caching allocator from handing its memory to new work while the side stream reads it.
-        copies = (hosts[1], hosts[2]) if episodes is not None else None
-        return _Pending(names, hosts[0], event, sources, info, copies)
+        stream = self._side_stream(values.device) if values.device.type == "cuda" else None
+        return copy_to_host(names, values, info, episodes, stream)
 
-    def _publish(self, item: _Pending, trainer: pl.Trainer | None) -> None:
+    def _publish(self, item: HostCopy, trainer: pl.Trainer | None) -> None:
         floats = item.host.tolist()  # sync-ok: pinned host buffer, its copy event has completed
         item.source = None
         metrics = dict(zip(item.names, floats))
@@ -420,7 +354,7 @@ class AsyncMetricsCallback(Callback):
                 else:
                     bar[k] = v
 
-    def _read_episodes(self, item: _Pending) -> list[dict[str, float]]:
+    def _read_episodes(self, item: HostCopy) -> list[dict[str, float]]:
         """Rows of the episodes that ended since the previous snapshot (appended to :attr:`episodes`)."""
         if item.episodes is None:
             return []

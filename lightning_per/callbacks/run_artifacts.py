@@ -5,7 +5,7 @@ Sources (all read at the end of training, where one host sync is fine):
 - per-epoch history: the :class:`~lightning_per.callbacks.AsyncMetricsCallback` in ``trainer.callbacks``
   (flushed first, so the last epoch is included);
 - ``mean_return``: ``pl_module.episode_returns_ring`` / ``episode_returns_count`` (definition in
-  :mod:`lightning_per.callbacks.episodes`), mean of the newest ``window`` finished episodes;
+  :mod:`lightning_per.metrics.episodes`), mean of the newest ``window`` finished episodes;
 - ``env_steps`` / ``updates``: the module attribute of that name (int or 0-d tensor) if it exists, else the
   last epoch's metric of that name; ``updates`` falls back to ``trainer.global_step``.
 """
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - older Lightning exits without an excep
 from typing_extensions import override
 
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
-from lightning_per.callbacks.episodes import recent_mean_return
+from lightning_per.metrics.episodes import recent_mean_return
 from lightning_per.utils import atomic_write, atomic_write_text, json_safe
 
 __all__ = ["RunArtifactsCallback", "format_final_line", "learning_curve_figure", "save_learning_curve",
@@ -208,7 +208,7 @@ class RunArtifactsCallback(Callback):
             mean_return = recent_mean_return(ring, episodes, self.window)
         elif ring is not None:
             warnings.warn("pl_module has episode_returns_ring but no episode_returns_count; mean_return "
-                          "is not computed (see lightning_per.callbacks.episodes)", stacklevel=2)
+                          "is not computed (see lightning_per.metrics.episodes)", stacklevel=2)
 
         def counter(name: str) -> float | int | None:
             if hasattr(pl_module, name):

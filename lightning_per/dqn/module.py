@@ -29,15 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_per import make_replay_buffer
-from lightning_per.callbacks.accumulator import MetricAccumulator
 from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
-from lightning_per.callbacks.episodes import (
-    new_episode_log,
-    new_episode_ring,
-    push_episode_log,
-    push_episode_returns,
-    recent_mean_return,
-)
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.compiled import INDUCTOR_MODES, CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.config import ReplayConfig, check_range
@@ -54,6 +46,14 @@ from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.envs import EnvConfig, make_env
 from lightning_per.graphs import CapturedUpdate, count_optimizer_step
 from lightning_per.integrity import IntegrityError, load_torch_file, new_generation, save_torch_file
+from lightning_per.metrics.accumulator import MetricAccumulator
+from lightning_per.metrics.episodes import (
+    new_episode_log,
+    new_episode_ring,
+    push_episode_log,
+    push_episode_returns,
+    recent_mean_return,
+)
 from lightning_per.replay.buffer import _checked_state
 
 __all__ = ["DQN", "StepIndices", "replay_shard_path"]

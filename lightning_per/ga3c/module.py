@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lightning_per.callbacks import MetricAccumulator, new_episode_log, new_episode_ring
 from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
@@ -35,6 +34,7 @@ from lightning_per.ga3c.optim import RMSpropTF
 from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.graphs import CapturedUpdate, count_optimizer_step
+from lightning_per.metrics import MetricAccumulator, new_episode_log, new_episode_ring
 
 __all__ = ["GA3C"]
 
