@@ -28,9 +28,9 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.graphs.eager import EagerGraphs
 from lightning_per.ops import block_size_for, select_backend
+from lightning_per.replay import priority as core
 from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint, check_rng_state
 from lightning_per.replay.errors import (
-    FLOAT32_MAX,
     EmptyBufferError,
     check_batch_size,
     check_exponent,
@@ -39,6 +39,7 @@ from lightning_per.replay.errors import (
     check_kind,
     check_seed,
 )
+from lightning_per.replay.priority import PriorityState
 from lightning_per.replay.rows import set_all
 from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
@@ -138,7 +139,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             raise ValueError(f"dtype: priorities are stored in float32 (sums in float64), got {dtype}")
         self._max_capacity = max_capacity
         self._alpha, self._beta, self._eps = float(alpha), float(beta), float(eps)
-        self._raw_limit = _raw_limit(self._alpha, self._eps)
         self.reduction = reduction
         self.dtype = dtype
         self.stratified = stratified
@@ -155,30 +155,44 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         #: the storage's ``slot_valid`` mask once a write showed one (``FrameStackStorage``), else None
         self._slot_valid: Tensor | None = None
         new_rng_state = getattr(self._ops, "new_rng_state", None)
-        #: the compiled draws' RNG state (seed, one counter per draw position; ``ext.sample._device_uniform``),
-        #: seeded from :attr:`generator`; None when the draws use ``torch.rand`` (reference ops, rank sampler)
-        self._device_rng = (new_rng_state(self.generator.initial_seed(), self._device)
-                            if new_rng_state is not None and self._uses_device_rng else None)
-        self._init()
+        # the compiled draws' RNG state (seed, one counter per draw position; ``ext.sample._device_uniform``),
+        # seeded from :attr:`generator`; None when the draws use ``torch.rand`` (reference ops, rank sampler)
+        rng = (new_rng_state(self.generator.initial_seed(), self._device)
+               if new_rng_state is not None and self._uses_device_rng else None)
+        self._init(rng)
 
     # ------------------------------------------------------------------ state
-    def _init(self) -> None:
-        d, nb, blk = self._device, self.n_blocks, self.block
-        self._raw = torch.zeros(nb * blk, dtype=torch.float32, device=d)  # raw clean priorities
-        self._leaves = torch.zeros(nb, blk, dtype=torch.float32, device=d)  # (p + eps)^alpha
-        self._block_sum = torch.zeros(nb, dtype=torch.float64, device=d)
-        self._block_min = torch.full((nb,), float("inf"), dtype=torch.float32, device=d)
-        self._max_raw = torch.full((), float("-inf"), dtype=torch.float32, device=d)
-        self._n_clamped = torch.zeros((), dtype=torch.int64, device=d)
-        self._n_dropped = torch.zeros((), dtype=torch.int64, device=d)
-        self._alpha_t = torch.full((), self._alpha, dtype=torch.float32, device=d)
-        self._beta_t = torch.zeros((), dtype=torch.float32, device=d)
-        self._beta_t.copy_(torch.as_tensor(self._beta))  # a number or a 0-d tensor (no sync)
+    def _init(self, rng: Tensor | None = None) -> None:
+        """A fresh :class:`~lightning_per.replay.priority.PriorityState` (no priority written); the device RNG
+        state is kept (``rng`` at construction)."""
+        old = self.__dict__.get("_state")
+        #: the explicit device state every operation reads and writes (:mod:`lightning_per.replay.priority`)
+        self._state = PriorityState.empty(self._max_capacity, block=self.block, alpha=self._alpha, beta=self._beta,
+                                          eps=self._eps, device=self._device,
+                                          rng=old.rng if old is not None else rng)
         prepare = getattr(self._ops, "prepare_write", None)  # compiled backend: its write's counters, now
         if prepare is not None:
-            prepare(self._leaves)
+            prepare(self._state.leaves)
         if getattr(self, "_graphs", None) is not None:
             self._graphs.clear()  # they point at the tensors just replaced
+
+    # the state's tensors under the names code written against this class reads (tests, diagnostics)
+    _raw = property(lambda self: self._state.raw)
+    _leaves = property(lambda self: self._state.leaves)
+    _block_sum = property(lambda self: self._state.block_sum)
+    _block_min = property(lambda self: self._state.block_min)
+    _max_raw = property(lambda self: self._state.max_raw)
+    _n_clamped = property(lambda self: self._state.n_clamped)
+    _n_dropped = property(lambda self: self._state.n_dropped)
+    _alpha_t = property(lambda self: self._state.alpha)
+    _beta_t = property(lambda self: self._state.beta)
+    _raw_limit = property(lambda self: self._state.raw_limit)
+
+    @property
+    def _device_rng(self) -> Tensor | None:
+        """The compiled draws' RNG state ``(1 + 65536,) int64`` (:attr:`PriorityState.rng`), or None."""
+        state = self.__dict__.get("_state")
+        return None if state is None else state.rng
 
     def _empty(self) -> None:
         self._init()
@@ -219,8 +233,8 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if value == self._alpha:
             return
         self._alpha = value
-        self._raw_limit = _raw_limit(value, self._eps)
-        self._alpha_t.fill_(value)
+        self._state.raw_limit = core.raw_limit(value, self._eps)
+        self._state.alpha.fill_(value)
         self._rebuild()
 
     @property
@@ -243,12 +257,9 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
         0-d float32 tensor on :attr:`device` (TorchRL's ``max_priority_within_buffer=False`` rule).
         """
-        return self._default_priority(self._max_raw)
+        return core.default_priority(self._state.max_raw)
 
-    @staticmethod
-    def _default_priority(max_raw: Tensor) -> Tensor:
-        # torch.where(isinf(m), 1, m) in one op (NaN stays NaN), of any shape (e.g. m.expand(n))
-        return torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)
+    _default_priority = staticmethod(core.default_priority)
 
     @property
     def _max_priority(self) -> tuple[Tensor | None, None]:
@@ -263,7 +274,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
     def clamped_priority_count(self) -> Tensor:
         """0-d int64 device tensor: priorities received that were NaN, +/-Inf or negative, or finite but so large
         that ``(p + eps)^alpha`` would overflow float32 (alpha > 1; stored as the largest raw priority whose
-        stored value is finite, see :func:`_raw_limit`)."""
+        stored value is finite, see :func:`lightning_per.replay.priority.raw_limit`)."""
         return self._n_clamped
 
     @property
@@ -272,17 +283,14 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         return self._n_dropped
 
     def device_state(self) -> list[Tensor]:
-        """The device tensors that sampling reads and priority updates write, in place: raw priorities
+        """The device tensors that sampling reads and priority updates write, in place
+        (:meth:`PriorityState.tensors() <lightning_per.replay.priority.PriorityState.tensors>`): raw priorities
         ``(n_blocks * block,) float32``, stored values ``(n_blocks, block) float32``, block sums
-        ``(n_blocks,) float64``, block minima ``(n_blocks,) float32``, and the 0-d max raw priority and
-        clamped / dropped counters, and with the compiled ops the draws' RNG state ``(1 + 65536,) int64``
-        (seed, counters). For snapshots around work that must leave no trace (e.g. a CUDA-graph warm-up,
-        :class:`~lightning_per.graphs.CapturedUpdate`); restore them with ``copy_``."""
-        state = [self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw, self._n_clamped,
-                 self._n_dropped]
-        if self._device_rng is not None:
-            state.append(self._device_rng)
-        return state
+        ``(n_blocks,) float64``, block minima ``(n_blocks,) float32``, the 0-d max raw priority and
+        clamped / dropped counters, the 0-d alpha and beta, and with the compiled ops the draws' RNG state
+        ``(1 + 65536,) int64`` (seed, counters). For snapshots around work that must leave no trace (e.g. a
+        CUDA-graph warm-up, :class:`~lightning_per.graphs.CapturedUpdate`); restore them with ``copy_``."""
+        return list(self._state.tensors())
 
     # ------------------------------------------------------------------ core
     def _filled(self, storage) -> int:
@@ -290,62 +298,29 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _rebuild(self) -> None:
         """Recompute every stored value and block reduction from the raw priorities (O(N))."""
-        written = self._leaves.view(-1) > 0  # written slots have stored values > 0 (eps > 0)
-        if self._raw_limit < FLOAT32_MAX:  # a larger alpha: raw priorities above its limit would overflow
-            self._raw.clamp_(max=self._raw_limit)
-            self._max_raw.clamp_(max=self._raw_limit)
-        stored = self._ops.transform_priority(self._raw, self._alpha_t, self._eps)
-        self._leaves.view(-1).copy_(torch.where(written, stored, torch.zeros_like(stored)))
-        s, m = self._ops.reduce_blocks(self._leaves)
-        self._block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
-        self._block_min.copy_(m)
+        core.rebuild(self._ops, self._state)
 
     def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device).
-
-        One whole-step op (:func:`lightning_per.ops.reference.write_priorities` or its fused kernel):
-        sanitize, reject slots outside ``[0, n_valid)`` to the trash slot, ``(p + eps)^alpha``, last
-        write wins, touched block sums/minima recomputed from their leaves, counters folded in.
-        """
+        """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device):
+        :func:`lightning_per.replay.priority.write`, served by a cached CUDA graph into a full ring; counted in
+        :attr:`PriorityState.writes <lightning_per.replay.priority.PriorityState.writes>` once done."""
         if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
-            return
-        if n_valid == self._max_capacity and index.device == raw.device and index.device.type == "cuda":
+            pass
+        elif n_valid == self._max_capacity and index.device == raw.device and index.device.type == "cuda":
             # a full ring: n_valid is fixed, so the call shape is (B, eps)
-            self._served(("write", index.numel(), self._eps, self._raw_limit), self._write_full, (index, raw),
-                         (*self.device_state(), self._alpha_t))
-            return
-        self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
-                                   self._n_clamped, self._n_dropped, index, self._bounded(raw), n_valid,
-                                   self._max_capacity, self._alpha_t, self._eps)
-        if self._max_priority_within_buffer:
-            self._max_within_buffer()
-
-    def _max_within_buffer(self) -> None:
-        """``max_priority_within_buffer``: the max raw priority becomes the max over the slots holding data now
-        (TorchRL's option), not the running max of every priority ever written; O(N) on the device, in place."""
-        cap = self._max_capacity
-        written = self._leaves.view(-1)[:cap] > 0
-        self._max_raw.copy_(torch.where(written, self._raw[:cap], float("-inf")).amax())
+            self._served(("write", index.numel(), self._eps, self._state.raw_limit), self._write_full, (index, raw),
+                         self._state.tensors())
+        else:
+            core.write(self._ops, self._state, index, raw, n_valid)
+            if self._max_priority_within_buffer:
+                core.max_within_buffer(self._state)
+        self._state.writes += 1
 
     def _write_full(self, index: Tensor, raw: Tensor) -> None:
         """:meth:`_write` into a full ring (every slot valid): what its cached graphs record."""
-        n = self._max_capacity
-        self._ops.write_priorities(self._raw, self._leaves, self._block_sum, self._block_min, self._max_raw,
-                                   self._n_clamped, self._n_dropped, index, self._bounded(raw), n, n, self._alpha_t,
-                                   self._eps)
+        core.write(self._ops, self._state, index, raw, self._max_capacity)
         if self._max_priority_within_buffer:
-            self._max_within_buffer()
-
-    def _bounded(self, raw: Tensor) -> Tensor:
-        """``raw`` with every finite value above :attr:`_raw_limit` lowered to it, counted in
-        :attr:`clamped_priority_count` (device ops, no sync); ``raw`` itself while alpha <= 1 (nothing can
-        overflow). NaN, +/-inf and negatives pass unchanged to the write's own sanitizing rule."""
-        limit = self._raw_limit
-        if limit >= FLOAT32_MAX:
-            return raw
-        over = (raw > limit) & (raw < float("inf"))
-        self._n_clamped.add_(over.sum())
-        return torch.where(over, torch.full((), limit, dtype=raw.dtype, device=raw.device), raw)
+            core.max_within_buffer(self._state)
 
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
@@ -416,10 +391,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             raise ValueError(f"valid must be a ({self._max_capacity},) bool tensor on {self._device}, got "
                              f"{getattr(valid, 'dtype', type(valid).__name__)} {tuple(getattr(valid, 'shape', ()))}")
         self._slot_valid = valid
-        self._leaves.view(-1)[:self._max_capacity].mul_(valid)
-        s, m = self._ops.reduce_blocks(self._leaves)
-        self._block_sum.copy_(s)  # in place: captured CUDA graphs keep pointing at these tensors
-        self._block_min.copy_(m)
+        core.mask(self._ops, self._state, valid)
 
     def _mark_update(self, index, storage) -> None:
         n_valid = self._filled(storage)
@@ -430,15 +402,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         if n_valid == self._max_capacity and index.device.type == "cuda" and index.numel():
             # a full ring (every extend once the buffer has filled): the default priority is computed in the
             # cached graph too, so the call copies only the slots in
-            self._served(("mark", index.numel(), self._eps, self._raw_limit), self._mark_full, (index,),
-                         (*self.device_state(), self._alpha_t))
+            self._served(("mark", index.numel(), self._eps, self._state.raw_limit), self._mark_full, (index,),
+                         self._state.tensors())
             return
         # one op: the default priority of each new slot, a fresh contiguous (B,) tensor
-        self._write(index, self._default_priority(self._max_raw.expand(index.shape)), n_valid)
+        self._write(index, core.default_priority(self._state.max_raw.expand(index.shape)), n_valid)
 
     def _mark_full(self, index: Tensor) -> None:
         """:meth:`mark_update` into a full ring: the default priority, then :meth:`_write_full`."""
-        self._write_full(index, self._default_priority(self._max_raw.expand(index.shape)))
+        self._write_full(index, core.default_priority(self._state.max_raw.expand(index.shape)))
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None
@@ -511,34 +483,26 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
                 and not self._shuffles() and not torch.compiler.is_compiling())
 
     def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
-        """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights."""
+        """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights
+        (:func:`lightning_per.replay.priority.sample`)."""
         if self._device_draws(batch_size):  # one launch: the kernel draws its uniforms
-            return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, batch_size,
-                                                 self._beta_t, self.stratified, self.weight_normalization,
-                                                 rng=self._device_rng)
+            return core.sample(self._ops, self._state, batch_size, self.stratified, self.weight_normalization)
         u, stratified = self._draw_uniforms(batch_size)
-        return self._ops.sample_proportional(self._leaves, self._block_sum, self._block_min, u, self._beta_t,
-                                             stratified, self.weight_normalization)
+        return core.sample(self._ops, self._state, u, stratified, self.weight_normalization)
 
     def _draw_gather(self, batch_size: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(batch rows (B, W) int64, index (B,) int64, weight (B,) float32)``: :meth:`_draw` and the rows
-        of the drawn slots, one fused op (rows first: the cached graphs' outputs start with them)."""
+        of the drawn slots, one fused op (:func:`lightning_per.replay.priority.sample_gather`; rows first: the
+        cached graphs' outputs start with them)."""
         if self._device_draws(batch_size):
-            index, weight, block = self._ops.sample_proportional_gather(
-                self._leaves, self._block_sum, self._block_min, batch_size, self._beta_t, rows, self.stratified,
-                self.weight_normalization, rng=self._device_rng)
-        else:
-            u, stratified = self._draw_uniforms(batch_size)
-            index, weight, block = self._ops.sample_proportional_gather(
-                self._leaves, self._block_sum, self._block_min, u, self._beta_t, rows, stratified,
-                self.weight_normalization)  # [B], [B], [B, W]
-        return block, index, weight
+            return core.sample_gather(self._ops, self._state, batch_size, rows, self.stratified,
+                                          self.weight_normalization)
+        u, stratified = self._draw_uniforms(batch_size)
+        return core.sample_gather(self._ops, self._state, u, rows, stratified, self.weight_normalization)
 
     def _draw_state(self, batch_size: int) -> tuple[Tensor, ...]:
-        """The device tensors a draw of ``batch_size`` reads or writes (besides a generator)."""
-        if self._device_draws(batch_size):
-            return self._leaves, self._block_sum, self._block_min, self._beta_t, self._device_rng
-        return self._leaves, self._block_sum, self._block_min, self._beta_t
+        """The device tensors a draw reads or writes (besides a generator): the whole state."""
+        return self._state.tensors()
 
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use, to replay them with :meth:`set_rng_state`:
@@ -642,8 +606,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def probabilities(self) -> Tensor:
         """Exact P(i) of every slot, ``(N,)`` float64 on :attr:`device` (for tests and diagnostics)."""
-        leaves = self._leaves.view(-1)[: self._max_capacity].to(torch.float64)
-        return leaves / self._block_sum.sum()
+        return core.probabilities(self._state)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -712,7 +675,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
         d = self._device
         self._eps = float(state_dict["eps"])
         self._alpha, self._beta = float(state_dict["alpha"]), float(state_dict["beta"])
-        self._raw_limit = _raw_limit(self._alpha, self._eps)
+        self._state.eps, self._state.raw_limit = self._eps, core.raw_limit(self._alpha, self._eps)
         self._alpha_t.fill_(self._alpha)
         self._beta_t.fill_(self._beta)
         self._raw.copy_(state_dict["raw"].to(d))
@@ -744,18 +707,6 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def loads(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
-
-
-def _raw_limit(alpha: float, eps: float) -> float:
-    """The largest raw priority ``p`` whose stored value ``(p + eps)^alpha`` is a finite float32 (with a margin of
-    1e-5 relative for the devices' ``pow`` rounding), or the largest float32 when alpha <= 1 (no finite ``p``
-    overflows then). Host arithmetic at construction and when alpha changes."""
-    if alpha <= 1.0:
-        return FLOAT32_MAX
-    limit = float(torch.tensor(FLOAT32_MAX ** (1.0 / alpha) * (1 - 1e-5) - eps, dtype=torch.float32))
-    while not math.isfinite(float(torch.tensor(limit + eps, dtype=torch.float32) ** alpha)):  # host tensors
-        limit *= 1 - 1e-5
-    return limit
 
 
 def _flat_slots(index, storage):

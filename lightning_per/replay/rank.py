@@ -13,13 +13,70 @@ reflected at the next draw).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from lightning_per.ops import rank_weights
 from lightning_per.replay.prioritized import GPUPrioritizedSampler, _unravel
+from lightning_per.replay.priority import PriorityState
 
-__all__ = ["GPURankBasedSampler"]
+__all__ = ["GPURankBasedSampler", "RankIndex", "rank_sample", "sort_ranks"]
+
+
+@dataclass(eq=False)
+class RankIndex:
+    """The ranking of a :class:`~lightning_per.replay.priority.PriorityState`'s slots by raw priority.
+
+    Attributes:
+        cdf: ``(N,) float64`` prefix sums of ``k^-alpha`` for ``alpha`` (refreshed in place when alpha changes).
+        order: ``(N,) int64`` the slot holding rank ``k + 1`` (written in place by :func:`sort_ranks`).
+        sorted_keys: ``(N,) float32`` the sort's keys, in rank order (scratch kept for in-place sorts).
+        alpha: the host alpha ``cdf`` was computed for.
+        writes: the state's ``writes`` counter at the last sort (host int).
+        stale: new slots were written since the last sort (always re-sort).
+        sorted_n: the filled length at the last sort (host int).
+    """
+
+    cdf: Tensor
+    order: Tensor
+    sorted_keys: Tensor
+    alpha: float
+    writes: int = 0
+    stale: bool = False
+    sorted_n: int = 0
+
+    @classmethod
+    def empty(cls, capacity: int, alpha: float, device: torch.device) -> RankIndex:
+        """The identity ranking of ``capacity`` slots (nothing sorted yet)."""
+        return cls(cdf=rank_weights(capacity, alpha, device)[1], order=torch.arange(capacity, device=device),
+                   sorted_keys=torch.empty(capacity, dtype=torch.float32, device=device), alpha=float(alpha))
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The index's device tensors: ``order, sorted_keys, cdf``."""
+        return self.order, self.sorted_keys, self.cdf
+
+    def follow_alpha(self, alpha: float) -> None:
+        """Recompute :attr:`cdf` in place for a new ``alpha`` (host work when it changed, nothing otherwise)."""
+        if alpha != self.alpha:
+            self.cdf.copy_(rank_weights(self.cdf.shape[0], alpha, self.cdf.device)[1])
+            self.alpha = float(alpha)
+
+
+def sort_ranks(state: PriorityState, index: RankIndex) -> None:
+    """Rank the written slots of ``state`` by raw priority (descending, stable: ties keep the lower slot first) into
+    ``index.order``, in place (cached graphs keep reading the same tensor); unwritten slots rank last."""
+    cap = state.capacity
+    keys = torch.where(state.leaves.view(-1)[:cap] > 0, state.raw[:cap], -1.0)  # [N]
+    torch.sort(keys, descending=True, stable=True, out=(index.sorted_keys, index.order))
+
+
+def rank_sample(ops, state: PriorityState, index: RankIndex, u: Tensor, n: int, stratified: bool,
+                weight_normalization: str) -> tuple[Tensor, Tensor]:
+    """A rank draw over the ``n`` ranked items from uniforms ``u`` ``(B,) float64``: ``(index (B,) int64, weight
+    (B,) float32)`` (``ops.rank_sample``, see :func:`lightning_per.ops.reference.rank_sample`)."""
+    return ops.rank_sample(u, index.cdf, index.order, n, state.alpha, state.beta, stratified, weight_normalization)
 
 
 class GPURankBasedSampler(GPUPrioritizedSampler):
@@ -63,6 +120,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
             raise ValueError(f"sort_every must be an int >= 1, got {sort_every!r}")
         self.sort_every = sort_every
         super().__init__(max_capacity, alpha, beta, eps, **kwargs)
+        self._ranks = RankIndex.empty(max_capacity, self._alpha, self._device)
 
     def capture_problem(self, storage) -> str | None:
         """Why a CUDA graph cannot record this sampler's draws (:class:`lightning_per.graphs.CapturableSampler`)."""
@@ -70,45 +128,34 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
                 f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
                 f"the batch as the step's input)")
 
-    def _init(self) -> None:
-        super()._init()
-        _, self._rank_cdf = rank_weights(self._max_capacity, self._alpha, self._device)  # [N] float64
-        self._order = torch.arange(self._max_capacity, device=self._device)  # slot holding rank k+1
-        self._sorted_keys = torch.empty(self._max_capacity, dtype=torch.float32, device=self._device)
-        self._pending = 0  # priority updates not yet reflected in _order
-        self._stale = False
-        self._sorted_n = 0
+    def _empty(self) -> None:
+        super()._empty()
+        self._ranks = RankIndex.empty(self._max_capacity, self._alpha, self._device)
 
-    def _rebuild(self) -> None:
-        super()._rebuild()
-        self._rank_cdf.copy_(rank_weights(self._max_capacity, self._alpha, self._device)[1])  # in place
+    # the index's tensors under the names code written against this class reads (tests, diagnostics)
+    _order = property(lambda self: self._ranks.order)
+    _sorted_keys = property(lambda self: self._ranks.sorted_keys)
 
-    def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        super()._write(index, raw, n_valid)
-        self._pending += 1
+    @property
+    def _rank_cdf(self) -> Tensor:
+        """``(N,) float64`` prefix sums of ``k^-alpha`` for the current alpha (:attr:`RankIndex.cdf`)."""
+        self._ranks.follow_alpha(self._alpha)
+        return self._ranks.cdf
 
     def mark_update(self, index, *, storage=None) -> None:
         super().mark_update(index, storage=storage)
-        self._stale = True
-
-    def _sort(self) -> None:
-        """Rank the written slots by raw priority (descending, stable: ties keep the lower slot first) into
-        ``_order``, in place (cached graphs keep reading the same tensor); unwritten slots rank last."""
-        cap = self._max_capacity
-        keys = torch.where(self._leaves.view(-1)[:cap] > 0, self._raw[:cap], -1.0)  # [N]
-        torch.sort(keys, descending=True, stable=True, out=(self._sorted_keys, self._order))
+        self._ranks.stale = True
 
     def _refresh(self, n: int) -> None:
-        self._sort()
-        self._pending, self._stale, self._sorted_n = 0, False, n
+        sort_ranks(self._state, self._ranks)
+        self._ranks.writes, self._ranks.stale, self._ranks.sorted_n = self._state.writes, False, n
 
     def _rank_draw(self, batch_size: int, n: int, sort: bool) -> tuple[Tensor, Tensor]:
         """``(index (B,) int64, weight (B,) float32)``: the ranking refreshed first if ``sort``, then the draw."""
         if sort:
-            self._sort()
+            sort_ranks(self._state, self._ranks)
         u, stratified = self._draw_uniforms(batch_size)
-        return self._ops.rank_sample(u, self._rank_cdf, self._order, n, self._alpha_t, self._beta_t, stratified,
-                                     self.weight_normalization)
+        return rank_sample(self._ops, self._state, self._ranks, u, n, stratified, self.weight_normalization)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
@@ -123,22 +170,19 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         """
         self._check_draw(storage, batch_size)
         self._follow_buffer_rng()
+        ranks, writes = self._ranks, self._state.writes
+        ranks.follow_alpha(self._alpha)
         n = len(storage)
-        sort = self._stale or n != self._sorted_n or self._pending >= self.sort_every
+        sort = ranks.stale or n != ranks.sorted_n or writes - ranks.writes >= self.sort_every
         if n < self._max_capacity:  # n is baked into a draw: only a full ring repeats its call shape
             index, weight = self._rank_draw(batch_size, n, sort)
         else:
             index, weight = self._served(("rank", batch_size, sort, self.stratified, self.weight_normalization),
-                                         lambda: self._rank_draw(batch_size, n, sort), (), self._rank_state(),
-                                         (self.generator,))
+                                         lambda: self._rank_draw(batch_size, n, sort), (),
+                                         (*self._state.tensors(), *ranks.tensors()), (self.generator,))
         if sort:  # after the sort ran: a failed call leaves the ranking marked stale
-            self._pending, self._stale, self._sorted_n = 0, False, n
+            ranks.writes, ranks.stale, ranks.sorted_n = writes, False, n
         return _unravel(index, storage), {"priority_weight": weight}
-
-    def _rank_state(self) -> tuple[Tensor, ...]:
-        """The device tensors a rank draw reads or writes (besides the generator)."""
-        return (self._raw, self._leaves, self._order, self._sorted_keys, self._rank_cdf, self._alpha_t,
-                self._beta_t)
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
@@ -147,7 +191,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         self._refresh(n)
         p = torch.zeros(self._max_capacity, dtype=torch.float64, device=self._device)
         w = torch.arange(1, n + 1, dtype=torch.float64, device=self._device).pow(-self._alpha)
-        p[self._order[:n]] = w / w.sum()
+        p[self._ranks.order[:n]] = w / w.sum()
         return p
 
     def state_dict(self):
@@ -157,4 +201,4 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
-        self._stale = True
+        self._ranks.stale = True
