@@ -100,7 +100,7 @@ class RunArtifactsCallback(Callback):
         episodes_name: file name of the per-episode CSV.
         summary_name: file name of the summary.
         plot_name: file name of the PNG.
-        history_name: file name of the per-epoch CSV.
+        history_name: file name of the per-epoch CSV; None: none written (e.g. a ``CSVLogger`` writes it).
         verbose: log the final line.
 
     Raises:
@@ -125,12 +125,14 @@ class RunArtifactsCallback(Callback):
     def __init__(self, dirpath: str | None = None, window: int = 20, plot: bool = True,
                  return_key: str = "episode_return", loss_key: str = "loss",
                  summary_name: str = "summary.json", plot_name: str = "learning_curve.png",
-                 verbose: bool = True, history_name: str = "history.csv", panels=None,
+                 verbose: bool = True, history_name: str | None = "history.csv", panels=None,
                  episodes_name: str = "episodes.csv") -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         for arg, value in (("summary_name", summary_name), ("plot_name", plot_name),
                            ("history_name", history_name), ("episodes_name", episodes_name)):
+            if arg == "history_name" and value is None:
+                continue
             if not value or os.sep in value or (os.altsep and os.altsep in value):
                 raise ValueError(f"{arg} must be a plain file name, got {value!r}")
         self.dirpath = dirpath
@@ -260,7 +262,7 @@ class RunArtifactsCallback(Callback):
             save_learning_curve(metrics_cb.history, png, self.return_key, self.loss_key, episodes=episodes,
                                 panels=self.panels, window=metrics_cb.return_window)
             summary["learning_curve"] = str(png)
-        if metrics_cb is not None and metrics_cb.history:
+        if metrics_cb is not None and metrics_cb.history and self.history_name is not None:
             summary["history"] = str(write_history_csv(metrics_cb.history, run_dir / self.history_name))
         if episodes:
             summary["episodes_csv"] = str(write_episodes_csv(episodes, run_dir / self.episodes_name))

@@ -108,6 +108,7 @@ def run(cfg, model=None) -> dict[str, Any]:
     import yaml
 
     from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
+    from lightning_per.ga3c.history import EpochCSVLogger
     from lightning_per.utils import atomic_write_text, json_safe
 
     _setup_logging()
@@ -127,21 +128,23 @@ def run(cfg, model=None) -> dict[str, Any]:
     else:
         run_dir = Path(inherited)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if is_rank_zero:
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    logger: Any = False
-    if cfg.wandb_mode != "disabled":
-        logger = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
-                                   finish_on_end=True)
-        logger.log_hyperparams(cfg.to_dict())
-    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window,
-                                     panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
     # DDP: rates and counts add up over the ranks; everything else is averaged (AsyncMetricsCallback)
     rank_ops = {name: "sum" for name in ("pps", "steps_per_s", "fps", "na", "np", "nt", "env_steps", "episodes")}
     metrics = AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops, return_window=cfg.return_window)
-    trainer = build_trainer(cfg, cuda, logger, [metrics, artifacts],
-                            run_dir)
+    history = EpochCSVLogger(run_dir, metrics)  # history.csv, one row per epoch
+    if is_rank_zero:
+        history.open()  # while run_dir is empty
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    loggers: list[Any] = []
+    if cfg.wandb_mode != "disabled":
+        wandb = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
+                                  finish_on_end=True)
+        wandb.log_hyperparams(cfg.to_dict())
+        loggers.append(wandb)
+    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None,
+                                     panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
+    trainer = build_trainer(cfg, cuda, [*loggers, history], [metrics, artifacts], run_dir)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")
     summary: dict[str, Any] = {}
@@ -156,7 +159,8 @@ def run(cfg, model=None) -> dict[str, Any]:
         try:
             model.shutdown()
         finally:
-            summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir)}
+            summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir),
+                       "history": str(history.path) if history.path.is_file() else None}
             if artifacts.summary is not None:  # its wall_time_s (the "done:" line's) is replaced by GA3C's
                 summary["train_loop_time_s"] = artifacts.summary.get("wall_time_s")
             if inherited is None:
