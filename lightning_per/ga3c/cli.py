@@ -15,7 +15,8 @@ resulting config as YAML. The run directory ``<run_dir>/<run_name>-<timestamp>/`
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``wall_time_s``...),
 ``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
-TPS and PPS against env steps), ``episodes.csv``, ``history.csv`` and the W&B files (when ``wandb_mode`` is
+TPS and PPS against env steps), ``episodes.csv``, ``history.csv`` (Lightning's ``CSVLogger``:
+:class:`~lightning_per.ga3c.history.EpochCSVLogger`) and the W&B files (when ``wandb_mode`` is
 not ``disabled``).
 
 Times (seconds; see "Run length" in :mod:`lightning_per.ga3c.module`). The run's clock starts when
