@@ -58,7 +58,7 @@ def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
 def test_episode_log_copies_the_stats_episodes_in_order():
     import torch
 
-    from lightning_per.callbacks import episode_log_rows, new_episode_log
+    from lightning_per.metrics import episode_log_rows, new_episode_log
 
     model = GA3C(GA3CConfig())
     model.episode_log, model.episode_log_count = new_episode_log(4)  # small: the copy wraps around
@@ -78,7 +78,7 @@ def test_episode_log_copies_the_stats_episodes_in_order():
 
 
 def test_episode_log_takes_the_episodes_the_count_names_when_more_end_meanwhile():
-    from lightning_per.callbacks import episode_log_rows, new_episode_log
+    from lightning_per.metrics import episode_log_rows, new_episode_log
 
     model = GA3C(GA3CConfig())
     model.episode_log, model.episode_log_count = new_episode_log(16)
