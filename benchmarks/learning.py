@@ -88,8 +88,8 @@ def config_kind(path: str | os.PathLike[str]) -> str:
 
 def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path, budget_s: float | None,
                 extra: list[str], window: int = 20) -> list[str]:
-    """The command line of one seed's run (``python -m lightning_per.cli ...``)."""
-    cmd = [sys.executable, "-m", "lightning_per.cli"]
+    """The command line of one seed's run (``python -m lightning_per.console ...``)."""
+    cmd = [sys.executable, "-m", "lightning_per.console"]
     if kind == "dqn":
         cmd += ["fit", "--config", config, "--seed_everything", str(seed), "--model.seed", str(seed),
                 "--model.target_return", str(target), "--trainer.default_root_dir", str(run_dir),

@@ -1,11 +1,12 @@
-"""``lightning-per``: the command line of the project (LightningCLI).
+"""``lightning-per fit``: the DQN's command line (LightningCLI); :mod:`lightning_per.console` dispatches to it.
 
 Usage::
 
     lightning-per fit --config configs/dqn_cartpole.yaml            # train the DQN
     lightning-per fit --config configs/dqn_cartpole.yaml --ckpt_path runs/dqn_cartpole/checkpoints/last.ckpt
     lightning-per fit --print_config                                  # every knob with its default
-    lightning-per ga3c ...                                            # GA3C (lightning_per.ga3c.cli)
+    lightning-per ga3c ...                                            # GA3C (lightning_per.ga3c.cli, via
+                                                                      # lightning_per.console)
 
 Defaults added to every ``fit`` (each replaceable in YAML under ``trainer:``): a W&B logger that runs
 offline without credentials (:class:`~lightning_per.callbacks.AutoModeWandbLogger`), the
@@ -19,8 +20,6 @@ means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import re
 import signal
@@ -33,7 +32,6 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from lightning_per import console
 from lightning_per.callbacks.checkpoint_io import CHECKPOINT_KIND, AtomicCheckpointIO
 from lightning_per.dqn import DQN
 from lightning_per.integrity import IntegrityError, verify_file
@@ -353,24 +351,24 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``lightning-per``: ``ga3c ...`` goes to ``lightning_per.ga3c.cli:main``
-    (when that module exists), ``fit`` and options to the LightningCLI; another command is a one-line error
-    (exit status 2). A ``fit`` stopped by SIGTERM returns 143 (128 + 15, the shell's convention; its
-    ``summary.json`` says ``interrupted``), one stopped by Ctrl-C exits with 1 (Lightning's)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "ga3c":
-        if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
-            raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
-        ga3c = importlib.import_module("lightning_per.ga3c.cli")
-        return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
-    if args and not args[0].startswith("-") and args[0] != "fit":  # LightningCLI would offer only 'fit'
-        return console.main(args)  # its one-line error naming every command
+    """``lightning-per fit ...``: the DQN's LightningCLI on ``argv`` (default ``sys.argv[1:]``, read by the
+    LightningCLI itself), a bad configuration value reported in one line (exit status 2). A ``fit`` stopped by
+    SIGTERM returns 143 (128 + 15, the shell's convention; its ``summary.json`` says ``interrupted``), one
+    stopped by Ctrl-C exits with 1 (Lightning's). Other commands are :func:`lightning_per.console.main`'s.
+
+    Raises:
+        SystemExit: the LightningCLI's (``--help``, a command-line error).
+
+    Example::
+
+        main(["fit", "--config", "configs/dqn_cartpole.yaml", "--trainer.max_epochs", "1"])
+    """
     try:
-        cli_main(None if argv is None else args, friendly_errors=True)  # None: LightningCLI reads sys.argv
+        cli_main(None if argv is None else list(argv), friendly_errors=True)  # None: LightningCLI reads sys.argv
     except SIGTERMException:  # a SystemExit without a code (status 0): say the run was stopped
         return 128 + signal.SIGTERM
     return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    sys.exit(main())

@@ -1,12 +1,15 @@
-"""``lightning-per``, the console command.
+"""``lightning-per``, the console command: the one place that dispatches its commands.
 
 Answers ``--help`` and unknown commands at once, without importing torch, TorchRL or Lightning (which take
-~10 s on a small machine); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`,
-``ga3c ...`` to GA3C's command line through it.
+~10 s on a small machine); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`
+(the DQN's LightningCLI), ``ga3c ...`` to GA3C's command line (``lightning_per.ga3c.cli``). Run it as
+``lightning-per ...`` or ``python -m lightning_per.console ...``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -38,7 +41,19 @@ def help_text() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lightning-per``; returns the exit status (2 for a command-line error)."""
+    """Entry point of ``lightning-per``; returns the exit status.
+
+    ``--help`` (or nothing: status 2) prints the commands; an unknown command is a one-line error naming every
+    command (status 2); ``ga3c ...`` runs GA3C's command line on the rest; ``fit ...`` and bare options go to
+    :func:`lightning_per.cli.main` (a ``fit`` stopped by SIGTERM returns 143).
+
+    Raises:
+        SystemExit: ``ga3c`` when ``lightning_per.ga3c.cli`` is not installed; the LightningCLI's own exits.
+
+    Example:
+        >>> main(["trian"])  # doctest: +SKIP
+        2
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         (sys.stdout if args else sys.stderr).write(help_text())
@@ -47,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"lightning-per: error: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)}; "
                          f"see lightning-per --help)\n")
         return 2
+    if args[0] == "ga3c":
+        if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
+            raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
+        ga3c = importlib.import_module("lightning_per.ga3c.cli")
+        return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
     from lightning_per.cli import main as cli_main  # torch, TorchRL and Lightning from here on
 
     return cli_main(argv)  # None: the LightningCLI reads sys.argv itself (given both, it warns)

@@ -86,7 +86,7 @@ def test_config_kind_and_commands(tmp_path):
     assert learning.config_kind(ROOT / "configs/dqn_pong.yaml") == "dqn"
     assert learning.config_kind(ROOT / "configs/ga3c_pong.yaml") == "ga3c"
     dqn = learning.run_command("dqn", "c.yaml", 2, 18.0, tmp_path, 110.0, ["--x"])
-    assert dqn[1:4] == ["-m", "lightning_per.cli", "fit"] and dqn[-1] == "--x"
+    assert dqn[1:4] == ["-m", "lightning_per.console", "fit"] and dqn[-1] == "--x"
     assert {"--model.seed", "--model.target_return", "--trainer.max_time"} <= set(dqn)
     assert dqn[dqn.index("--trainer.max_time") + 1] == "00:00:01:50"
     ga3c = learning.run_command("ga3c", "c.yaml", 2, 18.0, tmp_path, None, [], window=20)
@@ -96,7 +96,7 @@ def test_config_kind_and_commands(tmp_path):
 
 def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
     """The suite end to end on one real (short) CartPole DQN run, in this process (no second interpreter)."""
-    from lightning_per.cli import main
+    from lightning_per.console import main
 
     def in_process(cmd, env, quiet=False):
         monkeypatch.setenv("WANDB_MODE", env.get("WANDB_MODE", ""))

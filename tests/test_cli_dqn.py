@@ -17,7 +17,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 
-from lightning_per import cli
+from lightning_per import cli, console
 from lightning_per.callbacks import read_wandb_history
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
@@ -134,7 +134,7 @@ def test_main_dispatches_ga3c_to_its_own_cli(monkeypatch):
     fake.__spec__ = importlib.machinery.ModuleSpec("lightning_per.ga3c.cli", None)
     fake.main = lambda argv: calls.append(argv) or 0
     monkeypatch.setitem(sys.modules, "lightning_per.ga3c.cli", fake)
-    assert cli.main(["ga3c", "--config", "x.yaml"]) == 0
+    assert console.main(["ga3c", "--config", "x.yaml"]) == 0
     assert calls == [["--config", "x.yaml"]]
 
 
@@ -249,7 +249,7 @@ def test_gpu_settings_without_a_gpu_are_one_line_errors(tmp_path, capsys, arg):
 
 
 def test_an_unknown_command_names_both_commands(capsys):
-    assert cli.main(["trian"]) == 2
+    assert console.main(["trian"]) == 2
     err = capsys.readouterr().err
     assert "'trian'" in err and "fit" in err and "ga3c" in err and len(err.splitlines()) == 1
 

@@ -34,7 +34,7 @@ def _group_members(pgid: int) -> list[int]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_sigterm_to_the_process_group_stops_without_replacing_agents(tmp_path):
-    cmd = [sys.executable, "-m", "lightning_per.cli", "ga3c", "--config", str(ROOT / "configs/ga3c_cartpole.yaml"),
+    cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", "--config", str(ROOT / "configs/ga3c_cartpole.yaml"),
            "--agents", "3", "--envs_per_agent", "2", "--max_time_s", "120", "--target_return", "null",
            "--status_interval_s", "0.5", "--updates_per_epoch", "2", "--run_dir", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
