@@ -13,7 +13,8 @@ directly in eager mode (no dispatcher overhead) and call the registered op while
 * :mod:`.sample` - ``two_level_search(_with_values)``, ``is_weights`` and the fused ``sample_proportional``
   (draws -> block search -> leaf search -> IS weight, one launch), and ``sample_proportional_gather`` (the
   same, plus the drawn rows of a packed ring, still one launch); both take uniforms, or draw them in the
-  kernel from a device RNG state (``new_rng_state``, ``rng=``).
+  kernel from a device RNG state (``rng=``). :mod:`.search` - the block and leaf search both sample
+  kernels inline. :mod:`.philox` - the device RNG (Philox4x32-10 in the kernel, ``new_rng_state``).
 * :mod:`.update` - the fused ``write_priorities`` (sanitize, transform, last write wins, scatter, touched
   block sums/minima from the leaves, counters; one launch up to ``MAX_ONE_LAUNCH`` entries, else two or five).
 * :mod:`.blocks` - ``reduce_blocks``, ``last_write_wins``, ``last_writer``; :mod:`.torch_paths` - their

@@ -12,15 +12,13 @@ import torch
 from . import COMPILED_OPS, FUSED_OPS
 from ._common import INTERPRET
 from .blocks import last_write_wins, last_writer, reduce_blocks
+from .philox import DEVICE_RNG_DRAWS, new_rng_state, seed_word
 from .priority import sanitize_priority, transform_priority
 from .rank import rank_sample
 from .sample import (
-    DEVICE_RNG_DRAWS,
     is_weights,
-    new_rng_state,
     sample_proportional,
     sample_proportional_gather,
-    seed_word,
     two_level_search,
     two_level_search_with_values,
 )

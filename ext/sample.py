@@ -1,12 +1,15 @@
 """Fused proportional sampling: stratified draw -> two-level inverse CDF -> leaf -> IS weight, one launch.
 
+The kernels here: ``_sample_kernel`` and ``_sample_gather_kernel`` (the same draw, plus the row copy); the
+search of steps 2-3 they both inline is :mod:`.search`, the in-kernel uniforms of step 1 :mod:`.philox`.
+
 Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the two-level flat array of
 :mod:`lightning_per.ops.reference` (``leaves`` ``(n_blocks, block)`` float32, ``block_sum``
 ``(n_blocks,)`` float64), with ``c = 1 - 2^-40`` (:data:`SHRINK`):
 
 1. ``u_k = (k + U_k) / B`` (stratified, PER paper App. B.2.1; on CUDA computed as ``(k + U_k) * (1/B)``,
    as torch divides by a host scalar) or ``u_k = U_k``; float64. ``U_k`` is read from ``u`` (``torch.rand``),
-   or, with a device RNG state (``rng=``), drawn by the program itself (``_device_uniform``: Philox4x32-10,
+   or, with a device RNG state (``rng=``), drawn by the program itself (:func:`.philox.device_uniform`: Philox4x32-10,
    one counter per draw position in device memory): no ``torch.rand`` launch, and a CUDA graph that replays
    the kernel draws new numbers without registering a generator.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` the
@@ -45,8 +48,6 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import (
-    MAX_BLOCK,
-    MAX_BLOCKS,
     MAX_CHUNK,
     SHRINK,
     check_device,
@@ -55,7 +56,6 @@ from ._common import (
     expect,
     exponent,
     f64_bits,
-    f64_from_bits,
     powf,
     register_op,
     remember_validated,
@@ -63,179 +63,14 @@ from ._common import (
     validated,
     warps_for,
 )
+from .philox import DEVICE_RNG_DRAWS, check_rng, device_uniform
+from .search import check_levels, draw, min_all
 
 __all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
-           "sample_proportional_gather", "new_rng_state", "seed_word", "DEVICE_RNG_DRAWS", "RNG_DOMAIN"]
+           "sample_proportional_gather"]
 
 
 # ----------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _chunk(ptr, start, n, carry, live, CHUNK: tl.constexpr):
-    """Chunk ``[start, start+CHUNK)`` of the masses ``ptr[0:n]``: offsets, validity, float64 values
-    and their inclusive prefix sums continued from ``carry``."""
-    offs = start + tl.arange(0, CHUNK)
-    valid = (offs < n) & live
-    x = tl.load(ptr + offs, mask=valid, other=0.0).to(tl.float64)
-    cdf = tl.cumsum(x, 0) + carry
-    return offs, valid, x, cdf
-
-
-@triton.jit
-def sum_total(ptr, n, CHUNK: tl.constexpr):
-    """Sum of ``ptr[0:n]`` in float64: a tree reduction per chunk, chunks added in order (the search's
-    total; equal to the scan's last value up to rounding, far inside the ``SHRINK`` margin)."""
-    total = tl.zeros([], tl.float64)
-    for start in range(0, n, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        total += tl.sum(tl.load(ptr + offs, mask=offs < n, other=0.0).to(tl.float64), 0)
-    return total
-
-
-@triton.jit
-def _pick_combine(ih1, ch1, xh1, il1, cl1, xl1, ih2, ch2, xh2, il2, cl2, xl2):
-    """Combine of :func:`_pick`'s one-pass reduction: the smaller hit position and the larger positive
-    position, each with its cdf and mass (positions are distinct, so no ties but the sentinels)."""
-    first = ih2 < ih1
-    last = il2 > il1
-    return (tl.where(first, ih2, ih1), tl.where(first, ch2, ch1), tl.where(first, xh2, xh1),
-            tl.where(last, il2, il1), tl.where(last, cl2, cl1), tl.where(last, xl2, xl1))
-
-
-@triton.jit
-def _pick(offs, valid, x, cdf, target, n):
-    """First position with positive mass and ``cdf > target`` (``n`` if none) with its cdf and mass;
-    the last position with positive mass (``-1`` if none) with its cdf and mass. One reduction pass
-    (six values carried together) instead of six. When a position is not found (``n`` / ``-1``) its cdf
-    and mass are unspecified (callers use them only for found positions)."""
-    pos = valid & (x > 0)
-    hit = pos & (cdf > target)
-    i_hit, c_hit, x_hit, i_last, c_last, x_last = tl.reduce(
-        (tl.where(hit, offs, n), cdf, x, tl.where(pos, offs, -1), cdf, x), 0, _pick_combine)
-    return i_hit, c_hit, x_hit, i_last, c_last, x_last
-
-
-@triton.jit
-def _locate(ptr, n, value, shrink, known_total, IS_FRACTION: tl.constexpr, CHUNK: tl.constexpr,
-            ONE: tl.constexpr, KNOWN_TOTAL: tl.constexpr):
-    """Inverse CDF over the ``n`` masses at ``ptr`` (float32 or float64, scanned in float64).
-
-    ``S`` = the float64 sum of the masses (:func:`sum_total`; in one chunk a reduction beside the scan), or
-    ``known_total`` if ``KNOWN_TOTAL`` (a stored total of these masses: no
-    reduction, and no first pass when ``n > CHUNK``); target ``t = value * (S * shrink)`` if
-    ``IS_FRACTION`` else ``min(value, S * shrink)``. Returns ``(pos, C_pos, x_pos, t)``: int32 position
-    (module docstring rule), its inclusive prefix sum, its mass (float64, exact), and ``t``. ``ONE``
-    (``n <= CHUNK``): one load and one scan; else two passes (total, then search; chunks after the hit
-    load nothing), one with ``KNOWN_TOTAL``.
-    """
-    if ONE:
-        offs, valid, x, cdf = _chunk(ptr, 0, n, 0.0, n > 0, CHUNK)
-        if KNOWN_TOTAL:
-            total = known_total
-        else:  # a reduction of x beside the scan, not after it (the max of cdf would wait for the scan)
-            total = tl.sum(x, 0)
-    elif KNOWN_TOTAL:
-        total = known_total
-    else:
-        total = sum_total(ptr, n, CHUNK)
-    scaled = total * shrink
-    if IS_FRACTION:
-        # min(): value < 1 so a no-op, but it keeps t a rounded product (no FMA into r = t - ...)
-        target = tl.minimum(value * scaled, scaled)
-    else:
-        target = tl.minimum(value, scaled)
-    if ONE:
-        found, c_found, x_found, last, c_last, x_last = _pick(offs, valid, x, cdf, target, n)
-    else:
-        found = n
-        c_found = tl.zeros([], tl.float64)
-        x_found = tl.zeros([], tl.float64)
-        last = n * 0 - 1
-        c_last = tl.zeros([], tl.float64)
-        x_last = tl.zeros([], tl.float64)
-        carry = tl.zeros([], tl.float64)
-        for start in range(0, n, CHUNK):
-            offs, valid, x, cdf = _chunk(ptr, start, n, carry, found == n, CHUNK)
-            i_hit, c_hit, x_hit, i_last, c_l, x_l = _pick(offs, valid, x, cdf, target, n)
-            take = (found == n) & (i_hit < n)
-            c_found = tl.where(take, c_hit, c_found)
-            x_found = tl.where(take, x_hit, x_found)
-            found = tl.where(take, i_hit, found)
-            c_last = tl.where(i_last >= 0, c_l, c_last)
-            x_last = tl.where(i_last >= 0, x_l, x_last)
-            last = tl.where(i_last >= 0, i_last, last)
-            carry = tl.max(tl.where(valid, cdf, 0.0), 0)
-    has_hit = found < n
-    has_last = last >= 0
-    pos = tl.where(has_hit, found, tl.where(has_last, last, n - 1))
-    c_pos = tl.where(has_hit, c_found, tl.where(has_last, c_last, total))
-    x_pos = tl.where(has_hit, x_found, tl.where(has_last, x_last, 0.0))  # no positive mass: all zero
-    return pos, c_pos, x_pos, target
-
-
-@triton.jit
-def _min_all(ptr, n, CHUNK: tl.constexpr):
-    """``min(ptr[0:n])`` of float32 values (``+inf`` for n == 0)."""
-    acc = tl.full([], float("inf"), tl.float32)
-    for start in range(0, n, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        acc = tl.minimum(acc, tl.min(tl.load(ptr + offs, mask=offs < n, other=float("inf")), 0))
-    return acc
-
-
-#: Draws per call that the device RNG serves (one counter per draw position ``k``): the length of the RNG
-#: state is ``1 + DEVICE_RNG_DRAWS`` int64 (seed, counters). Larger batches draw their uniforms with torch.
-DEVICE_RNG_DRAWS = 1 << 16
-
-#: Fourth Philox counter word of the device RNG ("PER!"): keeps its blocks apart from torch's CUDA generator's.
-RNG_DOMAIN = 0x50455221
-
-
-@triton.jit
-def _device_uniform(rng_ptr, k):
-    """Draw ``k``'s uniform ``U`` in ``[0, 1)`` (float64, 53 random bits) from the device RNG state ``rng``
-    (``(1 + DEVICE_RNG_DRAWS,)`` int64: the seed, then one counter per draw position), and count the draw.
-
-    ``U`` = Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3", SC'11) keyed
-    by the seed's two 32-bit halves (its 64-bit pattern), at counter ``(c_lo, c_hi, k, D)`` with
-    ``c = rng[1 + k]`` (the number of earlier draws at position ``k``) and ``D = 0x50455221`` (:data:`RNG_DOMAIN`:
-    torch's CUDA generator, seeded alike, uses counters ``(offset / 4, 0, thread, 0)``; the fourth word keeps
-    the two streams on different Philox blocks); of its four 32-bit outputs ``x0, x1``:
-    ``U = ((x0 >> 5) * 2^26 + (x1 >> 6)) * 2^-53`` (the 53-bit construction of MT19937's
-    ``genrand_res53``). Program ``k`` alone reads and writes its counter, so no two programs race and a
-    replayed CUDA graph draws new numbers with no host update; the stream of a position does not depend
-    on the batch sizes drawn. Every thread of the program reads the counter: a barrier lets them all read it
-    before one of them stores the next value (without it a late warp could read the new count and search
-    with another uniform than the rest of its program)."""
-    seed = tl.load(rng_ptr)
-    count = tl.load(rng_ptr + 1 + k)
-    tl.debug_barrier()
-    tl.store(rng_ptr + 1 + k, count + 1)
-    x0, x1, _x2, _x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), k.to(tl.uint32),
-                                 (k * 0 + 0x50455221).to(tl.uint32))  # RNG_DOMAIN
-    return ((x0 >> 5).to(tl.float64) * 67108864.0 + (x1 >> 6).to(tl.float64)) * 1.1102230246251565e-16  # 2^-53
-
-
-@triton.jit
-def _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
-          STRATIFIED: tl.constexpr, RECIP: tl.constexpr, NB_CHUNK: tl.constexpr, NB_ONE: tl.constexpr,
-          ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr):
-    """Steps 1-3 of the module docstring for draw ``k`` of uniform ``u`` (float64): ``(index int64,
-    p float32 = leaves[index])``. Shared by ``_sample_kernel`` and ``_sample_gather_kernel`` (inlined),
-    so both return the same slots and weights."""
-    if STRATIFIED:
-        if RECIP:
-            u = (k.to(tl.float64) + u) * f64_from_bits(inv_bits)
-        else:
-            u = (k.to(tl.float64) + u) / tl.num_programs(0).to(tl.float64)
-    shrink = f64_from_bits(shrink_bits)
-    blk, c_blk, s_blk, target = _locate(bsum_ptr, n_blocks, u, shrink, 0.0, True, NB_CHUNK, NB_ONE, False)
-    r = target - (c_blk - s_blk)  # mass left inside block blk (s_blk = block_sum[blk])
-    row = blk.to(tl.int64) * block
-    # the row's total is its stored block sum (the write keeps it as this scan's total): no reduction
-    j, c_j, x_j, t_j = _locate(leaves_ptr + row, block, r, shrink, s_blk, False, ROW_CHUNK, ROW_ONE, True)
-    return row + j, x_j.to(tl.float32)  # p = leaves[blk, j], exactly
-
-
 @triton.jit(do_not_specialize=["n_blocks", "block", "inv_bits", "shrink_bits", "beta_bits"])
 def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, index_ptr, psel_ptr, w_ptr,
                    n_blocks, block, inv_bits, shrink_bits,
@@ -244,12 +79,12 @@ def _sample_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_bits, i
                    ROW_CHUNK: tl.constexpr, ROW_ONE: tl.constexpr, DEVICE_RNG: tl.constexpr):
     k = tl.program_id(0)
     if DEVICE_RNG:  # u_ptr is the int64 RNG state (seed, counters)
-        u = _device_uniform(u_ptr, k)
+        u = device_uniform(u_ptr, k)
     else:
         u = tl.load(u_ptr + k)  # float64
     if WEIGHTS:  # independent of the search: issued first so its latency overlaps the scans
-        p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)
-    index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
+        p_min = min_all(bmin_ptr, n_blocks, NB_CHUNK)
+    index, p = draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
                      STRATIFIED, RECIP, NB_CHUNK, NB_ONE, ROW_CHUNK, ROW_ONE)
     tl.store(index_ptr + k, index)
     tl.store(psel_ptr + k, p)
@@ -270,41 +105,10 @@ def _is_weight_kernel(p_ptr, pmin_ptr, beta_ptr, beta_bits, w_ptr, n,
 
 
 # --------------------------------------------------------------------------------------- launchers
-def check_levels(leaves: Tensor, block_sum: Tensor) -> None:
-    """Validate a two-level array: ``leaves`` ``(n_blocks, block)`` float32 (CUDA), ``block_sum``
-    ``(n_blocks,)`` float64 on the same device; both dimensions within the kernel limits."""
-    expect(leaves, "leaves", torch.float32, ndim=2)
-    check_device(leaves, "leaves")
-    n_blocks, block = leaves.shape
-    if not (1 <= block <= MAX_BLOCK and 1 <= n_blocks <= MAX_BLOCKS):
-        raise ValueError(f"leaves shape {tuple(leaves.shape)} outside the kernel limits: block in "
-                         f"[1, {MAX_BLOCK}], n_blocks in [1, {MAX_BLOCKS}]")
-    expect(block_sum, "block_sum", torch.float64, (n_blocks,), device=leaves.device)
-
-
 def _check_u(u: Tensor, device: torch.device) -> None:
     expect(u, "u", torch.float64, ndim=1, device=device)
     if u.numel() < 1:
         raise ValueError("u must hold at least one draw (B >= 1)")
-
-
-def check_rng(rng: Tensor, device: torch.device) -> None:
-    """Validate a device RNG state: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device`` (:func:`new_rng_state`)."""
-    expect(rng, "rng", torch.int64, (1 + DEVICE_RNG_DRAWS,), device=device)
-
-
-def seed_word(seed: int) -> int:
-    """The int64 holding the 64-bit pattern of ``seed`` (taken modulo 2^64): what the RNG state stores."""
-    return ((int(seed) & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63)) - (1 << 63)
-
-
-def new_rng_state(seed: int, device: torch.device | str) -> Tensor:
-    """A fresh device RNG state for the ``rng`` argument of :func:`sample_proportional` and
-    :func:`sample_proportional_gather`: ``(1 + DEVICE_RNG_DRAWS,)`` int64 on ``device``, the seed's 64 bits
-    (:func:`seed_word`) then zeroed counters (``_device_uniform`` documents the stream)."""
-    state = torch.zeros(1 + DEVICE_RNG_DRAWS, dtype=torch.int64, device=device)
-    state[0] = seed_word(seed)
-    return state
 
 
 def _draws(u, rng: Tensor | None, device: torch.device) -> int:
@@ -430,8 +234,8 @@ def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u:
         beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).
         stratified: one draw per equal-mass segment.
         normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
-        rng: a device RNG state (:func:`new_rng_state`): the kernel draws the uniforms itself (Philox, see
-            ``_device_uniform``) and counts them in ``rng``, in place; no ``torch.rand`` launch and nothing
+        rng: a device RNG state (:func:`.philox.new_rng_state`): the kernel draws the uniforms itself (Philox, see
+            :func:`.philox.device_uniform`) and counts them in ``rng``, in place; no ``torch.rand`` launch and nothing
             to register with a CUDA graph. B <= ``DEVICE_RNG_DRAWS``; eager calls and CUDA graphs only
             (not while ``torch.compile`` traces).
 
@@ -504,11 +308,11 @@ def _sample_gather_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_
     instead of memory outside the ring."""
     k = tl.program_id(0)
     if DEVICE_RNG:  # u_ptr is the int64 RNG state (seed, counters)
-        u = _device_uniform(u_ptr, k)
+        u = device_uniform(u_ptr, k)
     else:
         u = tl.load(u_ptr + k)  # float64
-    p_min = _min_all(bmin_ptr, n_blocks, NB_CHUNK)  # independent of the search: issued first
-    index, p = _draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
+    p_min = min_all(bmin_ptr, n_blocks, NB_CHUNK)  # independent of the search: issued first
+    index, p = draw(k, u, leaves_ptr, bsum_ptr, n_blocks, block, inv_bits, shrink_bits,
                      STRATIFIED, RECIP, NB_CHUNK, NB_ONE, ROW_CHUNK, ROW_ONE)
     live = index < n_rows
     src = rows_ptr + index * row_stride  # int64 offsets: N * W may exceed 2^31

@@ -59,7 +59,7 @@ from ._common import (
 )
 from .blocks import BB, MAX_QUADRATIC, row_stats
 from .priority import exponent, sanitize, transform
-from .sample import check_levels
+from .search import check_levels
 
 __all__ = ["write_priorities", "prepare_write", "MAX_ONE_LAUNCH"]
 

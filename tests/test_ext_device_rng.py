@@ -1,4 +1,4 @@
-"""The kernels' device RNG (``ext.sample._device_uniform``): uniforms drawn inside the sample kernels.
+"""The kernels' device RNG (``ext.philox.device_uniform``): uniforms drawn inside the sample kernels.
 
 The oracle is an independent NumPy Philox4x32-10 written from the algorithm's definition (Salmon et al.
 2011, SC'11, section 4; round constants and key schedule as published with Random123), checked first
@@ -18,8 +18,8 @@ import pytest
 import torch
 from _kernel_devices import CUDA, KDEVS, triton  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms, philox4x32_10  # noqa: E402
-from lightning_per.ext import sample  # noqa: E402
-from lightning_per.ext.sample import _device_uniform  # noqa: E402
+from lightning_per.ext import philox, sample  # noqa: E402
+from lightning_per.ext.philox import device_uniform  # noqa: E402
 
 from lightning_per.ops.selfcheck import make_levels  # noqa: E402
 
@@ -44,17 +44,17 @@ def _levels(device, capacity=50):
 @triton.jit
 def _store_uniforms(rng_ptr, out_ptr):
     k = tl.program_id(0)
-    tl.store(out_ptr + k, _device_uniform(rng_ptr, k))
+    tl.store(out_ptr + k, device_uniform(rng_ptr, k))
 
 
 @pytest.mark.parametrize("device", KDEVS)
 @pytest.mark.parametrize("seed", [0x1234_5678_9ABC_DEF, 2**64 - 12345])  # the second: the top bit set
 def test_device_uniforms_are_the_documented_stream_bit_for_bit(device, seed):
-    """The uniforms themselves (a test kernel stores what ``_device_uniform`` returns), equal to the oracle's
+    """The uniforms themselves (a test kernel stores what ``device_uniform`` returns), equal to the oracle's
     float64 values exactly: all 53 bits, the seed's 64 bits, counters past 2^32, the domain word."""
     B = 300
-    rng = sample.new_rng_state(seed, device)
-    assert int(rng[0]) == sample.seed_word(seed) and sample.seed_word(seed) % 2**64 == seed % 2**64
+    rng = philox.new_rng_state(seed, device)
+    assert int(rng[0]) == philox.seed_word(seed) and philox.seed_word(seed) % 2**64 == seed % 2**64
     rng[1 + 7] = 2**32 + 5
     for _ in range(2):
         counts = rng[1:1 + B].cpu().numpy().copy()
@@ -69,7 +69,7 @@ def test_device_uniforms_are_the_documented_stream_bit_for_bit(device, seed):
 def test_kernel_draws_the_documented_philox_stream(device, gather):
     leaves, bsum, bmin = _levels(device)
     seed = 0x1234_5678_9ABC_DEF % (1 << 63)
-    rng = sample.new_rng_state(seed, device)
+    rng = philox.new_rng_state(seed, device)
     rng[1 + 3] = 2**32 + 5  # a counter past 2^32: its high word reaches the Philox counter
     rows = torch.arange(leaves.numel() * 3, dtype=torch.int64, device=device).view(-1, 3)
     B = 9
@@ -103,11 +103,11 @@ def test_uniform_stream_is_uniform():
 @pytest.mark.parametrize("device", KDEVS)
 def test_rng_argument_errors_name_the_argument(device):
     leaves, bsum, bmin = _levels(device)
-    rng = sample.new_rng_state(1, device)
+    rng = philox.new_rng_state(1, device)
     with pytest.raises(ValueError, match="u must be the batch size"):
         sample.sample_proportional(leaves, bsum, bmin, 0, 0.4, rng=rng)
     with pytest.raises(ValueError, match="u must be the batch size"):
-        sample.sample_proportional(leaves, bsum, bmin, sample.DEVICE_RNG_DRAWS + 1, 0.4, rng=rng)
+        sample.sample_proportional(leaves, bsum, bmin, philox.DEVICE_RNG_DRAWS + 1, 0.4, rng=rng)
     with pytest.raises(ValueError, match="rng must have"):
         sample.sample_proportional(leaves, bsum, bmin, 4, 0.4, rng=rng[:10])
     assert int(rng[1:].count_nonzero()) == 0  # nothing drawn by the refused calls
@@ -168,7 +168,7 @@ def test_graph_replays_draw_the_next_numbers_of_the_stream():
     uniforms (the oracle's, counter 0, 1, 2 at every position), not the captured ones again."""
     leaves, bsum, bmin = make_levels(3000, torch.device("cuda"), torch.Generator().manual_seed(2), integer=False)
     seed, B = 77, 256
-    rng = sample.new_rng_state(seed, "cuda")
+    rng = philox.new_rng_state(seed, "cuda")
     sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)  # compile + warm up (counts 1)
     rng[1:].zero_()
     torch.cuda.synchronize()
