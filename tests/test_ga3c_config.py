@@ -122,3 +122,34 @@ def test_num_nodes_makes_a_multi_node_ddp_trainer(tmp_path):
         GA3CConfig(num_nodes=2, agents=1).validate()
     with pytest.raises(ValueError, match="num_nodes"):
         GA3CConfig(num_nodes=0).validate()
+
+
+def test_help_shows_each_fields_docstring():
+    text = " ".join(build_parser().format_help().split())
+    for name, doc in field_docs().items():
+        assert f"--{name}" in text and doc[:40] in text, name
+
+
+def test_a_value_of_the_wrong_type_names_the_field():
+    with pytest.raises(ValueError, match="agents"):
+        parse_config(["--agents", "2.5"])
+    with pytest.raises(ValueError, match="cuda_graph"):
+        parse_config(["--cuda_graph", "1"])
+
+
+def test_load_config_overrides_are_typed_like_the_command_line():
+    cfg = load_config(None, {"lr": 1, "hidden_sizes": [8], "reward_clip": None, "env_kwargs": {"frameskip": 4}})
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and cfg.hidden_sizes == [8] and cfg.reward_clip is None
+    assert cfg.env_kwargs == {"frameskip": 4}
+    with pytest.raises(ValueError, match="agnets"):
+        load_config(None, {"agnets": 3})
+
+
+def test_print_config_prints_the_merged_config(capsys):
+    import yaml
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "3", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert exit_info.value.code == 0
+    assert printed == {**load_config(ROOT / "configs/ga3c_cartpole.yaml", {"agents": 3}).to_dict()}
