@@ -1,7 +1,8 @@
 """TorchRL integration of the GPU-resident replay: storage, samplers, buffer and factory."""
 
-from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, make_replay_buffer
+from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer
 from lightning_per.replay.errors import EmptyBufferError
+from lightning_per.replay.factory import make_replay_buffer
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
