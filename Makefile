@@ -30,6 +30,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check lightning_per ext tests benchmarks examples
+	$(BIN)/lint-imports  # the layering contracts of pyproject.toml ([tool.importlinter])
 
 clean-venv:
 	rm -rf $(VENV)
