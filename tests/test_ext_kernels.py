@@ -64,7 +64,7 @@ def test_two_level_search_float_masses_and_public_wrapper(kdev, gen):
 
 @pytest.mark.parametrize("normalize", ["buffer", "batch"])
 @pytest.mark.parametrize("stratified", [True, False])
-def test_sample_proportional_matches_composite(kdev, gen, normalize, stratified):
+def test_sample_proportional_matches_reference(kdev, gen, normalize, stratified):
     leaves, bs, bm = make_levels(30, kdev, gen)
     u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
     beta = torch.tensor(0.7, dtype=torch.float64, device=kdev) if stratified else 0.4  # tensor or float
@@ -85,7 +85,7 @@ def test_all_zero_masses_give_the_last_slot_not_out_of_range(kdev):
 # ---------------------------------------------------------------------------------------- update
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4, 4096, 1024), (4096, 4096, 0),
                                                              (4, 4096, 0), (4096, 8, 0)])
-def test_write_priorities_matches_composite_with_clashes(kdev, gen, max_chunk, max_quadratic, max_one):
+def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, max_quadratic, max_one):
     """Duplicated slots with clashing values (last wins), NaN/Inf/negative priorities, rejected slots;
     each path: one launch with block tickets (max_one), two launches, the O(B) path above max_quadratic."""
     capacity, n_valid = 45, 40
@@ -212,7 +212,7 @@ def test_is_weights_matches_reference(kdev, gen):
 
 
 @pytest.mark.parametrize("normalize", ["buffer", "batch"])
-def test_rank_sample_matches_composite(kdev, gen, normalize):
+def test_rank_sample_matches_reference(kdev, gen, normalize):
     _, cdf = reference.rank_weights(300, 0.7, kdev)
     order = torch.randperm(300, generator=gen).to(kdev)
     u = torch.cat([torch.rand(40, generator=gen, dtype=torch.float64), torch.tensor([0.0, 0.5])]).to(kdev)
@@ -242,7 +242,7 @@ def test_launchers_raise_with_the_limit(kdev):
 
 
 # ------------------------------------------------------------------------- backend and samplers
-def test_make_backend_exposes_reference_names_and_passes_self_check(kdev):
+def test_kernel_ops_expose_reference_names_and_pass_self_check(kdev):
     backend = dispatch.select_backend(kdev, "kernels")  # make_kernel_ops + self-check, cached per device
     for name in reference.__all__:
         assert callable(getattr(backend, name)), name

@@ -137,7 +137,7 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
 
 
 @pytest.mark.parametrize("batch", [256, 1024])
-def test_one_launch_write_equals_composite_under_clashes(batch):
+def test_one_launch_write_equals_reference_under_clashes(batch):
     """The one-launch write (block tickets, programs racing on the GPU) against the plain-torch twin, 300
     calls: slots from a narrow range (many entries per block, repeated slots with clashing values), NaN /
     Inf / negative priorities, out-of-range slots; exact values, counters, and the tickets back at zero."""
