@@ -1,4 +1,4 @@
-"""CPU checks of the cached-graph plumbing (the graphs themselves run in tests/test_replay_eager_graphs_gpu.py):
+"""CPU checks of the cached-graph plumbing (the graphs themselves run in tests/test_graphs_eager_gpu.py):
 outputs packed into flat buffers come back with their values, dtypes and shapes, as fresh tensors that
 torch.save accepts; a call shape whose capture fails runs eagerly from then on."""
 
