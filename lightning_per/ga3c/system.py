@@ -88,7 +88,7 @@ class GA3CSystem:
         self.error: BaseException | None = None
         self.replaced = 0
         self._lock = threading.RLock()
-        self._agents: list[_Agent | None] = [None] * cfg.max_agents
+        self._agents: list[AgentHandle | None] = [None] * cfg.max_agents
         self._incarnations = 0
         self._predictors: list[PredictorThread] = []
         self._trainers: list[TrainerThread] = []
@@ -121,7 +121,7 @@ class GA3CSystem:
         self._returns = torch.from_numpy(s.returns)  # [A, S, T, E] float32
 
     # ---- called by predictor / trainer threads ---------------------------------------------
-    def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[_Agent]]:
+    def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[AgentHandle]]:
         """Take up to ``limit`` pending prediction requests.
 
         Returns ``(rows, agents)``: (B,) int64 flat rows (:meth:`row`) of the requested steps and the
@@ -142,7 +142,7 @@ class GA3CSystem:
                 rows.append(self.row(i, slot, t))
         return torch.tensor(rows, dtype=torch.int64), agents
 
-    def claim_rollouts(self, limit: int) -> list[tuple[int, _Agent, int]]:
+    def claim_rollouts(self, limit: int) -> list[tuple[int, AgentHandle, int]]:
         """Take up to ``limit`` finished rollouts: ``[(agent index, agent handle, slot)]``."""
         sh = self.shared
         with self._claim_rollouts_lock:
@@ -152,7 +152,7 @@ class GA3CSystem:
         pairs = zip(ii.tolist(), ss.tolist())
         return [(i, self._agents[i], s) for i, s in pairs if self._agents[i] is not None]
 
-    def take_rollout(self, index: int, agent: _Agent, slot: int,
+    def take_rollout(self, index: int, agent: AgentHandle, slot: int,
                      out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
         """Copy a claimed rollout out of shared memory and free its slot.
 
@@ -235,7 +235,7 @@ class GA3CSystem:
                       gamma=c.gamma, reward_clip=c.reward_clip, parent_pid=os.getpid(),
                       seed=c.seed + 10_007 * inc)
         proc = agent_process(self.ctx, index, kwargs)
-        self._agents[index] = _Agent(inc, proc, resp, free)
+        self._agents[index] = AgentHandle(inc, proc, resp, free)
         start_process(proc)
         return True
 
