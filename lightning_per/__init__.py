@@ -9,15 +9,7 @@ here are imported on first use, so that ``import lightning_per`` (e.g. by the co
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
-
-# The kernel package ``lightning_per.ext`` is the top-level ``ext/`` folder: an install maps it (pyproject's
-# package-dir); in a source checkout used without installing (its root on PYTHONPATH) the root joins this
-# package's search path, so the same plain ``import lightning_per.ext`` finds that folder.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_ROOT, "ext", "__init__.py")) and os.path.isfile(os.path.join(_ROOT, "pyproject.toml")):
-    __path__.append(_ROOT)
 
 if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` stays light (console command)
     from lightning_per.replay import (

@@ -19,8 +19,8 @@ if not torch.cuda.is_available():
     # `import lightning_per` imports triton (through torchrl), so it is chosen here.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# `lightning_per.ext` is the top-level ext/ folder: an installed package maps it (pyproject's
-# package-dir); a source checkout on PYTHONPATH (the GPU machine) finds it through lightning_per/__init__.py.
+# `lightning_per.ext` is the top-level ext/ folder, mapped by the install (pyproject's package-dir; `make test`
+# installs the checkout in editable mode): the tests need the package installed.
 from lightning_per.ops.dispatch import load_ext  # noqa: E402
 
 load_ext()
