@@ -38,8 +38,6 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
                  (= world_size x per rank: updates of B-sized batches per second over all GPUs; one
                  synchronous step's global batch is world_size x B)
   dqn-fit-inductor  (--fit-inductor) dqn-fit with DQN(inductor=True)
-  ...-serial-replay  (--fit-serial-replay) dqn-fit with DQN(overlap_replay=False): each update's replay work
-                 on its own stream after its step (the graph mode's default forks it onto a second stream)
 
 Every row reports updates/s, microseconds per update and host syncs per update (CUDA only; counted with
 ``torch.cuda.set_sync_debug_mode("warn")``).
@@ -144,7 +142,8 @@ def eager_step(rb, learner_step, q, tgt, opt):
 def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=None, clip_in_step: bool = False,
                side=None, per_graph: int = 1, zero_grad=None):
     """The captured body of the graph rows: ``per_graph`` updates, each sample + gather (one fused op with the
-    packed storage) -> learner step -> priority update, all on the device (as ``DQN._full_updates``);
+    packed storage) -> learner step -> priority update, all on the device (as ``ReplayGraphUpdate.body`` of
+    ``lightning_per.dqn.updates``);
     ``fast``: an ``InductorUpdate`` whose compiled loss and clip replace the eager ones; ``clip_in_step``:
     ``opt`` is a ``CompiledStep`` that clips itself (the learner step does not); ``side``: a ``SideStream``
     on which each update's priority update and the next update's sample run, concurrent with its backward
@@ -333,8 +332,7 @@ def fit_row(a, device) -> tuple[dict, int]:
     model = DQN(env=env, replay=ReplayConfig(capacity=a.capacity, batch_size=a.batch), hidden_sizes=a.hidden,
                 warmup_steps=max(2 * a.batch, 1000 if not a.quick else 64), updates_per_epoch=a.fit_steps,
                 updates_per_step=a.updates_per_step, updates_per_graph=a.updates_per_graph,
-                replay_ratio=a.replay_ratio, compile=device.type == "cuda", inductor=a.fit_inductor,
-                overlap_replay=not a.fit_serial_replay)
+                replay_ratio=a.replay_ratio, compile=device.type == "cuda", inductor=a.fit_inductor)
     torch.backends.cuda.matmul.allow_tf32 = a.fit_tf32
     probe = Probe()
     trainer = pl.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=a.devices,
@@ -350,7 +348,6 @@ def fit_row(a, device) -> tuple[dict, int]:
     world_size = trainer.world_size
     name = ("dqn-fit-inductor" if a.fit_inductor else "dqn-fit") + ("-tf32" if a.fit_tf32 else "")
     name += f"-x{a.updates_per_graph}-per-graph" if a.updates_per_graph > 1 else ""
-    name += "-serial-replay" if a.fit_serial_replay else ""
     r = row(name, seconds, syncs, N=a.capacity, B=a.batch, net=f"4-{'-'.join(map(str, a.hidden))}-2",
             env="TorchCartPoleEnv", num_envs=a.fit_envs, replay_ratio=a.replay_ratio, steps=a.fit_steps,
             updates_per_step=a.updates_per_step, updates_per_graph=a.updates_per_graph, tf32=a.fit_tf32,
@@ -433,8 +430,6 @@ def add_arguments(ap) -> None:
     ap.add_argument("--updates-per-graph", type=int, default=1,
                     help="DQN updates_per_graph of the dqn-fit row (updates captured in one CUDA graph)")
     ap.add_argument("--fit-tf32", action="store_true", help="dqn-fit with TF32 matmuls")
-    ap.add_argument("--fit-serial-replay", action="store_true",
-                    help="dqn-fit with DQN(overlap_replay=False): no second stream for the replay work")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[8],
                     help="updates per CUDA-graph replay of the ours-graph-inductor*-x<K> rows (one row per K)")
     ap.add_argument("--autotune", action="store_true",

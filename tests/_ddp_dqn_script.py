@@ -17,6 +17,7 @@ import torch
 
 from lightning_per import cli
 from lightning_per.dqn import module as dqn_module
+from lightning_per.dqn import updates as dqn_updates
 
 
 class _EagerUpdate:
@@ -35,19 +36,9 @@ class _EagerUpdate:
 
 
 def _eager_graph_path() -> None:
-    dqn_module.CapturedUpdate = _EagerUpdate
+    dqn_updates.CapturedUpdate = _EagerUpdate
     cli.LightningPerCLI._preflight = lambda self: None  # the CLI's "compile needs a GPU" check, likewise
-    setup = dqn_module.DQN.setup
-
-    def setup_on_cpu(self, stage: str) -> None:  # skip the "compile needs CUDA" check only
-        compile_ = self.hparams.compile
-        self.hparams.compile = False
-        try:
-            setup(self, stage)
-        finally:
-            self.hparams.compile = compile_
-
-    dqn_module.DQN.setup = setup_on_cpu
+    dqn_module.DQN._check_device = lambda self, device: None  # and the module's: graph mode's path on the CPU
 
 
 if __name__ == "__main__":

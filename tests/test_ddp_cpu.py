@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_per.dqn import module as dqn_module
-from lightning_per.dqn.learner import all_reduce_mean_grads_
+from lightning_per.dqn import ddp as dqn_ddp
+from lightning_per.dqn.ddp import all_reduce_mean_grads_
 
 pytestmark = pytest.mark.slow
 
@@ -95,9 +95,9 @@ def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
     ckpt = run / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=False)["dqn_state"]
     assert state["shards"] == 2 and "replay" not in state
-    shards = [torch.load(dqn_module.replay_shard_path(ckpt, r), weights_only=False) for r in range(2)]
+    shards = [torch.load(dqn_ddp.replay_shard_path(ckpt, r), weights_only=False) for r in range(2)]
     assert all("replay" in s and s["updates"] == 40 for s in shards)
-    paths = [Path(dqn_module.replay_shard_path(ckpt, r)) for r in range(2)]
+    paths = [Path(dqn_ddp.replay_shard_path(ckpt, r)) for r in range(2)]
     assert paths[0].read_bytes() != paths[1].read_bytes()  # each rank's own experience (seeds + 1000 r)
     ranks = _fit(run, f"--ckpt_path={ckpt}", epochs=4)
     _assert_ranks_consistent(ranks, updates=80)

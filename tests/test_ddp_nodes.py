@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lightning_per.callbacks import AtomicCheckpointIO
-from lightning_per.dqn.module import load_replay_shard, replay_shard_path
+from lightning_per.dqn.ddp import load_replay_shard, replay_shard_path
 
 pytestmark = pytest.mark.slow
 

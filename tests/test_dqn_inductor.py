@@ -90,9 +90,9 @@ def test_module_with_inductor_matches_eager_module():
     ref = _module(**kw)
     torch.manual_seed(0)
     fast = _module(inductor=True, **kw)
-    fast._inductor = InductorUpdate(fast.q_net, fast.target_net, double_dqn=True, huber_delta=1.0,
-                                    grad_clip_norm=fast.hparams.grad_clip_norm, slots=fast._metric_slots,
-                                    target_tau=0.1, backend=BACKEND)
+    fast.learner.inductor = InductorUpdate(fast.q_net, fast.target_net, double_dqn=True, huber_delta=1.0,
+                                           grad_clip_norm=fast.hparams.grad_clip_norm, slots=fast.learner.slots,
+                                           target_tau=0.1, backend=BACKEND)
     for i in range(2):
         torch.testing.assert_close(fast.training_step(i, i), ref.training_step(i, i), **_TIGHT)
     for p, p2 in zip(ref.parameters(), fast.parameters()):  # online and target networks

@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks import AtomicCheckpointIO
-from lightning_per.dqn.module import SHARD_KIND, load_replay_shard, replay_shard_path
+from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, replay_shard_path
 from lightning_per.integrity import (
     MANIFEST_NAME,
     IntegrityError,
@@ -270,7 +270,7 @@ def test_stale_temp_files_of_a_checkpoint_are_removed_at_the_next_save(tmp_path)
 
 
 def _ddp_save(ckpt: Path, step: int, world_size: int = 2) -> None:
-    """What a DDP checkpoint save writes, in its order: every rank's shard (``DQN._setup_ddp``'s strategy hook),
+    """What a DDP checkpoint save writes, in its order: every rank's shard (``dqn.ddp``'s strategy hook),
     then rank 0's checkpoint (the same generation id in both)."""
     generation = f"run-step{step}"
     for rank in range(world_size):

@@ -196,6 +196,7 @@ def test_rows_to_batch_equals_get(device):
 def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
     """The DQN's graph-mode update body (run eagerly on the CPU here) reads its batch via sample_gather."""
     from lightning_per.dqn import DQN, ReplayConfig
+    from lightning_per.dqn.updates import ReplayGraphUpdate
     from lightning_per.envs import EnvConfig
 
     m = DQN(env=EnvConfig(backend="torch", num_envs=4), replay=ReplayConfig(capacity=512, batch_size=16),
@@ -215,7 +216,7 @@ def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
 
     monkeypatch.setattr(m.rb.sampler, "sample_gather", spy)
     opt.zero_grad(set_to_none=True)
-    out = m._full_updates(1)({})
+    out = ReplayGraphUpdate(m).body(1)({})
     assert len(seen) == 1 and torch.isfinite(out["loss"])
     index, info, batch = seen[0]
     assert index.shape == (16,) and torch.equal(batch["reward"], m.rb.storage.get(index)["reward"])

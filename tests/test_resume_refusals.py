@@ -15,7 +15,7 @@ import torch
 
 from lightning_per import cli
 from lightning_per.callbacks import AtomicCheckpointIO
-from lightning_per.dqn.module import SHARD_KIND, replay_shard_path
+from lightning_per.dqn.ddp import SHARD_KIND, replay_shard_path
 from lightning_per.integrity import file_manifest_path, save_file_manifest
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["ReplayConfig", "check_range"]
+from lightning_per.dqn.compiled import INDUCTOR_MODES
+
+__all__ = ["ReplayConfig", "check_range", "validate_dqn_arguments"]
 
 
 def check_range(name: str, value: float | int | None, *, low: float | None = None, high: float | None = None,
@@ -81,3 +83,47 @@ class ReplayConfig:
         if self.weight_normalization not in ("buffer", "batch"):
             raise ValueError("replay.weight_normalization must be 'buffer' or 'batch', "
                              f"got {self.weight_normalization!r}")
+
+
+def validate_dqn_arguments(a: dict[str, Any]) -> None:
+    """Range checks of :class:`~lightning_per.dqn.DQN`'s arguments ``a`` (its ``locals()``, ``replay`` a
+    :class:`ReplayConfig`).
+
+    Raises:
+        ValueError: naming the first argument out of range.
+    """
+    check_range("gamma", a["gamma"], low=0.0, high=1.0)
+    check_range("n_step", a["n_step"], low=1)
+    check_range("lr", a["lr"], low=0.0, low_open=True)
+    check_range("adam_eps", a["adam_eps"], low=0.0, low_open=True)
+    check_range("huber_delta", a["huber_delta"], low=0.0, low_open=True)
+    check_range("grad_clip_norm", a["grad_clip_norm"], low=0.0, low_open=True, allow_none=True)
+    check_range("target_update_interval", a["target_update_interval"], low=1)
+    check_range("target_tau", a["target_tau"], low=0.0, high=1.0, low_open=True, allow_none=True)
+    check_range("epsilon_start", a["epsilon_start"], low=0.0, high=1.0)
+    check_range("epsilon_end", a["epsilon_end"], low=0.0, high=1.0)
+    check_range("epsilon_decay_steps", a["epsilon_decay_steps"], low=0)
+    check_range("warmup_steps", a["warmup_steps"], low=0)
+    check_range("replay_ratio", a["replay_ratio"], low=0.0, low_open=True)
+    check_range("updates_per_epoch", a["updates_per_epoch"], low=1)
+    check_range("updates_per_step", a["updates_per_step"], low=1)
+    if a["updates_per_epoch"] % a["updates_per_step"]:
+        raise ValueError(f"updates_per_step must divide updates_per_epoch, got updates_per_step="
+                         f"{a['updates_per_step']} and updates_per_epoch={a['updates_per_epoch']}")
+    check_range("updates_per_graph", a["updates_per_graph"], low=1)
+    if a["updates_per_step"] % a["updates_per_graph"]:
+        raise ValueError(f"updates_per_graph must divide updates_per_step, got updates_per_graph="
+                         f"{a['updates_per_graph']} and updates_per_step={a['updates_per_step']}")
+    if a["updates_per_graph"] > 1 and not (a["compile"] and a["replay"].sampler == "proportional"):
+        raise ValueError(f"updates_per_graph={a['updates_per_graph']} needs graph mode with the whole update "
+                         f"captured: compile=True and replay.sampler='proportional' (got compile={a['compile']}, "
+                         f"sampler={a['replay'].sampler!r}); use updates_per_graph=1")
+    check_range("max_env_steps", a["max_env_steps"], low=1, allow_none=True)
+    check_range("sigterm_check_interval", a["sigterm_check_interval"], low=0)
+    if a["inductor_mode"] not in INDUCTOR_MODES:
+        raise ValueError(f"inductor_mode must be one of {INDUCTOR_MODES}, got {a['inductor_mode']!r}")
+    if a["network"] not in ("mlp", "nature_cnn"):
+        raise ValueError(f"network must be 'mlp' or 'nature_cnn', got {a['network']!r}")
+    if len(a["hidden_sizes"]) == 0 or any(int(w) < 1 for w in a["hidden_sizes"]):
+        raise ValueError(f"hidden_sizes must be a non-empty list of positive widths, "
+                         f"got {list(a['hidden_sizes'])}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from lightning_per.dqn.targets import dqn_target, polyak_update, weighted_huber_loss
 
-__all__ = ["MetricSlots", "SideStream", "all_reduce_mean_grads_", "finish_update_", "learner_step",
-           "pipelined_updates", "record_update_metrics_", "td_loss"]
+__all__ = ["MetricSlots", "SideStream", "finish_update_", "learner_step", "pipelined_updates",
+           "record_update_metrics_", "td_loss"]
 
 
 def td_loss(q_net: nn.Module, target_net: nn.Module, b: dict[str, Tensor], *, double_dqn: bool = True,
@@ -177,29 +177,6 @@ def pipelined_updates(n: int, draw: Callable[[], Any],
         if finish is not None:
             finish(out)
     return out
-
-
-def all_reduce_mean_grads_(params: Iterable[Tensor], world_size: int, group=None) -> None:
-    """Average the gradients of ``params`` over the ranks of ``group`` in place, as one flat buffer.
-
-    One ``torch.distributed.all_reduce`` (SUM) of the concatenated gradients, a division by
-    ``world_size``, and a copy back: no host read and no branch on tensor values, so it can run inside a
-    CUDA graph (NCCL collectives are capturable from NCCL 2.9.6). Every rank must call it with the same
-    parameters in the same order (same shapes; parameters without a gradient are skipped).
-
-    Args:
-        params: the parameters whose ``.grad`` is averaged (e.g. ``q_net.parameters()``).
-        world_size: the number of ranks in ``group`` (the divisor).
-        group: the process group (None: the default group, e.g. the one Lightning created).
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numels], a new buffer
-    torch.distributed.all_reduce(flat, group=group)
-    flat.div_(world_size)
-    parts = flat.split([g.numel() for g in grads])
-    torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads)])
 
 
 class MetricSlots(NamedTuple):
