@@ -118,6 +118,16 @@ def choose_update(module: DQN, device: torch.device) -> EagerUpdate | LearnerGra
 
     Raises:
         ValueError: ``updates_per_graph > 1`` without the whole update captured.
+
+    Example::
+
+        >>> from lightning_per.dqn import DQN, ReplayConfig
+        >>> from lightning_per.envs import EnvConfig
+        >>> m = DQN(env=EnvConfig(backend="torch", num_envs=4), replay=ReplayConfig(capacity=256, batch_size=16),
+        ...         hidden_sizes=[16])
+        >>> m.build_runtime("cpu")  # calls choose_update(m, device)
+        >>> type(m.updater).__name__, type(choose_update(m, torch.device("cpu"))).__name__
+        ('EagerUpdate', 'EagerUpdate')
     """
     h = module.hparams
     if not h.compile:
