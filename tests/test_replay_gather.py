@@ -225,12 +225,12 @@ def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
 def test_wide_rows_take_the_separate_gather(monkeypatch):
     """Rows wider than FUSED_GATHER_MAX_WORDS (e.g. Atari frame stacks) are read by storage.get, not copied
     by the sample kernel: same batch as the fused path would give, without the fused op."""
-    from lightning_per.replay import prioritized
+    from lightning_per.replay import fused
 
     rb = _buffer("cpu", "reference")
     narrow = rb.storage.gather_rows.shape[1]
     assert rb.sampler._fusable_rows(rb.storage) is not None
-    monkeypatch.setattr(prioritized, "FUSED_GATHER_MAX_WORDS", narrow - 1)
+    monkeypatch.setattr(fused, "FUSED_GATHER_MAX_WORDS", narrow - 1)
     assert rb.sampler._fusable_rows(rb.storage) is None
     calls = []
     monkeypatch.setattr(rb.sampler._ops, "sample_proportional_gather",

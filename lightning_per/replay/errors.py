@@ -14,7 +14,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-__all__ = ["EmptyBufferError", "check_batch_size", "check_exponent", "check_generator", "check_index",
+__all__ = ["EmptyBufferError", "check_batch_size", "check_draw", "check_exponent", "check_generator", "check_index",
            "check_index_priority", "check_seed"]
 
 #: Largest finite float32: no stored priority ``(p + eps)^alpha`` exceeds it (see ``GPUPrioritizedSampler``).
@@ -187,3 +187,16 @@ def check_kind(state_dict, sampler) -> None:
     if kind in SAMPLER_KINDS and own is not None and kind != own:
         raise ValueError(f"sampler checkpoint is from {kind}; this buffer's sampler is {own} (build the buffer "
                          f"with the checkpoint's sampler kind)")
+
+
+def check_draw(storage, batch_size: int) -> None:
+    """The checks every draw makes: ``batch_size`` an int >= 1 and a non-empty ``storage`` (``len`` a host int).
+
+    Raises:
+        ValueError: ``batch_size`` is not an int >= 1.
+        EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
+    """
+    check_batch_size(batch_size)
+    if len(storage) == 0:
+        raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
+                               "extend it first")

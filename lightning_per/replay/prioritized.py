@@ -14,12 +14,8 @@ of raising (see :meth:`GPUPrioritizedSampler.update_priority`).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import warnings
 from collections.abc import Callable, Hashable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,33 +25,25 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from lightning_per.graphs.eager import EagerGraphs
 from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay import priority as core
-from lightning_per.replay._rng import DeviceRNGMixin, _fingerprint, check_rng_state
+from lightning_per.replay.draws import PriorityDraws
 from lightning_per.replay.errors import (
-    EmptyBufferError,
-    check_batch_size,
+    check_draw,
     check_exponent,
     check_index,
     check_index_priority,
-    check_kind,
     check_seed,
 )
+from lightning_per.replay.fused import FusedGather
+from lightning_per.replay.prioritized_checkpoint import PrioritizedCheckpoint
 from lightning_per.replay.priority import PriorityState
-from lightning_per.replay.rows import set_all
-from lightning_per.replay.storage import GPUTensorStorage, resolve_device
+from lightning_per.replay.slots import flat_slots, skip_unkept, unravel, written_slots
+from lightning_per.replay.storage import resolve_device
 
 __all__ = ["GPUPrioritizedSampler"]
 
-SAMPLER_SCHEMA_VERSION = 1
-#: Largest batch whose strata permutation is ranked by one ``(B, B)`` comparison (two fully parallel kernels;
-#: no sort kernel, which for a short row runs in a single thread block); larger batches argsort their keys.
-RANK_PERMUTATION_MAX = 1024
-FUSED_GATHER_MAX_WORDS = 1024
-"""Widest packed row (int64 words, i.e. 8 KiB) that :meth:`GPUPrioritizedSampler.sample_gather` copies inside
-the sample kernel (one program per draw copies its row); wider rows, e.g. Atari frame stacks, are gathered by
-a separate kernel."""
 
 
-class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
+class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, PrioritizedSampler):
     """Proportional prioritized sampler whose priorities, draws and IS weights stay on ``device``.
 
     A drop-in for :class:`torchrl.data.PrioritizedSampler` (it subclasses it, so TorchRL's
@@ -351,7 +339,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             # a CUDA graph would freeze the host length len(storage) of the capture, and drop the writes to slots
             # filled after it; the slots a capture writes come from the sampler: always filled ones
             n_valid = self._max_capacity
-        index = _flat_slots(index, storage)
+        index = flat_slots(index, storage)
         index, priority = check_index_priority(index, priority, n_valid)
         device = self._device
         if index.device != device:
@@ -395,7 +383,7 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
 
     def _mark_update(self, index, storage) -> None:
         n_valid = self._filled(storage)
-        index = _skip_unkept(_written_slots(index, storage))
+        index = skip_unkept(written_slots(index, storage))
         index = check_index(index, n_valid)
         if index.device != self._device:
             index = index.to(self._device, non_blocking=True)
@@ -429,12 +417,15 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
-        self._check_draw(storage, batch_size)
+        check_draw(storage, batch_size)
         self._follow_buffer_rng()
         index, weight = self._served(("sample", batch_size, self.stratified, self.weight_normalization),
                                      lambda: self._draw(batch_size), (), self._draw_state(batch_size),
                                      self.draw_generators(batch_size))
-        return _unravel(index, storage), {"priority_weight": weight}
+        return unravel(index, storage), {"priority_weight": weight}
+
+    #: this class's proportional draw: a subclass whose ``sample`` is another one never fuses the gather
+    _proportional_sample = sample
 
     def _served(self, key: Hashable, fn: Callable, args: tuple[Tensor, ...] = (), state: tuple[Tensor, ...] = (),
                 generators: tuple[torch.Generator, ...] = ()):
@@ -445,339 +436,11 @@ class GPUPrioritizedSampler(DeviceRNGMixin, PrioritizedSampler):
             return graphs.run(key, fn, args, state, generators)
         return fn(*args)
 
-    def _check_draw(self, storage, batch_size: int) -> None:
-        """The checks every draw makes: ``batch_size`` an int >= 1, a non-empty storage (errors as :meth:`sample`)."""
-        check_batch_size(batch_size)
-        if len(storage) == 0:
-            raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
-                                   "extend it first")
-
-    def _uniforms(self, batch_size: int) -> Tensor:
-        """``(B,)`` float64 i.i.d. U[0, 1) draws from the sampler's generator on :attr:`device`."""
-        return self._rand((batch_size,))
-
-    def _unregistered_way(self) -> str:
-        if self._device_rng is not None and self._shuffles():
-            return ("build the sampler with shuffle_strata=False (with the compiled kernels its draws then take "
-                    "their uniforms from counters in device memory: no generator to register)")
-        return ""
-
-    def _shuffles(self) -> bool:
-        return self.stratified and self.shuffle_strata
-
-    def _draw_uniforms(self, batch_size: int) -> tuple[Tensor, bool]:
-        """``(u (B,) float64, stratified)`` for the ops: with :attr:`shuffle_strata`, the stratified targets
-        ``u_j = (pi(j) + U_j) / B`` for a uniformly random permutation ``pi`` of the strata (the ranks of B
-        uniform keys, :func:`random_permutation`; the ops then take ``u`` as it is, ``stratified=False``), else
-        i.i.d. uniforms and
-        :attr:`stratified` (the ops stratify them in stratum order)."""
-        if not self._shuffles():
-            return self._uniforms(batch_size), self.stratified
-        draws = self._rand((2, batch_size))
-        return (random_permutation(draws[0]) + draws[1]) / batch_size, False
-
-    def _device_draws(self, batch_size: int) -> bool:
-        """True when a draw of ``batch_size`` takes its uniforms from the kernels' device RNG
-        (:attr:`_device_rng`, not while ``torch.compile`` traces), else from :attr:`generator`."""
-        return (self._device_rng is not None and batch_size <= self._ops.DEVICE_RNG_DRAWS
-                and not self._shuffles() and not torch.compiler.is_compiling())
-
-    def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
-        """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights
-        (:func:`lightning_per.replay.priority.sample`)."""
-        if self._device_draws(batch_size):  # one launch: the kernel draws its uniforms
-            return core.sample(self._ops, self._state, batch_size, self.stratified, self.weight_normalization)
-        u, stratified = self._draw_uniforms(batch_size)
-        return core.sample(self._ops, self._state, u, stratified, self.weight_normalization)
-
-    def _draw_gather(self, batch_size: int, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(batch rows (B, W) int64, index (B,) int64, weight (B,) float32)``: :meth:`_draw` and the rows
-        of the drawn slots, one fused op (:func:`lightning_per.replay.priority.sample_gather`; rows first: the
-        cached graphs' outputs start with them)."""
-        if self._device_draws(batch_size):
-            return core.sample_gather(self._ops, self._state, batch_size, rows, self.stratified,
-                                          self.weight_normalization)
-        u, stratified = self._draw_uniforms(batch_size)
-        return core.sample_gather(self._ops, self._state, u, rows, stratified, self.weight_normalization)
-
-    def _draw_state(self, batch_size: int) -> tuple[Tensor, ...]:
-        """The device tensors a draw reads or writes (besides a generator): the whole state."""
-        return self._state.tensors()
-
-    def get_rng_state(self) -> dict[str, Tensor | None]:
-        """The state of every random stream the draws use, to replay them with :meth:`set_rng_state`:
-        ``{"generator": CPU uint8 tensor, "device_rng": (1 + 65536,) int64 device tensor or None}`` (the
-        compiled draws' seed and counters, copied). No host sync."""
-        return {"generator": self.generator.get_state(),
-                "device_rng": None if self._device_rng is None else self._device_rng.clone()}
-
-    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
-        """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it).
-
-        Raises:
-            TypeError, ValueError: ``state`` is not a ``get_rng_state()`` dict, or lacks the ``"device_rng"`` this
-                sampler draws from (e.g. the state of a sampler on the reference ops, or of another kind), or
-                holds one of another shape; nothing is changed.
-        """
-        check_rng_state(state)
-        saved = state.get("device_rng")
-        if self._device_rng is not None and (saved is None or saved.shape != self._device_rng.shape):
-            raise ValueError(f"state['device_rng'] must be a {tuple(self._device_rng.shape)} int64 tensor (this "
-                             f"sampler's compiled draws use it), got {None if saved is None else tuple(saved.shape)}")
-        self.generator.set_state(state["generator"])
-        if self._device_rng is not None:
-            self._device_rng.copy_(saved)
-
-    def _seeded(self, seed: int | None = None) -> None:
-        """The generator was seeded: the device RNG takes ``seed`` (default the generator's seed) and restarts
-        its counters (in place)."""
-        rng = getattr(self, "_device_rng", None)
-        if rng is not None:
-            rng[1:].zero_()
-            rng[:1].fill_(self._ops.seed_word(self.generator.initial_seed() if seed is None else seed))
-
     def capture_problem(self, storage) -> str | None:
         """None: draws and priority updates run on the device from device state, so a CUDA graph can record them
         (:class:`lightning_per.graphs.CapturableSampler`)."""
         return None
 
-    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
-        """The torch generators a draw of ``batch_size`` consumes: what a CUDA graph that records such draws must
-        register (none when the compiled kernels draw the uniforms themselves; registering a generator costs
-        every replay a host-to-device update of its seed and offset)."""
-        return () if self._device_draws(batch_size) else (self.generator,)
-
-    def _fusable_rows(self, storage) -> Tensor | None:
-        """The storage's packed ring when a fused sample + gather can read it (packed, flat keys, on this
-        sampler's device; ``cuda`` stands for the current CUDA device) and :meth:`sample` is this class's
-        proportional draw (a subclass that overrides it, e.g. the rank-based sampler, never fuses), else None."""
-        if type(self).sample is not GPUPrioritizedSampler.sample:
-            return None
-        rows = getattr(storage, "gather_rows", None)
-        if rows is None or not hasattr(storage, "rows_to_batch"):
-            return None
-        if rows.shape[1] > FUSED_GATHER_MAX_WORDS:  # wide rows (pixels): a separate gather spreads each row
-            return None                             # over many thread blocks; one program per row would not
-        have, want = rows.device, self._device
-        if have.type != want.type or (want.index is not None and have.index != want.index) or (
-                want.index is None and have.type == "cuda" and have.index != torch.cuda.current_device()):
-            return None
-        return rows
-
-    def sample_gather(self, storage, batch_size: int, *,
-                      with_info: bool = False) -> tuple[Tensor, dict[str, Tensor], Any]:
-        """:meth:`sample`, and the batch: ``(index, info, batch)``, with ``batch`` the TensorDict ``[B]``
-        that ``storage.get(index)`` returns.
-
-        With a packed :class:`~lightning_per.replay.GPUTensorStorage` (flat keys, rows of at most
-        :data:`FUSED_GATHER_MAX_WORDS` int64 words) on this sampler's device the draw and the row gather are
-        one op (``sample_proportional_gather``: one kernel launch with the compiled backend) and the batch's
-        fields are views of the gathered rows
-        (:meth:`GPUTensorStorage.rows_to_batch`); otherwise :meth:`sample` then ``storage.get(index)``.
-        Either way the same generator draws give the same index, weights and batch values.
-
-        Args:
-            storage: the buffer's storage.
-            batch_size: B >= 1.
-            with_info: also put ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys).
-
-        Returns:
-            ``index`` ``(B,)`` int64 and ``info`` ``{"priority_weight": (B,) float32}`` on :attr:`device`, as
-            :meth:`sample`; ``batch`` a TensorDict ``[B]`` on the storage's device (packed: its fields are
-            views into one gathered ``(B, W)`` int64 block).
-
-        Raises:
-            As :meth:`sample`.
-        """
-        rows = self._fusable_rows(storage)
-        if rows is None:
-            index, info = self.sample(storage, batch_size)
-            extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
-            if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
-                return index, info, storage._read(index, extra)
-            return index, info, set_all(storage.get(index), extra)
-        self._check_draw(storage, batch_size)
-        self._follow_buffer_rng()
-        block, index, weight = self._served(("gather", batch_size, self.stratified, self.weight_normalization),
-                                            lambda: self._draw_gather(batch_size, rows), (),
-                                            (*self._draw_state(batch_size), rows), self.draw_generators(batch_size))
-        extra = {"index": index, "priority_weight": weight} if with_info else None
-        return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
-
     def probabilities(self) -> Tensor:
         """Exact P(i) of every slot, ``(N,)`` float64 on :attr:`device` (for tests and diagnostics)."""
         return core.probabilities(self._state)
-
-    # ------------------------------------------------------------------ persistence
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "_schema_version": SAMPLER_SCHEMA_VERSION,
-            "kind": type(self).__name__,
-            "max_capacity": self._max_capacity,
-            "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,  # sync-ok: a device beta, saving
-            "raw": self._raw.clone(), "max_raw": self._max_raw.clone(),
-            "n_clamped": self._n_clamped.clone(), "n_dropped": self._n_dropped.clone(),
-            "written": (self._leaves.view(-1) > 0).clone(),
-            "rng": self._rng_state(),
-            "device_rng": None if self._device_rng is None else self._device_rng.clone(),
-        }
-
-    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
-        a checkpoint this way before it loads any): another sampler kind, schema or ``max_capacity``, and
-        missing or misshapen entries, which the load would otherwise meet half-way through. Host work only.
-
-        Raises:
-            ValueError: the checkpoint is refused (the message names why).
-        """
-        check_kind(state_dict, self)
-        if "max_capacity" not in state_dict:
-            raise ValueError(f"not a prioritized sampler checkpoint (keys {sorted(map(str, state_dict))})")
-        version = state_dict.get("_schema_version", 0)
-        if version != SAMPLER_SCHEMA_VERSION:
-            raise ValueError(f"sampler checkpoint schema {version} is not {SAMPLER_SCHEMA_VERSION}")
-        if state_dict["max_capacity"] != self._max_capacity:
-            raise ValueError(f"checkpoint max_capacity {state_dict['max_capacity']} differs from "
-                             f"this sampler's {self._max_capacity}")
-        numbers, scalars = ("eps", "alpha", "beta"), ("max_raw", "n_clamped", "n_dropped")
-        missing = sorted(k for k in (*numbers, *scalars, "raw", "written", "rng") if k not in state_dict)
-        if missing:
-            raise ValueError(f"prioritized sampler checkpoint lacks {missing}")
-        for key in numbers:
-            if isinstance(state_dict[key], bool) or not isinstance(state_dict[key], (int, float)):
-                raise ValueError(f"sampler checkpoint's {key!r} must be a number, got {type(state_dict[key]).__name__}")
-        if not (math.isfinite(state_dict["eps"]) and state_dict["eps"] > 0):
-            raise ValueError(f"sampler checkpoint's 'eps' must be a finite number > 0, got {state_dict['eps']!r}")
-        try:
-            check_exponent("alpha", state_dict["alpha"], eps=float(state_dict["eps"]))
-            check_exponent("beta", state_dict["beta"])
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"sampler checkpoint's {err}") from None
-        shapes = {"raw": self._raw.shape, "written": self._raw.shape, **{key: torch.Size([]) for key in scalars}}
-        for key, shape in shapes.items():
-            value = state_dict[key]
-            if not isinstance(value, Tensor) or value.shape != shape:
-                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ValueError(f"sampler checkpoint's {key!r} must be a tensor of shape {tuple(shape)}, got {got}")
-        raw = state_dict["raw"]
-        if not bool(((raw >= 0) & torch.isfinite(raw)).all()):  # sync-ok: checkpoint load, not a step
-            raise ValueError("sampler checkpoint's raw priorities must be finite and >= 0 (every write sanitizes "
-                             "them): the checkpoint is corrupted")
-        self._check_rng_checkpoint(state_dict["rng"])
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` (in place).
-
-        Raises:
-            ValueError: as :meth:`check_state_dict`, before anything changes.
-        """
-        self.check_state_dict(state_dict)
-        d = self._device
-        self._eps = float(state_dict["eps"])
-        self._alpha, self._beta = float(state_dict["alpha"]), float(state_dict["beta"])
-        self._state.eps, self._state.raw_limit = self._eps, core.raw_limit(self._alpha, self._eps)
-        self._alpha_t.fill_(self._alpha)
-        self._beta_t.fill_(self._beta)
-        self._raw.copy_(state_dict["raw"].to(d))
-        self._max_raw.copy_(state_dict["max_raw"].to(d))
-        self._n_clamped.copy_(state_dict["n_clamped"].to(d))
-        self._n_dropped.copy_(state_dict["n_dropped"].to(d))
-        self._leaves.view(-1).copy_(state_dict["written"].to(d).to(torch.float32))  # mask, then values
-        self._rebuild()
-        self._load_rng_state(state_dict["rng"])
-        if self._device_rng is not None:  # the draws' stream as saved
-            saved = state_dict.get("device_rng")
-            if saved is not None and saved.shape == self._device_rng.shape:
-                self._device_rng.copy_(saved.to(d))
-            else:  # a checkpoint without it (older, or from the reference ops): a stream of its own, not a restart
-                warnings.warn("sampler checkpoint has no 'device_rng' (the compiled draws' random state): seeding "
-                              "it from the restored generator's state; the draws differ from the original run's",
-                              RuntimeWarning, stacklevel=2)
-                self._seeded(_fingerprint(self.generator))
-
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Write the state to ``path/sampler.pt`` (whole tensors, atomic rename) + a JSON summary."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), path / "sampler.pt.tmp")
-        os.replace(path / "sampler.pt.tmp", path / "sampler.pt")
-        meta = {"kind": type(self).__name__, "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,
-                "max_capacity": self._max_capacity, "_schema_version": SAMPLER_SCHEMA_VERSION}
-        (path / "sampler_metadata.json").write_text(json.dumps(meta))
-
-    def loads(self, path: str | os.PathLike) -> None:
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
-
-
-def _flat_slots(index, storage):
-    """``index`` as flat slots: a tuple of per-dimension indices or an ``(B, ndim)`` tensor on a storage of
-    ``ndim > 1`` (what :meth:`GPUPrioritizedSampler.sample` returns there) becomes ``(B,)`` row-major slots."""
-    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
-    if ndim <= 1:
-        return index
-    if isinstance(index, tuple):
-        index = torch.stack([torch.as_tensor(i) for i in index], -1)
-    if isinstance(index, Tensor) and index.ndim > 1 and index.shape[-1] == ndim:
-        shape = storage.shape
-        strides = [1] * ndim
-        for d in range(ndim - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        index = (index * torch.as_tensor(strides, device=index.device)).sum(-1)
-    return index
-
-
-def _written_slots(index, storage):
-    """:meth:`GPUPrioritizedSampler.mark_update`'s slots: on a storage of ``ndim > 1`` a 1-D ``index`` of written
-    rows (dim 0) becomes the flat slots of every item in those rows; else ``index`` itself (see
-    :func:`_flat_slots`)."""
-    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
-    if ndim <= 1:
-        return index
-    if isinstance(index, int):
-        index = torch.tensor([index])
-    if isinstance(index, Tensor) and index.ndim <= 1 and storage.shape is not None:
-        per_row = storage.shape[1:].numel()
-        rows = index.reshape(-1, 1)
-        flat = rows * per_row + torch.arange(per_row, device=index.device)
-        return torch.where(rows >= 0, flat, -1).reshape(-1)
-    return _flat_slots(index, storage)
-
-
-def _skip_unkept(index):
-    """``index`` without its host-side ``-1`` entries (items a writer did not keep); device indices unchanged
-    (an out-of-range device index is dropped and counted by the write itself, without a sync)."""
-    if isinstance(index, int):
-        return index if index != -1 else torch.empty(0, dtype=torch.long)
-    if isinstance(index, Tensor) and index.device.type == "cpu" and index.numel():
-        keep = index != -1
-        if not bool(keep.all()):  # sync-ok: a CPU tensor
-            return index[keep]
-    return index
-
-
-def _unravel(index: Tensor, storage):
-    """A draw's flat slots as the storage indexes them: unchanged for ``ndim == 1``, else the per-dimension
-    tuple of ``torch.unravel_index`` over the storage's filled shape (TorchRL's samplers do the same)."""
-    ndim = getattr(storage, "ndim", 1)
-    if ndim <= 1:
-        return index
-    return torch.unravel_index(index, storage.shape)
-
-
-def random_permutation(keys: Tensor) -> Tensor:
-    """A uniformly random permutation of ``range(B)`` from ``B`` i.i.d. continuous keys: each key's rank (the
-    number of keys below it), ``(B,)`` int64 on ``keys``' device, no host sync.
-
-    The ranks of exchangeable keys are a uniformly random permutation (ties have probability ~2^-53 for
-    float64 uniforms); up to :data:`RANK_PERMUTATION_MAX` keys they are counted by one ``(B, B)`` comparison
-    and a row sum (no sort), beyond by ``argsort`` (whose result, the inverse of the ranks, is uniform too).
-
-    Example::
-
-        >>> import torch
-        >>> random_permutation(torch.tensor([0.7, 0.1, 0.4]))
-        tensor([2, 0, 1])
-    """
-    if keys.numel() > RANK_PERMUTATION_MAX:
-        return keys.argsort()
-    return (keys.unsqueeze(1) > keys).sum(1)

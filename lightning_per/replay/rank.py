@@ -19,8 +19,10 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import rank_weights
-from lightning_per.replay.prioritized import GPUPrioritizedSampler, _unravel
+from lightning_per.replay.errors import check_draw
+from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.priority import PriorityState
+from lightning_per.replay.slots import unravel
 
 __all__ = ["GPURankBasedSampler", "RankIndex", "rank_sample", "sort_ranks"]
 
@@ -168,7 +170,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError: the storage is empty.
         """
-        self._check_draw(storage, batch_size)
+        check_draw(storage, batch_size)
         self._follow_buffer_rng()
         ranks, writes = self._ranks, self._state.writes
         ranks.follow_alpha(self._alpha)
@@ -182,7 +184,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
                                          (*self._state.tensors(), *ranks.tensors()), (self.generator,))
         if sort:  # after the sort ran: a failed call leaves the ranking marked stale
             ranks.writes, ranks.stale, ranks.sorted_n = writes, False, n
-        return _unravel(index, storage), {"priority_weight": weight}
+        return unravel(index, storage), {"priority_weight": weight}
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""

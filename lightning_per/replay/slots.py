@@ -1,0 +1,64 @@
+"""Slot indices as the samplers take and return them: flat ``(B,)`` slots of a storage of ``ndim >= 1``, and the
+host-side ``-1`` entries of items a writer did not keep. Pure functions (host work, or device ops without a sync)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["flat_slots", "skip_unkept", "unravel", "written_slots"]
+
+
+def flat_slots(index, storage):
+    """``index`` as flat slots: a tuple of per-dimension indices or an ``(B, ndim)`` tensor on a storage of
+    ``ndim > 1`` (what :meth:`GPUPrioritizedSampler.sample` returns there) becomes ``(B,)`` row-major slots."""
+    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
+    if ndim <= 1:
+        return index
+    if isinstance(index, tuple):
+        index = torch.stack([torch.as_tensor(i) for i in index], -1)
+    if isinstance(index, Tensor) and index.ndim > 1 and index.shape[-1] == ndim:
+        shape = storage.shape
+        strides = [1] * ndim
+        for d in range(ndim - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        index = (index * torch.as_tensor(strides, device=index.device)).sum(-1)
+    return index
+
+
+def written_slots(index, storage):
+    """:meth:`GPUPrioritizedSampler.mark_update`'s slots: on a storage of ``ndim > 1`` a 1-D ``index`` of written
+    rows (dim 0) becomes the flat slots of every item in those rows; else ``index`` itself (see
+    :func:`flat_slots`)."""
+    ndim = getattr(storage, "ndim", 1) if storage is not None else 1
+    if ndim <= 1:
+        return index
+    if isinstance(index, int):
+        index = torch.tensor([index])
+    if isinstance(index, Tensor) and index.ndim <= 1 and storage.shape is not None:
+        per_row = storage.shape[1:].numel()
+        rows = index.reshape(-1, 1)
+        flat = rows * per_row + torch.arange(per_row, device=index.device)
+        return torch.where(rows >= 0, flat, -1).reshape(-1)
+    return flat_slots(index, storage)
+
+
+def skip_unkept(index):
+    """``index`` without its host-side ``-1`` entries (items a writer did not keep); device indices unchanged
+    (an out-of-range device index is dropped and counted by the write itself, without a sync)."""
+    if isinstance(index, int):
+        return index if index != -1 else torch.empty(0, dtype=torch.long)
+    if isinstance(index, Tensor) and index.device.type == "cpu" and index.numel():
+        keep = index != -1
+        if not bool(keep.all()):  # sync-ok: a CPU tensor
+            return index[keep]
+    return index
+
+
+def unravel(index: Tensor, storage):
+    """A draw's flat slots as the storage indexes them: unchanged for ``ndim == 1``, else the per-dimension
+    tuple of ``torch.unravel_index`` over the storage's filled shape (TorchRL's samplers do the same)."""
+    ndim = getattr(storage, "ndim", 1)
+    if ndim <= 1:
+        return index
+    return torch.unravel_index(index, storage.shape)
