@@ -34,7 +34,7 @@ from lightning_per.dqn.ddp import WholeEpochPerRank, all_ranks_reached, bypass_d
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.state import CheckpointHooks
 from lightning_per.dqn.targets import hard_update, linear_schedule
-from lightning_per.dqn.updates import EagerUpdate, Learner, choose_update
+from lightning_per.dqn.updates import Learner, UpdateStrategy, choose_update
 from lightning_per.envs import EnvConfig, make_env
 from lightning_per.integrity import new_generation
 from lightning_per.metrics.accumulator import MetricAccumulator
@@ -189,7 +189,7 @@ class DQN(CheckpointHooks, LightningModule):
         self.rb = None
         self._replay_rng: torch.Generator | None = None
         self.learner: Learner | None = None  # one update's math (plain or Inductor), built with the runtime
-        self.updater: EagerUpdate | None = None  # how the updates run (dqn/updates.py), chosen with the runtime
+        self.updater: UpdateStrategy | None = None  # how the updates run (dqn/updates.py), chosen with the runtime
         self.graph_captures = 0  # CUDA-graph captures of the update (graph mode); one per fit
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None

@@ -37,7 +37,8 @@ from lightning_per.graphs import CapturedUpdate, count_optimizer_step
 if TYPE_CHECKING:
     from lightning_per.dqn.module import DQN
 
-__all__ = ["EagerUpdate", "Learner", "LearnerGraphUpdate", "ReplayGraphUpdate", "batch_inputs", "choose_update"]
+__all__ = ["EagerUpdate", "Learner", "LearnerGraphUpdate", "ReplayGraphUpdate", "UpdateStrategy", "batch_inputs",
+           "choose_update"]
 
 
 def batch_inputs(batch, weight: Tensor | None) -> dict[str, Tensor]:
@@ -113,7 +114,7 @@ class Learner:
         return no_recompiles if self.inductor is not None else None
 
 
-def choose_update(module: DQN, device: torch.device) -> EagerUpdate | LearnerGraphUpdate | ReplayGraphUpdate:
+def choose_update(module: DQN, device: torch.device) -> UpdateStrategy:
     """The update strategy for ``module``'s settings and its runtime built on ``device`` (the table above).
 
     Raises:
@@ -144,22 +145,38 @@ def choose_update(module: DQN, device: torch.device) -> EagerUpdate | LearnerGra
     return chosen
 
 
-class EagerUpdate:
-    """``compile=False``: one update of plain calls; the backward is Lightning's ``manual_backward``.
+class UpdateStrategy:
+    """How a block of updates runs; ``strategy(n)`` runs ``n`` updates and returns the last one's outputs
+    (those of :func:`~lightning_per.dqn.learner.learner_step`: ``loss`` 0-d, ``td``, ``td_abs``, ``q``,
+    ``weight`` ``(B,)`` float32 on the device).
 
     Args:
         module: the DQN module (its ``rb``, ``learner``, ``optimizers()`` and ``manual_backward`` are read at
-            each call).
+            each call: a Trainer sets the optimizer up after the strategy is chosen).
     """
 
     in_graph = False
+    """Whether the Polyak update and the metrics run inside a CUDA graph (else eagerly, still on the device)."""
 
     def __init__(self, module: DQN) -> None:
         self.module = module
+        self.captured: CapturedUpdate | None = None
 
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
-        """One update (``n`` is 1: validated at construction); the outputs of
-        :func:`~lightning_per.dqn.learner.learner_step`."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Release the captured graph, if any (under DDP it holds NCCL collectives); the next call captures
+        again."""
+        if self.captured is not None:
+            self.captured.release()
+            self.captured = None
+
+
+class EagerUpdate(UpdateStrategy):
+    """``compile=False``: one update of plain calls; the backward is Lightning's ``manual_backward``."""
+
+    def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module
         opt = m.optimizers()
         batch = m.rb.sample()  # [B]
@@ -171,18 +188,11 @@ class EagerUpdate:
         m.learner.finish(out)
         return out
 
-    def release(self) -> None:
-        """Nothing to release."""
 
-
-class LearnerGraphUpdate(EagerUpdate):
+class LearnerGraphUpdate(UpdateStrategy):
     """``compile=True`` with a sampler that is not captured: the learner step is one CUDA graph, captured at
     the first call with that call's batch as its static inputs; sampling, the priority update, the Polyak
     update and the metrics run eagerly around it."""
-
-    def __init__(self, module: DQN) -> None:
-        super().__init__(module)
-        self.captured: CapturedUpdate | None = None
 
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module
@@ -203,14 +213,8 @@ class LearnerGraphUpdate(EagerUpdate):
         m.learner.finish(out)
         return out
 
-    def release(self) -> None:
-        """Release the captured graph (under DDP it holds NCCL collectives); the next call captures again."""
-        if self.captured is not None:
-            self.captured.release()
-            self.captured = None
 
-
-class ReplayGraphUpdate(LearnerGraphUpdate):
+class ReplayGraphUpdate(UpdateStrategy):
     """``compile=True`` with our proportional sampler on CUDA: ``n`` whole updates (:meth:`body`) in one CUDA
     graph, captured at the first call. The warm-up leaves no trace (parameters, optimizer state, target
     network, priorities, the sampler's generator and the metric sums are rolled back), so the first replay is
@@ -232,11 +236,11 @@ class ReplayGraphUpdate(LearnerGraphUpdate):
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module
         if self.captured is None:
-            state: Sequence[Tensor] = [*m.rb.sampler.device_state(), m.metrics.values, m.metrics.counts]
+            body = self.body(n)
             params = m.learner.online + m.learner.target  # rolled back after the warm-up, as the state
-            self.captured = CapturedUpdate(self.body(n), {}, m.optimizers().optimizer, params,
-                                           generators=self._generators(), capture_guard=m.learner.capture_guard,
-                                           state=state)
+            state: Sequence[Tensor] = [*m.rb.sampler.device_state(), m.metrics.values, m.metrics.counts]
+            self.captured = CapturedUpdate(body, {}, m.optimizers().optimizer, params, generators=self._generators(),
+                                           capture_guard=m.learner.capture_guard, state=state)
             m.graph_captures += 1
         out = self.captured()
         count_optimizer_step(m.optimizers(), n)
