@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["flat_slots", "skip_unkept", "unravel", "written_slots"]
+__all__ = ["filled_slots", "flat_slots", "skip_unkept", "unravel", "written_slots"]
 
 
 def flat_slots(index, storage):
@@ -62,3 +62,40 @@ def unravel(index: Tensor, storage):
     if ndim <= 1:
         return index
     return torch.unravel_index(index, storage.shape)
+
+
+def filled_slots(index, n: int) -> Tensor:
+    """The slots of a ring holding ``n`` items (the filled part ``[0, n)``) that ``index`` names: a ``(k,)`` int64
+    tensor, or a 0-d one for an int (a read then drops the batch dimension, as TorchRL's). ``index``: an int,
+    slice, ``...``, sequence, bool mask of ``(n,)`` or integer tensor; negative values count from the end. A
+    host-side index is bounds-checked (host work); a device one is wrapped on the device, unchecked (no sync).
+
+    Raises:
+        TypeError: ``index`` is none of these.
+        IndexError: a float index, a mask of another length, or a host-side index outside ``[-n, n)``.
+    """
+    if isinstance(index, slice):
+        return torch.arange(*index.indices(n))
+    if index is Ellipsis:
+        return torch.arange(n)
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
+    if not isinstance(index, torch.Tensor):
+        try:
+            index = torch.as_tensor(index)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"index must be an int, slice, sequence or tensor of slots, got "
+                            f"{type(index).__name__}") from err
+    if index.dtype == torch.bool:
+        if index.shape != (n,):
+            raise IndexError(f"a boolean index must have one entry per stored item ({n}), got shape "
+                             f"{tuple(index.shape)}")
+        return torch.arange(n, device=index.device)[index]
+    if index.is_floating_point() or index.is_complex():
+        raise IndexError(f"index must hold integers, got dtype {index.dtype}")
+    index = index.to(torch.int64)
+    if index.device.type == "cpu" and index.numel():
+        lo, hi = int(index.min()), int(index.max())  # sync-ok: a host tensor
+        if lo < -n or hi >= n:
+            raise IndexError(f"index {lo if lo < -n else hi} is out of range for a storage holding {n} items")
+    return torch.where(index < 0, index + n, index)

@@ -15,9 +15,7 @@ is then False).
 
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,19 +29,14 @@ from lightning_per.replay.rows import (
     field_views,
     item_spec,
     last_writes,
-    layout_key,
     pack_plan,
     ring_leaves,
     row_layout,
     set_all,
     view_plan,
 )
-from lightning_per.replay.storage_checkpoint import (
-    STORAGE_SCHEMA_VERSION,
-    check_storage_state,
-    state_leaves,
-    without_index,
-)
+from lightning_per.replay.slots import filled_slots
+from lightning_per.replay.storage_checkpoint import StorageCheckpoint
 
 __all__ = ["GPUTensorStorage", "default_device", "resolve_device"]
 
@@ -419,8 +412,8 @@ class GPUTensorStorage(LazyTensorStorage):
         return self._read(self._filled_slots(index))
 
     def _filled_slots(self, index) -> torch.Tensor:
-        """The ring slots that ``index`` names within the filled part ``[0, len(self))``: a ``(k,)`` int64 tensor,
-        or a 0-d one for an int (the read then drops the batch dimension, as TorchRL's).
+        """The ring slots that ``index`` names within the filled part ``[0, len(self))``
+        (:func:`lightning_per.replay.slots.filled_slots`).
 
         Raises:
             RuntimeError: nothing was ever written.
@@ -428,32 +421,7 @@ class GPUTensorStorage(LazyTensorStorage):
         """
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-        n = len(self)
-        if isinstance(index, slice):
-            return torch.arange(*index.indices(n))
-        if index is Ellipsis:
-            return torch.arange(n)
-        if isinstance(index, tuple) and len(index) == 1:
-            index = index[0]
-        if not isinstance(index, torch.Tensor):
-            try:
-                index = torch.as_tensor(index)
-            except (TypeError, ValueError) as err:
-                raise TypeError(f"index must be an int, slice, sequence or tensor of slots, got "
-                                f"{type(index).__name__}") from err
-        if index.dtype == torch.bool:
-            if index.shape != (n,):
-                raise IndexError(f"a boolean index must have one entry per stored item ({n}), got shape "
-                                 f"{tuple(index.shape)}")
-            return torch.arange(n, device=index.device)[index]
-        if index.is_floating_point() or index.is_complex():
-            raise IndexError(f"index must hold integers, got dtype {index.dtype}")
-        index = index.to(torch.int64)
-        if index.device.type == "cpu" and index.numel():
-            lo, hi = int(index.min()), int(index.max())  # sync-ok: a host tensor
-            if lo < -n or hi >= n:
-                raise IndexError(f"index {lo if lo < -n else hi} is out of range for a storage holding {n} items")
-        return torch.where(index < 0, index + n, index)
+        return filled_slots(index, len(self))
 
     def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
         """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
@@ -512,113 +480,11 @@ class GPUTensorStorage(LazyTensorStorage):
             raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage with flat keys, written at least once")
         return self._rows_batch(block, extra)
 
-    # ------------------------------------------------------------------ persistence
-    def state_dict(self) -> dict[str, Any]:
-        """TorchRL's storage state (``_storage``: one tensor per key, ``initialized``, ``_len``); a packed
-        storage saves its ring of rows once instead (``packed_rows`` + ``packed_layout``, schema 2):
-        ``torch.save`` cannot store views of one buffer under different dtypes, and a per-key copy would
-        double the device memory while saving."""
-        if self.rows is None or self._generic:
-            state = super().state_dict()
-            state["_schema_version"] = STORAGE_SCHEMA_VERSION
-            return state
-        layout = [(key, off, nbytes, str(dtype).removeprefix("torch."), list(shape))
-                  for key, (off, nbytes, dtype, shape) in self._layout.items()]
-        return {"_schema_version": STORAGE_SCHEMA_VERSION, "_storage": {}, "packed_rows": self.rows,
-                "packed_layout": layout, "initialized": self.initialized, "_len": self._len}
-
-    def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
-        """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
-        if not self.initialized or self._generic:
-            return {}
-        if self.rows is not None:
-            return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in self._layout.items()}
-        return {(k if isinstance(k, str) or len(k) > 1 else k[0]): (v.dtype, tuple(v.shape[1:]))
-                for k, v in self._storage.items(include_nested=True, leaves_only=True)}
-
-    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
-        a checkpoint this way before it loads any): a newer schema, another ``max_size``, a length outside
-        ``[0, max_size]``, missing entries, a packed layout that does not fit its rows and, once this storage
-        holds transitions, other keys, dtypes or per-transition shapes than it stores. Shapes and metadata
-        only (no tensor data is read).
-
-        Raises:
-            ValueError: the checkpoint is refused (the message names why).
-        """
-        check_storage_state(state_dict, max_size=self.max_size, ndim=self.ndim, generic=self._generic,
-                            fields=self._fields())
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
-
-        Raises:
-            ValueError: as :meth:`check_state_dict`, before anything changes.
-        """
-        self.check_state_dict(state_dict)
-        if "packed_rows" in state_dict:
-            self._load_packed(state_dict)
-            return
-        stored = without_index(state_dict["_storage"])
-        if not self.initialized and not isinstance(stored, dict):
-            self._generic = True  # e.g. a storage of plain tensors
-        if self._generic:
-            super().load_state_dict(state_dict)
-            return
-        state_dict = dict(state_dict, _storage=stored)
-        leaves = state_leaves(stored) if isinstance(stored, dict) else {}
-        for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
-            if value.shape[0] != self.max_size:
-                raise ValueError(f"the saved storage holds {value.shape[0]} slots, this one max_size={self.max_size}")
-            break
-        if leaves and not self.initialized:
-            # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
-            # _state_leaves), then let TorchRL load the values
-            item = TensorDict({}, batch_size=[])
-            for key, value in leaves.items():
-                item.set(key, value[0])
-            self._allocate(item, torch.device(self.device))
-        super().load_state_dict(state_dict)
-        if self.initialized:
-            if self.rows is not None:
-                self._repack()
-            self._spec = item_spec(self._storage)
-            self._index_flat()
-
-    def _load_packed(self, state_dict: dict[str, Any]) -> None:
-        rows = state_dict["packed_rows"]
-        layout = {layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
-                  for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
-        if rows.shape[0] != self.max_size:
-            raise ValueError(f"the saved storage holds {rows.shape[0]} slots, this one max_size={self.max_size}")
-        fields = field_views(rows, layout)
-        if not self.initialized:
-            self._allocate(TensorDict({k: v[0] for k, v in fields.items()}, batch_size=[]),
-                           torch.device(self.device))
-        if self.rows is not None and self._layout == layout:
-            self.rows.copy_(rows)
-        else:
-            for key, value in fields.items():
-                self._storage.get(key).copy_(value)
-        self.initialized = bool(state_dict["initialized"])
-        self._len = int(state_dict["_len"])
-        self._bump_revision()
-
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename); items kept in
-        TorchRL's layout (:attr:`ring` False) are saved by TorchRL's checkpointer (memory-mapped, pytrees too)."""
-        if self._generic and self.initialized:
-            return super().dumps(path)
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "storage.pt.tmp"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, path / "storage.pt")
-
-    def loads(self, path: str | os.PathLike) -> None:
-        """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
-        if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
-            self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
-            return super().loads(path)
-        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
-        self.load_state_dict(state)
+    # ------------------------------------------------------------------ persistence (replay/storage_checkpoint.py)
+    state_dict = StorageCheckpoint.state_dict
+    check_state_dict = StorageCheckpoint.check_state_dict
+    load_state_dict = StorageCheckpoint.load_state_dict
+    dumps = StorageCheckpoint.dumps
+    loads = StorageCheckpoint.loads
+    _fields = StorageCheckpoint._fields
+    _load_packed = StorageCheckpoint._load_packed

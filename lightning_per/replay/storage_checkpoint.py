@@ -1,17 +1,23 @@
-"""Checkpoint checks of :class:`~lightning_per.replay.GPUTensorStorage`: what a saved storage state must hold before
-anything loads (schema, slots, length, packed layout, per-transition fields). Host work on metadata only."""
+"""Persistence of :class:`~lightning_per.replay.GPUTensorStorage`: its ``state_dict`` (schema
+:data:`STORAGE_SCHEMA_VERSION`), what a saved state must hold before anything loads (schema, slots, length, packed
+layout, per-transition fields: host work on metadata only), the load, and ``dumps`` / ``loads`` (atomic rename)."""
 
 from __future__ import annotations
 
 import copy
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage
 
-from lightning_per.replay.rows import layout_key
+from lightning_per.replay.rows import field_views, item_spec, layout_key
 
-__all__ = ["STORAGE_SCHEMA_VERSION", "check_storage_state", "state_leaves", "without_index"]
+__all__ = ["STORAGE_SCHEMA_VERSION", "StorageCheckpoint", "check_storage_state", "state_leaves",
+           "without_index"]
 
 STORAGE_SCHEMA_VERSION = 2  # 2: packed storages save their ring of rows (packed_rows)
 
@@ -110,3 +116,119 @@ def _packed_fields(state_dict: dict[str, Any]) -> tuple[int, dict[Any, tuple[tor
                              f"{row_bytes}-byte rows")
         saved[layout_key(key)] = (dtype, tuple(shape))
     return slots, saved
+
+
+class StorageCheckpoint:
+    """The persistence methods of :class:`~lightning_per.replay.GPUTensorStorage` (``state_dict``,
+    ``check_state_dict``, ``load_state_dict``, ``dumps``, ``loads``): the class takes them by assignment, so TorchRL's
+    ``LazyTensorStorage`` stays its direct base; items kept in TorchRL's layout go through its methods."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """TorchRL's storage state (``_storage``: one tensor per key, ``initialized``, ``_len``); a packed
+        storage saves its ring of rows once instead (``packed_rows`` + ``packed_layout``, schema 2):
+        ``torch.save`` cannot store views of one buffer under different dtypes, and a per-key copy would
+        double the device memory while saving."""
+        if self.rows is None or self._generic:
+            state = LazyTensorStorage.state_dict(self)
+            state["_schema_version"] = STORAGE_SCHEMA_VERSION
+            return state
+        layout = [(key, off, nbytes, str(dtype).removeprefix("torch."), list(shape))
+                  for key, (off, nbytes, dtype, shape) in self._layout.items()]
+        return {"_schema_version": STORAGE_SCHEMA_VERSION, "_storage": {}, "packed_rows": self.rows,
+                "packed_layout": layout, "initialized": self.initialized, "_len": self._len}
+
+    def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
+        """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
+        if not self.initialized or self._generic:
+            return {}
+        if self.rows is not None:
+            return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in self._layout.items()}
+        return {(k if isinstance(k, str) or len(k) > 1 else k[0]): (v.dtype, tuple(v.shape[1:]))
+                for k, v in self._storage.items(include_nested=True, leaves_only=True)}
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
+        a checkpoint this way before it loads any): a newer schema, another ``max_size``, a length outside
+        ``[0, max_size]``, missing entries, a packed layout that does not fit its rows and, once this storage
+        holds transitions, other keys, dtypes or per-transition shapes than it stores. Shapes and metadata
+        only (no tensor data is read).
+
+        Raises:
+            ValueError: the checkpoint is refused (the message names why).
+        """
+        check_storage_state(state_dict, max_size=self.max_size, ndim=self.ndim, generic=self._generic,
+                            fields=self._fields())
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
+
+        Raises:
+            ValueError: as :meth:`check_state_dict`, before anything changes.
+        """
+        self.check_state_dict(state_dict)
+        if "packed_rows" in state_dict:
+            self._load_packed(state_dict)
+            return
+        stored = without_index(state_dict["_storage"])
+        if not self.initialized and not isinstance(stored, dict):
+            self._generic = True  # e.g. a storage of plain tensors
+        if self._generic:
+            LazyTensorStorage.load_state_dict(self, state_dict)
+            return
+        state_dict = dict(state_dict, _storage=stored)
+        leaves = state_leaves(stored) if isinstance(stored, dict) else {}
+        for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
+            if value.shape[0] != self.max_size:
+                raise ValueError(f"the saved storage holds {value.shape[0]} slots, this one max_size={self.max_size}")
+            break
+        if leaves and not self.initialized:
+            # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
+            # _state_leaves), then let TorchRL load the values
+            item = TensorDict({}, batch_size=[])
+            for key, value in leaves.items():
+                item.set(key, value[0])
+            self._allocate(item, torch.device(self.device))
+        LazyTensorStorage.load_state_dict(self, state_dict)
+        if self.initialized:
+            if self.rows is not None:
+                self._repack()
+            self._spec = item_spec(self._storage)
+            self._index_flat()
+
+    def _load_packed(self, state_dict: dict[str, Any]) -> None:
+        rows = state_dict["packed_rows"]
+        layout = {layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
+                  for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
+        if rows.shape[0] != self.max_size:
+            raise ValueError(f"the saved storage holds {rows.shape[0]} slots, this one max_size={self.max_size}")
+        fields = field_views(rows, layout)
+        if not self.initialized:
+            self._allocate(TensorDict({k: v[0] for k, v in fields.items()}, batch_size=[]),
+                           torch.device(self.device))
+        if self.rows is not None and self._layout == layout:
+            self.rows.copy_(rows)
+        else:
+            for key, value in fields.items():
+                self._storage.get(key).copy_(value)
+        self.initialized = bool(state_dict["initialized"])
+        self._len = int(state_dict["_len"])
+        self._bump_revision()
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename); items kept in
+        TorchRL's layout (:attr:`ring` False) are saved by TorchRL's checkpointer (memory-mapped, pytrees too)."""
+        if self._generic and self.initialized:
+            return LazyTensorStorage.dumps(self, path)
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "storage.pt.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path / "storage.pt")
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
+        if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
+            self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
+            return LazyTensorStorage.loads(self, path)
+        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
+        self.load_state_dict(state)
