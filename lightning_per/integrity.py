@@ -21,7 +21,8 @@ Manifest schema (version 1)::
      "generation": "<id shared by every part>", "files": {"<path relative to the manifest>":
      {"bytes": <int>, "sha256": "<hex>"}}, "meta": {...}}
 
-A manifest of a newer version is refused (upgrade lightning_per); there is no older version.
+A manifest of a newer version is refused (upgrade lightning_per); there is no older version
+(:func:`lightning_per.schema.check`; the JSON format keeps its documented ``"version"`` key).
 No Lightning dependency (the replay package uses it).
 """
 
@@ -41,6 +42,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lightning_per.schema import check
 from lightning_per.utils import _fsync_dir, atomic_write, atomic_write_text
 
 __all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "file_manifest_path",
@@ -99,12 +101,10 @@ def _read_manifest(path: Path, what: str, kind: str | None) -> dict[str, Any]:
         raise IntegrityError(f"{path}: damaged manifest (not JSON: {err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise IntegrityError(f"{path}: not a lightning_per manifest")
-    version = manifest.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise IntegrityError(f"{path}: manifest version {version!r} is not valid")
-    if version > MANIFEST_VERSION:
-        raise IntegrityError(f"{path}: manifest version {version} is newer than this code's ({MANIFEST_VERSION}); "
-                             f"upgrade lightning_per")
+    try:  # the schema rule of every part (lightning_per.schema), under the file format's own "version" key
+        check(manifest, "manifest", MANIFEST_VERSION, key="version", label="manifest version", error=IntegrityError)
+    except IntegrityError as err:
+        raise IntegrityError(f"{path}: {err}") from None
     if kind is not None and manifest.get("kind") != kind:
         raise IntegrityError(f"{path}: a manifest of a {manifest.get('kind')!r}, expected a {kind!r}")
     files = manifest.get("files")

@@ -42,10 +42,14 @@ from typing_extensions import override
 from lightning_per.callbacks.host_copy import HostCopy, copy_to_host
 from lightning_per.metrics.episodes import episode_log_rows
 from lightning_per.metrics.ranks import DEFAULT_RANK_OP, RANK_OPS, reduce_across_ranks
+from lightning_per.schema import check, stamp
 
 __all__ = ["AsyncMetricsCallback"]
 
 _STATE_SCHEMA_VERSION = 1
+#: How :func:`lightning_per.schema.check` reads the state: the version was ``"version"`` before, and a state
+#: without one is the first layout.
+_STATE_SCHEMA = {"legacy_keys": ("version",), "missing": 1, "label": "AsyncMetricsCallback state version"}
 
 
 class AsyncMetricsCallback(Callback):
@@ -272,20 +276,17 @@ class AsyncMetricsCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """History of logged epochs (snapshots in flight are drained first, so none is lost)."""
         self.flush()
-        return {"version": _STATE_SCHEMA_VERSION, "history": self.history, "episodes": self.episodes,
-                "episodes_seen": self._episodes_seen, "episodes_dropped": self.episodes_dropped}
+        return stamp({"history": self.history, "episodes": self.episodes, "episodes_seen": self._episodes_seen,
+                      "episodes_dropped": self.episodes_dropped}, "AsyncMetricsCallback", _STATE_SCHEMA_VERSION)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; later epochs continue the history and its clock.
 
         Raises:
-            ValueError: an unknown schema version.
+            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`).
         """
-        version = state_dict.get("version", _STATE_SCHEMA_VERSION)
-        if version != _STATE_SCHEMA_VERSION:
-            raise ValueError(f"AsyncMetricsCallback state version {version} is not supported "
-                             f"(expected {_STATE_SCHEMA_VERSION})")
+        state_dict = check(state_dict, "AsyncMetricsCallback", _STATE_SCHEMA_VERSION, **_STATE_SCHEMA)
         self._history = [dict(row) for row in state_dict.get("history", [])]
         self._episodes = [dict(row) for row in state_dict.get("episodes", [])]
         self._episodes_seen = int(state_dict.get("episodes_seen", len(self._episodes)))

@@ -36,12 +36,17 @@ from typing_extensions import override
 
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
 from lightning_per.metrics.episodes import recent_mean_return
+from lightning_per.schema import check, stamp
 from lightning_per.utils import atomic_write, atomic_write_text, json_safe
 
 __all__ = ["RunArtifactsCallback", "format_final_line", "learning_curve_figure", "save_learning_curve",
            "write_episodes_csv", "write_history_csv"]
 
-_SUMMARY_SCHEMA_VERSION = 1
+_SUMMARY_SCHEMA_VERSION = 1  # summary.json's "schema_version" (an output for readers, never loaded back)
+_STATE_SCHEMA_VERSION = 1  # the callback's checkpointed state
+#: How :func:`lightning_per.schema.check` reads the state: the version was ``"version"`` before, and a state
+#: without one is the first layout.
+_STATE_SCHEMA = {"legacy_keys": ("version",), "missing": 1, "label": "RunArtifactsCallback state version"}
 
 
 def _duration(seconds: float) -> str:
@@ -177,10 +182,16 @@ class RunArtifactsCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"version": _SUMMARY_SCHEMA_VERSION, "wall_time_s": self.wall_time_s()}
+        return stamp({"wall_time_s": self.wall_time_s()}, "RunArtifactsCallback", _STATE_SCHEMA_VERSION)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the training time of the earlier segments).
+
+        Raises:
+            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`).
+        """
+        state_dict = check(state_dict, "RunArtifactsCallback", _STATE_SCHEMA_VERSION, **_STATE_SCHEMA)
         self._elapsed_before_s = float(state_dict.get("wall_time_s", 0.0))
 
     # ----------------------------------------------------------------------------------- public API

@@ -20,11 +20,13 @@ from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
 from lightning_per.dqn.ddp import load_replay_shard
 from lightning_per.integrity import new_generation
 from lightning_per.replay.buffer_checkpoint import checked_state
+from lightning_per.schema import check, stamp
 
 __all__ = ["STATE_VERSION", "CheckpointHooks"]
 
 STATE_VERSION = 1
 """The ``dqn_state`` version this code writes and reads."""
+_SCHEMA = {"legacy_keys": ("version",), "label": "dqn_state version"}  # lightning_per.schema.check; no default
 
 
 class CheckpointHooks:
@@ -32,12 +34,11 @@ class CheckpointHooks:
     ``env_steps``, ``updates``, ``metrics``, ``collector``, ``rb`` and ``hparams``)."""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = {
-            "version": STATE_VERSION, "env_steps": self.env_steps, "updates": self.updates,
-            "credit": self._credit,
+        state = stamp({
+            "env_steps": self.env_steps, "updates": self.updates, "credit": self._credit,
             "metrics": self.metrics.state_dict(), "torch_rng": torch.get_rng_state(),
             "collector": self.collector.state_dict() if self.collector is not None else None,
-        }
+        }, "dqn_state", STATE_VERSION)
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         if self.hparams.checkpoint_replay and self.rb is not None:
@@ -60,9 +61,7 @@ class CheckpointHooks:
         if state is None:
             warnings.warn("checkpoint has no 'dqn_state': replay, counters and RNG start fresh", stacklevel=2)
             return
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"dqn_state version {state.get('version')!r} is not supported "
-                             f"(this code reads version {STATE_VERSION})")
+        state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
         shards = state.get("shards")
         if shards is not None:
             world_size = self.trainer.world_size if self._trainer is not None else 1
@@ -94,10 +93,10 @@ class CheckpointHooks:
         state = checkpoint.get("dqn_state")
         if state is None:
             return
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise ValueError(f"{os.fspath(ckpt_path)}: dqn_state version {version!r} is not supported (this code "
-                             f"reads version {STATE_VERSION})")
+        try:
+            state = check(state if isinstance(state, dict) else {}, "dqn_state", STATE_VERSION, **_SCHEMA)
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
         shards = state.get("shards")
         if shards is not None:
             if world_size != shards and world_size > 1:

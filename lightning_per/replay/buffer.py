@@ -25,6 +25,7 @@ from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage, default_device, resolve_device
 from lightning_per.replay.writer import GPURoundRobinWriter
+from lightning_per.schema import stamp
 
 __all__ = ["GPUPrioritizedReplayBuffer", "BUFFER_SCHEMA_VERSION", "SAMPLERS", "build_sampler", "resolve_storage"]
 
@@ -289,7 +290,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["_lightning_per_schema"] = BUFFER_SCHEMA_VERSION
+        stamp(state, "replay", BUFFER_SCHEMA_VERSION)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -329,7 +330,7 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["_lightning_per_schema"] = BUFFER_SCHEMA_VERSION
+        stamp(state, "replay", BUFFER_SCHEMA_VERSION)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

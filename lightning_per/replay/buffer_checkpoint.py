@@ -14,10 +14,13 @@ from torchrl.data import RoundRobinWriter
 
 from lightning_per.integrity import atomic_directory, verify_directory
 from lightning_per.replay.storage import GPUTensorStorage
+from lightning_per.schema import SCHEMA_KEY, check
 
 __all__ = ["BUFFER_SCHEMA_VERSION", "VerifiedDumps", "checked_state"]
 
 BUFFER_SCHEMA_VERSION = 1
+#: The name the buffer's version had before :data:`~lightning_per.schema.SCHEMA_KEY` (read as an alias).
+_LEGACY_KEYS = ("_lightning_per_schema",)
 
 #: What TorchRL's ``ReplayBuffer.load_state_dict`` reads with ``state_dict[key]``.
 _BUFFER_KEYS = ("_storage", "_sampler", "_writer", "_transforms", "_batch_size")
@@ -100,10 +103,8 @@ def checked_state(rb, state_dict) -> dict[str, Any]:
     """
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a replay buffer's state_dict() (a dict), got {type(state_dict).__name__}")
-    version = state_dict.get("_lightning_per_schema", BUFFER_SCHEMA_VERSION)
-    if version > BUFFER_SCHEMA_VERSION:
-        raise ValueError(f"replay checkpoint schema {version} is newer than this code "
-                         f"({BUFFER_SCHEMA_VERSION}); upgrade lightning_per")
+    state_dict = check(state_dict, "replay", BUFFER_SCHEMA_VERSION, legacy_keys=_LEGACY_KEYS,
+                       missing=BUFFER_SCHEMA_VERSION)  # TorchRL's own state: the first layout
     missing = [key for key in _BUFFER_KEYS if key not in state_dict]
     if missing:
         raise ValueError(f"not a replay buffer checkpoint: it lacks {missing} (keys {sorted(map(str, state_dict))})")
@@ -113,7 +114,7 @@ def checked_state(rb, state_dict) -> dict[str, Any]:
     _check_writer_state(writer, state_dict["_writer"], getattr(rb._storage, "max_size", None))
     _check_parts_agree(rb, state_dict["_storage"], state_dict["_sampler"], state_dict["_writer"])
     _check_batch_size_state(state_dict["_batch_size"])
-    return {k: v for k, v in state_dict.items() if k != "_lightning_per_schema"}
+    return {k: v for k, v in state_dict.items() if k not in (SCHEMA_KEY, *_LEGACY_KEYS)}
 
 
 def _check_dumps_dir(rb, path: str | os.PathLike) -> None:

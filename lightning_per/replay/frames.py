@@ -33,6 +33,7 @@ from lightning_per.ops.dispatch import load_ext
 from lightning_per.replay.compat import unsafe_tensordict
 from lightning_per.replay.rows import batch_views, last_writes
 from lightning_per.replay.storage import GPUTensorStorage
+from lightning_per.schema import check, stamp
 
 __all__ = ["FrameStackStorage"]
 
@@ -318,10 +319,10 @@ class FrameStackStorage(GPUTensorStorage):
         state = super().state_dict()
         ring = None
         if self.frames is not None:
-            ring = {"_schema_version": FRAMES_SCHEMA_VERSION, "frame_stack": self.frame_stack,
-                    "n_frames": self.n_frames, "window": self.window, "frames": self.frames[:-1],
-                    "frame_hash": self.frame_hash[:-1], "frame_positions": self.frame_positions,
-                    "oldest": self.oldest, "frames_written": self.frames_written}
+            ring = stamp({"frame_stack": self.frame_stack, "n_frames": self.n_frames, "window": self.window,
+                          "frames": self.frames[:-1], "frame_hash": self.frame_hash[:-1],
+                          "frame_positions": self.frame_positions, "oldest": self.oldest,
+                          "frames_written": self.frames_written}, "frame_ring", FRAMES_SCHEMA_VERSION)
         state["frame_ring"] = ring
         return state
 
@@ -342,9 +343,7 @@ class FrameStackStorage(GPUTensorStorage):
             return
         if not isinstance(ring, dict):
             raise ValueError(f"storage checkpoint's frame_ring must be a dict, got {type(ring).__name__}")
-        if ring.get("_schema_version", 0) > FRAMES_SCHEMA_VERSION:
-            raise ValueError(f"frame_ring schema {ring.get('_schema_version')} is newer than this code "
-                             f"({FRAMES_SCHEMA_VERSION}); upgrade lightning_per")
+        check(ring, "frame_ring", FRAMES_SCHEMA_VERSION, missing=FRAMES_SCHEMA_VERSION, label="frame_ring schema")
         if ring.get("frame_stack") != self.frame_stack:
             raise ValueError(f"the saved storage stacks frame_stack={ring.get('frame_stack')!r} frames, this "
                              f"one frame_stack={self.frame_stack}")

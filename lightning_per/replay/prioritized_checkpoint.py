@@ -16,6 +16,8 @@ from torch import Tensor
 from lightning_per.replay import priority as core
 from lightning_per.replay._rng import _fingerprint
 from lightning_per.replay.errors import check_exponent, check_kind
+from lightning_per.schema import check, stamp
+from lightning_per.utils import atomic_write, atomic_write_text
 
 __all__ = ["PrioritizedCheckpoint", "SAMPLER_SCHEMA_VERSION"]
 
@@ -28,8 +30,7 @@ class PrioritizedCheckpoint:
     :class:`~lightning_per.replay.priority.PriorityState` and host hyper-parameters)."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "_schema_version": SAMPLER_SCHEMA_VERSION,
+        return stamp({
             "kind": type(self).__name__,
             "max_capacity": self._max_capacity,
             "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,  # sync-ok: a device beta, saving
@@ -38,7 +39,7 @@ class PrioritizedCheckpoint:
             "written": (self._leaves.view(-1) > 0).clone(),
             "rng": self._rng_state(),
             "device_rng": None if self._device_rng is None else self._device_rng.clone(),
-        }
+        }, "sampler", SAMPLER_SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
@@ -51,9 +52,7 @@ class PrioritizedCheckpoint:
         check_kind(state_dict, self)
         if "max_capacity" not in state_dict:
             raise ValueError(f"not a prioritized sampler checkpoint (keys {sorted(map(str, state_dict))})")
-        version = state_dict.get("_schema_version", 0)
-        if version != SAMPLER_SCHEMA_VERSION:
-            raise ValueError(f"sampler checkpoint schema {version} is not {SAMPLER_SCHEMA_VERSION}")
+        check(state_dict, "sampler", SAMPLER_SCHEMA_VERSION, missing=0)  # 0: TorchRL's own sampler state
         if state_dict["max_capacity"] != self._max_capacity:
             raise ValueError(f"checkpoint max_capacity {state_dict['max_capacity']} differs from "
                              f"this sampler's {self._max_capacity}")
@@ -117,11 +116,11 @@ class PrioritizedCheckpoint:
         """Write the state to ``path/sampler.pt`` (whole tensors, atomic rename) + a JSON summary."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), path / "sampler.pt.tmp")
-        os.replace(path / "sampler.pt.tmp", path / "sampler.pt")
-        meta = {"kind": type(self).__name__, "alpha": self._alpha, "beta": float(self._beta), "eps": self._eps,
-                "max_capacity": self._max_capacity, "_schema_version": SAMPLER_SCHEMA_VERSION}
-        (path / "sampler_metadata.json").write_text(json.dumps(meta))
+        state = self.state_dict()
+        atomic_write(path / "sampler.pt", lambda f: torch.save(state, f))
+        meta = stamp({"kind": type(self).__name__, "alpha": self._alpha, "beta": float(self._beta),
+                      "eps": self._eps, "max_capacity": self._max_capacity}, "sampler", SAMPLER_SCHEMA_VERSION)
+        atomic_write_text(path / "sampler_metadata.json", json.dumps(meta))
 
     def loads(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))

@@ -13,6 +13,8 @@ from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
 from lightning_per.replay._rng import DeviceRNGMixin, unregistered_generator_error
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
+from lightning_per.schema import check, stamp
+from lightning_per.utils import atomic_torch_save
 
 __all__ = ["GPURandomSampler", "GPUSamplerWithoutReplacement"]
 
@@ -85,7 +87,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
                 f"{storage.max_size}): capture once the buffer is full, or use the prioritized sampler")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_schema_version": _SCHEMA_VERSION, "kind": type(self).__name__, "rng": self._rng_state()}
+        return stamp({"kind": type(self).__name__, "rng": self._rng_state()}, "sampler", _SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
@@ -97,10 +99,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         check_kind(state_dict, self)
         if "rng" not in state_dict:
             raise ValueError(f"not a uniform sampler checkpoint (keys {sorted(map(str, state_dict))})")
-        version = state_dict.get("_schema_version", _SCHEMA_VERSION)
-        if version != _SCHEMA_VERSION:
-            raise ValueError(f"sampler checkpoint schema {version} is not {_SCHEMA_VERSION} (this code's uniform "
-                             f"sampler); load it with the lightning_per version that wrote it")
+        check(state_dict, "sampler", _SCHEMA_VERSION, missing=_SCHEMA_VERSION)  # unstamped: the first layout
         self._check_rng_checkpoint(state_dict["rng"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -115,7 +114,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
     def dumps(self, path) -> None:
         from pathlib import Path
         Path(path).mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), Path(path) / "sampler.pt")
+        atomic_torch_save(self.state_dict(), Path(path) / "sampler.pt")
 
     def loads(self, path) -> None:
         from pathlib import Path

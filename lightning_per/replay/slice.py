@@ -50,6 +50,8 @@ from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
 from lightning_per.replay.slice_ops import reduce_touched
 from lightning_per.replay.storage import resolve_device
+from lightning_per.schema import stamp
+from lightning_per.utils import atomic_torch_save
 
 __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULES"]
 
@@ -182,8 +184,8 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"_schema_version": SLICE_SCHEMA_VERSION, "kind": type(self).__name__, "capacity": self._slots,
-                "rng": self._rng_state(), **self._slice_state()}
+        return stamp({"kind": type(self).__name__, "capacity": self._slots, "rng": self._rng_state(),
+                      **self._slice_state()}, "slice sampler", SLICE_SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise what :meth:`load_state_dict` refuses, changing nothing.
@@ -207,7 +209,7 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
     def dumps(self, path) -> None:
         from pathlib import Path
         Path(path).mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), Path(path) / "sampler.pt")
+        atomic_torch_save(self.state_dict(), Path(path) / "sampler.pt")
 
     def loads(self, path) -> None:
         from pathlib import Path

@@ -13,6 +13,7 @@ from lightning_per.replay.errors import EmptyBufferError, check_batch_size, chec
 from lightning_per.replay.rows import set_all
 from lightning_per.replay.slice_ops import device_fn, hidden_raw, reduce_touched, slice_steps, uniform_starts
 from lightning_per.replay.storage import GPUTensorStorage
+from lightning_per.schema import check, stamp
 
 __all__ = ["SLICE_SCHEMA_VERSION", "SliceIndex"]
 
@@ -232,17 +233,17 @@ class SliceIndex:
         raise NotImplementedError
 
     def _slice_state(self) -> dict[str, Any]:
-        return {"slice_schema": SLICE_SCHEMA_VERSION, "raw_end": self._raw_end.clone(),
-                "traj_ids": self._traj_ids.clone(), "last": self._last.clone(), "filled": self._n_filled,
-                "slice_T": self._T, "signal": self._signal}
+        # the index shares its sampler's dict (which holds the sampler's own version): a key of its own
+        return stamp({"raw_end": self._raw_end.clone(), "traj_ids": self._traj_ids.clone(), "last": self._last.clone(),
+                      "filled": self._n_filled, "slice_T": self._T, "signal": self._signal},
+                     "slice sampler", SLICE_SCHEMA_VERSION, key="slice_schema")
 
     def _check_slice_state(self, state: dict[str, Any]) -> None:
         missing = sorted(k for k in ("slice_schema", "raw_end", "traj_ids", "last", "filled", "slice_T", "signal")
                          if k not in state)
         if missing:
             raise ValueError(f"slice sampler checkpoint lacks {missing}")
-        if state["slice_schema"] != SLICE_SCHEMA_VERSION:
-            raise ValueError(f"slice sampler checkpoint schema {state['slice_schema']} is not {SLICE_SCHEMA_VERSION}")
+        check(state, "slice sampler", SLICE_SCHEMA_VERSION, key="slice_schema")
         for key in ("raw_end", "traj_ids"):
             value = state[key]
             if not isinstance(value, Tensor) or value.shape != (self._slots,):

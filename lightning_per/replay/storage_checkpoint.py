@@ -15,11 +15,24 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 
 from lightning_per.replay.rows import field_views, item_spec, layout_key
+from lightning_per.schema import check, stamp
+from lightning_per.utils import atomic_write
 
-__all__ = ["STORAGE_SCHEMA_VERSION", "StorageCheckpoint", "check_storage_state", "state_leaves",
-           "without_index"]
+__all__ = ["STORAGE_MIGRATIONS", "STORAGE_SCHEMA_VERSION", "StorageCheckpoint", "check_storage_state",
+           "state_leaves", "without_index"]
 
 STORAGE_SCHEMA_VERSION = 2  # 2: packed storages save their ring of rows (packed_rows)
+
+
+def _per_key_layout(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A version-0 state (TorchRL's own storage state, no version) or version-1 state (the same layout,
+    stamped) as the next version: both hold ``_storage`` with one tensor per key, ``initialized`` and ``_len``,
+    which every later version still reads as is (version 2 only added the packed layout beside it)."""
+    return dict(state_dict)
+
+
+#: ``{v: f}``: ``f`` turns a storage state of schema ``v`` into one of ``v + 1`` (:func:`lightning_per.schema.check`).
+STORAGE_MIGRATIONS = {0: _per_key_layout, 1: _per_key_layout}
 
 
 def state_leaves(stored, prefix: tuple[str, ...] = ()) -> dict[Any, torch.Tensor]:
@@ -60,10 +73,7 @@ def check_storage_state(state_dict: Any, *, max_size: int, ndim: int, generic: b
     """
     if not isinstance(state_dict, dict):
         raise ValueError(f"storage checkpoint must be a dict, got {type(state_dict).__name__}")
-    version = state_dict.get("_schema_version", 0)
-    if version > STORAGE_SCHEMA_VERSION:
-        raise ValueError(f"storage checkpoint schema {version} is newer than this code "
-                         f"({STORAGE_SCHEMA_VERSION}); upgrade lightning_per")
+    state_dict = check(state_dict, "storage", STORAGE_SCHEMA_VERSION, STORAGE_MIGRATIONS, missing=0)
     missing = [k for k in ("_storage", "initialized", "_len") if k not in state_dict]
     if missing:
         raise ValueError(f"storage checkpoint lacks {missing}")
@@ -130,12 +140,11 @@ class StorageCheckpoint:
         double the device memory while saving."""
         if self.rows is None or self._generic:
             state = LazyTensorStorage.state_dict(self)
-            state["_schema_version"] = STORAGE_SCHEMA_VERSION
-            return state
+            return stamp(state, "storage", STORAGE_SCHEMA_VERSION)
         layout = [(key, off, nbytes, str(dtype).removeprefix("torch."), list(shape))
                   for key, (off, nbytes, dtype, shape) in self._layout.items()]
-        return {"_schema_version": STORAGE_SCHEMA_VERSION, "_storage": {}, "packed_rows": self.rows,
-                "packed_layout": layout, "initialized": self.initialized, "_len": self._len}
+        return stamp({"_storage": {}, "packed_rows": self.rows, "packed_layout": layout,
+                      "initialized": self.initialized, "_len": self._len}, "storage", STORAGE_SCHEMA_VERSION)
 
     def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
         """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
@@ -221,9 +230,8 @@ class StorageCheckpoint:
             return LazyTensorStorage.dumps(self, path)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "storage.pt.tmp"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, path / "storage.pt")
+        state = self.state_dict()
+        atomic_write(path / "storage.pt", lambda f: torch.save(state, f))
 
     def loads(self, path: str | os.PathLike) -> None:
         """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
