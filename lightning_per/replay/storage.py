@@ -23,9 +23,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage
 
-from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len, unsafe_tensordict
+from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len
+from lightning_per.replay.ring import RingState, match_pairs, read_slots, ring_field, rows_batch, write_pairs
 from lightning_per.replay.rows import (
-    batch_views,
     field_views,
     item_spec,
     last_writes,
@@ -134,12 +134,18 @@ class GPUTensorStorage(LazyTensorStorage):
         #: TorchRL's layout and code paths (True: see Layout), decided at the first write or load
         self._generic = ndim > 1 or bool(consolidated) or bool(shared_init)
         self._spec: dict | None = None
-        self.rows: torch.Tensor | None = None  # (max_size, row_bytes / 8) int64 when packed
-        self._layout: dict[Any, tuple[int, int, torch.dtype, tuple[int, ...]]] = {}  # key: (offset, nbytes, ..)
-        # caches of the hot paths, set by _allocate / _index_flat (None until the first write)
-        self._plan = self._pack = self._ring_bytes = None  # packed ring: batch views, one-cat write, its bytes
-        self._flat = self._flat_spec = None  # flat keys: {key: ring tensor}, {key: (ring, dtype, item shape)}
-        self._device_cached: torch.device | None = None  # the ring's device
+        #: the ring's buffers and the plans of its fast paths (:class:`~lightning_per.replay.ring.RingState`)
+        self._ring_state = RingState()
+
+    # the ring state's fields under the names the subclasses and code written against this class use
+    rows = ring_field("rows", "(max_size, row_bytes / 8) int64 packed ring, or None (not packed)")
+    _layout = ring_field("layout")
+    _plan = ring_field("plan")
+    _pack = ring_field("pack")
+    _ring_bytes = ring_field("ring_bytes")
+    _flat = ring_field("flat")
+    _flat_spec = ring_field("flat_spec")
+    _device_cached = ring_field("device")
 
     # ------------------------------------------------------------------ allocation
     @property
@@ -304,69 +310,20 @@ class GPUTensorStorage(LazyTensorStorage):
         """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]``
         (``n >= 1``) whose top-level tensors, but ``"index"``, are exactly the stored keys with the stored
         per-item shapes and dtypes (what :meth:`check_spec` accepts, for flat storages); else None (the
-        caller takes the generic path, which raises the documented errors). Changes nothing."""
-        spec = self._flat_spec
-        if spec is None or not self.initialized or data.batch_dims != 1 or not data.batch_size[0]:
+        caller takes the generic path, which raises the documented errors). Changes nothing
+        (:func:`lightning_per.replay.ring.match_pairs`)."""
+        if not self.initialized:
             return None
-        pairs = {}
-        for key, value in data.items():
-            if key == "index":
-                continue
-            want = spec.get(key)
-            if (want is None or not isinstance(value, torch.Tensor) or value.dtype != want[1]
-                    or value.shape[1:] != want[2]):
-                return None
-            pairs[key] = (want[0], value)
-        return pairs if len(pairs) == len(spec) else None
+        return match_pairs(self._ring_state, data)
 
     def write_direct(self, cursor: torch.Tensor, pairs, start: int | None = None) -> None:
-        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`direct_pairs` (already validated): per key
-        ``ring[cursor] = value`` (as TensorDict's indexed assignment does), or, when the caller knows
-        ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] = value`` (the same writes with no
-        index) and, for a packed ring, the bytes of all fields at once (:meth:`_write_rows`). ``cursor`` holds
-        ring slots, consecutive modulo ``max_size`` (the round-robin writer's): a batch longer than the ring
-        writes only its last ``max_size`` items, each slot's last write (as :meth:`set` does)."""
-        device = self._device_cached
-        if cursor.device != device:
-            cursor = cursor.to(device, non_blocking=True)
-        n = cursor.shape[0]
-        if start is None or not self._write_rows(start, n, pairs):
-            stop = None if start is None else start + n
-            first = max(n - self.max_size, 0)  # > 0: the batch wraps onto itself; its last max_size items
-            slots = cursor[first:] if first else cursor  # hold distinct slots, the ones that survive
-            for dest, value in pairs.values():
-                if value.device != device:
-                    value = value.to(device, non_blocking=True)
-                if start is None:
-                    dest[slots] = value[first:] if first else value
-                else:
-                    dest[start:stop] = value
+        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`direct_pairs` (already validated), through
+        :func:`lightning_per.replay.ring.write_pairs` (``start``: ``cursor`` is ``range(start, start + n)``), then
+        the host length and TorchRL's mutation counter."""
+        cursor = write_pairs(self._ring_state, cursor, pairs, start, self.max_size)
         self._last_cursor = cursor
         self._len = min(self._len + cursor.shape[0], self.max_size)
         self._bump_revision()
-
-    def _write_rows(self, start: int, n: int, pairs) -> bool:
-        """Packed ring: write rows ``[start, start + n)`` of every field with one ``torch.cat`` of the fields'
-        bytes into the rows' bytes ``[0, end)`` (one kernel instead of one copy per key; the row's tail
-        padding is left as it is, as the per-key writes leave it). False (nothing written) when the ring is
-        not packed or a value is not contiguous or the values are on more than one device."""
-        pack = self._pack
-        if pack is None:
-            return False
-        fields, end = pack
-        pieces, src = [], None
-        for key, two_d in fields:
-            value = pairs[key][1]
-            if not value.is_contiguous() or (src is not None and value.device != src):
-                return False
-            src = value.device
-            pieces.append(value.view(torch.uint8) if two_d else value.view(n, -1).view(torch.uint8))
-        dst = self._ring_bytes[start:start + n, :end]
-        if src == dst.device:
-            torch.cat(pieces, 1, out=dst)
-        else:  # one host-to-device copy of the packed block instead of one per key
-            dst.copy_(torch.cat(pieces, 1), non_blocking=True)
-        return True
 
     # ------------------------------------------------------------------ reads
     def get(self, index):
@@ -431,40 +388,29 @@ class GPUTensorStorage(LazyTensorStorage):
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
         if self._generic:
             return set_all(super().get(index), extra)
-        device = self._device_cached
-        if self._flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
+        ring = self._ring_state
+        device = ring.device
+        if ring.flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
             if isinstance(index, torch.Tensor) and index.device != device:
                 index = index.to(device, non_blocking=True)
             return set_all(self._storage[index], extra)
         for value in (extra or {}).values():  # a loop, not all(<genexpr>): fewer Python calls on the hot path
             if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == index.shape):
                 return set_all(self._read(index), extra)  # validated sets (they move or reject such values)
-        if index.device != device:
-            index = index.to(device, non_blocking=True)
-        if self.rows is not None:  # one gather of whole rows; the fields are views into it
-            return self._rows_batch(self.rows[index], extra)
-        # one gather per key (advanced indexing: faster than index_select for these batches,
-        # python -m benchmarks.gather)
-        fields = {k: v[index] for k, v in self._flat.items()}
-        if extra:
-            fields.update(extra)
-        # a TensorDict built without re-validating shapes we guarantee
-        return unsafe_tensordict(fields, index.shape, device)
+        return read_slots(ring, index, extra)
 
     def _rows_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> TensorDict:
         """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` plus ``extra``
-        (no validation: :meth:`_read` and :meth:`rows_to_batch` guarantee the shapes)."""
-        fields = batch_views(block, self._layout, self._plan)
-        if extra:
-            fields.update(extra)
-        return unsafe_tensordict(fields, block.shape[:1], self._device_cached)
+        (:func:`lightning_per.replay.ring.rows_batch`; no validation)."""
+        return rows_batch(self._ring_state, block, extra)
 
     @property
     def gather_rows(self) -> torch.Tensor | None:
         """The packed ring :attr:`rows` ``(max_size, W) int64`` when a gathered block of its rows can become a
         batch through :meth:`rows_to_batch` (packed storage, flat keys, initialised); else None. What a
         sampler's fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
-        return None if self._flat is None else self.rows
+        ring = self._ring_state
+        return None if ring.flat is None else ring.rows
 
     def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
         """The batch of gathered packed rows: ``block`` ``(B, W) int64`` on :attr:`device`, a fresh contiguous

@@ -1,0 +1,172 @@
+"""The storage core: an explicit :class:`RingState` (the ring's device buffers and the plans of its fast paths)
+and the functions that write and read it.
+
+:class:`~lightning_per.replay.GPUTensorStorage` is the TorchRL adapter holding one state: it allocates the
+buffers at the first write, keeps the host length and write cursor (host ints, as in TorchRL), and calls these
+functions on its fast paths (the writer's direct write, a sampler's read of a slot tensor). None of them
+synchronises with the host.
+
+Example::
+
+    >>> import torch
+    >>> from lightning_per.replay import GPUTensorStorage
+    >>> from tensordict import TensorDict
+    >>> storage = GPUTensorStorage(4, device="cpu", packed=True)
+    >>> storage.set(torch.arange(2), TensorDict({"reward": torch.tensor([1.0, 2.0])}, [2]))
+    >>> ring = storage._ring_state
+    >>> pairs = match_pairs(ring, TensorDict({"reward": torch.tensor([3.0])}, [1]))
+    >>> _ = write_pairs(ring, torch.tensor([2]), pairs, 2, 4)
+    >>> read_slots(ring, torch.tensor([2, 0]))["reward"]
+    tensor([3., 1.])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from lightning_per.replay.compat import unsafe_tensordict
+from lightning_per.replay.rows import batch_views
+
+__all__ = ["RingState", "match_pairs", "read_slots", "ring_field", "rows_batch", "write_pairs", "write_rows"]
+
+
+@dataclass(eq=False)
+class RingState:
+    """The device side of a storage's ring (empty until the first write allocates it).
+
+    Attributes:
+        rows: ``(max_size, row_bytes / 8) int64`` packed ring (every field a view into it), or None (one tensor
+            per key).
+        layout: packed rows: ``{key: (byte offset, nbytes, dtype, per-item shape)}``
+            (:func:`lightning_per.replay.rows.row_layout`); empty when not packed.
+        plan: packed rows: how a gathered block becomes the batch's field views
+            (:func:`lightning_per.replay.rows.view_plan`).
+        pack: packed rows: how a batch's fields become its rows' bytes in one ``torch.cat``
+            (:func:`lightning_per.replay.rows.pack_plan`), or None.
+        ring_bytes: ``(max_size, row_bytes) uint8`` view of :attr:`rows`, or None.
+        flat: ``{key: (max_size, *shape) ring tensor}`` when every key is flat (a str), else None.
+        flat_spec: ``{key: (ring tensor, dtype, per-item shape)}``, what a direct write checks a batch against.
+        device: the ring's device.
+    """
+
+    rows: Tensor | None = None
+    layout: dict[Any, tuple[int, int, torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+    plan: tuple | None = None
+    pack: tuple | None = None
+    ring_bytes: Tensor | None = None
+    flat: dict[str, Tensor] | None = None
+    flat_spec: dict[str, tuple[Tensor, torch.dtype, torch.Size]] | None = None
+    device: torch.device | None = None
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The ring's device buffers: ``(rows,)`` when packed, else the flat keys' tensors (empty before the first
+        write, or for nested keys)."""
+        if self.rows is not None:
+            return (self.rows,)
+        return tuple(self.flat.values()) if self.flat else ()
+
+
+def ring_field(name: str, doc: str | None = None) -> property:
+    """A property reading and writing ``self._ring_state.<name>`` (the adapter's names for the state's fields)."""
+    return property(lambda self: getattr(self._ring_state, name),
+                    lambda self, value: setattr(self._ring_state, name, value),
+                    doc=doc or f"The ring state's ``{name}`` (:class:`RingState`).")
+
+
+def match_pairs(ring: RingState, data) -> dict[str, tuple[Tensor, Tensor]] | None:
+    """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]`` (``n >=
+    1``) whose top-level tensors, but ``"index"``, are exactly the ring's flat keys with their per-item shapes and
+    dtypes; else None. Host work on metadata only; changes nothing."""
+    spec = ring.flat_spec
+    if spec is None or data.batch_dims != 1 or not data.batch_size[0]:
+        return None
+    pairs = {}
+    for key, value in data.items():
+        if key == "index":
+            continue
+        want = spec.get(key)
+        if (want is None or not isinstance(value, Tensor) or value.dtype != want[1]
+                or value.shape[1:] != want[2]):
+            return None
+        pairs[key] = (want[0], value)
+    return pairs if len(pairs) == len(spec) else None
+
+
+def write_pairs(ring: RingState, cursor: Tensor, pairs, start: int | None, max_size: int) -> Tensor:
+    """Write ``pairs`` (from :func:`match_pairs`) at ring slots ``cursor`` ``(n,)`` int64: per key ``ring[cursor]
+    = value``, or, when the caller knows ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] =
+    value`` (the same writes with no index) and, for a packed ring, the bytes of all fields at once
+    (:func:`write_rows`). ``cursor`` holds slots consecutive modulo ``max_size`` (the round-robin writer's): a batch
+    longer than the ring writes only its last ``max_size`` items, each slot's last write. Returns ``cursor`` on the
+    ring's device (moved with ``non_blocking=True`` if it was elsewhere)."""
+    device = ring.device
+    if cursor.device != device:
+        cursor = cursor.to(device, non_blocking=True)
+    n = cursor.shape[0]
+    if start is None or not write_rows(ring, start, n, pairs):
+        stop = None if start is None else start + n
+        first = max(n - max_size, 0)  # > 0: the batch wraps onto itself; its last max_size items
+        slots = cursor[first:] if first else cursor  # hold distinct slots, the ones that survive
+        for dest, value in pairs.values():
+            if value.device != device:
+                value = value.to(device, non_blocking=True)
+            if start is None:
+                dest[slots] = value[first:] if first else value
+            else:
+                dest[start:stop] = value
+    return cursor
+
+
+def write_rows(ring: RingState, start: int, n: int, pairs) -> bool:
+    """Packed ring: write rows ``[start, start + n)`` of every field with one ``torch.cat`` of the fields' bytes into
+    the rows' bytes ``[0, end)`` (one kernel instead of one copy per key; the row's tail padding is left as it is,
+    as the per-key writes leave it). False (nothing written) when the ring is not packed, a value is not
+    contiguous or the values are on more than one device."""
+    pack = ring.pack
+    if pack is None:
+        return False
+    fields, end = pack
+    pieces, src = [], None
+    for key, two_d in fields:
+        value = pairs[key][1]
+        if not value.is_contiguous() or (src is not None and value.device != src):
+            return False
+        src = value.device
+        pieces.append(value.view(torch.uint8) if two_d else value.view(n, -1).view(torch.uint8))
+    dst = ring.ring_bytes[start:start + n, :end]
+    if src == dst.device:
+        torch.cat(pieces, 1, out=dst)
+    else:  # one host-to-device copy of the packed block instead of one per key
+        dst.copy_(torch.cat(pieces, 1), non_blocking=True)
+    return True
+
+
+def read_slots(ring: RingState, index: Tensor, extra: dict[str, Tensor] | None = None) -> TensorDict:
+    """The TensorDict ``[B]`` of the transitions at slots ``index`` ``(B,)`` int64 (moved to the ring's device if
+    elsewhere) of a ring with flat keys, plus ``extra`` (``(B,)`` tensors on the ring's device, set without
+    validation): one gather of whole rows (the fields views into it) when packed, else one gather per key."""
+    device = ring.device
+    if index.device != device:
+        index = index.to(device, non_blocking=True)
+    if ring.rows is not None:  # one gather of whole rows; the fields are views into it
+        return rows_batch(ring, ring.rows[index], extra)
+    # one gather per key (advanced indexing: faster than index_select for these batches, python -m benchmarks.gather)
+    fields = {k: v[index] for k, v in ring.flat.items()}
+    if extra:
+        fields.update(extra)
+    # a TensorDict built without re-validating shapes we guarantee
+    return unsafe_tensordict(fields, index.shape, device)
+
+
+def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None) -> TensorDict:
+    """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` (a fresh gather of the
+    ring's rows) plus ``extra`` (no validation: the callers guarantee the shapes)."""
+    fields = batch_views(block, ring.layout, ring.plan)
+    if extra:
+        fields.update(extra)
+    return unsafe_tensordict(fields, block.shape[:1], ring.device)

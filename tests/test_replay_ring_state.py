@@ -1,0 +1,74 @@
+"""The storage core as functions of an explicit RingState."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from lightning_per.replay import GPUTensorStorage
+from lightning_per.replay.ring import RingState, match_pairs, read_slots, rows_batch, write_pairs, write_rows
+
+
+def _storage(packed):
+    storage = GPUTensorStorage(4, device="cpu", packed=packed)
+    storage.set(torch.arange(2), TensorDict({"obs": torch.zeros(2, 3), "reward": torch.zeros(2)}, [2]))
+    return storage
+
+
+def _batch(n, base=0.0):
+    return TensorDict({"obs": torch.arange(3 * n, dtype=torch.float32).view(n, 3) + base,
+                       "reward": torch.arange(n, dtype=torch.float32) + base}, [n])
+
+
+def test_empty_ring_state():
+    ring = RingState()
+    assert ring.tensors() == () and ring.rows is None and ring.layout == {}
+    assert match_pairs(ring, _batch(2)) is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_state_is_the_storage_fields(packed):
+    storage = _storage(packed)
+    ring = storage._ring_state
+    assert storage.rows is ring.rows and storage._flat is ring.flat and storage._layout is ring.layout
+    assert ring.tensors() == ((ring.rows,) if packed else tuple(ring.flat.values()))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_match_pairs_refuses_other_specs(packed):
+    ring = _storage(packed)._ring_state
+    assert match_pairs(ring, _batch(2)) is not None
+    assert match_pairs(ring, _batch(0)) is None
+    assert match_pairs(ring, _batch(2).exclude("reward")) is None
+    assert match_pairs(ring, TensorDict({"obs": torch.zeros(2, 4), "reward": torch.zeros(2)}, [2])) is None
+    assert match_pairs(ring, TensorDict({"obs": torch.zeros(2, 3), "reward": torch.zeros(2, dtype=torch.int64)},
+                                        [2])) is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("start", [None, 1])
+def test_write_pairs_then_read_slots(packed, start):
+    ring = _storage(packed)._ring_state
+    data = _batch(2, base=10.0)
+    cursor = write_pairs(ring, torch.tensor([1, 2]), match_pairs(ring, data), start, 4)
+    assert cursor.tolist() == [1, 2]
+    got = read_slots(ring, torch.tensor([2, 1]), {"w": torch.ones(2)})
+    assert torch.equal(got["obs"], data["obs"].flip(0)) and torch.equal(got["reward"], data["reward"].flip(0))
+    assert torch.equal(got["w"], torch.ones(2))
+
+
+def test_write_pairs_longer_than_the_ring_keeps_each_slots_last_write():
+    ring = _storage(False)._ring_state
+    data = _batch(6, base=1.0)
+    write_pairs(ring, torch.tensor([0, 1, 2, 3, 0, 1]), match_pairs(ring, data), None, 4)
+    assert read_slots(ring, torch.arange(4))["reward"].tolist() == [5.0, 6.0, 3.0, 4.0]
+
+
+def test_write_rows_only_for_packed_contiguous_values():
+    plain, packed = _storage(False)._ring_state, _storage(True)._ring_state
+    data = _batch(2, base=5.0)
+    assert not write_rows(plain, 0, 2, match_pairs(plain, data))
+    strided = TensorDict({"obs": torch.zeros(2, 3), "reward": torch.zeros(4)[::2]}, [2])  # a strided field
+    assert not write_rows(packed, 0, 2, match_pairs(packed, strided))
+    assert write_rows(packed, 0, 2, match_pairs(packed, data))
+    block = packed.rows[torch.tensor([1, 0])]
+    assert rows_batch(packed, block, None)["reward"].tolist() == [6.0, 5.0]
