@@ -43,3 +43,14 @@ def test_round_robin_writer_private_attributes_exist():
     assert writer._cursor == 2 and writer._write_count == 6
     compat.mark_update_entities(writer, torch.arange(2))
     assert len(rb) == 0
+
+
+def test_storage_attached_entities_compilable_and_stored_data_exist():
+    storage = LazyTensorStorage(4)
+    rb = TensorDictReplayBuffer(storage=storage)
+    assert callable(getattr(storage, "_attached_entities_iter", None))
+    assert rb in list(compat.attached_entities(storage))
+    assert hasattr(storage, "_compilable") and compat.is_compilable(storage) is False
+    assert compat.stored_data(storage) is None or hasattr(compat.stored_data(storage), "keys")
+    rb.extend(TensorDict({"a": torch.zeros(2)}, [2]))
+    assert "a" in compat.stored_data(storage).keys()

@@ -18,6 +18,7 @@ from torchrl.data import (
 )
 
 from lightning_per.replay.buffer_checkpoint import BUFFER_SCHEMA_VERSION, VerifiedDumps, checked_state
+from lightning_per.replay.compat import attached_entities, is_compilable
 from lightning_per.replay.errors import check_batch_size, check_generator
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
@@ -57,7 +58,7 @@ def resolve_storage(storage, device: torch.device | None, capacity: int | None) 
     if type(storage) is LazyTensorStorage and not storage.initialized:  # TorchRL's: upgrade in place
         dev = device or (None if storage.device == "auto" else storage.device)
         return GPUTensorStorage(storage.max_size, device=dev, ndim=storage.ndim,
-                                compilable=getattr(storage, "_compilable", False),
+                                compilable=is_compilable(storage),
                                 consolidated=getattr(storage, "consolidated", False),
                                 shared_init=getattr(storage, "shared_init", False))
     return storage
@@ -117,7 +118,7 @@ def _direct_extend(rb, data, update_priority: bool | None):
     storage = rb._storage
     with rb._replay_lock, rb._write_lock:
         index = writer._write_direct(data, pairs)
-        for entity in storage._attached_entities_iter():  # the writer's _mark_update_entities
+        for entity in attached_entities(storage):  # the writer's _mark_update_entities
             if entity is rb and type(rb).mark_update is ReplayBuffer.mark_update:
                 rb._sampler.mark_update(index, storage=storage)  # what ReplayBuffer.mark_update does
             else:

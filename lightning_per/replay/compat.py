@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-__all__ = ["advance_writer", "bump_mutation_revision", "direct_writer", "mark_update_entities", "tree_leaves",
-           "unlocked_len", "unsafe_tensordict"]
+__all__ = ["advance_writer", "attached_entities", "bump_mutation_revision", "direct_writer", "is_compilable",
+           "mark_update_entities", "stored_data", "tree_leaves", "unlocked_len", "unsafe_tensordict"]
 
 
 def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
@@ -65,3 +65,20 @@ def mark_update_entities(writer: Any, index) -> None:
     """A TorchRL writer's ``_mark_update_entities(index)``: tell the storage's attached entities (the sampler)
     which slots were written."""
     writer._mark_update_entities(index)
+
+
+def attached_entities(storage: Any):
+    """The entities (replay buffers, samplers) attached to a TorchRL storage, to tell them about a write (its
+    private ``_attached_entities_iter()``, what the writer's ``_mark_update_entities`` iterates)."""
+    return storage._attached_entities_iter()
+
+
+def is_compilable(storage: Any) -> bool:
+    """Whether a TorchRL storage was built ``compilable`` (its private ``_compilable``; False when absent)."""
+    return getattr(storage, "_compilable", False)
+
+
+def stored_data(storage: Any) -> Any:
+    """What a TorchRL tensor storage holds (its private ``_storage``: a TensorDict of ``(max_size, ...)`` tensors
+    once written), or None."""
+    return getattr(storage, "_storage", None)

@@ -71,7 +71,7 @@ class FusedGather:
             index, info = self.sample(storage, batch_size)
             extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
             if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
-                return index, info, storage._read(index, extra)
+                return index, info, storage.read(index, extra)
             return index, info, set_all(storage.get(index), extra)
         check_draw(storage, batch_size)
         self._follow_buffer_rng()

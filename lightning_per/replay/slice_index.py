@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import block_size_for, reference
+from lightning_per.replay.compat import stored_data
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index
 from lightning_per.replay.rows import set_all
 from lightning_per.replay.slice_ops import device_fn, hidden_raw, reduce_touched, slice_steps, uniform_starts
@@ -28,7 +29,7 @@ def _replace_last(key, last: str):
 
 def _ring_tensor(storage, key) -> Tensor | None:
     """The stored ``(N, ...)`` tensor of ``key`` (a TorchRL tensor storage's TensorDict), or None."""
-    data = getattr(storage, "_storage", None)
+    data = stored_data(storage)
     if data is None or not hasattr(data, "get"):
         return None
     try:
@@ -38,7 +39,7 @@ def _ring_tensor(storage, key) -> Tensor | None:
 
 
 def _has_key(storage, key) -> bool:
-    data = getattr(storage, "_storage", None)
+    data = stored_data(storage)
     if data is None or not hasattr(data, "keys"):
         return False
     return key in data.keys(include_nested=True, leaves_only=True) or (
@@ -342,7 +343,7 @@ class SliceIndex:
         extra = dict(info)
         if with_info:
             extra["index"] = index
-        batch = storage._read(index) if isinstance(storage, GPUTensorStorage) else storage.get(index)
+        batch = storage.read(index) if isinstance(storage, GPUTensorStorage) else storage.get(index)
         return index, info, set_all(batch, extra)
 
 

@@ -380,6 +380,11 @@ class GPUTensorStorage(LazyTensorStorage):
             raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
         return filled_slots(index, len(self))
 
+    def read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """:meth:`get` of ``index`` with the ``(B,)`` tensors of ``extra`` set in the batch (e.g. ``"index"`` and
+        ``"priority_weight"``: a sampler's ``sample_gather``); built once when they are on :attr:`device`."""
+        return self._read(index, extra)
+
     def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
         """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
         weights: the buffer's direct sample path). When ``index`` is a ``(B,)`` tensor and ``extra`` holds
