@@ -54,3 +54,25 @@ def test_storage_attached_entities_compilable_and_stored_data_exist():
     assert compat.stored_data(storage) is None or hasattr(compat.stored_data(storage), "keys")
     rb.extend(TensorDict({"a": torch.zeros(2)}, [2]))
     assert "a" in compat.stored_data(storage).keys()
+
+
+def test_inherited_torchrl_state_the_adapters_use_exists():
+    """The TorchRL state our subclasses read or override as their own (not behind compat: it is theirs by
+    inheritance) is still where they look for it."""
+    from torchrl.data import TensorDictPrioritizedReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler, SamplerWithoutReplacement
+
+    storage = LazyTensorStorage(4)
+    for name in ("_init_standard", "_len", "_storage"):
+        assert hasattr(storage, name), name
+    storage.set(torch.arange(2), TensorDict({"a": torch.zeros(2)}, [2]))
+    assert hasattr(storage, "_last_cursor")
+    assert callable(getattr(PrioritizedSampler, "_empty", None))
+    assert callable(getattr(SamplerWithoutReplacement, "_get_sample_list", None))
+    assert hasattr(SamplerWithoutReplacement(), "_sample_list")
+    rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(4))
+    for name in ("_storage", "_sampler", "_writer", "_transform", "_replay_lock", "_write_lock", "_dim_extend",
+                 "_delayed_init", "_batch_size"):
+        assert hasattr(rb, name), name
+    for name in ("_dump_prefetch_state", "_load_prefetch_state"):
+        assert callable(getattr(type(rb), name, None)), name
