@@ -76,3 +76,15 @@ def test_inherited_torchrl_state_the_adapters_use_exists():
         assert hasattr(rb, name), name
     for name in ("_dump_prefetch_state", "_load_prefetch_state"):
         assert callable(getattr(type(rb), name, None)), name
+
+
+def test_torchrl_buffers_hand_their_generator_to_the_sampler_as_rng():
+    """TorchRL's samplers declare ``_rng`` and its buffers assign their generator to it (what the device samplers'
+    ``_rng`` setter follows)."""
+    from torchrl.data.replay_buffers.samplers import RandomSampler, Sampler
+
+    assert "_rng" in vars(Sampler)
+    sampler = RandomSampler()
+    gen = torch.Generator().manual_seed(0)
+    TensorDictReplayBuffer(storage=LazyTensorStorage(4), sampler=sampler, generator=gen)
+    assert sampler._rng is gen
