@@ -23,7 +23,7 @@ IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Ro
                  other Inductor row clips inside the compiled step (CompiledStep(clip=...)), as DQN does
   ...-serial-priorities  the updates one after the other on one stream; every other Inductor row forks
                  each update's priority update and the next update's sample onto a second stream after the
-                 forward (lightning_per.dqn.learner.pipelined_updates), concurrent with the backward and
+                 forward (lightning_per.graphs.pipeline.pipelined_updates), concurrent with the backward and
                  the step, as DQN's graph mode does
   torchrl-eager  TorchRL TensorDictPrioritizedReplayBuffer (its C++ sum tree; LazyTensorStorage on the
                  same device) + the same learner step
@@ -215,7 +215,7 @@ def replay_rows(family: str, a, device) -> list[dict]:
     if family == "ours":
         from lightning_per import make_replay_buffer
         from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
-        from lightning_per.dqn.learner import SideStream
+        from lightning_per.graphs.pipeline import SideStream
 
         rb = make_replay_buffer(a.capacity, a.batch, sampler="proportional", device=device, packed=True)  # as DQN
         fill(rb, a.capacity, a.obs, a.actions, device)

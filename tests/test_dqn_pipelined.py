@@ -12,7 +12,8 @@ import torch
 from tensordict import TensorDict
 
 from lightning_per import make_replay_buffer
-from lightning_per.dqn.learner import SideStream, learner_step, pipelined_updates
+from lightning_per.dqn.learner import learner_step
+from lightning_per.graphs.pipeline import SideStream, pipelined_updates
 
 B, OBS, ACTIONS = 16, 4, 3
 

@@ -13,7 +13,7 @@ beta, counters, the hard target copy). :func:`choose_update` picks one from the 
                               priorities and metrics are updated eagerly; ``n == 1``.
 :class:`ReplayGraphUpdate`    ``compile=True`` with our proportional sampler on CUDA: ``n`` whole updates in
                               one CUDA graph, each update's priority write and the next draw forked onto a
-                              second stream (:func:`~lightning_per.dqn.learner.pipelined_updates`).
+                              second stream (:func:`~lightning_per.graphs.pipeline.pipelined_updates`).
 ============================  ============================================================================
 
 The math of one update is a :class:`Learner`, shared by the three: plain torch, or with ``inductor=True``
@@ -31,8 +31,9 @@ from torch import Tensor, nn
 
 from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.ddp import graph_backward
-from lightning_per.dqn.learner import MetricSlots, SideStream, finish_update_, learner_step, pipelined_updates
+from lightning_per.dqn.learner import MetricSlots, finish_update_, learner_step
 from lightning_per.graphs import CapturedUpdate, count_optimizer_step
+from lightning_per.graphs.pipeline import SideStream, pipelined_updates
 
 if TYPE_CHECKING:
     from lightning_per.dqn.module import DQN
@@ -259,7 +260,7 @@ class ReplayGraphUpdate(UpdateStrategy):
         """The captured body: ``n`` consecutive updates, each sample -> batch -> learner step -> priority update
         -> Polyak update and metrics, on the device, each update's priority update and the next update's sample
         forked onto a second stream, concurrent with its backward and optimizer step
-        (:func:`~lightning_per.dqn.learner.pipelined_updates`). Returns ``body(inputs) -> out`` (the last
+        (:func:`~lightning_per.graphs.pipeline.pipelined_updates`). Returns ``body(inputs) -> out`` (the last
         update's outputs; ``inputs`` is ignored: the body samples by itself). Runs eagerly too (on the CPU)."""
         m = self.module
         rb, batch_size, learner = m.rb, m.replay_config.batch_size, m.learner
