@@ -88,7 +88,7 @@ class GA3C(HostState, pl.LightningModule):
         ring, count = new_episode_ring(RING)
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
-        # the learning curves' per-episode series (callbacks.episodes), filled from Stats once an epoch
+        # the learning curves' per-episode series (lightning_per.metrics), filled from Stats once an epoch
         log, log_count = new_episode_log(_EPISODE_LOG)
         self.register_buffer("episode_log", log, persistent=False)
         self.register_buffer("episode_log_count", log_count, persistent=False)

@@ -143,7 +143,7 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         #: the storage's ``slot_valid`` mask once a write showed one (``FrameStackStorage``), else None
         self._slot_valid: Tensor | None = None
         new_rng_state = getattr(self._ops, "new_rng_state", None)
-        # the compiled draws' RNG state (seed, one counter per draw position; ``ext.sample._device_uniform``),
+        # the compiled draws' RNG state (seed, one counter per draw position; ``ext.philox.device_uniform``),
         # seeded from :attr:`generator`; None when the draws use ``torch.rand`` (reference ops, rank sampler)
         rng = (new_rng_state(self.generator.initial_seed(), self._device)
                if new_rng_state is not None and self._uses_device_rng else None)
