@@ -95,3 +95,12 @@ def test_single_process_checkpoint_with_replay_warns_nothing():
     m = _dqn(checkpoint_replay=True)
     assert _checkpoint_warnings(lambda: m.on_load_checkpoint(ckpt)) == []
     assert len(m.rb) > 0
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_command_line_resume_of_a_ddp_checkpoint_with_another_process_count_is_refused(ddp_ckpt, world_size):
+    # docs/ddp.md: resume with the same number of devices; another number raises naming both. One process
+    # too: training on from rank 0's counters would drop every rank's replay and overwrite the run.
+    m = _dqn(checkpoint_replay=True)
+    with pytest.raises(ValueError, match=rf"written by 2 DDP ranks .*resume it with 2 processes, not {world_size}"):
+        m.check_resume(ddp_ckpt, "run/last.ckpt", world_size, 0)

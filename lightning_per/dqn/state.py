@@ -99,11 +99,10 @@ class CheckpointHooks:
             raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
         shards = state.get("shards")
         if shards is not None:
-            if world_size != shards and world_size > 1:
+            if world_size != shards:  # one process too: training on would drop every rank's replay
                 raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
                                  f"shard each); resume it with {shards} processes, not {world_size}")
-            if world_size == shards:
-                state = load_replay_shard(ckpt_path, global_rank, state)
+            state = load_replay_shard(ckpt_path, global_rank, state)
         if "replay" in state and self.hparams.checkpoint_replay:
             r = self.replay_config
             extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
