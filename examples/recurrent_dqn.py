@@ -11,6 +11,9 @@ starts), the first ``--burn-in`` steps of a slice only warm it up, and the loss 
 double-DQN n-step targets inside the slice, weighted by the slices' importance weights; the new |TD
 errors| become the steps' priorities.
 
+The observations are divided by rough ranges (``SCALE``) so that the inputs are of order 1: one step's
+change of the pole angle is then large enough for the LSTM to read the velocity from it.
+
 Episodes are collected by ``--envs`` CartPoles stepped together and written to the replay one whole
 episode at a time, so that every episode lies in consecutive slots (slices never cross an episode's end).
 Each episode is followed by ``slice_len - 1`` padding steps (``"valid"`` False: no loss, no target, priority
@@ -40,6 +43,7 @@ from lightning_per import make_replay_buffer
 from lightning_per.envs.torch_cartpole import TorchCartPoleEnv
 
 MASKED = [0, 2]  # cart position, pole angle: the velocities (1, 3) are hidden
+SCALE = torch.tensor([2.4, 3.0, 0.21, 3.0])  # rough ranges: inputs of order 1, so one step's change is visible
 
 
 def q_network(kind: str, hidden: int, n_obs: int) -> TensorDictSequential:
@@ -106,9 +110,9 @@ def main(argv=None) -> float:
     ap.add_argument("--gamma", type=float, default=0.99)
     ap.add_argument("--n-step", type=int, default=5, help="n of the n-step return targets (within a slice)")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--target-every", type=int, default=100, help="updates between target-network copies")
+    ap.add_argument("--target-every", type=int, default=250, help="updates between target-network copies")
     ap.add_argument("--learn-start", type=int, default=2_000, help="env steps before the first update")
-    ap.add_argument("--eps-steps", type=int, default=20_000, help="env steps of the epsilon decay 1 -> 0.02")
+    ap.add_argument("--eps-steps", type=int, default=10_000, help="env steps of the epsilon decay 1 -> 0.02")
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--observe", choices=["masked", "full"], default="masked",
                     help="masked: position and angle only (default); full: CartPole's whole state (a control)")
@@ -145,7 +149,7 @@ def main(argv=None) -> float:
     length = torch.zeros(E, dtype=torch.int64)
 
     state = env.reset()
-    obs = state["observation"][:, VISIBLE]
+    obs = state["observation"][:, VISIBLE] / SCALE[VISIBLE]
     h = torch.zeros(E, 1, H)
     c = torch.zeros(E, 1, H)
     is_init = torch.ones(E, 1, dtype=torch.bool)
@@ -162,7 +166,7 @@ def main(argv=None) -> float:
         greedy = td["action_value"].argmax(-1)
         action = torch.where(torch.rand(E) < eps, torch.randint(0, 2, (E,)), greedy)
         out = env.step(state.set("action", action))["next"]
-        next_obs = out["observation"][:, VISIBLE]
+        next_obs = out["observation"][:, VISIBLE] / SCALE[VISIBLE]
         row = {"observation": obs, "action": action, "reward": out["reward"], "is_init": is_init,
                "valid": torch.ones(E, dtype=torch.bool),
                ("next", "observation"): next_obs, ("next", "done"): out["done"],
@@ -188,7 +192,7 @@ def main(argv=None) -> float:
                       f"{time.time() - t0:5.0f}s", flush=True)
         length[done], ep_return[done] = 0, 0.0
         state = env.maybe_reset(out)
-        obs = state["observation"][:, VISIBLE]
+        obs = state["observation"][:, VISIBLE] / SCALE[VISIBLE]
         is_init = done.unsqueeze(-1).clone()
         if recurrent:
             keep = (~done).view(E, 1, 1).float()
