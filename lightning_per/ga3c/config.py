@@ -271,7 +271,7 @@ def config_parser(**kwargs: Any):
             return super().__call__(parser, cfg, values, option_string)
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # the fields' docstrings become the help
-    parser = ArgumentParser(exit_on_error=False, **kwargs)
+    parser = ArgumentParser(exit_on_error=False, allow_abbrev=False, **kwargs)
     parser.add_argument("--config", action=_ConfigFile, help="YAML file of GA3CConfig fields")
     parser.add_class_arguments(GA3CConfig)
     return parser
