@@ -333,3 +333,13 @@ def test_sigterm_stops_the_run_with_status_143(tmp_path):
                           timeout=300)
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_resuming_a_run_that_reached_its_target_trains_no_further(tmp_path):
+    """A finished run (target reached) resumed with the README's command stops before its first update instead of
+    training on and overwriting the solved run's checkpoint."""
+    first = _fit(tmp_path, "--model.target_return=1.0", epochs=6)  # every CartPole episode returns >= 1
+    assert first.trainer.current_epoch < 6  # stopped by the target
+    resumed = _fit(tmp_path, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), "--model.target_return=1.0",
+                   epochs=6)
+    assert (resumed.model.env_steps, resumed.model.updates) == (first.model.env_steps, first.model.updates)

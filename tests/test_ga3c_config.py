@@ -156,8 +156,7 @@ def test_print_config_prints_the_merged_config(capsys):
 
 
 @pytest.mark.parametrize("flag", ["--agent", "--max_time"])
-def test_an_abbreviated_option_is_refused_like_fit_refuses_it(flag):
-    # argparse would take a unique prefix for the field (--agents, --max_time_s); the fit command refuses
-    # prefixes, and so does this one: a typo must not set another field
+def test_an_abbreviated_option_is_refused(flag):
+    # argparse would take a unique prefix for the field (--agents, --max_time_s): a typo must not set a field
     with pytest.raises(ValueError, match=rf"unrecognized arguments: {flag} 3"):
         parse_config([flag, "3"])

@@ -265,6 +265,10 @@ class DQN(CheckpointHooks, LightningModule):
     # ------------------------------------------------------------------ collection
     def on_train_start(self) -> None:
         self.fit_started = True
+        if self._trainer is not None and self.trainer.ckpt_path is not None:  # a resumed run that had already
+            self._stop_if_solved(" (restored from the checkpoint)")  # reached its target trains no further
+            if self.trainer.should_stop:
+                return
         if self.hparams.compile and self._trainer is not None and self.trainer.world_size > 1:
             bypass_ddp_reducer(self.trainer.strategy.model)  # before the first training_step, which captures
             self._grad_world_size = self.trainer.world_size
@@ -357,6 +361,10 @@ class DQN(CheckpointHooks, LightningModule):
             self.updater.release()
 
     def on_train_epoch_end(self) -> None:
+        self._stop_if_solved("")
+
+    def _stop_if_solved(self, when: str) -> None:
+        """Stop the fit once the mean return of the last 20 episodes reaches ``target_return`` (one host read)."""
         target = self.hparams.target_return
         if target is None:
             return
@@ -369,7 +377,7 @@ class DQN(CheckpointHooks, LightningModule):
             solved = mean is not None and int(count) >= 20 and mean >= target
         if solved:
             rank_zero_info(f"target_return={target} reached (mean of the last 20 episodes) after "
-                           f"{self.env_steps} env steps and {self.updates} updates: stopping.")
+                           f"{self.env_steps} env steps and {self.updates} updates{when}: stopping.")
             self.trainer.should_stop = True
 
 
