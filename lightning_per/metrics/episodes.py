@@ -34,6 +34,15 @@ __all__ = ["new_episode_ring", "push_episode_returns", "recent_mean_return", "ne
            "episode_log_rows"]
 
 
+def _check_step(count: Tensor, returns: Tensor, done: Tensor) -> None:
+    """Raise ValueError unless ``count`` is a 0-d int64 tensor and ``returns``, ``done`` are ``(N,)``, done bool."""
+    if count.dim() != 0 or count.dtype != torch.int64:
+        raise ValueError(f"count must be a 0-d int64 tensor, got {tuple(count.shape)} {count.dtype}")
+    if done.dim() != 1 or done.dtype != torch.bool or returns.shape != done.shape:
+        raise ValueError(f"returns and done must both be (N,), done bool; got {tuple(returns.shape)} "
+                         f"and {tuple(done.shape)} {done.dtype}")
+
+
 def new_episode_ring(capacity: int = 100, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
     """An empty ring: ``((capacity,) float32 NaN, () int64 zero)`` on ``device``.
 
@@ -64,11 +73,7 @@ def push_episode_returns(ring: Tensor, count: Tensor, returns: Tensor, done: Ten
     """
     if ring.dim() != 1 or ring.dtype != torch.float32:
         raise ValueError(f"ring must be (R,) float32, got {tuple(ring.shape)} {ring.dtype}")
-    if count.dim() != 0 or count.dtype != torch.int64:
-        raise ValueError(f"count must be a 0-d int64 tensor, got {tuple(count.shape)} {count.dtype}")
-    if done.dim() != 1 or done.dtype != torch.bool or returns.shape != done.shape:
-        raise ValueError(f"returns and done must both be (N,), done bool; got {tuple(returns.shape)} "
-                         f"and {tuple(done.shape)} {done.dtype}")
+    _check_step(count, returns, done)
     cap = ring.shape[0]
     d = done.to(torch.int64)  # [N]
     cum = torch.cumsum(d, 0)  # [N] episodes finished up to and including env i
@@ -147,11 +152,7 @@ def push_episode_log(log: Tensor, count: Tensor, returns: Tensor, done: Tensor, 
     """
     if log.dim() != 2 or log.shape[1] != 3 or log.dtype != torch.float64:
         raise ValueError(f"log must be (R, 3) float64, got {tuple(log.shape)} {log.dtype}")
-    if count.dim() != 0 or count.dtype != torch.int64:
-        raise ValueError(f"count must be a 0-d int64 tensor, got {tuple(count.shape)} {count.dtype}")
-    if done.dim() != 1 or done.dtype != torch.bool or returns.shape != done.shape:
-        raise ValueError(f"returns and done must both be (N,), done bool; got {tuple(returns.shape)} "
-                         f"and {tuple(done.shape)} {done.dtype}")
+    _check_step(count, returns, done)
     n, cap = done.shape[0], log.shape[0]
     if n > cap:
         raise ValueError(f"log must have at least as many rows as environments: {cap} < {n}")

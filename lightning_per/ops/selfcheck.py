@@ -62,12 +62,14 @@ def fresh_state(leaves: Tensor) -> dict:
 
 
 def _equal(name: str, got: Tensor, want: Tensor) -> None:
+    # sync-ok: the self-check runs once per device, when the backend is chosen
     if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
         raise RuntimeError(f"self-check failed: {name} differs from the reference "
                            f"(got {got.cpu().tolist()[:8]}..., want {want.cpu().tolist()[:8]}...)")
 
 
 def _close(name: str, got: Tensor, want: Tensor, rtol: float) -> None:
+    # sync-ok: the self-check runs once per device, when the backend is chosen
     if got.shape != want.shape or got.dtype != want.dtype or not torch.allclose(
             got.cpu(), want.cpu(), rtol=rtol, atol=0.0, equal_nan=True):
         raise RuntimeError(f"self-check failed: {name} differs from the reference beyond rtol={rtol}")
