@@ -30,7 +30,6 @@ from lightning_per.schema import stamp
 
 __all__ = ["GPUPrioritizedReplayBuffer", "BUFFER_SCHEMA_VERSION", "SAMPLERS", "build_sampler", "resolve_storage"]
 
-_checked_state = checked_state  # the name the DQN module imports
 
 #: The prioritized samplers by the name ``make_replay_buffer(sampler=...)`` and the buffer take.
 SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler,
