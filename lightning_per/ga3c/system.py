@@ -308,8 +308,10 @@ class GA3CSystem:
                                    f"{exitcode}); check the environment ({self.env_spec['env']!r})"))
             return False
         log.warning("GA3C agent %d died (exit code %s); starting a replacement", index, exitcode)
-        self.replaced += 1
-        return self._spawn_agent(index)
+        if not self._spawn_agent(index):
+            return False
+        self.replaced += 1  # after the new handle is in place: a reader seeing the count sees the handle
+        return True
 
     # ---- signals (see :mod:`.sigterm`) ----------------------------------------------------------
     def _record_signal(self, signum: int) -> None:
