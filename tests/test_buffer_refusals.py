@@ -14,9 +14,10 @@ import itertools
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, TensorDictReplayBuffer
 
-from lightning_per import GPUPrioritizedReplayBuffer, GPUTensorStorage, make_replay_buffer
+from lightning_per import (GPUPrioritizedReplayBuffer, GPUPrioritizedSampler, GPURankBasedSampler, GPUTensorStorage,
+                           make_replay_buffer)
 from lightning_per.integrity import seal_directory
 
 KINDS = ["proportional", "rank", "uniform"]
@@ -182,6 +183,20 @@ def test_a_list_storage_is_a_clear_error():
     with pytest.raises(TypeError, match=r"storage must be None, a GPUTensorStorage or a TorchRL tensor storage "
                                         r"\(LazyTensorStorage, LazyMemmapStorage, TensorStorage.*got ListStorage"):
         GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=ListStorage(1000))
+
+
+@pytest.mark.parametrize("sampler_cls", [GPUPrioritizedSampler, GPURankBasedSampler])
+def test_a_storage_larger_than_the_sampler_is_refused_at_the_first_slot_past_it(sampler_cls):
+    """TensorDictReplayBuffer's default storage is ListStorage(1000): a sampler of 5 under it would write
+    priorities past its slots (TorchRL's tree, rounded up to 8 leaves, never draws slots 8 and up)."""
+    sampler = sampler_cls(5, alpha=0.7, beta=0.5, device="cpu")
+    rb = TensorDictReplayBuffer(sampler=sampler, batch_size=4)
+    rb.extend(rows(5))  # exactly the sampler's slots: fine
+    before = [t.clone() for t in sampler.device_state()]
+    with pytest.raises(ValueError, match=r"the storage holds 8 items but \w+ has max_capacity=5 slots: give the "
+                                         r"sampler the storage's max_size \(1000\)"):
+        rb.extend(rows(3, start=5))
+    assert all(torch.equal(a, b) for a, b in zip(sampler.device_state(), before, strict=True))
 
 
 @pytest.mark.parametrize("make_storage", [lambda: None, lambda: LazyTensorStorage(64), lambda: LazyMemmapStorage(64)],

@@ -282,7 +282,16 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
 
     # ------------------------------------------------------------------ core
     def _filled(self, storage) -> int:
-        return len(storage) if storage is not None else self._max_capacity
+        """``len(storage)`` (the capacity without one), refused when the storage holds more than the sampler has
+        slots for (e.g. a sampler of 5 under ``TensorDictReplayBuffer``'s default ``ListStorage(1000)``)."""
+        if storage is None:
+            return self._max_capacity
+        n = len(storage)
+        if n > self._max_capacity:
+            raise ValueError(f"the storage holds {n} items but {type(self).__name__} has max_capacity="
+                             f"{self._max_capacity} slots: give the sampler the storage's max_size "
+                             f"({getattr(storage, 'max_size', n)})")
+        return n
 
     def _rebuild(self) -> None:
         """Recompute every stored value and block reduction from the raw priorities (O(N))."""

@@ -361,10 +361,7 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         (see the module docstring)."""
         GPUPrioritizedSampler.mark_update(self, index, storage=storage)
         if storage is not None:
-            self._slices_written(check_index(index, self._filled_or(storage)), storage)
-
-    def _filled_or(self, storage) -> int:
-        return len(storage) if storage is not None else self._max_capacity
+            self._slices_written(check_index(index, self._filled(storage)), storage)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Draw ``batch_size // T`` slice starts by priority and expand them to slices.
