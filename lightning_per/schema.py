@@ -27,7 +27,7 @@ Example::
     {'rows': 3, '_schema_version': 2}
     >>> check({"_schema_version": 3}, "demo", 2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: demo checkpoint schema 3 is newer than this code's; ... upgrade lightning_per
+    ValueError: demo checkpoint schema 3 is newer than this code's (it reads 2): upgrade lightning_per
 """
 
 from __future__ import annotations
@@ -103,8 +103,7 @@ def check(state: Mapping[str, Any], part: str, current: int, migrations: Mapping
     ints = [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
     bad = [v for v in found if not (isinstance(v, int) and not isinstance(v, bool))] or ([] if found else [None])
     if ints and max(ints) > current:
-        raise error(f"{label} {max(ints)} is newer than this code's; {label} {max(ints)} is not {supported}: "
-                    f"upgrade lightning_per")
+        raise error(f"{label} {max(ints)} is newer than this code's (it reads {supported}): upgrade lightning_per")
     version = bad[0] if bad else min(ints)
     if bad or version < oldest:
         raise error(f"{label} {version!r} is not supported (this code reads {supported}): load it with the "

@@ -36,8 +36,8 @@ def test_stamp_sets_the_one_key_and_check_returns_a_current_state_unchanged():
 
 
 def test_check_refuses_newer_naming_part_found_and_supported():
-    with pytest.raises(ValueError, match=r"demo checkpoint schema 5 is newer than this code's; "
-                                         r"demo checkpoint schema 5 is not one of 1, 2, 3: upgrade lightning_per"):
+    with pytest.raises(ValueError, match=r"demo checkpoint schema 5 is newer than this code's "
+                                         r"\(it reads one of 1, 2, 3\): upgrade lightning_per"):
         check({SCHEMA_KEY: 5}, "demo", 3, {1: dict, 2: dict})
 
 
@@ -102,7 +102,7 @@ def test_storage_schema_0_and_1_per_key_states_load_and_a_newer_is_refused():
             torch.testing.assert_close(storage[torch.arange(5)]["observation"], obs[:5])
             torch.testing.assert_close(storage[torch.arange(5)]["reward"], reward[:5])
             assert storage.state_dict()[SCHEMA_KEY] == 2
-    with pytest.raises(ValueError, match=r"storage checkpoint schema 3 is newer.*is not one of 0, 1, 2"):
+    with pytest.raises(ValueError, match=r"storage checkpoint schema 3 is newer than this code's \(it reads one of 0, 1, 2\)"):
         GPUTensorStorage(N, device="cpu").load_state_dict({**v0, "_schema_version": 3})
 
 
@@ -119,7 +119,7 @@ def test_prioritized_sampler_schema_1_state_loads_and_a_newer_is_refused():
     v = (raw[:3].double() + 1e-8) ** 0.6  # PER eq. 1 over the written slots
     torch.testing.assert_close(p[:3], v / v.sum())
     assert float(p[3:].sum()) == 0.0
-    with pytest.raises(ValueError, match="sampler checkpoint schema 2 is newer.*sampler checkpoint schema 2 is not 1"):
+    with pytest.raises(ValueError, match=r"sampler checkpoint schema 2 is newer than this code's \(it reads 1\)"):
         GPUPrioritizedSampler(N, 0.6, 0.4, device="cpu").load_state_dict({**v1, "_schema_version": 2})
 
 
@@ -156,7 +156,7 @@ def test_dqn_state_version_1_loads_and_newer_or_older_are_refused():
     hooks = CheckpointHooks()
     old = {"version": 1, "env_steps": 10, "updates": 2, "credit": 0.0, "metrics": {}, "collector": None}
     assert hooks.check_resume({"dqn_state": old}, "run.ckpt", 1, 0) is None
-    with pytest.raises(ValueError, match=r"run\.ckpt: dqn_state version 2 is newer.*dqn_state version 2 is not 1"):
+    with pytest.raises(ValueError, match=r"run\.ckpt: dqn_state version 2 is newer than this code's \(it reads 1\)"):
         hooks.check_resume({"dqn_state": {**old, "_schema_version": 2}}, "run.ckpt", 1, 0)
     with pytest.raises(ValueError, match="dqn_state version None is not supported"):
         hooks.check_resume({"dqn_state": {"env_steps": 1}}, "run.ckpt", 1, 0)
@@ -217,7 +217,7 @@ def test_replay_buffer_state_under_the_old_key_loads_and_a_newer_is_refused():
     assert len(fresh) == 5
     torch.testing.assert_close(fresh.sampler.probabilities(), rb.sampler.probabilities())
     for newer in ({**state, SCHEMA_KEY: 2}, {**old, "_lightning_per_schema": 2}):
-        with pytest.raises(ValueError, match="replay checkpoint schema 2 is newer.*is not 1"):
+        with pytest.raises(ValueError, match=r"replay checkpoint schema 2 is newer than this code's \(it reads 1\)"):
             make_replay_buffer(N, 4, device="cpu").load_state_dict(newer)
 
 
