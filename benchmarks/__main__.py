@@ -67,6 +67,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:14s} {_summary(name)}")
         print("tools:", ", ".join(TOOLS))
         return 0
+    if argv[0] == "run" and len(argv) >= 2 and argv[1] in ("-h", "--help"):
+        print(parser(None).format_help().rstrip())
+        print("\nsuites (each adds its own options: python -m benchmarks run SUITE --help):")
+        for name in SUITES:
+            print(f"  {name:14s} {_summary(name)}")
+        print("  all            every suite above, each with its defaults")
+        return 0
+    if argv[0] == "tool" and len(argv) >= 2 and argv[1] in ("-h", "--help"):
+        print(f"usage: python -m benchmarks tool {{{','.join(TOOLS)}}} [options]\n"
+              "each tool prints its own options: python -m benchmarks tool TOOL --help")
+        return 0
     if argv[0] == "tool":
         if len(argv) < 2 or argv[1] not in TOOLS:
             got = argv[1] if len(argv) > 1 else None
