@@ -67,7 +67,8 @@ def test_logger_args_and_offline_flag_do_not_touch_the_environment(clean_env, mo
     run_dir = clean_env.parent / "run"
     logger = make_wandb_logger(run_dir, name="n", tags=["a"], offline=True)
     assert isinstance(logger, AutoModeWandbLogger) and logger.mode == "offline"
-    assert run_dir.is_dir() and logger.save_dir == str(run_dir) and logger.name == "lightning_per"
+    assert logger.save_dir == str(run_dir) and logger.name == "lightning_per"
+    assert not run_dir.exists()  # made when the run starts, so a run refused before it leaves nothing behind
     assert logger._wandb_init["mode"] == "offline" and logger._wandb_init["tags"] == ["a"]
     import os
 
@@ -75,6 +76,8 @@ def test_logger_args_and_offline_flag_do_not_touch_the_environment(clean_env, mo
     assert make_wandb_logger(run_dir).mode == "online"
     # LightningCLI passes unset wandb.init arguments as None: they must not override WandbLogger's defaults
     assert make_wandb_logger(run_dir, resume=None, group=None)._wandb_init["resume"] == "allow"
+    logger.experiment.finish()  # the run starts: its directory is made and wandb writes into it
+    assert (run_dir / "wandb").is_dir()
 
 
 def test_reader_handles_records_across_block_boundaries(clean_env):

@@ -99,6 +99,13 @@ def test_bad_config_values_raise_value_errors_naming_the_argument(tmp_path, arg,
         _fit(tmp_path, arg, epochs=1)
 
 
+def test_a_refused_fit_leaves_no_run_directory(tmp_path):
+    """The W&B logger is built before the model refuses its arguments: it must not create the run directory."""
+    with pytest.raises(ValueError, match="gamma"):
+        _fit(tmp_path / "run", "--model.gamma=1.5", epochs=1, logger=True)
+    assert not (tmp_path / "run").exists()
+
+
 def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),

@@ -129,13 +129,22 @@ class AutoModeWandbLogger(WandbLogger):
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         resolved = resolve_wandb_mode("offline" if offline and mode is None else mode)
         save_dir = os.fspath(save_dir) if save_dir is not None else "."
-        os.makedirs(save_dir, exist_ok=True)
         super().__init__(name=name, save_dir=save_dir, project=project, mode=resolved, **kwargs)
         init = getattr(self, "_wandb_init", None)  # WandbLogger's wandb.init arguments
         if isinstance(init, dict) and init.get("anonymous") is None:
             init.pop("anonymous", None)  # an explicit None makes wandb >= 0.19 warn at every run (the setting is gone)
         self.mode = resolved
         self.finish_on_end = bool(finish_on_end)
+
+    @property
+    @override
+    def experiment(self):
+        # the run directory is made when the run starts, not here: a run refused before its first log call
+        # (e.g. a bad argument in the CLI) leaves no empty directory behind; wandb falls back to a temporary
+        # directory when its ``dir`` does not exist
+        if self._experiment is None:
+            os.makedirs(self.save_dir or ".", exist_ok=True)
+        return super().experiment
 
     @override
     def finalize(self, status: str) -> None:
