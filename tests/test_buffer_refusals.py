@@ -16,8 +16,13 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, TensorDictReplayBuffer
 
-from lightning_per import (GPUPrioritizedReplayBuffer, GPUPrioritizedSampler, GPURankBasedSampler, GPUTensorStorage,
-                           make_replay_buffer)
+from lightning_per import (
+    GPUPrioritizedReplayBuffer,
+    GPUPrioritizedSampler,
+    GPURankBasedSampler,
+    GPUTensorStorage,
+    make_replay_buffer,
+)
 from lightning_per.integrity import seal_directory
 
 KINDS = ["proportional", "rank", "uniform"]
