@@ -114,7 +114,7 @@ def test_loads_of_another_sampler_kind_changes_nothing(src, dst, tmp_path):
 def test_load_state_dict_of_a_newer_sampler_schema_changes_nothing(kind):
     rb, twin, before = victim_and_twin(kind)
     state = _bump_sampler_version(filled(kind, OTHER, start=1000, seed=7).state_dict())
-    with pytest.raises(ValueError, match="sampler checkpoint schema 999 is not 1"):
+    with pytest.raises(ValueError, match=r"sampler checkpoint schema 999 is newer than this code.s \(it reads 1\)"):
         rb.load_state_dict(state)
     assert_unchanged(rb, twin, before)
 
@@ -128,7 +128,7 @@ def test_loads_of_a_newer_sampler_schema_changes_nothing(kind, tmp_path):
     torch.save(saved, file)
     seal_directory(tmp_path / "rb", "replay_dump")  # a consistent dump of a newer sampler, not a damaged one
     rb, twin, before = victim_and_twin(kind)
-    with pytest.raises(ValueError, match="sampler checkpoint schema 999 is not 1"):
+    with pytest.raises(ValueError, match=r"sampler checkpoint schema 999 is newer than this code.s \(it reads 1\)"):
         rb.loads(tmp_path / "rb")
     assert_unchanged(rb, twin, before)
 
@@ -268,3 +268,16 @@ def test_loads_of_another_transition_shape_changes_nothing(packed, tmp_path):
     with pytest.raises(ValueError, match="transitions differ from this storage's in"):
         rb.loads(tmp_path / "rb")
     assert_unchanged(rb, twin, before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_extending_with_a_plain_dict_says_how_to_wrap_it_and_writes_nothing(kind):
+    rb = make_replay_buffer(8, 2, sampler=kind, device="cpu")
+    rb.extend(rows(3))
+    with pytest.raises(ValueError, match=r"data must be a TensorDict, got dict; wrap a dict of \(n, \.\.\.\) tensors "
+                                         r"as tensordict\.TensorDict\(data, batch_size=\[4\]\)"):
+        rb.extend(rows(4).to_dict())
+    assert len(rb) == 3 and rb._writer._cursor == 3
+    # the advice works: the wrapped dict is stored
+    rb.extend(TensorDict(rows(4, start=3).to_dict(), batch_size=[4]))
+    assert len(rb) == 7 and torch.equal(rb[:]["reward"], torch.arange(7.0))

@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import (
     LazyTensorStorage,
     ListStorage,
@@ -88,8 +88,15 @@ def build_sampler(cls, capacity: int, device: torch.device, **kw):
 
 
 def _check_before_write(rb, data) -> None:
-    """Raise before anything is written when the sampler cannot read ``data`` (a slice sampler's trajectory
-    marker missing: :meth:`GPUSliceSampler.check_signal`)."""
+    """Raise before anything is written when ``data`` is not a TensorDict (these buffers store TensorDicts,
+    as TorchRL's ``TensorDictReplayBuffer`` does; the error says how to wrap it) or the sampler cannot read it
+    (a slice sampler's trajectory marker missing: :meth:`GPUSliceSampler.check_signal`)."""
+    if not isinstance(data, TensorDictBase):
+        n = next((len(v) for v in data.values() if hasattr(v, "__len__")), "n") if isinstance(data, dict) else "n"
+        raise ValueError(f"{type(rb).__name__}.extend: data must be a TensorDict, got {type(data).__name__}; wrap "
+                         f"a dict of (n, ...) tensors as tensordict.TensorDict(data, batch_size=[{n}]), or store "
+                         "tensors, tensorclasses and pytrees in torchrl's ReplayBuffer(storage=GPUTensorStorage(...), "
+                         "sampler=GPUPrioritizedSampler(...))")
     sampler = rb._sampler if rb.initialized else rb._init_sampler
     check = getattr(sampler, "check_signal", None)
     if check is not None and hasattr(data, "keys"):
