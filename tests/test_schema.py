@@ -102,7 +102,8 @@ def test_storage_schema_0_and_1_per_key_states_load_and_a_newer_is_refused():
             torch.testing.assert_close(storage[torch.arange(5)]["observation"], obs[:5])
             torch.testing.assert_close(storage[torch.arange(5)]["reward"], reward[:5])
             assert storage.state_dict()[SCHEMA_KEY] == 2
-    with pytest.raises(ValueError, match=r"storage checkpoint schema 3 is newer than this code's \(it reads one of 0, 1, 2\)"):
+    with pytest.raises(ValueError,
+                       match=r"storage checkpoint schema 3 is newer than this code's \(it reads one of 0, 1, 2\)"):
         GPUTensorStorage(N, device="cpu").load_state_dict({**v0, "_schema_version": 3})
 
 
