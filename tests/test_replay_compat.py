@@ -1,5 +1,6 @@
 """The third-party private attributes that lightning_per.replay.compat relies on still exist (one test each)."""
 
+import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
@@ -56,6 +57,7 @@ def test_storage_attached_entities_compilable_and_stored_data_exist():
     assert "a" in compat.stored_data(storage).keys()
 
 
+@pytest.mark.torchrl_tree
 def test_inherited_torchrl_state_the_adapters_use_exists():
     """The TorchRL state our subclasses read or override as their own (not behind compat: it is theirs by
     inheritance) is still where they look for it."""
@@ -88,3 +90,19 @@ def test_torchrl_buffers_hand_their_generator_to_the_sampler_as_rng():
     gen = torch.Generator().manual_seed(0)
     TensorDictReplayBuffer(storage=LazyTensorStorage(4), sampler=sampler, generator=gen)
     assert sampler._rng is gen
+
+
+def test_register_without_replacement_uses_torchrls_dispatch_table_where_it_exists():
+    """torchrl >= 0.12 dispatches ``replacement=False`` through ``samplers.base._REPLACEMENT_DISPATCH``; older
+    versions have neither the table nor the keyword, and GPURandomSampler applies the rule itself."""
+    from lightning_per import GPURandomSampler
+    from lightning_per.replay.random import GPUSamplerWithoutReplacement
+
+    try:
+        from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
+    except ImportError:
+        assert compat.register_without_replacement(GPURandomSampler, GPUSamplerWithoutReplacement) is False
+    else:
+        assert _REPLACEMENT_DISPATCH[GPURandomSampler] is GPUSamplerWithoutReplacement
+    assert type(GPURandomSampler(replacement=False, device="cpu")) is GPUSamplerWithoutReplacement
+    assert type(GPURandomSampler(replacement=True, device="cpu")) is GPURandomSampler

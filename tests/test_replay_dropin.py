@@ -140,6 +140,7 @@ def test_torchrl_storage_options_are_accepted(device):
         assert out[1] == out[0], kw
 
 
+@pytest.mark.torchrl_tree
 def test_max_priority_within_buffer_as_torchrl():
     storage = LazyTensorStorage(3)
     storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
@@ -153,6 +154,7 @@ def test_max_priority_within_buffer_as_torchrl():
     assert values == pytest.approx([2.0, 2.0, 5.0])  # within the buffer (TorchRL's), ours, the running max
 
 
+@pytest.mark.torchrl_tree
 def test_alpha_and_beta_as_tensors_follow_a_scheduler():
     out = []
     for sampler in (PrioritizedSampler(10, torch.tensor(0.6), torch.tensor(0.4)),
@@ -195,6 +197,7 @@ def test_empty_sample_message_as_torchrl():
 
 
 # ---------------------------------------------------------------------------- writers and checkpoints
+@pytest.mark.torchrl_tree
 def test_max_value_writer_unkept_items_are_skipped():
     out = []
     for storage, sampler in ((LazyTensorStorage(3), PrioritizedSampler(3, alpha=0.8, beta=0.9)),
@@ -319,6 +322,7 @@ def test_stratified_batches_are_exchangeable(cls, device):
     assert torch.equal(first, first.sort().values)  # stratum order: sorted by slot
 
 
+@pytest.mark.skipif(not hasattr(TensorDictReplayBuffer, "set_"), reason="torchrl < 0.12 has no ReplayBuffer.set_")
 def test_slice_reads_are_views_as_torchrl(device):
     out = []
     for make in _both(device):

@@ -175,7 +175,7 @@ def test_exact_start_probabilities(scenario, strict, prioritized):
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("strict", [True, False])
-@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize("prioritized", [False, pytest.param(True, marks=pytest.mark.torchrl_tree)])
 def test_start_distribution_parity_with_torchrl(scenario, strict, prioritized):
     """Chi-square: our slice starts and TorchRL's follow the same exact distribution (module docstring)."""
     capacity, stream = SCENARIOS[scenario]

@@ -14,13 +14,26 @@ import torch
 from tensordict import TensorDict
 
 __all__ = ["advance_writer", "attached_entities", "bump_mutation_revision", "direct_writer", "is_compilable",
-           "mark_update_entities", "stored_data", "tree_leaves", "unlocked_len", "unsafe_tensordict"]
+           "mark_update_entities", "register_without_replacement", "stored_data", "tree_leaves", "unlocked_len",
+           "unsafe_tensordict"]
 
 
 def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
     """A TensorDict of ``fields`` built without re-validating their shapes (tensordict's private
     ``TensorDict._new_unsafe``): for batches whose shapes the caller guarantees (hot read paths)."""
     return TensorDict._new_unsafe(fields, batch_size=batch_size, device=device)
+
+
+def register_without_replacement(cls: type, without: type) -> bool:
+    """Make ``cls(replacement=False)`` build ``without``, as TorchRL's ``RandomSampler(replacement=False)`` builds
+    its ``SamplerWithoutReplacement`` (the private table ``samplers.base._REPLACEMENT_DISPATCH``, torchrl >= 0.12;
+    older versions have no ``replacement`` keyword at all). Returns whether the table exists."""
+    try:
+        from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
+    except ImportError:
+        return False
+    _REPLACEMENT_DISPATCH[cls] = without
+    return True
 
 
 def bump_mutation_revision(storage: Any) -> None:

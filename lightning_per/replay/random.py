@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
-from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
 
 from lightning_per.replay._rng import DeviceRNGMixin, unregistered_generator_error
+from lightning_per.replay.compat import register_without_replacement
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
 from lightning_per.schema import check, stamp
@@ -48,7 +48,15 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         (torch.Size([5]), True, {})
     """
 
-    def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None) -> None:
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any):
+        # torchrl >= 0.12 routes replacement=False through its samplers' metaclass before this runs; older
+        # versions do not know the keyword, so the same rule is applied here
+        if not replacement and cls is GPURandomSampler:
+            return GPUSamplerWithoutReplacement(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, *, device: torch.device | str | None = None, seed: int | None = None,
+                 replacement: bool = True) -> None:
         check_seed(seed)
         super().__init__()
         self._device = resolve_device(device)
@@ -189,4 +197,4 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
             self._load_rng_state(rng)
 
 
-_REPLACEMENT_DISPATCH[GPURandomSampler] = GPUSamplerWithoutReplacement  # GPURandomSampler(replacement=False)
+register_without_replacement(GPURandomSampler, GPUSamplerWithoutReplacement)  # GPURandomSampler(replacement=False)
