@@ -46,8 +46,8 @@ from lightning_per.schema import check
 from lightning_per.utils import _fsync_dir, atomic_write, atomic_write_text
 
 __all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "file_manifest_path",
-           "load_torch_file", "new_generation", "remove_stale", "save_file_manifest", "save_torch_file",
-           "seal_directory", "verify_directory", "verify_file"]
+           "load_torch_file", "new_generation", "refuse_pickled_files", "remove_stale", "save_file_manifest",
+           "save_torch_file", "seal_directory", "verify_directory", "verify_file"]
 
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "lightning_per.manifest"
@@ -138,6 +138,33 @@ def _files_under(root: Path) -> dict[str, Path]:
             if rel != MANIFEST_NAME:
                 out[rel] = path
     return out
+
+
+#: what the loaders of a dump read without unpickling: JSON, raw memory-mapped arrays, and ``.pt`` files that they
+#: open with ``torch.load(weights_only=True)``
+SAFE_SUFFIXES = frozenset({".json", ".memmap", ".pt"})
+
+
+def refuse_pickled_files(path: str | os.PathLike[str], allowed: frozenset[str] = SAFE_SUFFIXES) -> None:
+    """Refuse a directory holding a file its loaders would unpickle (tensordict's memory-mapped format keeps
+    non-tensor fields it cannot write as JSON in ``*.pickle`` files, TorchRL's buffers their prefetch queue in
+    ``prefetch.pkl``): a manifest proves a file unchanged, not harmless, since anyone can recompute it.
+
+    Raises:
+        IntegrityError: naming the first file under ``path`` whose suffix is not in ``allowed``.
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     _ = (Path(d) / "meta.json").write_text("{}")
+        ...     refuse_pickled_files(d)  # nothing to refuse
+    """
+    root = Path(path)
+    for _, file in sorted(_files_under(root).items()):
+        if file.suffix not in allowed:
+            raise IntegrityError(f"{file}: refused, a dump is loaded without unpickling anything (its files are "
+                                 f"{', '.join(sorted(allowed))}); this one may hold pickled objects")
 
 
 def verify_directory(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:

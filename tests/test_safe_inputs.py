@@ -73,6 +73,41 @@ def test_prefetch_pickle_next_to_a_dump_is_never_read(tmp_path):
     assert not marker.exists()
 
 
+def _torchrl_layout_storage_with_a_pickled_field(path, marker) -> None:
+    """TorchRL's own storage dump (its checkpointer: memory-mapped tensors + JSON) holding a non-tensor field that
+    tensordict can only write with pickle (``*.pickle``, unpickled again by ``TensorDict.load_memmap``)."""
+    from tensordict import NonTensorData
+    from torchrl.data import LazyTensorStorage
+
+    storage = LazyTensorStorage(64)
+    storage.set(torch.arange(40), _rows(40))
+    storage._storage["meta"] = NonTensorData(_Marker(marker), batch_size=[64])
+    storage.dumps(path)
+    assert list(path.rglob("*.pickle")), "the crafted dump must hold a pickle for this test to mean anything"
+
+
+def test_a_torchrl_layout_dump_holding_a_pickle_is_refused_even_with_a_valid_manifest(tmp_path):
+    import shutil
+
+    from lightning_per.integrity import IntegrityError, seal_directory
+
+    marker = tmp_path / "marker"
+    _filled().dumps(tmp_path / "dump")
+    shutil.rmtree(tmp_path / "dump" / "storage")
+    _torchrl_layout_storage_with_a_pickled_field(tmp_path / "dump" / "storage", marker)
+    seal_directory(tmp_path / "dump", kind="replay_dump")  # anyone can recompute the checksums
+    rb = _filled()
+    before = rb.storage.get(torch.arange(40))["reward"].clone()
+    with pytest.raises(IntegrityError, match=r"other\.pickle: refused, a dump is loaded without unpickling"):
+        rb.loads(tmp_path / "dump")
+    assert not marker.exists() and len(rb) == 40
+    torch.testing.assert_close(rb.storage.get(torch.arange(40))["reward"], before, rtol=0, atol=0)
+    # the storage alone, loading TorchRL's layout directly
+    with pytest.raises(IntegrityError, match=r"other\.pickle: refused"):
+        rb.storage.loads(tmp_path / "dump" / "storage")
+    assert not marker.exists() and len(rb) == 40
+
+
 def test_crafted_env_state_in_a_checkpoint_is_never_unpickled(tmp_path):
     marker = tmp_path / "marker"
     env = make_env(EnvConfig(num_envs=2), seed=0)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torchrl.data import RoundRobinWriter
 
-from lightning_per.integrity import atomic_directory, verify_directory
+from lightning_per.integrity import atomic_directory, refuse_pickled_files, verify_directory
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import SCHEMA_KEY, check
 
@@ -191,6 +191,7 @@ class VerifiedDumps:
             TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
         """
         verify_directory(path, kind=_DUMP_KIND)
+        refuse_pickled_files(path)
         _check_dumps_dir(self, path)
         super().loads(path)
 

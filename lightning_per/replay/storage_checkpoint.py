@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 
+from lightning_per.integrity import refuse_pickled_files
 from lightning_per.replay.rows import field_views, item_spec, layout_key
 from lightning_per.schema import check, stamp
 from lightning_per.utils import atomic_write
@@ -236,6 +237,7 @@ class StorageCheckpoint:
     def loads(self, path: str | os.PathLike) -> None:
         """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
         if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
+            refuse_pickled_files(path, frozenset({".json", ".memmap"}))  # tensordict would unpickle *.pickle
             self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
             return LazyTensorStorage.loads(self, path)
         state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
