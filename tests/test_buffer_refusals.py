@@ -232,6 +232,9 @@ def _storage_corruptions(state: dict, packed: bool) -> list[tuple[str, dict]]:
            ("length must be an int in", dict(state, _storage=dict(storage, _len=-5))),
            (r"storage checkpoint lacks \['_len'\]", dict(state, _storage={k: v for k, v in storage.items()
                                                                           if k != "_len"})),
+           ("holds 100 transitions but says it is not initialized",
+            dict(state, _storage=dict(storage, initialized=False))),
+           ("'initialized' must be a bool", dict(state, _storage=dict(storage, initialized="yes"))),
            ("writer cursor must be an int", dict(state, _writer=dict(state["_writer"], _cursor="7"))),
            ("batch_size must be None or an int", dict(state, _batch_size="abc"))]
     if packed:
@@ -257,6 +260,13 @@ def test_storage_refusals_change_nothing(kind, packed):
         nan = dict(state["_sampler"], raw=torch.full_like(state["_sampler"]["raw"], float("nan")))
         with pytest.raises(ValueError, match="raw priorities must be finite"):
             rb.load_state_dict(dict(state, _sampler=nan))
+        sampler, top = state["_sampler"], float(state["_sampler"]["raw"].max())
+        for max_raw in (float("nan"), float("inf"), -5.0, top / 2):  # a running max below a written priority
+            with pytest.raises(ValueError, match=r"'max_raw' must be -inf \(nothing written\) or finite and >= every "
+                                                 r"written raw priority"):
+                rb.load_state_dict(dict(state, _sampler=dict(sampler, max_raw=torch.tensor(max_raw))))
+        with pytest.raises(ValueError, match=r"'n_clamped' must be an int64 count >= 0"):
+            rb.load_state_dict(dict(state, _sampler=dict(sampler, n_clamped=torch.tensor(-1))))
     assert_unchanged(rb, twin, before)
 
 

@@ -80,6 +80,16 @@ class PrioritizedCheckpoint:
         if not bool(((raw >= 0) & torch.isfinite(raw)).all()):  # sync-ok: checkpoint load, not a step
             raise ValueError("sampler checkpoint's raw priorities must be finite and >= 0 (every write sanitizes "
                              "them): the checkpoint is corrupted")
+        # the running max: -inf before any write, else at least every written slot's raw priority (so >= 0)
+        max_raw, written = state_dict["max_raw"], state_dict["written"].bool()
+        top = raw[written].max() if bool(written.any()) else torch.tensor(0.0)  # sync-ok: checkpoint load
+        if not bool((max_raw == float("-inf")) | (torch.isfinite(max_raw) & (max_raw >= top))):  # sync-ok: load
+            raise ValueError(f"sampler checkpoint's 'max_raw' must be -inf (nothing written) or finite and >= every "
+                             f"written raw priority, got {float(max_raw)} against {float(top)}: the checkpoint "
+                             "is corrupted")
+        for key in ("n_clamped", "n_dropped"):
+            if state_dict[key].dtype != torch.int64 or bool(state_dict[key] < 0):  # sync-ok: checkpoint load
+                raise ValueError(f"sampler checkpoint's {key!r} must be an int64 count >= 0, got {state_dict[key]!r}")
         self._check_rng_checkpoint(state_dict["rng"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -94,6 +94,11 @@ def check_storage_state(state_dict: Any, *, max_size: int, ndim: int, generic: b
     n = state_dict["_len"]
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= max_size:
         raise ValueError(f"storage checkpoint's length must be an int in [0, {max_size}], got {n!r}")
+    if not isinstance(state_dict["initialized"], bool):
+        raise ValueError(f"storage checkpoint's 'initialized' must be a bool, got {state_dict['initialized']!r}")
+    if n and not state_dict["initialized"]:
+        raise ValueError(f"storage checkpoint holds {n} transitions but says it is not initialized (an uninitialized "
+                         "storage is empty): the checkpoint is corrupted")
     have = fields
     if have and saved != have:
         diff = sorted((k for k in set(have) | set(saved) if have.get(k) != saved.get(k)), key=str)
