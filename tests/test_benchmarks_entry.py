@@ -99,6 +99,7 @@ def test_tools_run_through_the_entry_point(tmp_path):
     assert "| dqn-fit | 1 | 100 | 100 | 0% |  |" in out.read_text()
 
 
+@pytest.mark.torchrl_tree
 def test_user_loop_quick_on_cpu_writes_every_cpu_row(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHRL_PYTHONPATH", "ANCHOR_PYTHONPATH")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "user_loop", "--quick", "--device", "cpu",

@@ -76,6 +76,12 @@ def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
         if isinstance(cursor, int) and cursor != count % capacity:
             raise ValueError(f"the checkpoint's parts disagree: writer cursor {cursor} after {count} writes into "
                              f"{capacity} slots")
+    elif isinstance(capacity, int) and length is not None and length < capacity and isinstance(writer_state, dict):
+        # no write count saved (torchrl < 0.12): a ring that has not wrapped yet has its cursor at its length
+        cursor = writer_state.get("_cursor")
+        if isinstance(cursor, int) and not isinstance(cursor, bool) and cursor != length:
+            raise ValueError(f"the checkpoint's parts disagree: the storage holds {length} of {capacity} slots, "
+                             f"the writer's cursor is {cursor} (parts of different saves)")
     written = sampler_state.get("written") if isinstance(sampler_state, dict) else None
     # the plain samplers give every written slot a priority (slice samplers only valid starts; frame-stack storages
     # mask slots): there the filled slots and the prioritized ones are the same set

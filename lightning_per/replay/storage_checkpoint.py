@@ -198,12 +198,21 @@ class StorageCheckpoint:
             break
         if leaves and not self.initialized:
             # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
-            # _state_leaves), then let TorchRL load the values
+            # _state_leaves)
             item = TensorDict({}, batch_size=[])
             for key, value in leaves.items():
                 item.set(key, value[0])
             self._allocate(item, torch.device(self.device))
-        LazyTensorStorage.load_state_dict(self, state_dict)
+        if leaves:
+            # the values copied leaf by leaf into the ring (not through TorchRL's load_state_dict, whose
+            # tensordict state format differs across versions)
+            for key, value in leaves.items():
+                self._storage.get(key).copy_(value)
+            self.initialized = bool(state_dict["initialized"])
+            self._len = int(state_dict["_len"])
+            self._bump_revision()
+        else:
+            LazyTensorStorage.load_state_dict(self, state_dict)
         if self.initialized:
             if self.rows is not None:
                 self._repack()
