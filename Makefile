@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/dqn_cartpole.yaml
 ARGS ?=
-OLDEST_TESTS ?= tests/test_replay_*.py tests/test_buffer_refusals.py tests/test_safe_inputs.py
+OLDEST_TESTS ?= tests/test_replay_*.py tests/test_buffer_refusals.py tests/test_safe_inputs.py tests/test_integrity.py \
+	tests/test_schema.py tests/test_graphs_capture.py
 
 .PHONY: train test test-oldest test-gpu bench lint clean-venv
 
