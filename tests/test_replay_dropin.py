@@ -5,6 +5,7 @@ once)."""
 
 import copy
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torchrl.data import (
     PrioritizedSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
+    TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
 from torchrl.data.replay_buffers.scheduler import LinearScheduler
@@ -385,3 +387,19 @@ def test_compilable_storage_of_tensors_writes_inside_a_full_graph():
     write(torch.arange(25, 50), data)
     write(torch.arange(50, 75), data)
     assert len(storage) == 75 and torch.equal(storage[:75], data.repeat(3, 1))
+
+
+@pytest.mark.torchrl_tree
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_sample_size_other_than_the_buffers_warns_as_torchrl(packed):
+    """TorchRL warns when ``sample(n)`` differs from the constructor's batch size; so do ours (direct path
+    included), and a matching or omitted size does not warn."""
+    for cls, storage in ((TensorDictPrioritizedReplayBuffer, LazyTensorStorage(16)),
+                         (GPUPrioritizedReplayBuffer, GPUTensorStorage(16, device="cpu", packed=packed))):
+        rb = cls(alpha=0.7, beta=0.5, storage=storage, batch_size=8)
+        rb.extend(TensorDict({"x": torch.arange(10.0)}, [10]))
+        with pytest.warns(UserWarning, match=r"batch_size"):
+            assert rb.sample(4).batch_size == (4,)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert rb.sample().batch_size == (8,) and rb.sample(8).batch_size == (8,)

@@ -197,11 +197,11 @@ def test_torchrl_linear_scheduler_anneals_beta():
 # ------------------------------------------------------------------------------------------ named bad input
 @pytest.mark.parametrize("kwargs, error, name", [
     ({"seed": "abc"}, TypeError, "seed"), ({"seed": True}, TypeError, "seed"),
-    ({"generator": 42}, TypeError, "generator"),
+    ({"generator": 42}, TypeError, "generator"), ({"device": "tpu"}, ValueError, "device must be a torch.device"),
 ])
 def test_make_replay_buffer_names_bad_arguments(kwargs, error, name):
     with pytest.raises(error, match=name):
-        make_replay_buffer(8, 2, device="cpu", **kwargs)
+        make_replay_buffer(8, 2, **{"device": "cpu", **kwargs})
 
 
 def test_buffer_batch_size_is_checked_at_construction():

@@ -265,6 +265,9 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
             batch_size = self._batch_size
             if batch_size is None:
                 raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
+        elif self._batch_size is not None and batch_size != self._batch_size:  # as TorchRL's sample warns
+            warnings.warn(f"sample(batch_size={batch_size}) differs from the buffer's batch_size={self._batch_size}: "
+                          f"this call draws {batch_size}", UserWarning, stacklevel=2)
         with self._replay_lock, self._write_lock:  # as TorchRL's sample: no write lands in between
             index, info, data = self._sampler.sample_gather(self._storage, batch_size, with_info=True)
         info["index"] = index

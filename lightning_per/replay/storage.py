@@ -50,11 +50,16 @@ def resolve_device(device: torch.device | str | None, name: str = "device") -> t
     """``device`` as a ``torch.device`` (:func:`default_device` for None).
 
     Raises:
-        ValueError: ``device`` names a CUDA device while CUDA is not available (the message names ``name``).
+        ValueError: ``device`` is not a device torch knows, or names a CUDA device while CUDA is not available
+            (the message names ``name``).
     """
     if device is None:
         return default_device()
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} must be a torch.device, a device string such as 'cuda', 'cuda:1' or 'cpu', or "
+                         f"None; got {device!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={str(device)!r} but CUDA is not available on this machine; use {name}='cpu' "
                          f"or leave it None (CUDA when available, else CPU)")
