@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: ``ga3c`` when ``lightning_per.ga3c.cli`` is not installed; the LightningCLI's own exits.
 
     Example:
+        >>> from lightning_per.console import main
         >>> main(["trian"])  # doctest: +SKIP
         2
     """

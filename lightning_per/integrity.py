@@ -156,6 +156,8 @@ def refuse_pickled_files(path: str | os.PathLike[str], allowed: frozenset[str] =
     Example::
 
         >>> import tempfile
+        >>> from pathlib import Path
+        >>> from lightning_per.integrity import refuse_pickled_files
         >>> with tempfile.TemporaryDirectory() as d:
         ...     _ = (Path(d) / "meta.json").write_text("{}")
         ...     refuse_pickled_files(d)  # nothing to refuse

@@ -96,6 +96,7 @@ class AsyncMetricsCallback(Callback):
         >>> from lightning.pytorch import Trainer
         >>> from lightning.pytorch.demos.boring_classes import BoringModel
         >>> from lightning_per.metrics import MetricAccumulator
+        >>> from lightning_per.callbacks import AsyncMetricsCallback
         >>> class Model(BoringModel):
         ...     def __init__(self):
         ...         super().__init__()

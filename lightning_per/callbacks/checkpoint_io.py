@@ -59,6 +59,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     Example::
 
         >>> import os, tempfile
+        >>> from lightning_per.callbacks import AtomicCheckpointIO
         >>> io = AtomicCheckpointIO()  # Trainer(plugins=[AtomicCheckpointIO()])
         >>> with tempfile.TemporaryDirectory() as d:
         ...     io.save_checkpoint({"global_step": 3}, os.path.join(d, "last.ckpt"))

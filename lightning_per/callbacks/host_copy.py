@@ -26,6 +26,8 @@ class HostCopy:
             ``(episode_log (R, 3) float64, episode_log_count () int64)``, or None.
 
     Example:
+        >>> import torch
+        >>> from lightning_per.callbacks.host_copy import copy_to_host
         >>> item = copy_to_host(["loss"], torch.tensor([0.5], dtype=torch.float64), {"epoch": 0})
         >>> item.ready(), item.host.tolist()
         (True, [0.5])

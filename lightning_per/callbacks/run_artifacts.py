@@ -113,9 +113,12 @@ class RunArtifactsCallback(Callback):
 
     Example::
 
+        >>> import json
         >>> import tempfile
+        >>> from pathlib import Path
         >>> from lightning.pytorch import Trainer
         >>> from lightning.pytorch.demos.boring_classes import BoringModel
+        >>> from lightning_per.callbacks import RunArtifactsCallback
         >>> with tempfile.TemporaryDirectory() as run_dir:
         ...     trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False,
         ...                       enable_checkpointing=False, enable_progress_bar=False,

@@ -109,8 +109,10 @@ class AutoModeWandbLogger(WandbLogger):
 
     Example::
 
+        >>> import os
         >>> import tempfile
         >>> from unittest import mock
+        >>> from lightning_per.callbacks import AutoModeWandbLogger, resolve_wandb_mode
         >>> with tempfile.TemporaryDirectory() as run_dir:  # no run starts before the first log call
         ...     logger = AutoModeWandbLogger(save_dir=run_dir, project="demo", mode="offline")
         ...     print(logger.save_dir == run_dir)

@@ -123,7 +123,9 @@ def choose_update(module: DQN, device: torch.device) -> UpdateStrategy:
 
     Example::
 
+        >>> import torch
         >>> from lightning_per.dqn import DQN, ReplayConfig
+        >>> from lightning_per.dqn.updates import choose_update
         >>> from lightning_per.envs import EnvConfig
         >>> m = DQN(env=EnvConfig(backend="torch", num_envs=4), replay=ReplayConfig(capacity=256, batch_size=16),
         ...         hidden_sizes=[16])

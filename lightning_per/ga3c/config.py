@@ -255,6 +255,7 @@ def config_parser(**kwargs: Any):
 
     Example::
 
+        >>> from lightning_per.ga3c.config import config_parser, parse_args
         >>> cfg = parse_args(config_parser(), ["--agents", "2", "--reward_clip", "null"])
         >>> cfg.agents, cfg.reward_clip
         (2, None)

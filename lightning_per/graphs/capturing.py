@@ -25,6 +25,7 @@ def gc_paused() -> Iterator[None]:
 
     Example:
         >>> import gc
+        >>> from lightning_per.graphs import gc_paused
         >>> with gc_paused():
         ...     gc.isenabled()
         False

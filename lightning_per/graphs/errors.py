@@ -9,6 +9,7 @@ class CaptureError(RuntimeError):
     """The step cannot be recorded in a CUDA graph; the message names the operation and the way out.
 
     Example:
+        >>> from lightning_per.graphs import CaptureError
         >>> raise CaptureError("optimizer Adam was built with capturable=False: ...")
         Traceback (most recent call last):
         ...

@@ -34,6 +34,7 @@ class CaptureState:
 
     Example:
         >>> import torch
+        >>> from lightning_per.graphs.state import CaptureState
         >>> net = torch.nn.Linear(2, 1)
         >>> parts = CaptureState([net, torch.optim.SGD(net.parameters(), lr=0.1)])
         >>> len(parts.tensors), len(parts.optimizers), parts.device()

@@ -37,6 +37,7 @@ class HardUpdate(TargetNetUpdater):
         >>> from torchrl.modules import MLP, QValueActor
         >>> from torchrl.objectives import DQNLoss
         >>> from torchrl.data import Categorical
+        >>> from lightning_per.graphs import HardUpdate
         >>> actor = QValueActor(MLP(out_features=2, num_cells=[8]), in_keys=["observation"], spec=Categorical(2))
         >>> loss = DQNLoss(actor, action_space="categorical", delay_value=True)
         >>> target = HardUpdate(loss, value_network_update_interval=100)

@@ -41,6 +41,7 @@ class MetricAccumulator:
     Example::
 
         >>> import torch
+        >>> from lightning_per.metrics import MetricAccumulator
         >>> m = MetricAccumulator({"loss": "mean", "td_max": "max", "env_steps": "last"},
         ...                       persistent=("env_steps",))
         >>> m.add("loss", torch.tensor(3.0), count=2)  # for a mean, ``value`` sums ``count`` observations

@@ -144,6 +144,8 @@ def push_episode_log(log: Tensor, count: Tensor, returns: Tensor, done: Tensor, 
         ValueError: shapes or dtypes differ from the above, or ``R < N``.
 
     Example:
+        >>> import torch
+        >>> from lightning_per.metrics import new_episode_log, push_episode_log
         >>> log, count = new_episode_log(4)
         >>> push_episode_log(log, count, torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]),
         ...                  env_steps=30, time_s=1.5)

@@ -30,6 +30,8 @@ def reduce_across_ranks(gathered: Tensor, ops: Sequence[str]) -> Tensor:
         ValueError: ``gathered`` is not 2-D, or ``ops`` has the wrong length or an unknown name.
 
     Example:
+        >>> import torch
+        >>> from lightning_per.metrics import reduce_across_ranks
         >>> g = torch.tensor([[1.0, 1.0, 1.0, float("nan")], [3.0, 2.0, 5.0, float("nan")]])
         >>> reduce_across_ranks(g, ["mean", "sum", "max", "min"]).tolist()
         [2.0, 3.0, 5.0, nan]

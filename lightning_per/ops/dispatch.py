@@ -86,6 +86,8 @@ def select_backend(device: torch.device, prefer: str = "auto") -> ReplayOps:
 
     Example::
 
+        >>> import torch
+        >>> from lightning_per.ops import reference, select_backend
         >>> select_backend(torch.device("cpu"), "reference") is reference
         True
     """

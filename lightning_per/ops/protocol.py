@@ -24,7 +24,7 @@ class ReplayOps(Protocol):
 
     Example::
 
-        >>> from lightning_per.ops import reference
+        >>> from lightning_per.ops import ReplayOps, reference
         >>> isinstance(reference, ReplayOps)
         True
     """

@@ -208,6 +208,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+        >>> from lightning_per import GPUPrioritizedReplayBuffer
         >>> rb = GPUPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(100), batch_size=4,
         ...                                 device="cpu")
         >>> isinstance(rb, TensorDictPrioritizedReplayBuffer)

@@ -126,6 +126,7 @@ def random_permutation(keys: Tensor) -> Tensor:
     Example::
 
         >>> import torch
+        >>> from lightning_per.replay.draws import random_permutation
         >>> random_permutation(torch.tensor([0.7, 0.1, 0.4]))
         tensor([2, 0, 1])
     """

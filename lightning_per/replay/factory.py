@@ -75,6 +75,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
 
         >>> import torch
         >>> from tensordict import TensorDict
+        >>> from lightning_per import make_replay_buffer
         >>> rb = make_replay_buffer(1000, 32, sampler="proportional", device="cpu", packed=True, seed=0)
         >>> _ = rb.extend(TensorDict({"observation": torch.randn(100, 4), "reward": torch.randn(100)}, [100]))
         >>> batch = rb.sample()

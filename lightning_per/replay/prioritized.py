@@ -92,6 +92,7 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPUPrioritizedSampler
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> sampler = GPUPrioritizedSampler(4, alpha=1.0, beta=1.0, device="cpu", seed=0)
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), sampler=sampler,

@@ -15,6 +15,7 @@ Example::
 
     >>> import torch
     >>> from lightning_per.ops import reference
+    >>> from lightning_per.replay.priority import PriorityState, probabilities, sample, write
     >>> state = PriorityState.empty(4, block=4, alpha=1.0, beta=1.0, eps=1e-8, device=torch.device("cpu"))
     >>> write(reference, state, torch.arange(4), torch.tensor([1.0, 1.0, 1.0, 3.0]), 4)
     >>> probabilities(state)[:4].tolist()

@@ -38,6 +38,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPURandomSampler
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> sampler = GPURandomSampler(device="cpu", seed=0)
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(8, device="cpu"), sampler=sampler,
@@ -147,6 +148,7 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPUSamplerWithoutReplacement
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(8, device="cpu"), writer=GPURoundRobinWriter(),
         ...                             sampler=GPUSamplerWithoutReplacement(device="cpu", seed=0), batch_size=3)

@@ -101,6 +101,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPURankBasedSampler
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> sampler = GPURankBasedSampler(4, alpha=1.0, beta=1.0, device="cpu", seed=0)
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), sampler=sampler,

@@ -11,6 +11,7 @@ Example::
     >>> import torch
     >>> from lightning_per.replay import GPUTensorStorage
     >>> from tensordict import TensorDict
+    >>> from lightning_per.replay.ring import match_pairs, read_slots, write_pairs
     >>> storage = GPUTensorStorage(4, device="cpu", packed=True)
     >>> storage.set(torch.arange(2), TensorDict({"reward": torch.tensor([1.0, 2.0])}, [2]))
     >>> ring = storage._ring_state

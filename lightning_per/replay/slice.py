@@ -94,6 +94,7 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPUSliceSampler
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> sampler = GPUSliceSampler(12, slice_len=3, traj_key="episode", device="cpu", seed=0)
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(12, device="cpu"), sampler=sampler,
@@ -258,6 +259,7 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per import GPUPrioritizedSliceSampler
         >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> sampler = GPUPrioritizedSliceSampler(12, alpha=1.0, beta=1.0, slice_len=3, traj_key="episode",
         ...                                      device="cpu", seed=0)

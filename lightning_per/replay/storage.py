@@ -111,6 +111,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
         >>> import torch
         >>> from tensordict import TensorDict
+        >>> from lightning_per import GPUTensorStorage
         >>> storage = GPUTensorStorage(8, device="cpu", packed=True)
         >>> storage.set(torch.arange(3), TensorDict({"observation": torch.ones(3, 4),
         ...                                          "reward": torch.arange(3.0)}, [3]))

@@ -26,6 +26,7 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from lightning_per.replay import GPURoundRobinWriter, GPUTensorStorage
         >>> rb = TensorDictReplayBuffer(storage=GPUTensorStorage(4, device="cpu"), writer=GPURoundRobinWriter())
         >>> rb.extend(TensorDict({"reward": torch.arange(6.0)}, [6]))  # the slots written: the ring wraps
         tensor([0, 1, 2, 3, 0, 1])
