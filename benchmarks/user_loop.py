@@ -12,6 +12,9 @@ Rows (``K``: updates per call, i.e. per graph replay):
                            best TorchRL's buffer allows
   ours-eager               the same loop with ``from lightning_per import GPUPrioritizedReplayBuffer`` in place
                            of TorchRL's class (one import switched), eager
+  ours-eager-torchrl-env   ours-eager run beside the TorchRL rows, in their interpreter (with
+                           ``--torchrl-pythonpath``: their torchrl and tensordict), so that the two eager rows
+                           differ by the buffer only, not by the loss's and tensordict's versions
   ours-captured-k1/-k8     the whole update in ``lightning_per.graphs.capture`` (K = 1, 8)
   ours-captured-compiled-k1/-k8   the same with ``torch.compile(loss)`` (default mode) inside the graph (CUDA)
   ours-captured-compiled-learner-k8  the learner part (loss, backward, Adam, SoftUpdate) in one
@@ -26,8 +29,8 @@ and the ratios to torchrl-eager and torchrl-learner-graph of the same run.
 
 TorchRL's C++ sum tree may need another interpreter than ours (where its extension is built for another torch):
 with ``--torchrl-pythonpath DIR`` (default ``$TORCHRL_PYTHONPATH``, else ``$ANCHOR_PYTHONPATH``) the TorchRL rows
-run in a child process with DIR first on its PYTHONPATH, and the rows are merged into one table (they import
-nothing of lightning_per). Without one, they run in this process.
+run in a child process with DIR first on its PYTHONPATH, beside ours-eager-torchrl-env, and the rows are merged
+into one table. Without one, they run in this process.
 
     python -m benchmarks run user_loop                                  # every row, this machine (CUDA)
     python -m benchmarks run user_loop --quick --device cpu --out /tmp  # smoke test
@@ -196,6 +199,15 @@ def torchrl_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[d
     return rows
 
 
+def ours_eager(N: int, B: int, device, seconds: float, repeats: int) -> dict:
+    """The ours-eager measurement (its buffer and learner built here, in whichever interpreter runs it)."""
+    from lightning_per import GPUPrioritizedReplayBuffer
+
+    rb = make_buffer(GPUPrioritizedReplayBuffer, N, B, device)
+    loss, target, opt = make_learner(device)
+    return measure(eager_update(rb, loss, opt, target), 1, device, seconds, repeats)
+
+
 def compiled_learner_update(rb, loss, opt, target):
     """The update with its learner part (loss, backward, Adam, SoftUpdate) in one ``torch.compile``'d function
     (the LeanRL recipe's ``torch.compile(update)``); sample and priority update around it."""
@@ -321,9 +333,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def _order(rows: list[dict]) -> list[dict]:
-    order = ["torchrl-eager", "torchrl-learner-graph", "ours-eager", "ours-captured-k1", "ours-captured-k8",
-             "ours-captured-compiled-k1", "ours-captured-compiled-k8", "ours-captured-compiled-learner-k8",
-             "ours-cudagraphmodule"]
+    order = ["torchrl-eager", "torchrl-learner-graph", "ours-eager-torchrl-env", "ours-eager", "ours-captured-k1",
+             "ours-captured-k8", "ours-captured-compiled-k1", "ours-captured-compiled-k8",
+             "ours-captured-compiled-learner-k8", "ours-cudagraphmodule"]
     return sorted(rows, key=lambda r: order.index(r["impl"]) if r["impl"] in order else len(order))
 
 
@@ -399,7 +411,13 @@ def run(args) -> Results:
 if __name__ == "__main__":  # the TorchRL rows for a parent run in another interpreter (see the module docstring)
     if len(sys.argv) == 8 and sys.argv[1] == "--torchrl-rows":
         out, device, N, B, seconds, repeats = sys.argv[2:]
-        found = torchrl_rows(int(N), int(B), device, float(seconds), int(repeats))
+        N, B, seconds, repeats = int(N), int(B), float(seconds), int(repeats)
+        try:
+            found = torchrl_rows(N, B, device, seconds, repeats)
+        except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree does not load here
+            found = [{"impl": "torchrl-eager", "K": None, "updates_per_s": None, "us_per_update": None,
+                      "error": f"TorchRL rows skipped: {type(err).__name__}: {err}"[:300]}]
+        found.append(_row("ours-eager-torchrl-env", lambda: ours_eager(N, B, device, seconds, repeats)))
         Path(out).write_text(json.dumps([{**r, **_versions()} for r in found]))
     else:
         sys.exit("run the suite with: python -m benchmarks run user_loop [--quick] [--out DIR]")
