@@ -83,7 +83,7 @@ class FrameStackStorage(GPUTensorStorage):
 
         >>> import torch
         >>> from tensordict import TensorDict
-        >>> from lightning_per.replay.frames import FrameStackStorage
+        >>> from lightning_per import FrameStackStorage
         >>> s = FrameStackStorage(8, frame_stack=2, device="cpu")
         >>> f = torch.arange(4, dtype=torch.uint8).view(4, 1, 1).expand(4, 3, 3)  # frames 0, 1, 2, 3
         >>> td = TensorDict({"observation": torch.stack([f[0:2], f[1:3]]),

@@ -96,7 +96,7 @@ class PinnedHostStorage(GPUTensorStorage):
 
         >>> import torch
         >>> from tensordict import TensorDict
-        >>> from lightning_per.replay.host import PinnedHostStorage
+        >>> from lightning_per import PinnedHostStorage
         >>> s = PinnedHostStorage(100, device="cpu")
         >>> s.set(torch.arange(3), TensorDict({"observation": torch.ones(3, 51)}, [3]))
         >>> s.get(torch.tensor([2, 0]))["observation"].shape
