@@ -92,7 +92,8 @@ def _check_before_write(rb, data) -> None:
     as TorchRL's ``TensorDictReplayBuffer`` does; the error says how to wrap it) or the sampler cannot read it
     (a slice sampler's trajectory marker missing: :meth:`GPUSliceSampler.check_signal`)."""
     if not isinstance(data, TensorDictBase):
-        n = next((len(v) for v in data.values() if hasattr(v, "__len__")), "n") if isinstance(data, dict) else "n"
+        sizes = [v.shape[0] for v in data.values() if getattr(v, "ndim", 0) > 0] if isinstance(data, dict) else []
+        n = sizes[0] if sizes else "n"
         raise ValueError(f"{type(rb).__name__}.extend: data must be a TensorDict, got {type(data).__name__}; wrap "
                          f"a dict of (n, ...) tensors as tensordict.TensorDict(data, batch_size=[{n}]), or store "
                          "tensors, tensorclasses and pytrees in torchrl's ReplayBuffer(storage=GPUTensorStorage(...), "
