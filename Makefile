@@ -24,8 +24,9 @@ train: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# The replay tests again under the oldest torchrl / tensordict that pyproject.toml accepts, installed beside the
-# venv's (TorchRL's C++ tree, an oracle of some tests, may not load against this torch: those tests then skip).
+# The replay, checkpoint and capture tests again under the oldest torchrl / tensordict that pyproject.toml accepts,
+# installed beside the venv's (TorchRL's C++ tree, an oracle of some tests, may not load against this torch: those
+# tests then skip).
 OLDEST := $(VENV)/oldest
 $(OLDEST)/.installed: $(STAMP)
 	rm -rf $(OLDEST)
