@@ -20,9 +20,13 @@ Rows (``K``: updates per call, i.e. per graph replay):
   ours-captured-compiled-learner-k8  the learner part (loss, backward, Adam, SoftUpdate) in one
                            ``torch.compile``'d function (LeanRL's recipe), sample and priority update around it,
                            all in the graph (CUDA)
-  ours-cudagraphmodule     the whole update wrapped in tensordict's ``CudaGraphModule`` (warmup 2), over a buffer
-                           whose sampler takes ``shuffle_strata=False`` (CudaGraphModule registers no generator
-                           with its graph: the draws take their uniforms from the compiled kernels' device counters)
+  *-fused-adam             the same rows with ``Adam(capturable=True, fused=True)`` (one multi-tensor kernel per
+                           step; foreach's capturable step launches about a dozen): TorchRL's eager and learner-graph
+                           rows, ours captured (K = 8) and captured + compiled loss; their ratios are to the TorchRL
+                           rows with that optimizer
+  ours-cudagraphmodule     the whole update wrapped in tensordict's ``CudaGraphModule`` (warmup 2), over the same
+                           buffer (CudaGraphModule registers no generator with its graph: the draws take their
+                           uniforms from the compiled kernels' device RNG)
 Columns: updates/s (median of ``--repeats`` timed runs of ~``--seconds`` each, wall clock between two device
 synchronisations), us per update, host synchronisations per update (``torch.cuda.set_sync_debug_mode("warn")``),
 and the ratios to torchrl-eager and torchrl-learner-graph of the same run.
@@ -84,8 +88,10 @@ def make_buffer(cls, N: int, B: int, device, **kwargs):
     return rb
 
 
-def make_learner(device, seed: int = 0):
-    """TorchRL's DQN learner: QValueActor (MLP 256-256), DQNLoss(double_dqn=True), SoftUpdate, Adam(capturable)."""
+def make_learner(device, seed: int = 0, fused_adam: bool = False):
+    """TorchRL's DQN learner: QValueActor (MLP 256-256), DQNLoss(double_dqn=True), SoftUpdate, Adam(capturable);
+    ``fused_adam``: ``Adam(capturable=True, fused=True)`` (one multi-tensor kernel per step instead of foreach's
+    dozen, CUDA)."""
     from torchrl.data import OneHot
     from torchrl.modules import MLP, QValueActor
     from torchrl.objectives import DQNLoss, SoftUpdate
@@ -97,7 +103,8 @@ def make_learner(device, seed: int = 0):
     loss = DQNLoss(actor, action_space=spec, delay_value=True, double_dqn=True)
     loss.make_value_estimator(gamma=0.99)
     target = SoftUpdate(loss, tau=0.005)
-    opt = torch.optim.Adam(loss.parameters(), lr=1e-4, capturable=torch.device(device).type == "cuda")
+    cuda = torch.device(device).type == "cuda"
+    opt = torch.optim.Adam(loss.parameters(), lr=1e-4, capturable=cuda, **({"fused": True} if fused_adam else {}))
     return loss, target, opt
 
 
@@ -187,15 +194,19 @@ def torchrl_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[d
     rows.append({"impl": "torchrl-eager", **measure(eager_update(rb, loss, opt, target), 1, device, seconds,
                                                     repeats)})
     if torch.device(device).type == "cuda":
-        def learner_graph():
-            loss, target, opt = make_learner(device)
-            update, graph = learner_graph_update(rb, loss, opt, target, device)
-            try:
-                return measure(update, 1, device, seconds, repeats)
-            finally:
-                torch.cuda.synchronize(device)
-                graph.reset()
-        rows.append(_row("torchrl-learner-graph", learner_graph))
+        for fused in (False, True):
+            def learner_graph(fused=fused):
+                loss, target, opt = make_learner(device, fused_adam=fused)
+                update, graph = learner_graph_update(rb, loss, opt, target, device)
+                try:
+                    return measure(update, 1, device, seconds, repeats)
+                finally:
+                    torch.cuda.synchronize(device)
+                    graph.reset()
+            rows.append(_row("torchrl-learner-graph" + FUSED * fused, learner_graph))
+        loss, target, opt = make_learner(device, fused_adam=True)
+        rows.append(_row("torchrl-eager" + FUSED, lambda: measure(eager_update(rb, loss, opt, target), 1, device,
+                                                                  seconds, repeats)))
     return rows
 
 
@@ -248,11 +259,13 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
     rows = []
     loss, target, opt = make_learner(device)
     rows.append(_row("ours-eager", lambda: measure(eager_update(rb, loss, opt, target), 1, device, seconds, repeats)))
-    variants = [("", 1), ("", 8)] + ([("-compiled", 1), ("-compiled", 8), ("-compiled-learner", 8)] if cuda else [])
+    variants = [("", 1), ("", 8)] + ([("-compiled", 1), ("-compiled", 8), ("-compiled-learner", 8), (FUSED, 8),
+                                      ("-compiled" + FUSED, 8)] if cuda else [])
     for compiled, k in variants:  # on CPU, Inductor's C++ path is not what this measures
         def captured(compiled=compiled, k=k):
             torch._dynamo.reset()
-            loss, target, opt = make_learner(device)
+            loss, target, opt = make_learner(device, fused_adam=compiled.endswith(FUSED))
+            compiled = compiled.removesuffix(FUSED)
             if compiled == "-compiled-learner":
                 step = compiled_learner_update(rb, loss, opt, target)
             else:
@@ -262,7 +275,8 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
                 return {**measure(update, k, device, seconds, repeats), "graphed": update.graphed}
             finally:
                 update.release()
-        rows.append(_row(f"ours-captured{compiled}-k{k}", captured))
+        name = f"ours-captured{compiled.removesuffix(FUSED)}-k{k}" + FUSED * compiled.endswith(FUSED)
+        rows.append(_row(name, captured))
     if cuda:
         def graph_module():
             return measure(cudagraphmodule_update(N, B, device)[0], 1, device, seconds, repeats)
@@ -270,9 +284,9 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
     return rows
 
 
-#: the sampler of the CudaGraphModule row: stratum-ordered draws, whose uniforms the compiled kernels take from
-#: counters in device memory (CudaGraphModule registers no generator with its graph; see docs/graphs.md)
-CUDAGRAPHMODULE_SAMPLER = {"shuffle_strata": False}
+#: the sampler keywords of the CudaGraphModule row: the default sampler, whose draws take their uniforms from the
+#: compiled kernels' device RNG (CudaGraphModule registers no generator with its graph; see docs/graphs.md)
+CUDAGRAPHMODULE_SAMPLER: dict = {}
 
 
 def cudagraphmodule_update(N: int, B: int, device, warmup: int = 2, sampler_kwargs: dict | None = None):
@@ -288,12 +302,20 @@ def cudagraphmodule_update(N: int, B: int, device, warmup: int = 2, sampler_kwar
     return CudaGraphModule(eager_update(rb, loss, opt, target), warmup=warmup), rb
 
 
+#: suffix of the rows whose learner steps ``Adam(capturable=True, fused=True)``; their ratios are to the TorchRL rows
+#: with the same optimizer
+FUSED = "-fused-adam"
+
+
 def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row's ratios to ``torchrl-eager`` and ``torchrl-learner-graph`` (the ``-fused-adam`` rows: to the TorchRL
+    rows of that optimizer) of the same run."""
     base = {r["impl"]: r["updates_per_s"] for r in rows if r.get("updates_per_s")}
     for r in rows:
+        suffix = FUSED * r["impl"].endswith(FUSED)
         for ref in ("torchrl-eager", "torchrl-learner-graph"):
-            ok = ref in base and r.get("updates_per_s")
-            r[f"x_{ref}"] = r["updates_per_s"] / base[ref] if ok else None
+            ok = ref + suffix in base and r.get("updates_per_s")
+            r[f"x_{ref}"] = r["updates_per_s"] / base[ref + suffix] if ok else None
     return rows
 
 
@@ -335,7 +357,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def _order(rows: list[dict]) -> list[dict]:
     order = ["torchrl-eager", "torchrl-learner-graph", "ours-eager-torchrl-env", "ours-eager", "ours-captured-k1",
              "ours-captured-k8", "ours-captured-compiled-k1", "ours-captured-compiled-k8",
-             "ours-captured-compiled-learner-k8", "ours-cudagraphmodule"]
+             "ours-captured-compiled-learner-k8", "ours-cudagraphmodule", "torchrl-eager" + FUSED,
+             "torchrl-learner-graph" + FUSED, "ours-captured-k8" + FUSED, "ours-captured-compiled-k8" + FUSED]
     return sorted(rows, key=lambda r: order.index(r["impl"]) if r["impl"] in order else len(order))
 
 
@@ -396,7 +419,8 @@ def run(args) -> Results:
     rows = with_ratios(_order(rows))
     best = {r["impl"]: r for r in rows}
     notes = []
-    for impl in ("ours-captured-k8", "ours-captured-compiled-k8", "ours-captured-compiled-learner-k8"):
+    for impl in ("ours-captured-k8", "ours-captured-compiled-k8", "ours-captured-compiled-learner-k8",
+                 "ours-captured-k8" + FUSED, "ours-captured-compiled-k8" + FUSED):
         if impl in best and best[impl].get("x_torchrl-eager") is not None:
             r = best[impl]
             notes.append(f"- {impl}: {r['updates_per_s']:,.0f} updates/s, {r['x_torchrl-eager']:.1f}x TorchRL's eager "

@@ -12,7 +12,7 @@ import torch
 from . import COMPILED_OPS, FUSED_OPS
 from ._common import INTERPRET
 from .blocks import last_write_wins, last_writer, reduce_blocks
-from .philox import DEVICE_RNG_DRAWS, new_rng_state, seed_word
+from .philox import DEVICE_RNG_DRAWS, SHUFFLE_DRAWS, new_rng_state, seed_word, shuffled_uniforms
 from .priority import sanitize_priority, transform_priority
 from .rank import rank_sample
 from .sample import (
@@ -46,6 +46,8 @@ class TritonOps:
     COMPILED: tuple[str, ...] = COMPILED_OPS + FUSED_OPS
     #: Most draws one call may take from the device RNG (positions with their own counter).
     DEVICE_RNG_DRAWS: int = DEVICE_RNG_DRAWS
+    #: Largest batch whose shuffled stratified uniforms the device RNG draws (:meth:`shuffled_uniforms`).
+    SHUFFLE_DRAWS: int = SHUFFLE_DRAWS
 
     sanitize_priority = staticmethod(sanitize_priority)
     transform_priority = staticmethod(transform_priority)
@@ -64,6 +66,8 @@ class TritonOps:
     #: the proportional draws' in-kernel uniforms (``rng=``)
     new_rng_state = staticmethod(new_rng_state)
     seed_word = staticmethod(seed_word)
+    #: stratified uniforms in a random order of the strata, from the device RNG (one launch)
+    shuffled_uniforms = staticmethod(shuffled_uniforms)
 
     def __init__(self, device: torch.device | str) -> None:
         device = torch.device(device)

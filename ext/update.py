@@ -123,8 +123,9 @@ def _claim_kernel(index_ptr, scratch_ptr, n, n_valid, trash, ATOMIC: tl.constexp
 
 @triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "n_blocks", "alpha_bits", "eps_bits"])
 def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_ptr, nclamp_ptr,
-                      ndrop_ptr, ticket_ptr, alpha_ptr, alpha_bits, eps_bits, n, n_valid, trash, block, n_blocks,
-                      ALPHA_FROM_PTR: tl.constexpr, BP: tl.constexpr, ROW_CHUNK: tl.constexpr):
+                      ndrop_ptr, ticket_ptr, alpha_ptr, alpha_bits, eps_bits, valid_ptr, n, n_valid, trash, block,
+                      n_blocks, ALPHA_FROM_PTR: tl.constexpr, BP: tl.constexpr, ROW_CHUNK: tl.constexpr,
+                      MASKED: tl.constexpr):
     k = tl.program_id(0)
     offs = tl.arange(0, BP)
     m = offs < n
@@ -144,6 +145,8 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
     clean = tl.where(mine_ok, clean, 0.0)
     alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
     stored = tl.where(mine_ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
+    if MASKED:  # a slot the mask leaves out keeps its raw priority and stores the value 0
+        stored = tl.where(tl.load(valid_ptr + mine, mask=mine_ok, other=0) != 0, stored, 0.0)
     # two counts in one reduction (B <= MAX_ONE_LAUNCH < 2^15): later entries of my slot in the low 16 bits,
     # entries of my block above them
     both = tl.sum(tl.where(m & (offs > k) & (idx == mine), 1, 0) + tl.where(m & (idx // block == blk), 65536, 0), 0)
@@ -175,9 +178,9 @@ def _write_one_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, bsum_ptr, bmin_p
 
 @triton.jit(do_not_specialize=["n", "n_valid", "trash", "block", "alpha_bits", "eps_bits"])
 def _scatter_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, maxraw_ptr, alpha_ptr, alpha_bits, eps_bits,
-                    idx_out_ptr, scratch_ptr, flags_ptr, pmax_ptr, pbad_ptr, pdrop_ptr, n, n_valid, trash,
+                    idx_out_ptr, scratch_ptr, flags_ptr, pmax_ptr, pbad_ptr, pdrop_ptr, valid_ptr, n, n_valid, trash,
                     block,
-                    ALPHA_FROM_PTR: tl.constexpr, QUADRATIC: tl.constexpr, BB: tl.constexpr):
+                    ALPHA_FROM_PTR: tl.constexpr, QUADRATIC: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BB + tl.arange(0, BB)
     m = offs < n
@@ -188,6 +191,8 @@ def _scatter_kernel(index_ptr, prio_ptr, raw_ptr, leaves_ptr, maxraw_ptr, alpha_
     clean = tl.where(ok, clean, 0.0)
     alpha = exponent(alpha_ptr, alpha_bits, ALPHA_FROM_PTR)
     stored = tl.where(ok, transform(clean, alpha, f64_from_bits(eps_bits)), 0.0)
+    if MASKED:
+        stored = tl.where(tl.load(valid_ptr + idx, mask=m & ok, other=0) != 0, stored, 0.0)
     if QUADRATIC:
         n_later = tl.zeros([BB], tl.int32)
         for start in range(pid * BB, n, BB):  # entries before this program's cannot be later ones
@@ -245,7 +250,7 @@ def _refresh_kernel(idx_ptr, flags_ptr, leaves_ptr, bsum_ptr, bmin_ptr, maxraw_p
 
 def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
                   n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float, eps: float,
-                  max_chunk: int = MAX_CHUNK, max_quadratic: int = MAX_QUADRATIC,
+                  valid: Tensor | None = None, max_chunk: int = MAX_CHUNK, max_quadratic: int = MAX_QUADRATIC,
                   max_one: int = MAX_ONE_LAUNCH) -> None:
     n = index.numel()
     if n == 0:
@@ -257,8 +262,9 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         bp = chunk_for(n, 1 << 30)
         _write_one_kernel[(n,)](
             index, priority, raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped,
-            _tickets(leaves), alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps), n,
-            n_valid, trash, block, nb, ALPHA_FROM_PTR=alpha is not None, BP=bp, ROW_CHUNK=row_chunk,
+            _tickets(leaves), alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps),
+            valid if valid is not None else index, n, n_valid, trash, block, nb, ALPHA_FROM_PTR=alpha is not None,
+            BP=bp, ROW_CHUNK=row_chunk, MASKED=valid is not None,
             num_warps=max(warps_for(row_chunk), 4 if bp <= 512 else 8))
         return
     parts = cdiv(n, BB)
@@ -276,9 +282,9 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
             _claim_kernel[(cdiv(n, 1024),)](index, scratch, n, n_valid, trash, ATOMIC=atomic, BLOCK=1024)
     _scatter_kernel[(parts,)](
         index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
-        f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop, n, n_valid, trash,
-        block,
-        ALPHA_FROM_PTR=alpha is not None, QUADRATIC=quadratic, BB=BB, num_warps=4)
+        f64_bits(alpha_value), f64_bits(eps), idx, scratch, flags, pmax, pbad, pdrop,
+        valid if valid is not None else index, n, n_valid, trash, block,
+        ALPHA_FROM_PTR=alpha is not None, QUADRATIC=quadratic, BB=BB, MASKED=valid is not None, num_warps=4)
     row_chunk = chunk_for(block, max_chunk)
     _refresh_kernel[(n if quadratic else nb,)](
         idx, flags, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, pmax, pbad, pdrop, n, block,
@@ -290,13 +296,13 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
              fake=lambda *args: None)
 def _write_op(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
               n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int, trash: int,
-              alpha: Tensor | None, alpha_value: float, eps: float) -> None:
+              alpha: Tensor | None, alpha_value: float, eps: float, valid: Tensor | None) -> None:
     _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                  n_valid, trash, alpha, alpha_value, eps)
+                  n_valid, trash, alpha, alpha_value, eps, valid)
 
 
 def _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                 n_valid, trash) -> None:
+                 n_valid, trash, valid=None) -> None:
     state = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped)
     nb, block = leaves.shape
     dev = leaves.device
@@ -319,11 +325,17 @@ def _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_
     if not (0 <= n_valid <= trash < nb * block):
         raise ValueError(f"need 0 <= n_valid ({n_valid}) <= trash ({trash}) < n_blocks * block "
                          f"({nb * block})")
+    if valid is not None and not validated((valid,)):
+        expect(valid, "valid", torch.bool, ndim=1, device=dev)
+        if valid.numel() < trash or not valid.is_contiguous():
+            raise ValueError(f"valid must be a contiguous (>= trash = {trash},) bool mask, got "
+                             f"{tuple(valid.shape)}")
+        remember_validated((valid,))
 
 
 def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
                      n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float) -> None:
+                     trash: int, alpha: Tensor | float, eps: float, valid: Tensor | None = None) -> None:
     """Store raw priorities at slots, in place (module docstring); no host synchronisation.
 
     Args:
@@ -336,15 +348,18 @@ def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block
         priority: ``(B,)`` float raw priorities; NaN/Inf/negative are clamped and counted.
         n_valid: filled slots (host int); trash: the always-empty slot (host int, ``n_valid <= trash``).
         alpha: exponent, float or 0-d float tensor on the device; eps: added before the exponent.
+        valid: optional ``(>= trash,)`` bool mask: a written slot where it is False stores the value 0 (its raw
+            priority is still stored and folded into the running max, and it is not counted as dropped), e.g. a
+            slice sampler's slots that cannot start a slice.
 
     Raises:
         ValueError/TypeError: a shape, dtype, device or range that does not fit (named).
     """
     _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                 n_valid, trash)
+                 n_valid, trash, valid)
     alpha_t, alpha_v = scalar_arg(alpha, "alpha", leaves.device)
     args = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index.contiguous(),
-            priority.contiguous(), int(n_valid), int(trash), alpha_t, alpha_v, float(eps))
+            priority.contiguous(), int(n_valid), int(trash), alpha_t, alpha_v, float(eps), valid)
     if compiling():
         torch.ops.lightning_per.write_priorities(*args)
     else:

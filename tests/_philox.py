@@ -42,3 +42,23 @@ def expected_uniforms(seed: int, counts: np.ndarray) -> np.ndarray:
     x = philox4x32_10(ctr, key).astype(np.uint64)
     return ((x[:, 0] >> np.uint64(5)).astype(np.float64) * 67108864.0
             + (x[:, 1] >> np.uint64(6)).astype(np.float64)) * 2.0**-53
+
+
+def expected_shuffled_uniforms(seed: int, counts: np.ndarray) -> np.ndarray:
+    """The documented shuffled stream (``ext.philox.shuffled_uniforms``): per position ``j`` the Philox block of
+    :func:`expected_uniforms`; ``U_j`` from its words ``x0, x1``, a 53-bit key ``K_j`` from ``x2, x3``; ``pi(j)``
+    the rank of ``(K_j, j)`` (lexicographic); ``u_j = (pi(j) + U_j) / n``."""
+    n = len(counts)
+    k = np.arange(n, dtype=np.uint64)
+    c = counts.astype(np.uint64)
+    seed &= 0xFFFFFFFFFFFFFFFF
+    ctr = np.stack([c & MASK, c >> np.uint64(32), k, np.full_like(k, DOMAIN)], axis=1)
+    key = np.tile(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint64), (n, 1))
+    x = philox4x32_10(ctr, key).astype(np.uint64)
+    uniform = ((x[:, 0] >> np.uint64(5)).astype(np.float64) * 67108864.0
+               + (x[:, 1] >> np.uint64(6)).astype(np.float64)) * 2.0**-53
+    keys = (x[:, 2] >> np.uint64(5)) * np.uint64(67108864) + (x[:, 3] >> np.uint64(6))
+    order = np.lexsort((np.arange(n), keys))  # by key, then position
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    return (rank.astype(np.float64) + uniform) / np.float64(n)

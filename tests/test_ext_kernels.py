@@ -112,6 +112,39 @@ def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, m
         assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
 
 
+@pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4096, 4096, 0), (4096, 8, 0)])
+def test_masked_write_stores_zero_values_where_the_mask_is_false(kdev, gen, max_chunk, max_quadratic, max_one):
+    """A write with ``valid`` (a slice sampler's start mask): the unmasked write's raw priorities, running max and
+    counters, with the stored value 0 wherever the mask is False; every kernel path equals the reference."""
+    capacity, n_valid = 45, 40
+    leaves = make_levels(capacity, kdev, gen, integer=False)[0]
+    valid = (torch.rand(leaves.numel(), generator=gen) < 0.6).to(kdev)
+    got, want, plain = fresh_state(leaves), fresh_state(leaves), fresh_state(leaves)
+    for state in (got, want):  # a masked state holds no value where the mask is False
+        state["leaves"].view(-1).mul_(valid)
+        total, low = reference.reduce_blocks(state["leaves"])
+        state["block_sum"].copy_(total)
+        state["block_min"].copy_(low)
+    index = torch.randint(-3, capacity + 3, (20,), generator=gen)
+    index[:8] = index[8:16].flip(0)  # clashes, in both orders
+    prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
+    prio[2], prio[9] = float("nan"), -0.5
+    index[18], index[19] = -1, capacity + 1  # rejected entries: dropped, masked or not
+    index, prio = index.to(kdev), prio.to(kdev)
+    args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=0.6, eps=1e-6)
+    update._launch_write(*got.values(), index, prio, n_valid, capacity, *_common.scalar_arg(0.6, "alpha", kdev),
+                         1e-6, valid, max_chunk=max_chunk, max_quadratic=max_quadratic, max_one=max_one)
+    reference.write_priorities(**want, **args, valid=valid)
+    reference.write_priorities(**plain, **args)
+    for key in ("raw_store", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+    torch.testing.assert_close(want["leaves"].view(-1), plain["leaves"].view(-1) * valid, rtol=0, atol=0)
+    for key in ("raw_store", "max_raw", "n_clamped", "n_dropped"):
+        torch.testing.assert_close(want[key], plain[key], rtol=0, atol=0)
+    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
+
+
 @pytest.mark.parametrize("n", [40, update.MAX_ONE_LAUNCH])  # the largest one-launch batch: the most entries per
 def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and per slot the packed counts hold
     """``n`` entries into one block of 8 slots (one block ticket drawn n times), every slot repeated with

@@ -140,20 +140,37 @@ def _raise_unregistered(*args, **kwargs):
 
 
 def test_a_draw_from_a_generator_the_capture_did_not_register_is_named(monkeypatch):
-    """The default sampler (shuffled strata) draws its uniforms from its own generator: inside a capture that did
-    not register it, the error names the generator and the ways out; it is what graphs.capture registers."""
+    """A shuffled draw larger than the device RNG's shuffle serves (here made 4) draws its uniforms from the
+    sampler's own generator: inside a capture that did not register it, the error names the generator and the
+    ways out; it is what graphs.capture registers."""
     rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="kernels", seed=0)
     rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
     sampler = rb.sampler
+    monkeypatch.setattr(sampler._ops, "SHUFFLE_DRAWS", 4)
     assert sampler.draw_generators(8) == (sampler.generator,)
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     with pytest.raises(RuntimeError) as info:
         rb.sample()
     message = str(info.value)
     for part in ("GPUPrioritizedSampler.generator", "lightning_per.graphs.capture", "register_generator_state",
-                 "shuffle_strata=False"):
+                 "draw at most 4 per call", "shuffle_strata=False"):
         assert part in message, (part, message)
     assert isinstance(info.value.__cause__, RuntimeError) and _UNREGISTERED in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("B", [8, 300])
+def test_shuffled_kernel_draws_use_no_generator(monkeypatch, B):
+    """The default sampler (shuffled strata) with the compiled kernels, up to SHUFFLE_DRAWS draws: its uniforms
+    come from the device RNG (one launch ranks the strata), so nothing draws from a torch generator, a capture
+    needs none registered, and every stratum holds one draw."""
+    rb = make_replay_buffer(16 * B, B, device="cpu", alpha=1.0, beta=0.4, backend="kernels", seed=0)
+    rb.extend(TensorDict({"x": torch.arange(16.0 * B)}, [16 * B]))
+    assert rb.sampler.shuffle_strata and rb.sampler.draw_generators(B) == ()
+    monkeypatch.setattr(torch, "rand", _raise_unregistered)
+    index = rb.sample()["index"]
+    # equal priorities: stratum j of B covers slots [16 j, 16 j + 16), one draw in each
+    assert sorted((index // 16).tolist()) == list(range(B))
+    assert not bool((index.diff() > 0).all())  # not in stratum order
 
 
 def test_stratum_ordered_kernel_draws_use_no_generator(monkeypatch):

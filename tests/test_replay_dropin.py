@@ -157,6 +157,28 @@ def test_max_priority_within_buffer_as_torchrl():
 
 
 @pytest.mark.torchrl_tree
+@pytest.mark.parametrize("shape,reduction", [((6,), "max"), ((6, 1), "mean"), ((6, 3), "max"), ((6, 3), "mean")])
+def test_update_tensordict_priority_reduces_as_torchrl(shape, reduction):
+    """A batch's ``td_error`` of shape (B,), (B, 1) or (B, k) sets the priorities TorchRL's buffer sets (its
+    ``reduction`` over each item's extra dims; a (B,) or (B, 1) vector is taken as it is)."""
+    td_error = torch.rand(shape, generator=torch.Generator().manual_seed(3)) + 0.1
+    probabilities = []
+    for cls in (TensorDictPrioritizedReplayBuffer, GPUPrioritizedReplayBuffer):
+        ours = cls is GPUPrioritizedReplayBuffer
+        storage = GPUTensorStorage(10, device="cpu") if ours else LazyTensorStorage(10)
+        rb = cls(alpha=1.0, beta=0.5, storage=storage, batch_size=6, reduction=reduction)
+        rb.extend(TensorDict({"x": torch.arange(10.0)}, [10]))
+        batch = TensorDict({"index": torch.tensor([0, 2, 4, 6, 8, 9]), "td_error": td_error}, [6])
+        rb.update_tensordict_priority(batch)
+        if not ours:  # TorchRL's stored values (p + eps)^alpha, from its tree
+            values = torch.tensor([rb.sampler._sum_tree[i] for i in range(10)], dtype=torch.float64)
+            probabilities.append(values / values.sum())
+        else:
+            probabilities.append(rb.sampler.probabilities().cpu())
+    torch.testing.assert_close(probabilities[1], probabilities[0], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.torchrl_tree
 def test_alpha_and_beta_as_tensors_follow_a_scheduler():
     out = []
     for sampler in (PrioritizedSampler(10, torch.tensor(0.6), torch.tensor(0.4)),

@@ -146,13 +146,13 @@ def test_rank_sampler_never_takes_the_proportional_fused_op(device):
     assert torch.equal(data["priority_weight"], info["priority_weight"])
 
 
-def test_nested_keys_fall_back_to_sample_then_get(device):
+def test_nested_keys_take_the_fused_path_and_equal_sample_then_get(device):
     storage = GPUTensorStorage(16, device=device, packed=True)
     sampler = GPUPrioritizedSampler(16, 0.6, 0.4, device=device, backend="reference", seed=1)
     data = TensorDict({"obs": torch.arange(10.0)[:, None], "next": {"obs": torch.arange(10.0)[:, None] + 1}}, [10])
     storage.set(torch.arange(10), data)
     sampler.mark_update(torch.arange(10), storage=storage)
-    assert storage.gather_rows is None and sampler._fusable_rows(storage) is None
+    assert storage.gather_rows is not None and sampler._fusable_rows(storage) is not None  # nested keys pack too
     state = sampler.get_rng_state()
     index, _, batch = sampler.sample_gather(storage, 4)
     sampler.set_rng_state(state)

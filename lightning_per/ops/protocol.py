@@ -86,6 +86,8 @@ class CompiledReplayOps(ReplayOps, Protocol):
     COMPILED: tuple[str, ...]
     #: Most draws one call may take from a device RNG state.
     DEVICE_RNG_DRAWS: int
+    #: Largest batch :meth:`shuffled_uniforms` draws.
+    SHUFFLE_DRAWS: int
     #: The device the ops were checked on.
     device: torch.device
 
@@ -94,3 +96,5 @@ class CompiledReplayOps(ReplayOps, Protocol):
     def new_rng_state(self, seed: int, device: torch.device | str) -> Tensor: ...
 
     def seed_word(self, seed: int) -> int: ...
+
+    def shuffled_uniforms(self, rng: Tensor, n: int) -> Tensor: ...

@@ -298,16 +298,19 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
 
 def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
                      n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float) -> None:
+                     trash: int, alpha: Tensor | float, eps: float, valid: Tensor | None = None) -> None:
     """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
     running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
-    transform, last write wins, recompute the touched blocks from their leaves, fold the counters."""
+    transform (the value 0 where the optional bool mask ``valid`` is False; the raw priority is still stored),
+    last write wins, recompute the touched blocks from their leaves, fold the counters."""
     default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
     ok = (index >= 0) & (index < n_valid)  # [B]
     idx = index.where(ok, trash)  # [B]
     clean = clean.where(ok, 0.0)
     stored = transform_priority(clean, alpha, eps).where(ok, 0.0)  # [B]
+    if valid is not None:
+        stored = stored.where(valid[idx.clamp(max=valid.numel() - 1)], 0.0)
     last = last_write_wins(idx, torch.arange(idx.numel(), device=idx.device))  # [B]
     raw_store.index_put_((idx,), clean[last])
     leaves.view(-1).index_put_((idx,), stored[last])

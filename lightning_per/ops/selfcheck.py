@@ -183,6 +183,11 @@ def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.G
     _equal("device rng: one count per draw", first, counted)
     if not bool((leaves.view(-1)[gi] > 0).all()):  # sync-ok: one-time self-check
         raise RuntimeError("device rng: a draw landed on an empty slot")
+    u = ops.shuffled_uniforms(first, batch)  # one draw per stratum, in some order
+    strata = torch.sort(torch.floor(u * batch).to(torch.int64)).values
+    _equal("device rng: shuffled strata", strata, torch.arange(batch, device=device))
+    counted[1:1 + batch] = 2
+    _equal("device rng: shuffled draws counted", first, counted)
 
 
 def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> None:

@@ -289,6 +289,16 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
             index = super().extend(tensordicts, update_priority=update_priority)
         return index
 
+    def _get_priority_vector(self, tensordict):
+        """TorchRL's per-item priority of a batch (its ``priority_key`` reduced with ``reduction`` over each item's
+        extra dims); a floating ``(B,)`` or ``(B, 1)`` priority on a 1-D storage, the common case (a TD error per
+        transition), is already that vector and is returned as a view instead of through a reduction kernel."""
+        priority = tensordict.get(self.priority_key, None)
+        if (self._storage.ndim == 1 and isinstance(priority, torch.Tensor) and priority.is_floating_point()
+                and priority.numel() and (priority.ndim == 1 or (priority.ndim == 2 and priority.shape[1] == 1))):
+            return priority.reshape(priority.shape[0])
+        return super()._get_priority_vector(tensordict)
+
     def update_priority(self, index, priority) -> None:
         """Set raw priorities of slots ``index`` (see :meth:`GPUPrioritizedSampler.update_priority`).
 

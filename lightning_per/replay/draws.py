@@ -30,8 +30,9 @@ class PriorityDraws(DeviceRNGMixin):
 
     def _unregistered_way(self) -> str:
         if self._device_rng is not None and self._shuffles():
-            return ("build the sampler with shuffle_strata=False (with the compiled kernels its draws then take "
-                    "their uniforms from counters in device memory: no generator to register)")
+            return (f"draw at most {self._ops.SHUFFLE_DRAWS} per call, or build the sampler with shuffle_strata=False "
+                    f"(with the compiled kernels its draws then take their uniforms from counters in device "
+                    f"memory: no generator to register)")
         return ""
 
     def _shuffles(self) -> bool:
@@ -50,9 +51,18 @@ class PriorityDraws(DeviceRNGMixin):
 
     def _device_draws(self, batch_size: int) -> bool:
         """True when a draw of ``batch_size`` takes its uniforms from the kernels' device RNG
-        (:attr:`_device_rng`, not while ``torch.compile`` traces), else from :attr:`generator`."""
-        return (self._device_rng is not None and batch_size <= self._ops.DEVICE_RNG_DRAWS
-                and not self._shuffles() and not torch.compiler.is_compiling())
+        (:attr:`_device_rng`, not while ``torch.compile`` traces), else from :attr:`generator`: in-kernel
+        uniforms up to ``DEVICE_RNG_DRAWS`` draws, or, with :attr:`shuffle_strata`, the shuffled stratified
+        uniforms of ``ops.shuffled_uniforms`` (one launch) up to ``SHUFFLE_DRAWS``."""
+        return (self._device_rng is not None and not torch.compiler.is_compiling()
+                and batch_size <= (self._ops.SHUFFLE_DRAWS if self._shuffles() else self._ops.DEVICE_RNG_DRAWS))
+
+    def _device_uniforms(self, batch_size: int) -> Tensor | int:
+        """What a device draw passes the sample op as ``u``: the shuffled stratified uniforms (drawn here, one
+        launch) with :attr:`shuffle_strata`, else the batch size (the sample kernel draws its own)."""
+        if self._shuffles():
+            return self._ops.shuffled_uniforms(self._device_rng, batch_size)
+        return batch_size
 
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use, to replay them with :meth:`set_rng_state`:
@@ -95,8 +105,10 @@ class PriorityDraws(DeviceRNGMixin):
     def _draw(self, batch_size: int) -> tuple[Tensor, Tensor]:
         """``(index (B,) int64, weight (B,) float32)``: uniforms, then the search and the IS weights
         (:func:`lightning_per.replay.priority.sample`)."""
-        if self._device_draws(batch_size):  # one launch: the kernel draws its uniforms
-            return core.sample(self._ops, self._state, batch_size, self.stratified, self.weight_normalization)
+        if self._device_draws(batch_size):  # the kernel draws its uniforms, or reads the shuffled ones
+            u = self._device_uniforms(batch_size)
+            return core.sample(self._ops, self._state, u, self.stratified and isinstance(u, int),
+                               self.weight_normalization)
         u, stratified = self._draw_uniforms(batch_size)
         return core.sample(self._ops, self._state, u, stratified, self.weight_normalization)
 
@@ -105,8 +117,9 @@ class PriorityDraws(DeviceRNGMixin):
         of the drawn slots, one fused op (:func:`lightning_per.replay.priority.sample_gather`; rows first: the
         cached graphs' outputs start with them)."""
         if self._device_draws(batch_size):
-            return core.sample_gather(self._ops, self._state, batch_size, rows, self.stratified,
-                                          self.weight_normalization)
+            u = self._device_uniforms(batch_size)
+            return core.sample_gather(self._ops, self._state, u, rows, self.stratified and isinstance(u, int),
+                                      self.weight_normalization)
         u, stratified = self._draw_uniforms(batch_size)
         return core.sample_gather(self._ops, self._state, u, rows, stratified, self.weight_normalization)
 

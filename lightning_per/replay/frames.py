@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.compat import unsafe_tensordict
+from lightning_per.replay.ring import make_batch
 from lightning_per.replay.rows import batch_views, last_writes
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
@@ -305,7 +305,7 @@ class FrameStackStorage(GPUTensorStorage):
             fields[self.frame_keys[0]], fields[self.frame_keys[1]] = obs, nxt
             if extra:
                 fields.update(extra)
-            batch = unsafe_tensordict(fields, index.shape, device)
+            batch = make_batch(self._ring_state, fields, index.shape)
         else:
             batch = super()._read(index, extra)
             batch.set(self.frame_keys[0], obs)

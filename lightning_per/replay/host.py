@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.compat import unsafe_tensordict
+from lightning_per.replay.ring import make_batch
 from lightning_per.replay.rows import batch_views, field_views, item_spec, last_writes, pack_plan, row_layout, view_plan
 from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
@@ -193,7 +193,7 @@ class PinnedHostStorage(GPUTensorStorage):
         if extra:
             for key, value in extra.items():
                 fields[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        batch = unsafe_tensordict(fields, index.shape, device)
+        batch = make_batch(self._ring_state, fields, index.shape)
         return batch[0] if squeeze else batch
 
     # ------------------------------------------------------------------ persistence

@@ -14,6 +14,7 @@ of raising (see :meth:`GPUPrioritizedSampler.update_priority`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -298,25 +299,28 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         """Recompute every stored value and block reduction from the raw priorities (O(N))."""
         core.rebuild(self._ops, self._state)
 
-    def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
+    def _write(self, index: Tensor, raw: Tensor, n_valid: int, valid: Tensor | None = None) -> None:
         """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the device):
-        :func:`lightning_per.replay.priority.write`, served by a cached CUDA graph into a full ring; counted in
+        :func:`lightning_per.replay.priority.write` (``valid``: its optional mask of slots whose stored value may
+        be non-zero), served by a cached CUDA graph into a full ring; counted in
         :attr:`PriorityState.writes <lightning_per.replay.priority.PriorityState.writes>` once done."""
         if index.numel() == 0:  # e.g. extending with an empty batch: nothing to write
             pass
         elif n_valid == self._max_capacity and index.device == raw.device and index.device.type == "cuda":
-            # a full ring: n_valid is fixed, so the call shape is (B, eps)
-            self._served(("write", index.numel(), self._eps, self._state.raw_limit), self._write_full, (index, raw),
-                         self._state.tensors())
+            # a full ring: n_valid is fixed, so the call shape is (B, eps, masked)
+            masked = valid is not None
+            self._served(("write", index.numel(), self._eps, self._state.raw_limit, masked),
+                         functools.partial(self._write_full, valid=valid), (index, raw),
+                         (*self._state.tensors(), valid) if masked else self._state.tensors())
         else:
-            core.write(self._ops, self._state, index, raw, n_valid)
+            core.write(self._ops, self._state, index, raw, n_valid, valid)
             if self._max_priority_within_buffer:
                 core.max_within_buffer(self._state)
         self._state.writes += 1
 
-    def _write_full(self, index: Tensor, raw: Tensor) -> None:
-        """:meth:`_write` into a full ring (every slot valid): what its cached graphs record."""
-        core.write(self._ops, self._state, index, raw, self._max_capacity)
+    def _write_full(self, index: Tensor, raw: Tensor, valid: Tensor | None = None) -> None:
+        """:meth:`_write` into a full ring (every slot filled): what its cached graphs record."""
+        core.write(self._ops, self._state, index, raw, self._max_capacity, valid)
         if self._max_priority_within_buffer:
             core.max_within_buffer(self._state)
 

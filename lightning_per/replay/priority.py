@@ -156,17 +156,18 @@ def bounded(state: PriorityState, raw: Tensor) -> Tensor:
     return torch.where(over, torch.full((), limit, dtype=raw.dtype, device=raw.device), raw)
 
 
-def write(ops, state: PriorityState, index: Tensor, raw: Tensor, n_valid: int) -> None:
+def write(ops, state: PriorityState, index: Tensor, raw: Tensor, n_valid: int, valid: Tensor | None = None) -> None:
     """Store raw priorities ``raw`` ``(B,)`` at slots ``index`` ``(B,)`` (both on the state's device), in place.
 
     One whole-step op (:func:`lightning_per.ops.reference.write_priorities` or its fused kernel): sanitize,
-    send slots outside ``[0, n_valid)`` to the trash slot (counted in ``n_dropped``), ``(p + eps)^alpha``, the
-    value given *last* wins for a repeated slot, touched block sums/minima recomputed from their leaves,
-    counters and the running max folded in.
+    send slots outside ``[0, n_valid)`` to the trash slot (counted in ``n_dropped``), ``(p + eps)^alpha`` (0 where
+    the optional ``(>= capacity,)`` bool mask ``valid`` is False, the raw priority kept), the value given *last*
+    wins for a repeated slot, touched block sums/minima recomputed from their leaves, counters and the running
+    max folded in.
     """
     ops.write_priorities(state.raw, state.leaves, state.block_sum, state.block_min, state.max_raw, state.n_clamped,
                          state.n_dropped, index, bounded(state, raw), n_valid, state.capacity, state.alpha,
-                         state.eps)
+                         state.eps, valid)
 
 
 def max_within_buffer(state: PriorityState) -> None:

@@ -33,7 +33,8 @@ from torch import Tensor
 from lightning_per.replay.compat import unsafe_tensordict
 from lightning_per.replay.rows import batch_views
 
-__all__ = ["RingState", "match_pairs", "read_slots", "ring_field", "rows_batch", "write_pairs", "write_rows"]
+__all__ = ["RingState", "make_batch", "match_pairs", "read_slots", "ring_field", "rows_batch", "write_pairs",
+           "write_rows"]
 
 
 @dataclass(eq=False)
@@ -50,8 +51,10 @@ class RingState:
         pack: packed rows: how a batch's fields become its rows' bytes in one ``torch.cat``
             (:func:`lightning_per.replay.rows.pack_plan`), or None.
         ring_bytes: ``(max_size, row_bytes) uint8`` view of :attr:`rows`, or None.
-        flat: ``{key: (max_size, *shape) ring tensor}`` when every key is flat (a str), else None.
+        flat: ``{key: (max_size, *shape) ring tensor}`` of every stored leaf (a str key, or a tuple for a nested
+            one such as ``("next", "observation")``).
         flat_spec: ``{key: (ring tensor, dtype, per-item shape)}``, what a direct write checks a batch against.
+        nested: whether some key of :attr:`flat` is nested (a read then builds the sub-TensorDicts).
         device: the ring's device.
     """
 
@@ -60,13 +63,14 @@ class RingState:
     plan: tuple | None = None
     pack: tuple | None = None
     ring_bytes: Tensor | None = None
-    flat: dict[str, Tensor] | None = None
-    flat_spec: dict[str, tuple[Tensor, torch.dtype, torch.Size]] | None = None
+    flat: dict[Any, Tensor] | None = None
+    flat_spec: dict[Any, tuple[Tensor, torch.dtype, torch.Size]] | None = None
+    nested: bool = False
     device: torch.device | None = None
 
     def tensors(self) -> tuple[Tensor, ...]:
-        """The ring's device buffers: ``(rows,)`` when packed, else the flat keys' tensors (empty before the first
-        write, or for nested keys)."""
+        """The ring's device buffers: ``(rows,)`` when packed, else the leaves' tensors (empty before the first
+        write)."""
         if self.rows is not None:
             return (self.rows,)
         return tuple(self.flat.values()) if self.flat else ()
@@ -79,15 +83,15 @@ def ring_field(name: str, doc: str | None = None) -> property:
                     doc=doc or f"The ring state's ``{name}`` (:class:`RingState`).")
 
 
-def match_pairs(ring: RingState, data) -> dict[str, tuple[Tensor, Tensor]] | None:
+def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | None:
     """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]`` (``n >=
-    1``) whose top-level tensors, but ``"index"``, are exactly the ring's flat keys with their per-item shapes and
-    dtypes; else None. Host work on metadata only; changes nothing."""
+    1``) whose leaves, but ``"index"``, are exactly the ring's keys (nested ones included) with their per-item
+    shapes and dtypes; else None. Host work on metadata only; changes nothing."""
     spec = ring.flat_spec
     if spec is None or data.batch_dims != 1 or not data.batch_size[0]:
         return None
     pairs = {}
-    for key, value in data.items():
+    for key, value in (data.items(include_nested=True, leaves_only=True) if ring.nested else data.items()):
         if key == "index":
             continue
         want = spec.get(key)
@@ -160,8 +164,7 @@ def read_slots(ring: RingState, index: Tensor, extra: dict[str, Tensor] | None =
     fields = {k: v[index] for k, v in ring.flat.items()}
     if extra:
         fields.update(extra)
-    # a TensorDict built without re-validating shapes we guarantee
-    return unsafe_tensordict(fields, index.shape, device)
+    return make_batch(ring, fields, index.shape)
 
 
 def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None) -> TensorDict:
@@ -170,4 +173,27 @@ def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None) 
     fields = batch_views(block, ring.layout, ring.plan)
     if extra:
         fields.update(extra)
-    return unsafe_tensordict(fields, block.shape[:1], ring.device)
+    return make_batch(ring, fields, block.shape[:1])
+
+
+def make_batch(ring: RingState, fields: dict[Any, Tensor], batch_size) -> TensorDict:
+    """The TensorDict ``batch_size`` on the ring's device holding ``fields`` (leaf key -> tensor, nested keys as
+    tuples), built without re-validating the shapes the read paths guarantee."""
+    if not ring.nested:
+        return unsafe_tensordict(fields, batch_size, ring.device)
+    return _nest(fields, batch_size, ring.device)
+
+
+def _nest(fields: dict[Any, Tensor], batch_size, device) -> TensorDict:
+    top: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(key, tuple):
+            if len(key) > 1:
+                top.setdefault(key[0], {})[key[1:] if len(key) > 2 else key[1]] = value
+                continue
+            key = key[0]
+        top[key] = value
+    for key, value in top.items():
+        if isinstance(value, dict):
+            top[key] = _nest(value, batch_size, device)
+    return unsafe_tensordict(top, batch_size, device)

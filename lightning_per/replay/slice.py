@@ -296,7 +296,6 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
                                        weight_normalization=weight_normalization, backend=backend, seed=seed,
                                        dtype=dtype, reduction=reduction, eager_graphs=eager_graphs)
         self._init_fns()
-        self._scratch = torch.zeros(max_capacity, dtype=torch.int32, device=self._device)  # a write's last writers
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, beta={self._beta}, "
@@ -321,14 +320,13 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         flat[start] = torch.where(self._valid[start], self._start_values(start), torch.zeros((), device=start.device))
         reduce_touched(self._leaves, self._block_sum, self._block_min, start)
 
-    def _write(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
+    def _write(self, index: Tensor, raw: Tensor, n_valid: int, valid: Tensor | None = None) -> None:
         """The proportional sampler's write of raw priorities ``raw`` at slots ``index`` (both ``(B,)`` on the
         device), keeping the stored value of every slot that cannot start a slice at 0.
 
-        ``"start"``: such slots are sent to the write's trash slot (one fused write, nothing else recomputed)
-        and their raw priorities stored beside it (cleaned as the write cleans them, last write wins, folded
-        into the running max). ``"max"``: the plain write, then the ``B * T`` starts whose slices hold the
-        slots are recomputed.
+        ``"start"``: one fused write masked by the start mask (such a slot keeps its raw priority, which the running
+        max folds in, and stores the value 0; nothing else recomputed). ``"max"``: the plain write, then the
+        ``B * T`` starts whose slices hold the slots are recomputed.
         """
         if self._T is None or index.numel() == 0:  # no start mask yet: plain values (masked when it is built)
             return super()._write(index, raw, n_valid)
@@ -343,15 +341,12 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
             return
         if raw.device != d:
             raw = raw.to(d, non_blocking=True)
-        target, hidden_max = self._hidden_raw(index, raw, self._valid, n_valid, N, self._max_capacity, self._max_raw,
-                                              self._raw, self._n_dropped, self._scratch)
         B = index.numel()
         if self._ops is not reference and _ONE_LAUNCH < B <= 4 * _ONE_LAUNCH:
             for at in range(0, B, _ONE_LAUNCH):  # the kernels' one-launch write per piece (in order: last wins)
-                super()._write(target[at:at + _ONE_LAUNCH], raw[at:at + _ONE_LAUNCH], n_valid)
+                super()._write(index[at:at + _ONE_LAUNCH], raw[at:at + _ONE_LAUNCH], n_valid, self._valid)
         else:
-            super()._write(target, raw, n_valid)
-        torch.maximum(self._max_raw, hidden_max, out=self._max_raw)
+            super()._write(index, raw, n_valid, self._valid)
 
     def _rebuild(self) -> None:
         if getattr(self, "_T", None) is None or not hasattr(self, "_valid"):

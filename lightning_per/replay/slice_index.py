@@ -12,7 +12,7 @@ from lightning_per.ops import block_size_for, reference
 from lightning_per.replay.compat import stored_data
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index
 from lightning_per.replay.rows import set_all
-from lightning_per.replay.slice_ops import device_fn, hidden_raw, reduce_touched, slice_steps, uniform_starts
+from lightning_per.replay.slice_ops import device_fn, reduce_touched, slice_steps, uniform_starts
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
 
@@ -316,7 +316,6 @@ class SliceIndex:
         compiled = self._ops is not reference
         self._slice_steps = device_fn("slice_steps", slice_steps, self._device, compiled)
         self._uniform_starts = device_fn("uniform_starts", uniform_starts, self._device, compiled)
-        self._hidden_raw = hidden_raw  # plain: the writes' batch sizes vary (a compile per size would stall them)
 
     def _expand(self, start: Tensor, T: int, storage) -> tuple[Tensor, dict[Any, Tensor]]:
         """Slots of the slices starting at ``start`` ``(S,)``: ``(index (S * T,) int64, info)``."""

@@ -1,6 +1,6 @@
 """The slice samplers' device steps as pure functions of tensors: the two-level "next end" search, uniform starts,
-the expansion of starts into slices with their markers, and the hidden raw priorities of invalid starts
-(:mod:`lightning_per.replay.slice` describes the state they read)."""
+and the expansion of starts into slices with their markers (:mod:`lightning_per.replay.slice` describes the state
+they read)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_per.ops import reduce_blocks, reference
+from lightning_per.ops import reduce_blocks
 
-__all__ = ["device_fn", "hidden_raw", "next_end", "reduce_touched", "slice_steps", "uniform_starts"]
+__all__ = ["device_fn", "next_end", "reduce_touched", "slice_steps", "uniform_starts"]
 
 
 def reduce_touched(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, pos: Tensor) -> None:
@@ -84,25 +84,6 @@ def slice_steps(start: Tensor, ends: Tensor, n: int, T: int, done: Tensor | None
         first = (offsets == 0).expand(start.shape[0], T).reshape(-1)
         init_out = got | first.reshape(first.shape + (1,) * (got.dim() - 1))
     return index, member.reshape(-1), last, done_out, term_out, init_out
-
-
-def hidden_raw(index: Tensor, raw: Tensor, valid: Tensor, n_valid: int, n: int, trash: int, max_raw: Tensor,
-               raw_store: Tensor, n_dropped: Tensor, scratch: Tensor) -> Tensor:
-    """The part of a ``"start"``-rule write the fused write does not do (:meth:`GPUPrioritizedSliceSampler._write`):
-    the slots of ``index`` that cannot start a slice keep their cleaned raw priority (last write wins) in
-    ``raw_store`` and are not counted as dropped (``scratch``: ``(n,)`` int32 for the last writers).
-    Returns the write's slots (those slots sent to ``trash``) and the
-    largest of their cleaned priorities, for the running max once the write (which cleans with the running max
-    as it was) is done."""
-    inside = (index >= 0) & (index < n_valid)
-    hidden = inside & ~valid[index.clamp(0, n - 1)]  # written, but no slice starts there
-    default = torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)
-    clean, _ = reference.sanitize_priority(raw, default)
-    positions = torch.arange(index.numel(), dtype=torch.int32, device=index.device)
-    last = clean[reference.last_writer(index.clamp(0, n - 1), scratch, positions)]  # each slot's last value
-    raw_store.index_put_((torch.where(hidden, index, trash),), torch.where(hidden, last, 0.0))
-    n_dropped -= hidden.sum()
-    return torch.where(hidden, trash, index), torch.where(hidden, clean, float("-inf")).amax()
 
 
 _COMPILED: dict[str, Any] = {}

@@ -222,10 +222,10 @@ class GPUTensorStorage(LazyTensorStorage):
                 self._storage.set(key, view)
 
     def _index_flat(self) -> None:
-        """Cache the leaf tensors for the fast read and write paths (flat, non-nested keys only)."""
+        """Cache the leaf tensors (nested keys as tuples) for the fast read and write paths."""
         keys = list(self._storage.keys(include_nested=True, leaves_only=True))
-        self._flat = ({k: self._storage.get(k) for k in keys}
-                      if all(isinstance(k, str) for k in keys) else None)
+        self._flat = {k: self._storage.get(k) for k in keys}
+        self._ring_state.nested = any(isinstance(k, tuple) for k in keys)
         # per flat key: (ring tensor, dtype, per-item shape), what a direct write checks a batch against
         self._flat_spec = ({k: (v, v.dtype, v.shape[1:]) for k, v in self._flat.items()}
                            if self._flat is not None else None)
