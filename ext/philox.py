@@ -71,10 +71,9 @@ def new_rng_state(seed: int, device: torch.device | str) -> Tensor:
     return state
 
 
-#: Largest batch :func:`shuffled_uniforms` serves (its one program ranks the keys by a chunked ``(B, B)``
-#: comparison); larger shuffled batches draw their uniforms with torch.
+#: Largest batch :func:`shuffled_uniforms` serves (its one program sorts the batch's keys, each packed with its
+#: position in the low 10 bits); larger shuffled batches draw their uniforms with torch.
 SHUFFLE_DRAWS = 1024
-_RANK_CHUNK = 32  # keys compared against the whole batch per pass of the ranking loop
 
 
 @triton.jit
@@ -84,28 +83,24 @@ def _bits53(a, b):
 
 
 @triton.jit(do_not_specialize=["n"])
-def _shuffled_uniforms_kernel(rng_ptr, u_ptr, n, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+def _shuffled_uniforms_kernel(rng_ptr, u_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     m = offs < n
     seed = tl.load(rng_ptr)
     count = tl.load(rng_ptr + 1 + offs, mask=m, other=0)
-    x0, x1, x2, x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), offs.to(tl.uint32),
-                               (offs * 0 + 0x50455221).to(tl.uint32))  # RNG_DOMAIN
-    key = _bits53(x2, x3)
-    rank = tl.zeros([BLOCK], dtype=tl.int64)
-    for start in range(0, n, CHUNK):  # rank_j = #{i : (key_i, i) < (key_j, j)}: the keys of CHUNK i at a time
-        i = start + tl.arange(0, CHUNK)
-        mi = i < n
-        ci = tl.load(rng_ptr + 1 + i, mask=mi, other=0)
-        _y0, _y1, y2, y3 = tl.philox(seed, ci.to(tl.uint32), (ci >> 32).to(tl.uint32), i.to(tl.uint32),
-                                     (i * 0 + 0x50455221).to(tl.uint32))
-        ki = _bits53(y2, y3)
-        below = (ki[:, None] < key[None, :]) | ((ki[:, None] == key[None, :]) & (i[:, None] < offs[None, :]))
-        rank += tl.sum((below & mi[:, None]).to(tl.int64), axis=0)
+    _x0, _x1, x2, x3 = tl.philox(seed, count.to(tl.uint32), (count >> 32).to(tl.uint32), offs.to(tl.uint32),
+                                 (offs * 0 + 0x50455221).to(tl.uint32))  # RNG_DOMAIN
+    # (key, position) pairs in one int64 (53 + 10 bits), sorted: the r-th holds the position of rank r
+    packed = tl.where(m, (_bits53(x2, x3) << 10) | offs.to(tl.int64), 0x7FFFFFFFFFFFFFFF)
+    pos = tl.sort(packed) & 1023
+    rank = offs  # of the position pos
+    count_at = tl.load(rng_ptr + 1 + pos, mask=m, other=0)
+    y0, y1, _y2, _y3 = tl.philox(seed, count_at.to(tl.uint32), (count_at >> 32).to(tl.uint32), pos.to(tl.uint32),
+                                 (pos * 0 + 0x50455221).to(tl.uint32))
+    uniform = _bits53(y0, y1).to(tl.float64) * 1.1102230246251565e-16  # 2^-53: U at that position
     tl.debug_barrier()  # every counter read (above) before one is advanced
     tl.store(rng_ptr + 1 + offs, count + 1, mask=m)
-    uniform = _bits53(x0, x1).to(tl.float64) * 1.1102230246251565e-16  # 2^-53
-    tl.store(u_ptr + offs, (rank.to(tl.float64) + uniform) / n.to(tl.float64), mask=m)
+    tl.store(u_ptr + pos, (rank.to(tl.float64) + uniform) / n.to(tl.float64), mask=m)
 
 
 def shuffled_uniforms(rng: Tensor, n: int) -> Tensor:
@@ -115,7 +110,8 @@ def shuffled_uniforms(rng: Tensor, n: int) -> Tensor:
     Position ``j`` takes one Philox4x32-10 block at its counter, exactly as :func:`device_uniform` (and counts it):
     its words ``x0, x1`` give ``U_j`` (the uniform :func:`device_uniform` returns there), its words ``x2, x3`` a
     53-bit key ``K_j = (x2 >> 5) * 2^26 + (x3 >> 6)``; ``pi(j)`` is the rank of ``(K_j, j)`` among the ``n`` pairs
-    (lexicographic, so ties of keys break by position and ``pi`` is always a permutation). Ranks of i.i.d. keys
+    (lexicographic, so ties of keys break by position and ``pi`` is always a permutation), found by one sort of the
+    pairs packed in an int64. Ranks of i.i.d. keys
     are a uniformly random permutation (ties have probability below ``n^2 2^-54``), as in
     ``lightning_per.replay.draws.random_permutation``. ``tests/_philox.py`` models the stream in NumPy.
 
@@ -130,7 +126,6 @@ def shuffled_uniforms(rng: Tensor, n: int) -> Tensor:
         raise ValueError(f"n must be an int in [1, {SHUFFLE_DRAWS}], got {n!r}")
     check_rng(rng, rng.device)
     u = torch.empty(n, dtype=torch.float64, device=rng.device)
-    block = triton.next_power_of_2(n)
-    _shuffled_uniforms_kernel[(1,)](rng, u, n, BLOCK=block, CHUNK=min(_RANK_CHUNK, block),
-                                    num_warps=4 if block <= 256 else 8)
+    block = max(triton.next_power_of_2(n), 2)
+    _shuffled_uniforms_kernel[(1,)](rng, u, n, BLOCK=block, num_warps=4 if block <= 256 else 8)
     return u

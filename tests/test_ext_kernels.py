@@ -110,6 +110,9 @@ def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, m
     assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
     if max_one:  # the one-launch path leaves its counters at zero (made by its first call)
         assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
+    if not max_one and max_quadratic < 20:  # the O(B) path leaves its scratch at -1 and its flags at zero
+        _, scratch, flags = update._write_state(got["leaves"])
+        assert bool((scratch == -1).all()) and not bool(flags.any())
 
 
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4096, 4096, 0), (4096, 8, 0)])
@@ -174,14 +177,16 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and 
 
 
 def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
-    """The compiled backend's sampler makes the one-launch write's counters with its state (outside any
-    CUDA-graph capture that may record its first write), and makes new ones when it reallocates."""
+    """The compiled backend's sampler makes the write's persistent tensors (the one-launch kernel's counters, the
+    O(B) path's scratch and flags) with its state (outside any CUDA-graph capture that may record its first
+    write), and makes new ones when it reallocates."""
     from lightning_per import GPUPrioritizedSampler
 
     s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
     assert "write_priorities" in s._ops.COMPILED
-    counters = update._TICKETS[id(s._leaves)][1]
+    counters, scratch, flags = update._TICKETS[id(s._leaves)][1]
     assert counters.shape == (s.n_blocks + 1,) and not counters.any()
+    assert scratch.shape == (s._leaves.numel(),) and bool((scratch == -1).all()) and not flags.any()
     s._init()  # a reallocation (e.g. empty())
     assert id(s._leaves) in update._TICKETS
 

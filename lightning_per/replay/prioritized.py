@@ -83,7 +83,8 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
-    Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums.
+    Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums; with the compiled
+    kernels also the large writes' ``int32`` last-writer scratch per slot.
 
     Raises:
         ValueError: a bad argument (named in the message).

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
 
-from lightning_per.ops import reference, select_backend
+from lightning_per.ops import select_backend
 from lightning_per.replay._rng import DeviceRNGMixin
 from lightning_per.replay.errors import check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
@@ -57,7 +57,6 @@ __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULE
 
 #: How :class:`GPUPrioritizedSliceSampler` turns transition priorities into a start's priority.
 SLICE_PRIORITY_RULES = ("start", "max")
-_ONE_LAUNCH = 1024  # the largest priority write the compiled kernels do in one launch (ext.update.MAX_ONE_LAUNCH)
 
 
 class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
@@ -341,12 +340,7 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
             return
         if raw.device != d:
             raw = raw.to(d, non_blocking=True)
-        B = index.numel()
-        if self._ops is not reference and _ONE_LAUNCH < B <= 4 * _ONE_LAUNCH:
-            for at in range(0, B, _ONE_LAUNCH):  # the kernels' one-launch write per piece (in order: last wins)
-                super()._write(index[at:at + _ONE_LAUNCH], raw[at:at + _ONE_LAUNCH], n_valid, self._valid)
-        else:
-            super()._write(index, raw, n_valid, self._valid)
+        super()._write(index, raw, n_valid, self._valid)
 
     def _rebuild(self) -> None:
         if getattr(self, "_T", None) is None or not hasattr(self, "_valid"):
