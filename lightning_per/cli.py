@@ -21,6 +21,7 @@ means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import sys
@@ -213,9 +214,12 @@ class LightningPerCLI(LightningCLI):
         before = _flat(cfg.get("model"))
         try:
             super()._parse_ckpt_path()
+        except pickle.UnpicklingError:  # torch's message would suggest weights_only=False: not repeated
+            self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint of plain data (it holds objects other "
+                                    f"than tensors, numbers, strings and containers; refused without running them)"))
         except Exception as err:  # noqa: BLE001 - torch.load of a file that is no checkpoint raises anything
             self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint that torch.load can read "
-                                    f"({type(err).__name__}: {err})"))
+                                    f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"))
         model = self.config[sub]["model"]
         after = _flat(model)
         changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))

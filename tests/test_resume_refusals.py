@@ -87,6 +87,9 @@ def _spoil(case: str, ckpt: Path, marker: Path) -> str:
     if case == "another sampler kind":
         _reseal(ckpt, lambda c: c["dqn_state"]["replay"]["_sampler"].update(kind="GPURankBasedSampler"))
         return "sampler checkpoint is from GPURankBasedSampler"
+    if case == "crafted checkpoint":  # an object to run inside a checkpoint resealed with a valid manifest
+        _reseal(ckpt, lambda c: c.update(extra=Marker(marker)))
+        return "refused without running them"
     if case == "crafted shard":  # "shards = 1" makes a one-process resume read a shard file next to it
         def shards(c):
             c["dqn_state"]["shards"] = 1
@@ -104,7 +107,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("case", ["bit flip", "truncated", "weights file", "older dqn_state", "nan priorities",
-                                  "another sampler kind", "crafted shard"])
+                                  "another sampler kind", "crafted checkpoint", "crafted shard"])
 def test_a_refused_resume_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path, capsys, case):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -118,6 +121,7 @@ def test_a_refused_resume_is_one_line_exit_2_and_changes_nothing(finished_run, t
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and expected in err, err[-3000:]
+    assert "weights_only=False" not in err  # no advice to turn the safe load off
     message = [line for line in err.splitlines() if "error:" in line]
     assert len(message) == 1 and str(ckpt) in message[0]  # one line, naming the file
     assert not marker.exists()
