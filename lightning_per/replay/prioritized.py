@@ -59,10 +59,11 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         stratified: one draw per equal-mass segment (default) or i.i.d. draws.
         shuffle_strata: with ``stratified``, return the draws in a uniformly random order (default): a device-side
             permutation of the strata (the ranks of ``B`` random keys, no sync), so any part of a batch is
-            distributed as any other (exchangeable, as TorchRL's i.i.d. draws). ``False`` returns them in stratum
-            order, i.e. sorted by slot, and lets the compiled kernels draw their own uniforms (one launch less,
-            and no generator for a CUDA graph to register: what a capture made by others, such as tensordict's
-            ``CudaGraphModule``, needs; the shuffled draws raise a RuntimeError naming :attr:`generator` there).
+            distributed as any other (exchangeable, as TorchRL's i.i.d. draws); with the compiled kernels and
+            ``B <= 1024`` the keys and uniforms come from their device RNG (one launch, no generator for a CUDA
+            graph to register: what a capture made by others, such as tensordict's ``CudaGraphModule``, needs;
+            draws from :attr:`generator` raise a RuntimeError naming it there). ``False`` returns them in stratum
+            order, i.e. sorted by slot (one launch less).
         weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
         seed: seed of the device generator when no buffer generator is set (default: drawn from
