@@ -214,7 +214,7 @@ class LightningPerCLI(LightningCLI):
         before = _flat(cfg.get("model"))
         try:
             super()._parse_ckpt_path()
-        except pickle.UnpicklingError:  # torch's message would suggest weights_only=False: not repeated
+        except pickle.UnpicklingError:  # torch's message suggests turning the safe load off: not repeated
             self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint of plain data (it holds objects other "
                                     f"than tensors, numbers, strings and containers; refused without running them)"))
         except Exception as err:  # noqa: BLE001 - torch.load of a file that is no checkpoint raises anything
