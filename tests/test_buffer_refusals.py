@@ -291,3 +291,58 @@ def test_extending_with_a_plain_dict_says_how_to_wrap_it_and_writes_nothing(kind
     # the advice works: the wrapped dict is stored
     rb.extend(TensorDict(rows(4, start=3).to_dict(), batch_size=[4]))
     assert len(rb) == 7 and torch.equal(rb[:]["reward"], torch.arange(7.0))
+
+
+@pytest.mark.parametrize("sampler", ["proportional", "rank", "prioritized_slice"])
+def test_make_replay_buffer_takes_reduction(sampler):
+    """``reduction=`` reaches the buffer: a (B, 3) td_error sets each slot's priority to the mean of its row."""
+    kw = {"slice_len": 2} if sampler == "prioritized_slice" else {}
+    rb = make_replay_buffer(8, 4, sampler=sampler, device="cpu", reduction="mean", seed=0, **kw)
+    rb.extend(TensorDict({"x": torch.arange(8.0), ("next", "done"): torch.zeros(8, 1, dtype=torch.bool)}, [8]))
+    td_error = torch.tensor([[1.0, 2.0, 6.0], [0.5, 0.5, 2.0], [3.0, 3.0, 3.0], [9.0, 0.0, 0.0]])
+    rb.update_tensordict_priority(TensorDict({"index": torch.tensor([0, 2, 4, 6]), "td_error": td_error}, [4]))
+    assert rb._sampler.reduction == "mean"
+    assert rb._sampler._raw[[0, 2, 4, 6]].tolist() == [3.0, 1.0, 3.0, 3.0]  # the row means
+
+
+def test_make_replay_buffer_unknown_uniform_option_is_a_type_error_listing_the_options():
+    with pytest.raises(TypeError,
+                       match=r"\['backend'\] for sampler='uniform'; its options are \['eager_graphs', 'seed'\]"):
+        make_replay_buffer(8, 4, sampler="uniform", device="cpu", backend="reference")
+
+
+@pytest.mark.parametrize("capacity", [200, 30])
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_slice_sampler_of_another_size_than_its_storage_is_refused_by_name(capacity, prioritized):
+    """Slices wrap at the ring's end: a slice sampler must have the storage's max_size slots."""
+    from lightning_per import GPUPrioritizedSliceSampler, GPUSliceSampler
+    from lightning_per.replay import GPURoundRobinWriter
+
+    sampler = (GPUPrioritizedSliceSampler(capacity, 0.6, 0.4, slice_len=4, device="cpu", seed=0) if prioritized
+               else GPUSliceSampler(capacity, slice_len=4, device="cpu", seed=0))
+    rb = TensorDictReplayBuffer(storage=GPUTensorStorage(100, device="cpu"), sampler=sampler,
+                                writer=GPURoundRobinWriter(), batch_size=16)
+    data = TensorDict({"obs": torch.arange(150.0), ("next", "done"): (torch.arange(150) % 10 == 9)[:, None]}, [150])
+    with pytest.raises(ValueError, match=rf"has {capacity} slots but the storage's max_size is 100"):
+        rb.extend(data)
+    with pytest.raises(ValueError, match="max_size is 100"):
+        sampler.sample(rb.storage, 16)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is missing")
+def test_capture_on_a_cuda_device_without_cuda_is_a_value_error():
+    from lightning_per import graphs
+
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        graphs.capture(lambda: None, state=[], device="cuda")
+    assert graphs.capture(lambda: None, state=[], device="cuda", enabled=False).graphed is False
+
+
+@pytest.mark.torchrl_tree
+def test_loading_torchrl_sampler_state_names_torchrl_and_the_way_out():
+    from torchrl.data import PrioritizedSampler
+
+    theirs = PrioritizedSampler(8, 0.6, 0.4)
+    theirs.update_priority(torch.arange(4), torch.ones(4))
+    with pytest.raises(ValueError, match="TorchRL's PrioritizedSampler.*update_priority"):
+        GPUPrioritizedSampler(8, 0.6, 0.4, device="cpu").load_state_dict(theirs.state_dict())

@@ -190,7 +190,10 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default), ``"rank"``
             (:class:`GPURankBasedSampler`) or ``"prioritized_slice"`` (:class:`GPUPrioritizedSliceSampler`).
         sampler_kwargs: extra arguments of the sampler (``stratified``, ``shuffle_strata``,
-            ``weight_normalization``, ``sort_every``, ``backend``, ``seed``, ``eager_graphs``).
+            ``weight_normalization``, ``sort_every``, ``backend``, ``seed``, ``eager_graphs``; for
+            ``sampler="prioritized_slice"`` also ``slice_len`` or ``num_slices`` (one of them is required),
+            ``end_key``, ``end_keys``, ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``,
+            ``slice_priority``: see :class:`GPUPrioritizedSliceSampler`).
 
     A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
     :class:`GPUTensorStorage` of the same size; other TorchRL tensor storages (``LazyMemmapStorage``,

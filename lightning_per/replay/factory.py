@@ -59,17 +59,20 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
             ``device``): for buffers larger than the GPU.
         **sampler_kwargs: ``stratified``, ``shuffle_strata``, ``weight_normalization``, ``sort_every``,
-            ``backend``, ``seed``, ``eager_graphs``; for the slice samplers ``slice_len`` / ``num_slices``,
-            ``end_key``, ``end_keys``, ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``,
-            ``slice_priority``.
+            ``backend``, ``seed``, ``eager_graphs``, ``reduction`` (TorchRL's, over a stored item's extra dims;
+            default ``"max"``); ``"uniform"`` takes ``seed`` and ``eager_graphs`` only; for the slice samplers
+            ``slice_len`` / ``num_slices``, ``end_key``, ``end_keys``, ``traj_key``, ``strict_length``,
+            ``truncated_key``, ``init_key``, ``span``, ``slice_priority``.
 
     Returns:
-        :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``/``"rank"``, else a TorchRL
-        ``TensorDictReplayBuffer`` with :class:`GPURandomSampler`. Both sample TensorDicts ``[B]`` on
-        the device with ``"index"``; prioritized ones add ``"priority_weight"``.
+        :class:`GPUPrioritizedReplayBuffer` for ``"proportional"``, ``"rank"`` and ``"prioritized_slice"`` (with
+        :class:`GPUPrioritizedSliceSampler`), else a TorchRL ``TensorDictReplayBuffer`` with
+        :class:`GPURandomSampler` (``"uniform"``) or :class:`GPUSliceSampler` (``"slice"``). All sample
+        TensorDicts ``[B]`` on the device with ``"index"``; prioritized ones add ``"priority_weight"``.
 
     Raises:
         ValueError: an unknown ``sampler`` or a bad size (named in the message).
+        TypeError: a keyword the chosen sampler does not take (the message lists the ones it does).
 
     Example::
 
@@ -112,10 +115,12 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         return _GPUUniformReplayBuffer(storage=storage, sampler=slicer, writer=GPURoundRobinWriter(),
                                        batch_size=batch_size, generator=generator, priority_key=priority_key)
     if sampler == "uniform":
+        unknown = sorted(set(sampler_kwargs) - {"seed", "eager_graphs"})
+        if unknown:
+            raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler='uniform'; "
+                            f"its options are ['eager_graphs', 'seed']")
         seed = sampler_kwargs.pop("seed", None)
         sampler_kwargs.pop("eager_graphs", None)  # accepted, as for the other samplers: nothing to serve here
-        if sampler_kwargs:
-            raise ValueError(f"uniform sampler takes no {sorted(sampler_kwargs)}")
         rb = _GPUUniformReplayBuffer(storage=storage, sampler=build_sampler(GPURandomSampler, capacity, device,
                                                                             seed=seed),
                                      writer=GPURoundRobinWriter(), batch_size=batch_size,
@@ -129,9 +134,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     if unknown:
         raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler={sampler!r}; "
                         f"its options are {options}")
+    reduction = sampler_kwargs.pop("reduction", "max")  # the buffer's own argument (it reduces before the sampler)
     rb = GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
                                     sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
-                                    generator=generator, priority_key=priority_key)
+                                    generator=generator, priority_key=priority_key, reduction=reduction)
     if sampler == "prioritized_slice":
         rb._sampler._slice_shape(batch_size)  # as for "slice": the batch must split into slices
     return rb

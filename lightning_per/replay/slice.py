@@ -83,7 +83,8 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
         device: where the state lives and the draws run (default CUDA when available, else CPU).
         seed: seed of the device generator when no buffer generator is set.
 
-    Memory: ~2 bytes + 4 bytes (end flags) + 8 bytes (trajectory ids) per slot.
+    Memory: ~18 bytes per slot: the stored end signal and the start mask (1 byte each), the effective end
+    flags and the usable trajectory starts (float32 each), the trajectory ids (int64).
 
     Raises:
         ValueError: a bad argument (named in the message); NotImplementedError: ``span`` other than False.
@@ -349,7 +350,13 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
 
     def mark_update(self, index, *, storage=None) -> None:
         """New slots ``index`` get the default priority (the running max), then the trajectory state is updated
-        (see the module docstring)."""
+        (see the module docstring).
+
+        Raises:
+            ValueError: the storage's ``max_size`` is not this sampler's capacity.
+        """
+        if storage is not None:
+            self._check_ring(storage)
         GPUPrioritizedSampler.mark_update(self, index, storage=storage)
         if storage is not None:
             self._slices_written(check_index(index, self._filled(storage)), storage)

@@ -58,10 +58,23 @@ class SliceIndex:
         return None
 
     def mark_update(self, index, *, storage=None) -> None:
-        """Slots ``index`` were just written: update the trajectory state (see the module docstring)."""
+        """Slots ``index`` were just written: update the trajectory state (see the module docstring).
+
+        Raises:
+            ValueError: the storage's ``max_size`` is not this sampler's capacity (:meth:`_check_ring`).
+        """
         if storage is None:
             return
+        self._check_ring(storage)
         self._slices_written(check_index(index, self._slots), storage)
+
+    def _check_ring(self, storage) -> None:
+        """Refuse a storage whose ring is not this sampler's: slices wrap at slot N, so the sampler's capacity must
+        be the storage's ``max_size``."""
+        size = getattr(storage, "max_size", None)
+        if isinstance(size, int) and size != self._slots:
+            raise ValueError(f"{type(self).__name__} has {self._slots} slots but the storage's max_size is {size}: "
+                             f"build the sampler with the storage's max_size ({size}); slices wrap at the ring's end")
 
     # ------------------------------------------------------------------ construction
     def _init_slices(self, capacity: int, *, num_slices, slice_len, end_key, end_keys, traj_key, strict_length,
@@ -284,6 +297,8 @@ class SliceIndex:
     def _prepare_draw(self, storage, batch_size: int) -> tuple[int, int]:
         """Checks before a draw; (re)builds the start mask for a new slice length (host-decided)."""
         T, num = self._slice_shape(batch_size)
+        if storage is not None:
+            self._check_ring(storage)
         if storage is None or len(storage) == 0:
             raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
                                    "extend it first")
