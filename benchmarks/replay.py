@@ -6,7 +6,7 @@ Rows, measured side by side in one process per implementation family:
   *-sample-update   the graph rows without the step's priority math: the new priorities are a given (B,)
                     tensor, so the graph holds only the replay's work (sample + read + update_priority)
   *-ordered         the same with ``shuffle_strata=False``: stratified draws in stratum order (the default
-                    shuffles them on the device; with the kernels, ordered draws take their uniforms in the kernel)
+                    shuffles them on the device: with the kernels, one more launch draws the strata's order)
   ours-rank-eager   GPURankBasedSampler, eager (sort refreshed every update: the default); reference ops
   ours-rank-kernels-eager  the same with the compiled rank-sample kernel (the sort is torch.sort in both)
   *-eager           eager calls on CUDA replay the sampler's cached CUDA graphs (``eager_graphs=True``, the
