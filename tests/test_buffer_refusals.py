@@ -333,8 +333,10 @@ def test_a_slice_sampler_of_another_size_than_its_storage_is_refused_by_name(cap
 def test_capture_on_a_cuda_device_without_cuda_is_a_value_error():
     from lightning_per import graphs
 
+    update = graphs.capture(lambda: None, state=[], device="cuda")  # the capturability checks run here
     with pytest.raises(ValueError, match="CUDA is not available"):
-        graphs.capture(lambda: None, state=[], device="cuda")
+        update()
+    assert update.calls == 0
     assert graphs.capture(lambda: None, state=[], device="cuda", enabled=False).graphed is False
 
 

@@ -75,8 +75,8 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
 
     Raises:
         TypeError: ``step`` is not callable, or an entry of ``state`` is of an unsupported kind (named).
-        ValueError: ``updates_per_replay`` or ``warmup`` < 1, ``enabled=True`` without a CUDA device, or a CUDA
-            ``device`` where CUDA is not available.
+        ValueError: ``updates_per_replay`` or ``warmup`` < 1, ``enabled=True`` without a CUDA device, or (at the
+            first call) a CUDA ``device`` where CUDA is not available.
         CaptureError: (here or at the first call) a part cannot live in a graph: an optimizer built with
             ``capturable=False``, a sampler that draws on the host (TorchRL's ``PrioritizedSampler``, our
             rank-based one) or from a host length, TorchRL's ``HardUpdate``; at the first call a host
@@ -125,9 +125,6 @@ class CapturedStep:
         self.device = torch.device(device) if device is not None else self._parts.device()
         if enabled and self.device.type != "cuda":
             raise ValueError(f"enabled=True needs a CUDA device, got {self.device} (pass device= or CUDA state)")
-        if self.device.type == "cuda" and enabled is not False and not torch.cuda.is_available():
-            raise ValueError(f"device={self.device}: CUDA is not available here (pass enabled=False, or CPU state, to "
-                             f"run the updates eagerly)")
         self.graphed = self.device.type == "cuda" if enabled is None else bool(enabled)
         if self.graphed:
             self._parts.check_capturable()
@@ -144,13 +141,17 @@ class CapturedStep:
         are the graph's static tensors, overwritten by the next call (clone what you keep). No host sync.
 
         Raises:
-            ValueError: ``inputs`` differ in number or shape from the first call's.
+            ValueError: ``inputs`` differ in number or shape from the first call's, or the first call of a graph
+                on a CUDA device where CUDA is not available.
             CaptureError: the first call could not capture the step (see :func:`capture`).
         """
         if not self.graphed:
             self.calls += 1
             return self._updates(inputs)
         if self.graph is None:
+            if not torch.cuda.is_available():
+                raise ValueError(f"device={self.device}: CUDA is not available here (build the capture with "
+                                 f"enabled=False, or CPU state, to run the updates eagerly)")
             self._capture(inputs)
         else:
             self._copy_inputs(inputs)
