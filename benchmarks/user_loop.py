@@ -58,6 +58,9 @@ from benchmarks._harness import count_syncs
 from benchmarks._results import Results
 
 OBS, ACTIONS, HIDDEN = 51, 45, (256, 256)
+#: suffix of the rows whose learner steps ``Adam(capturable=True, fused=True)``; their ratios are to the TorchRL rows
+#: with the same optimizer
+FUSED = "-fused-adam"
 KEYS = ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
         ("next", "terminated"), "priority_weight", "_weight", "index")  # "_weight": older TorchRL's IS weights
 
@@ -300,11 +303,6 @@ def cudagraphmodule_update(N: int, B: int, device, warmup: int = 2, sampler_kwar
     rb = make_buffer(GPUPrioritizedReplayBuffer, N, B, device, sampler_kwargs=kwargs)
     loss, target, opt = make_learner(device)
     return CudaGraphModule(eager_update(rb, loss, opt, target), warmup=warmup), rb
-
-
-#: suffix of the rows whose learner steps ``Adam(capturable=True, fused=True)``; their ratios are to the TorchRL rows
-#: with the same optimizer
-FUSED = "-fused-adam"
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
