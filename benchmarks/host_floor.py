@@ -11,6 +11,8 @@ what is measured):
   ``clone``: a copy into a new tensor; ``graph replay``: ``CUDAGraph.replay()`` of a one-kernel graph;
 * ``rb.sample``, ``priority math`` (the benchmark's two ops), ``rb.update_priority``, and the whole step,
   for ``make_replay_buffer(N, B, packed=True)`` with the compiled kernels and cached eager graphs;
+* the floors of the step and of ``extend(64)`` built from those rows (:func:`floors_of`), and each measured
+  call against its floor;
 * a cProfile of the step's host functions (``--cprofile``).
 
     python -m benchmarks.host_floor --capacity 1000000 --batch 256 --out benchmarks/results/host_floor.json
@@ -40,6 +42,16 @@ def per_call_us(fn, iters: int) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / iters * 1e6
+
+
+def floors_of(rows: dict[str, float]) -> dict[str, float]:
+    """The host floor of the eager step and of ``extend(64)`` from this run's primitive rows (docs/kernels.md,
+    "Host cost of eager calls"): a step that returns fresh tensors needs a graph replay and a clone (sample),
+    the benchmark's priority math, two input copies and a replay (update); an extend needs the rows' copy into
+    the ring, the returned slots (an allocating launch), their copy into the graph's input and a replay."""
+    replay, copy = rows["graph replay"], rows["copy_"]
+    return {"step": replay + rows["clone"] + rows["priority math"] + 2 * copy + replay,
+            "rb.extend(64)": copy + rows["alloc+launch"] + copy + replay}
 
 
 def main(argv=None) -> int:
@@ -82,16 +94,20 @@ def main(argv=None) -> int:
     rows["step"] = per_call_us(step, args.iters)
     ext = batch(64, dev)
     rows["rb.extend(64)"] = per_call_us(lambda: rb.extend(ext), args.iters // 4)
+    floors = floors_of(rows)
     width = max(map(len, rows))
     report = [f"host wall time per call, N={args.capacity}, B={B} ({torch.cuda.get_device_name()}):"]
     report += [f"  {name:<{width}}  {us:7.1f} us" for name, us in rows.items()]
+    report += [f"  {name}: floor {floor:.1f} us, measured {rows[name]:.1f} us = {rows[name] / floor:.2f}x"
+               for name, floor in floors.items()]
     if args.cprofile:
         report += ["", "== cProfile of 500 steps", host_profile(step, 500, 25)]
     print("\n".join(report))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"capacity": args.capacity, "batch": B, "us_per_call": rows}, indent=1))
+        out.write_text(json.dumps({"capacity": args.capacity, "batch": B, "us_per_call": rows,
+                                   "floor_us": floors}, indent=1))
         out.with_suffix(".txt").write_text("\n".join(report) + "\n")
     return 0
 
