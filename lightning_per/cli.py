@@ -15,7 +15,9 @@ the :class:`~lightning_per.callbacks.RunArtifactsCallback` (``summary.json``, le
 line), a ``ModelCheckpoint`` saving ``last.ckpt`` every epoch, and atomic checkpoint writes
 (:class:`~lightning_per.callbacks.AtomicCheckpointIO`). A ``save_dir``/``dirpath`` left null in those
 means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` for checkpoints).
-``--torch_num_threads`` (default 1) sets torch's intra-op CPU threads.
+``--torch_num_threads`` (default 1) sets torch's intra-op CPU threads; ``--float32_matmul_precision``
+(default null: torch's) is ``torch.set_float32_matmul_precision`` (``high``: TF32 tensor cores for float32
+matmuls on a GPU that has them).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -145,6 +147,11 @@ class LightningPerCLI(LightningCLI):
                             help="torch.set_num_threads for this process (intra-op CPU threads; small "
                                  "networks run fastest with 1, and env stepping shares the cores). "
                                  "null leaves torch's default.")
+        parser.add_argument("--float32_matmul_precision", type=Literal["highest", "high", "medium"] | None,
+                            default=None,
+                            help="torch.set_float32_matmul_precision for this process: 'high' runs float32 "
+                                 "matmuls on TF32 tensor cores (docs/dqn.md, 'Pong'); null leaves torch's "
+                                 "default ('highest').")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
@@ -155,6 +162,9 @@ class LightningPerCLI(LightningCLI):
             if threads < 1:
                 raise ValueError(f"torch_num_threads must be >= 1 or null, got {threads}")
             torch.set_num_threads(threads)
+        precision = cfg.get("float32_matmul_precision")
+        if precision is not None:
+            torch.set_float32_matmul_precision(precision)
         trainer = cfg["trainer"]
         root = trainer.get("default_root_dir") or os.getcwd()
         loggers = trainer.get("logger")

@@ -99,3 +99,60 @@ def test_collector_state_round_trip_reproduces_the_future():
     for ta, tb in zip(future_a, future_b):
         for key in ta.keys(True, True):
             torch.testing.assert_close(ta[key], tb[key])
+
+
+class _StepInOneCall(NStepCollector):
+    """The same collector without the env's step_async/step_wait: TorchRL's step_and_maybe_reset."""
+
+    overlaps = False
+
+
+def test_overlapped_steps_record_what_step_and_maybe_reset_gives():
+    """A step started before the previous one is recorded (the DQN module's order with an env that steps in
+    its own threads) emits the transitions of plain sequential TorchRL ``step_and_maybe_reset`` steps, also
+    across a checkpoint taken while a step is in flight; episodes end within the run (truncation at 5 agent
+    steps)."""
+    pytest.importorskip("ale_py")
+    from lightning_per.envs import EnvConfig, make_env
+
+    def make(cls):
+        cfg = EnvConfig(id="ALE/Pong-v5", backend="ale_vector", num_envs=3, max_episode_steps=5, noop_max=0,
+                        repeat_action_probability=0.0)
+        return cls(make_env(cfg, seed=11), n_step=3, gamma=GAMMA, n_actions=6, device="cpu", seed=4)
+
+    steps = 14
+    plain = make(_StepInOneCall)
+    assert not plain.overlaps
+    reference = [plain.step(None, 1.0) for _ in range(steps)]
+    overlapped = make(NStepCollector)
+    assert overlapped.overlaps
+    got = []
+    for i in range(steps):
+        received = overlapped.wait() if overlapped.in_flight else None
+        overlapped.start(None, 1.0)
+        if i == 7:
+            overlapped.state_dict()  # waits for the step in flight; record() still gets its results
+        if received is not None:
+            got.append(overlapped.record(received))
+    got.append(overlapped.record(overlapped.wait()))
+    assert not overlapped.in_flight
+    assert any(bool(out.done.any()) for out in reference)
+    for ref, out in zip(reference, got, strict=True):
+        torch.testing.assert_close(out.done, ref.done)
+        torch.testing.assert_close(out.episode_return, ref.episode_return)
+        assert (ref.transitions is None) == (out.transitions is None)
+        if ref.transitions is not None:
+            for key in ref.transitions.keys(True, True):
+                torch.testing.assert_close(out.transitions[key], ref.transitions[key])
+    plain.env.close()
+    overlapped.env.close()
+
+
+def test_start_twice_or_wait_without_start_is_refused():
+    env = TorchCartPoleEnv(num_envs=2, max_steps=9, seed=1)
+    c = NStepCollector(env, n_step=3, gamma=GAMMA, n_actions=2, device="cpu", seed=5)
+    with pytest.raises(RuntimeError, match="no step was started"):
+        c.wait()
+    c.start(None, 1.0)
+    with pytest.raises(RuntimeError, match="not waited for"):
+        c.start(None, 1.0)

@@ -67,6 +67,37 @@ def test_final_observation_and_reset_match_ale_py():
         bare.close()
 
 
+def test_step_async_and_step_wait_match_ale_py():
+    """The two halves of a step (the collector's overlapped path) give what a bare ale-py env's step gives."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = make_env(_config(), seed=5)
+    bare = AtariVectorEnv("pong", 3, num_threads=1, autoreset_mode="SameStep", max_num_frames_per_episode=4 * STEPS,
+                          noop_max=0, repeat_action_probability=0.0, reward_clipping=False)
+    try:
+        env.reset()
+        bare.reset(seed=5)
+        rng = np.random.default_rng(1)
+        saw_end = False
+        for _ in range(2 * STEPS + 1):
+            action = rng.integers(0, 6, 3)
+            env.step_async(torch.from_numpy(action))
+            nxt, root = env.step_wait()
+            obs_ref, reward, term, trunc, info = bare.step(action.astype(np.int64))
+            done = term | trunc
+            np.testing.assert_array_equal(nxt["reward"].squeeze(-1).numpy(), reward)
+            np.testing.assert_array_equal(nxt["terminated"].squeeze(-1).numpy(), term)
+            np.testing.assert_array_equal(nxt["done"].squeeze(-1).numpy(), done)
+            expect_next = np.where(done[:, None, None, None], info.get("final_obs", obs_ref), obs_ref)
+            np.testing.assert_array_equal(nxt["observation"].numpy(), expect_next)
+            np.testing.assert_array_equal(root["observation"].numpy(), obs_ref)
+            saw_end |= bool(done.any())
+        assert saw_end
+    finally:
+        env.close()
+        bare.close()
+
+
 def test_bad_backend_is_named():
     with pytest.raises(ValueError, match="env.backend"):
         _config(backend="ale_vec").validate()

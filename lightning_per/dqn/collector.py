@@ -45,6 +45,19 @@ class StepOutput:
     episode_length: Tensor
 
 
+@dataclass
+class _Received:
+    """One vector step's results, not yet in the window (device tensors, ``E`` members): the observation
+    acted on and the action, then what the env returned."""
+
+    observation: Tensor
+    action: Tensor
+    next_observation: Tensor
+    reward: Tensor
+    done: Tensor
+    terminated: Tensor
+
+
 class NStepCollector:
     """Steps ``env`` with epsilon-greedy actions and keeps a window of the last ``n_step`` steps.
 
@@ -69,6 +82,8 @@ class NStepCollector:
         self._win: dict[str, Tensor] = {}
         self._ep_return = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
         self._ep_length = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
+        self._sent: tuple[Tensor, Tensor, tuple[TensorDictBase, TensorDictBase] | None] | None = None
+        self._received: _Received | None = None  # waited for, not yet recorded (a checkpoint drained it)
 
     def _ensure_started(self) -> None:
         if self._td is None:
@@ -102,34 +117,89 @@ class NStepCollector:
         greedy = q_fn(obs).argmax(-1)  # [E]
         return torch.where(explore, random_action, greedy)
 
+    @property
+    def overlaps(self) -> bool:
+        """The env steps in its own threads between :meth:`start` and :meth:`wait` (it has
+        ``step_async``/``step_wait``, as :class:`~lightning_per.envs.atari.AleVectorEnv`)."""
+        return hasattr(self.env, "step_async") and hasattr(self.env, "step_wait")
+
+    @property
+    def in_flight(self) -> bool:
+        """A step was started (:meth:`start`) and not yet recorded (:meth:`record`)."""
+        return self._sent is not None or self._received is not None
+
     @torch.no_grad()
     def step(self, q_fn: Callable[[Tensor], Tensor] | None, epsilon: float) -> StepOutput:
-        """One vector step (``E`` env steps); see :class:`StepOutput`."""
+        """One vector step (``E`` env steps), start to end; see :class:`StepOutput`."""
+        self.start(q_fn, epsilon)
+        return self.record(self.wait())
+
+    @torch.no_grad()
+    def start(self, q_fn: Callable[[Tensor], Tensor] | None, epsilon: float) -> None:
+        """Act on the current observations and start the env step (which an env with ``step_async`` runs
+        in its own threads until :meth:`wait`; any other env steps here).
+
+        Raises:
+            RuntimeError: a step started earlier has not been waited for.
+        """
+        if self._sent is not None:
+            raise RuntimeError("NStepCollector.start: the previous step was not waited for (call wait())")
         self._ensure_started()
         td = self._td
         obs = self._to_device(td.get("observation"))  # [E, *obs]
         action = self.act(obs, q_fn, epsilon)  # [E]
         # a CPU env needs its actions on the host: the one synchronisation of a step on such an env
-        td.set("action", action.to(self.env.device or "cpu").reshape(td.batch_size))
-        out, self._td = self.env.step_and_maybe_reset(td)
-        nxt = out.get("next")
-        reward = self._to_device(nxt.get("reward").reshape(self.num_envs)).to(torch.float32)
-        done = self._to_device(nxt.get("done").reshape(self.num_envs))
-        terminated = self._to_device(nxt.get("terminated").reshape(self.num_envs))
-        next_obs = self._to_device(nxt.get("observation"))
+        host_action = action.to(self.env.device or "cpu").reshape(td.batch_size)
+        if self.overlaps:
+            self.env.step_async(host_action)
+            self._sent = (obs, action, None)
+        else:
+            td.set("action", host_action)
+            out, root = self.env.step_and_maybe_reset(td)
+            self._sent = (obs, action, (out.get("next"), root))
+
+    @torch.no_grad()
+    def wait(self) -> _Received:
+        """The results of the step :meth:`start` began (waiting for the env if it is still stepping); the
+        collector moves on to the observations they end in, so the next :meth:`start` may come before
+        :meth:`record` of these.
+
+        Raises:
+            RuntimeError: no step was started.
+        """
+        if self._received is not None:  # drained by state_dict() or restored by load_state_dict()
+            received, self._received = self._received, None
+            return received
+        if self._sent is None:
+            raise RuntimeError("NStepCollector.wait: no step was started (call start())")
+        obs, action, result = self._sent
+        nxt, root = self.env.step_wait() if result is None else result
+        self._sent, self._td = None, root
+        e = self.num_envs
+        return _Received(
+            observation=obs, action=action,
+            next_observation=self._to_device(nxt.get("observation")),
+            reward=self._to_device(nxt.get("reward").reshape(e)).to(torch.float32),
+            done=self._to_device(nxt.get("done").reshape(e)),
+            terminated=self._to_device(nxt.get("terminated").reshape(e)))
+
+    @torch.no_grad()
+    def record(self, received: _Received) -> StepOutput:
+        """Put a step's results (:meth:`wait`) into the n-step window; the transition that completes."""
         if not self._win:
-            self._alloc_window(obs)
+            self._alloc_window(received.observation)
         slot = self.steps % self.n
         w = self._win
-        w["observation"][slot] = obs
-        w["next_observation"][slot] = next_obs
-        w["action"][slot] = action
-        w["reward"][slot] = reward
-        w["done"][slot] = done
-        w["terminated"][slot] = terminated
+        w["observation"][slot] = received.observation
+        w["next_observation"][slot] = received.next_observation
+        w["action"][slot] = received.action
+        w["reward"][slot] = received.reward
+        w["done"][slot] = received.done
+        w["terminated"][slot] = received.terminated
         self.steps += 1
 
         # episode bookkeeping (device, in place, no syncs)
+        reward, done = received.reward, received.done
         self._ep_return += reward
         self._ep_length += 1
         ep_return = torch.where(done, self._ep_return, 0.0)
@@ -166,9 +236,14 @@ class NStepCollector:
 
     # ---------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """Window, counters, episode accumulators, exploration RNG and env state (CPU tensors)."""
+        """Window, counters, episode accumulators, exploration RNG, env state and a step waited for but not
+        recorded (CPU tensors). A step in flight is waited for first."""
+        if self._sent is not None:  # a step in flight: wait for it; the results are kept for record()
+            self._received = self.wait()
         copy = lambda t: t.detach().to("cpu", copy=True)  # noqa: E731 (a snapshot, also on the CPU)
+        received = self._received
         return {
+            "received": None if received is None else {k: copy(v) for k, v in vars(received).items()},
             "steps": self.steps,
             "td": None if self._td is None else self._td.apply(copy).to_dict(),
             "window": {k: copy(v) for k, v in self._win.items()},
@@ -184,6 +259,9 @@ class NStepCollector:
         self._ep_return = state["ep_return"].to(self.device)
         self._ep_length = state["ep_length"].to(self.device)
         self.rng.set_state(state["rng"])
+        received = state.get("received")
+        self._sent = None
+        self._received = None if received is None else _Received(**{k: v.to(self.device) for k, v in received.items()})
         if state["td"] is None:
             self._td = None
             return
@@ -191,6 +269,7 @@ class NStepCollector:
             self._td = TensorDict.from_dict(state["td"], batch_size=self.env.batch_size,
                                             device=self.env.device)
         else:  # start new episodes; the partial ones in the window end (truncated) at its last step
+            self._received = None  # a step of those episodes that was not recorded yet is dropped
             self._td = self.env.reset()
             if self._win and self.steps > 0:
                 self._win["done"][(self.steps - 1) % self.n] = True

@@ -237,6 +237,10 @@ class DQN(CheckpointHooks, LightningModule):
                                      alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng,
                                      packed=r.packed, frame_stack=self._frame_stack, **extra)
         self.metrics.to(device)
+        if device.type == "cuda" and h.network == "nature_cnn":
+            # NHWC convolutions: cuDNN's tensor-core kernels without a layout conversion around each one
+            for net in (self.q_net, self.target_net):
+                net.to(memory_format=torch.channels_last)
         self.learner = Learner(self.q_net, self.target_net, self.metrics, self.rb.sampler, double_dqn=h.double_dqn,
                                huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, target_tau=h.target_tau,
                                inductor_mode=h.inductor_mode if h.inductor else None)
@@ -277,22 +281,35 @@ class DQN(CheckpointHooks, LightningModule):
             self._collect(random=True)
 
     def _collect(self, random: bool = False) -> None:
-        """One vector step: ``num_envs`` env steps into the buffer, episode stats into the metrics."""
+        """One vector step: ``num_envs`` env steps into the buffer, episode stats into the metrics (after the
+        step in flight, if any)."""
+        if self.collector.in_flight:
+            self._record(self.collector.wait(), self.env_steps)
+        self._start_collect(random)
+        self._record(self.collector.wait(), self.env_steps)
+
+    def _start_collect(self, random: bool = False) -> None:
+        """Act (epsilon-greedy, at this env step's epsilon) and start one vector step."""
         h = self.hparams
         eps = 1.0 if random else linear_schedule(h.epsilon_start, h.epsilon_end, h.epsilon_decay_steps,
                                                  self.env_steps)
-        out = self.collector.step(None if random else self.q_net, eps)
+        self.collector.start(None if random else self.q_net, eps)
         self.env_steps += self.collector.num_envs
+        self._epsilon = eps
+
+    def _record(self, received, env_steps: int) -> None:
+        """A vector step's results into the n-step window, its transitions into the buffer, episode stats
+        (``env_steps``: the env steps taken when that step ended)."""
+        out = self.collector.record(received)
         if out.transitions is not None:
             self.rb.extend(out.transitions)
         n_done = out.done.sum()
         self.metrics.add("episode_return", out.episode_return.sum(), count=n_done)
         self.metrics.add("episode_length", out.episode_length.sum(), count=n_done)
-        self._epsilon = eps
         ring, count = self.episode_returns_ring, self.episode_returns_count
         push_episode_returns(ring, count, out.episode_return.to(ring.device), out.done.to(ring.device))
         push_episode_log(self.episode_log, self.episode_log_count, out.episode_return.to(ring.device),
-                         out.done.to(ring.device), env_steps=self.env_steps, time_s=time.monotonic())
+                         out.done.to(ring.device), env_steps=env_steps, time_s=time.monotonic())
 
     # ------------------------------------------------------------------ learning
     @property
@@ -314,11 +331,20 @@ class DQN(CheckpointHooks, LightningModule):
         """``n`` gradient updates (one graph replay, or ``n == 1`` eager or learner-graph update) after the env
         steps they owe at ``replay_ratio``. Returns the last update's loss ``() float32`` (on the device)."""
         h, r = self.hparams, self.replay_config
-        # collect: the env steps owed for n updates, num_envs at a time
+        # collect: the env steps owed for n updates, num_envs at a time. An env that steps in its own
+        # threads (collector.overlaps) steps while the host records the previous step and launches these
+        # updates: each vector step is started here and recorded at the next one (docs/dqn.md, "The loop").
         self._credit += n / h.replay_ratio
-        while self._credit >= self.collector.num_envs:
-            self._collect()
-            self._credit -= self.collector.num_envs
+        c = self.collector
+        while self._credit >= c.num_envs:
+            if c.overlaps:
+                received = c.wait() if c.in_flight else None
+                self._start_collect()
+                if received is not None:
+                    self._record(received, self.env_steps - c.num_envs)
+            else:
+                self._collect()
+            self._credit -= c.num_envs
         # anneal beta: this block's value, a device scalar read by the (captured) sampler
         if r.sampler != "uniform":
             self.rb.sampler.beta = linear_schedule(r.beta, r.beta_end, r.beta_anneal_updates, self.updates)

@@ -46,7 +46,10 @@ class NatureCNNTorso(nn.Module):
         self.out_features = hidden
 
     def forward(self, obs: Tensor) -> Tensor:
-        return self.fc(self.conv(obs.to(torch.float32) / 255.0))
+        x = obs.to(torch.float32) / 255.0
+        if self.conv[0].weight.is_contiguous(memory_format=torch.channels_last):
+            x = x.contiguous(memory_format=torch.channels_last)  # the layout of the NHWC conv kernels
+        return self.fc(self.conv(x))
 
 
 class QNetwork(nn.Module):

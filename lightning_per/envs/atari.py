@@ -143,8 +143,28 @@ class AleVectorEnv(EnvBase):
                            "truncated": false.clone()}, batch_size=self.batch_size)
 
     def _step(self, tensordict):
-        action = tensordict.get("action").numpy().astype(np.int64, copy=False)
-        obs, reward, terminated, truncated, info = self._venv.step(action)
+        self._venv.send(tensordict.get("action").numpy().astype(np.int64, copy=False))
+        return self._received()
+
+    def step_async(self, action: torch.Tensor) -> None:
+        """Start one vector step with ``action`` ``(E,) int64`` (CPU); the C++ threads step the members
+        while the caller goes on. :meth:`step_wait` returns the step's results.
+
+        With :meth:`step_wait` this is ``step_and_maybe_reset`` in two halves (TorchRL's
+        ``EnvBase.step`` checks are left out: the collector hands in actions of the action spec).
+        """
+        self._venv.send(action.numpy().astype(np.int64, copy=False))
+
+    def step_wait(self) -> tuple[TensorDict, TensorDict]:
+        """Wait for the step :meth:`step_async` started: ``(next, root)`` as ``step_and_maybe_reset``
+        returns them, ``next`` being its ``out["next"]`` (true final observations where an episode ended,
+        reward, done flags) and ``root`` the observations to act on next (new episodes where one ended)."""
+        nxt = self._received()
+        root = TensorDict({"observation": torch.from_numpy(np.array(self._current))}, batch_size=self.batch_size)
+        return nxt, root
+
+    def _received(self) -> TensorDict:
+        obs, reward, terminated, truncated, info = self._venv.recv()
         self._current = obs
         done = np.logical_or(terminated, truncated)
         final = np.where(done[:, None, None, None], info["final_obs"], obs) if "final_obs" in info else obs
