@@ -12,6 +12,10 @@ capture), it measures two windows of ``--steps`` training steps each:
    includes its device work (this serialises work that normally overlaps: the phases add up to more than
    window 1's step; the ratio is printed).
 
+"env step" is the host's time in the env's calls: the whole step for an env that steps in the caller's
+thread, only the launch and the wait for the rest for one that steps in its own threads while the host
+records the previous step and launches the updates (``NStepCollector.overlaps``, docs/dqn.md, "The loop").
+
 ``--trace DIR`` then records ``--trace-steps`` steps with ``torch.profiler`` (CPU + CUDA) as a Chrome trace.
 
     python -m benchmarks tool profile_loop --config configs/dqn_pong.yaml --out runs/profile_loop/pong.json
@@ -40,27 +44,39 @@ TINY_ARGS = ["--model.warmup_steps=64", "--model.replay.capacity=1000", "--model
 
 
 class _Timer:
-    """Inclusive times of the wrapped calls (seconds), with a device sync around each when ``sync``."""
+    """Inclusive times of the wrapped calls (seconds), with a device sync around each when ``sync``.
+
+    A call wrapped with a ``group`` also counts towards that group's total, once for the outermost of the
+    group's calls when they nest (``_collect`` calls ``_record``: the group counts the ``_collect``)."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda, self.sync, self.on = cuda, False, False
         self.total: dict[str, float] = defaultdict(float)
+        self._depth: dict[str, int] = defaultdict(int)
 
     def _now(self) -> float:
         if self.cuda and self.sync:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def wrap(self, name: str, fn):
+    def wrap(self, name: str, fn, group: str | None = None):
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             if not self.on:
                 return fn(*args, **kwargs)
+            outer = group is not None and self._depth[group] == 0
+            if group is not None:
+                self._depth[group] += 1
             t0 = self._now()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.total[name] += self._now() - t0
+                dt = self._now() - t0
+                self.total[name] += dt
+                if group is not None:
+                    self._depth[group] -= 1
+                    if outer:
+                        self.total[group] += dt
 
         return timed
 
@@ -73,16 +89,21 @@ class _Profiler(Callback):
         self.result: dict = {}
         self._t0 = self._counts0 = None
         self._prof = None
+        self.device = "cpu"
 
     def on_train_start(self, trainer, pl_module) -> None:
-        cuda = pl_module.device.type == "cuda"
-        self.timer = t = _Timer(cuda)
-        c = pl_module.collector
+        self.device = str(pl_module.device)
+        self.timer = t = _Timer(pl_module.device.type == "cuda")
+        c, env = pl_module.collector, pl_module.collector.env
         c.act = t.wrap("act", c.act)
-        c.env.step_and_maybe_reset = t.wrap("env", c.env.step_and_maybe_reset)
-        c.step = t.wrap("collector", c.step)
+        for name in ("step_and_maybe_reset", "step_async", "step_wait"):  # the host's time in the env's calls
+            if hasattr(env, name):
+                setattr(env, name, t.wrap(f"env.{name}", getattr(env, name), group="env"))
+        c.start, c.record = t.wrap("collector.start", c.start), t.wrap("collector.record", c.record)
+        c.wait = t.wrap("collector.wait", c.wait, group="collect")  # the overlapped path calls it directly
         pl_module.rb.extend = t.wrap("extend", pl_module.rb.extend)
-        pl_module._collect = t.wrap("collect", pl_module._collect)
+        for name in ("_collect", "_start_collect", "_record"):
+            setattr(pl_module, name, t.wrap(name, getattr(pl_module, name), group="collect"))
         pl_module._update_block = t.wrap("block", pl_module._update_block)
 
     def _window_start(self, pl_module) -> None:
@@ -130,22 +151,19 @@ class _Profiler(Callback):
         self.seen += 1
 
     def _phases(self) -> dict[str, float]:
-        tot, n = self.timer.total, self.steps
+        n = self.steps
         step = 1e3 * self.result["broken_down"]["seconds"] / n
-        per = {k: 1e3 * v / n for k, v in tot.items()}
-        collector = per.get("collector", 0.0)
-        collect = per.get("collect", 0.0)
-        block = per.get("block", 0.0)
-        phases = {
-            "act": per.get("act", 0.0),
-            "env step": per.get("env", 0.0),
-            "collect: copies + n-step window": collector - per.get("act", 0.0) - per.get("env", 0.0),
-            "replay write": per.get("extend", 0.0),
-            "collect: episode stats": collect - collector - per.get("extend", 0.0),
-            "update: sample + learner + priorities": block - collect,
-            "host: Lightning loop + bookkeeping": step - block,
+        per = defaultdict(float, {k: 1e3 * v / n for k, v in self.timer.total.items()})
+        collector = per["collector.start"] + per["collector.wait"] + per["collector.record"]
+        return {
+            "act": per["act"],
+            "env step": per["env"],
+            "collect: copies + n-step window": collector - per["act"] - per["env"],
+            "replay write": per["extend"],
+            "collect: episode stats": per["collect"] - collector - per["extend"],
+            "update: sample + learner + priorities": per["block"] - per["collect"],
+            "host: Lightning loop + bookkeeping": step - per["block"],
         }
-        return phases
 
 
 def table(result: dict) -> str:
@@ -185,7 +203,7 @@ def main(argv=None) -> int:
     trainer.callbacks.append(prof)
     trainer.fit(built.model)
     result = {"config": a.config, "run_args": a.run_arg, "warmup_steps": a.warmup_steps, "steps": a.steps,
-              "device": str(built.model.device), **prof.result}
+              "device": prof.device, **prof.result}
     if "phases_ms" not in result:
         print("profile_loop: the run ended before both windows were measured", file=sys.stderr)
         return 1

@@ -134,4 +134,28 @@ def test_profile_loop_tool_measures_the_configs_own_steps(tmp_path, monkeypatch)
         assert res[window]["updates"] == 8 and res[window]["env_steps"] == 8 * 4
     assert set(res["phases_ms"]) == set(profile_loop.PHASES)
     assert res["phases_ms"]["env step"] > 0 and res["phases_ms"]["update: sample + learner + priorities"] > 0
+    assert min(res["phases_ms"].values()) >= 0, res["phases_ms"]  # nested calls are not counted twice
     assert "| env step |" in out.with_suffix(".md").read_text()
+
+
+def test_profile_loop_tool_times_an_overlapped_env(tmp_path, monkeypatch):
+    """An env that steps in its own threads (ale-py's vector env: start, then wait at the next step) is
+    measured too: the same counts as the config's steps, no phase negative, the env's launch and wait in
+    "env step"."""
+    pytest.importorskip("ale_py")
+    from benchmarks import profile_loop
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "p.json"
+    small = ["--model.replay.batch_size=8", "--model.updates_per_step=1", "--model.updates_per_graph=1",
+             "--model.replay_ratio=0.25", "--model.compile=false", "--model.inductor=false",
+             "--model.hidden_sizes=[32]", "--trainer.benchmark=false"]
+    assert profile_loop.main(["--config", str(ROOT / "configs/dqn_pong.yaml"), "--tiny", "--warmup-steps", "2",
+                              "--steps", "6", "--out", str(out), "--run-dir", str(tmp_path / "run"),
+                              *[f"--run-arg={a}" for a in small]]) == 0
+    res = json.loads(out.read_text())
+    for window in ("free_running", "broken_down"):  # 1 update per training step owes 4 env steps at 0.25
+        assert res[window]["updates"] == 6 and res[window]["env_steps"] == 6 * 4
+    phases = res["phases_ms"]
+    assert min(phases.values()) >= 0, phases
+    assert phases["env step"] > 0 and phases["act"] > 0 and phases["replay write"] > 0
