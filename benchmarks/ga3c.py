@@ -85,12 +85,9 @@ def _cpu_seconds() -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
-def bench_ga3c(args, dynamic: bool) -> dict:
-    import lightning.pytorch as pl
-
+def ga3c_config(args, dynamic: bool):
+    """The row's :class:`GA3CConfig`: ``--config`` with the row's counts, window and device."""
     from lightning_per.ga3c.config import load_config
-    from lightning_per.ga3c.module import GA3C
-    from lightning_per.ga3c.stats import rates
 
     overrides = dict(agents=args.agents, envs_per_agent=args.envs_per_agent, predictors=args.predictors,
                      trainers=args.trainers, dynamic_adjustment=dynamic, adjust_warmup_s=args.warmup,
@@ -100,7 +97,16 @@ def bench_ga3c(args, dynamic: bool) -> dict:
     if args.quick:
         overrides.update(train_min_batch_size=20, predict_batch_size=8, torch_threads=1, max_predictors=2,
                          max_trainers=2)
-    cfg = load_config(args.config, overrides)
+    return load_config(args.config, overrides)
+
+
+def bench_ga3c(args, dynamic: bool) -> dict:
+    import lightning.pytorch as pl
+
+    from lightning_per.ga3c.module import GA3C
+    from lightning_per.ga3c.stats import rates
+
+    cfg = ga3c_config(args, dynamic)
     model = GA3C(cfg)
     trainer = pl.Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, max_epochs=-1,
                          max_time={"seconds": cfg.max_time_s}, logger=False, enable_progress_bar=False,

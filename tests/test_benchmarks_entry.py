@@ -156,3 +156,18 @@ def test_every_benchmark_module_is_a_suite_or_a_tool():
     modules = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")}
     registered = set(TOOLS) | {m.rsplit(".", 1)[1] for m in SUITES.values()}
     assert modules == registered, (sorted(modules - registered), sorted(registered - modules))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ga3c_rows_build_their_config_from_the_command_line(device):
+    """The GA3C rows' config: the suite's counts and the --device string as given (a quoted '"cuda"' failed
+    every GA3C row at the config's device check)."""
+    from benchmarks import ga3c
+    from benchmarks.__main__ import parser
+
+    args = parser("ga3c").parse_args(["--device", device, "--agents", "3", "--max-agents", "5", "--cuda-graph"])
+    args.quick = False
+    cfg = ga3c.ga3c_config(args, dynamic=True)
+    assert (cfg.device, cfg.agents, cfg.max_agents, cfg.cuda_graph, cfg.dynamic_adjustment) == (
+        device, 3, 5, True, True)
+    assert cfg.max_time_s == args.warmup + args.seconds + 60.0 and cfg.wandb_mode == "disabled"

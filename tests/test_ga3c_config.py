@@ -145,6 +145,17 @@ def test_load_config_overrides_are_typed_like_the_command_line():
         load_config(None, {"agnets": 3})
 
 
+def test_load_config_string_overrides_are_the_strings_given():
+    """A string value is that string, as a YAML file gives it: not quoted again (``device="cuda"`` once
+    became ``'"cuda"'`` and failed the device check), and YAML syntax inside it stays text."""
+    cfg = load_config(ROOT / "configs/ga3c_cartpole.yaml", {"device": "cpu", "run_name": "a: b", "agents": 3})
+    assert (cfg.device, cfg.run_name, cfg.agents) == ("cpu", "a: b", 3)
+    with pytest.raises(ValueError, match="agents"):  # still checked by type, naming the field
+        load_config(None, {"agents": "three"})
+    with pytest.raises(ValueError, match="device"):
+        load_config(None, {"device": "tpu"})
+
+
 def test_print_config_prints_the_merged_config(capsys):
     import yaml
 

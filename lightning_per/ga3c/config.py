@@ -282,8 +282,9 @@ class UnknownOption(ValueError):
     """A command-line option or config key that is no field of :class:`GA3CConfig`."""
 
 
-def parse_args(parser, argv: list[str]) -> GA3CConfig:
-    """Parse ``argv`` with ``parser`` (:func:`config_parser`) into a validated :class:`GA3CConfig`.
+def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None) -> GA3CConfig:
+    """Parse ``argv`` with ``parser`` (:func:`config_parser`), then ``overrides`` (field values, checked by
+    the same types), into a validated :class:`GA3CConfig`.
 
     Raises:
         UnknownOption: an option or a config-file key that is no field (a ValueError).
@@ -294,6 +295,8 @@ def parse_args(parser, argv: list[str]) -> GA3CConfig:
 
     try:
         ns = parser.parse_args(list(argv))
+        if overrides:  # values as they are: a string stays that string (no command-line quoting)
+            ns = parser.parse_object(dict(overrides), cfg_base=ns)
     except ArgumentError as err:
         message = " ".join(str(err).split())
         if message.startswith("unrecognized arguments") or "is not accepted" in message:
@@ -321,10 +324,5 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     Raises:
         ValueError: an unknown field name, a file that is not a mapping, or a value out of range.
     """
-    import json
-
-    parser = config_parser()
     argv = [] if path is None else ["--config", str(path)]
-    for name, value in (overrides or {}).items():
-        argv.append(f"--{name}={json.dumps(value)}")  # JSON is YAML: the value keeps its type
-    return parse_args(parser, argv)
+    return parse_args(config_parser(), argv, overrides)
