@@ -96,9 +96,11 @@ class _Profiler(Callback):
         self.timer = t = _Timer(pl_module.device.type == "cuda")
         c, env = pl_module.collector, pl_module.collector.env
         c.act = t.wrap("act", c.act)
-        for name in ("step_and_maybe_reset", "step_async", "step_wait"):  # the host's time in the env's calls
-            if hasattr(env, name):
-                setattr(env, name, t.wrap(f"env.{name}", getattr(env, name), group="env"))
+        from lightning_per.dqn.collector import steps_in_threads
+
+        names = ("step_and_maybe_reset", *(("step_async", "step_wait") if steps_in_threads(env) else ()))
+        for name in names:  # the host's time in the env's calls
+            setattr(env, name, t.wrap(f"env.{name}", getattr(env, name), group="env"))
         c.start, c.record = t.wrap("collector.start", c.start), t.wrap("collector.record", c.record)
         c.wait = t.wrap("collector.wait", c.wait, group="collect")  # the overlapped path calls it directly
         pl_module.rb.extend = t.wrap("extend", pl_module.rb.extend)

@@ -156,3 +156,37 @@ def test_start_twice_or_wait_without_start_is_refused():
     c.start(None, 1.0)
     with pytest.raises(RuntimeError, match="not waited for"):
         c.start(None, 1.0)
+
+
+def test_a_start_after_a_checkpoint_drained_the_step_is_refused():
+    """state_dict() waits for a step in flight and keeps its results for record(): starting another before
+    wait() hands them over would overwrite them."""
+    env = TorchCartPoleEnv(num_envs=2, max_steps=9, seed=1)
+    c = NStepCollector(env, n_step=3, gamma=GAMMA, n_actions=2, device="cpu", seed=5)
+    c.start(None, 1.0)
+    c.state_dict()
+    with pytest.raises(RuntimeError, match="not waited for"):
+        c.start(None, 1.0)
+    c.record(c.wait())
+    c.start(None, 1.0)
+
+
+def test_a_wrapped_gymnasium_async_vector_env_is_stepped_in_start():
+    """TorchRL's GymWrapper forwards unknown attributes to the env it wraps, and Gymnasium's AsyncVectorEnv has
+    its own step_async/step_wait (numpy actions, a 5-tuple back): such an env is not taken for one that steps
+    in its own threads, and steps as any other. CartPole pays 1 per step and no episode ends within its first
+    8 steps (the pole needs more to fall), so each 2-step transition has return 1 + gamma, discount gamma^2."""
+    from lightning_per.envs import EnvConfig, make_env
+
+    cfg = EnvConfig(id="CartPole-v1", backend="gymnasium", num_envs=2, vectorization="async")
+    c = NStepCollector(make_env(cfg, seed=3), n_step=2, gamma=GAMMA, n_actions=2, device="cpu", seed=4)
+    try:
+        assert hasattr(c.env, "step_async") and not c.overlaps
+        outs = [c.step(None, 1.0) for _ in range(4)]
+    finally:
+        c.env.close()
+    assert outs[0].transitions is None
+    for out in outs[1:]:
+        torch.testing.assert_close(out.transitions["reward"], torch.full((2,), 1 + GAMMA))
+        torch.testing.assert_close(out.transitions["discount"], torch.full((2,), GAMMA**2))
+        assert not out.done.any()

@@ -277,3 +277,31 @@ def test_batch_weight_normalization_reaches_the_sampler():
 def test_weight_normalization_is_validated():
     with pytest.raises(ValueError, match="replay.weight_normalization"):
         ReplayConfig(weight_normalization="global").validate()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_loaded_adam_moments_take_the_channels_last_layout_of_their_parameter(fused):
+    """A checkpoint's Adam moments saved from NCHW weights, loaded for channels-last weights (a Nature CNN
+    checkpoint written before it ran channels-last on CUDA): the next step equals the NCHW optimizer's own
+    step (the oracle: the same Adam, same state, all NCHW). Without re-laying out the moments the fused
+    kernel updates mismatched elements."""
+    from lightning_per.dqn.module import _state_in_param_layout
+
+    gen = torch.Generator().manual_seed(0)
+    w0, g1, g2 = (torch.randn(8, 4, 3, 3, generator=gen) for _ in range(3))
+    ref = w0.clone().requires_grad_()
+    opt_ref = torch.optim.Adam([ref], lr=0.1, fused=fused)
+    ref.grad = g1.clone()
+    opt_ref.step()
+    saved = opt_ref.state_dict()
+    saved = {"state": {k: {n: t.clone() for n, t in v.items()} for k, v in saved["state"].items()},
+             "param_groups": saved["param_groups"]}
+    nhwc = ref.detach().clone().contiguous(memory_format=torch.channels_last).requires_grad_()
+    opt = torch.optim.Adam([nhwc], lr=0.1, fused=fused)
+    opt.register_load_state_dict_post_hook(_state_in_param_layout)
+    opt.load_state_dict(saved)
+    assert all(t.stride() == nhwc.stride() for t in opt.state[nhwc].values() if t.shape == nhwc.shape)
+    ref.grad, nhwc.grad = g2.clone(), g2.clone().contiguous(memory_format=torch.channels_last)
+    opt_ref.step()
+    opt.step()
+    torch.testing.assert_close(nhwc.detach(), ref.detach(), rtol=0, atol=1e-6)

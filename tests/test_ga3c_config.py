@@ -154,6 +154,8 @@ def test_load_config_string_overrides_are_the_strings_given():
         load_config(None, {"agents": "three"})
     with pytest.raises(ValueError, match="device"):
         load_config(None, {"device": "tpu"})
+    with pytest.raises(ValueError, match="'config'"):  # a file is the path argument, not an override
+        load_config(None, {"config": "x.yaml"})
 
 
 def test_print_config_prints_the_merged_config(capsys):

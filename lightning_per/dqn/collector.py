@@ -58,6 +58,11 @@ class _Received:
     terminated: Tensor
 
 
+def steps_in_threads(env: EnvBase) -> bool:
+    """``env``'s class defines ``step_async`` and ``step_wait`` (see :attr:`NStepCollector.overlaps`)."""
+    return all(callable(getattr(type(env), name, None)) for name in ("step_async", "step_wait"))
+
+
 class NStepCollector:
     """Steps ``env`` with epsilon-greedy actions and keeps a window of the last ``n_step`` steps.
 
@@ -119,9 +124,12 @@ class NStepCollector:
 
     @property
     def overlaps(self) -> bool:
-        """The env steps in its own threads between :meth:`start` and :meth:`wait` (it has
-        ``step_async``/``step_wait``, as :class:`~lightning_per.envs.atari.AleVectorEnv`)."""
-        return hasattr(self.env, "step_async") and hasattr(self.env, "step_wait")
+        """The env steps in its own threads between :meth:`start` and :meth:`wait`: its class defines
+        ``step_async(action)`` and ``step_wait() -> (next, root)``, as
+        :class:`~lightning_per.envs.atari.AleVectorEnv` does. Looked up on the class: TorchRL's wrappers
+        forward unknown attributes to the env they wrap, and a wrapped Gymnasium ``AsyncVectorEnv`` has
+        methods of those names with another contract."""
+        return steps_in_threads(self.env)
 
     @property
     def in_flight(self) -> bool:
@@ -142,7 +150,7 @@ class NStepCollector:
         Raises:
             RuntimeError: a step started earlier has not been waited for.
         """
-        if self._sent is not None:
+        if self._sent is not None or self._received is not None:
             raise RuntimeError("NStepCollector.start: the previous step was not waited for (call wait())")
         self._ensure_started()
         td = self._td
@@ -163,6 +171,10 @@ class NStepCollector:
         """The results of the step :meth:`start` began (waiting for the env if it is still stepping); the
         collector moves on to the observations they end in, so the next :meth:`start` may come before
         :meth:`record` of these.
+
+        Returns, on the collector's device (``E`` members): ``observation (E, *obs)`` (acted on),
+        ``action (E,) int64``, ``next_observation (E, *obs)`` (the true final one where an episode ended),
+        ``reward (E,) float32``, ``done`` and ``terminated`` ``(E,) bool``.
 
         Raises:
             RuntimeError: no step was started.

@@ -259,8 +259,10 @@ class DQN(CheckpointHooks, LightningModule):
         # that needs the foreach implementation, which torch.compile traces.
         h = self.hparams
         compiled_step = bool(h.inductor and h.compile)
-        return torch.optim.Adam(self.q_net.parameters(), lr=h.lr, eps=h.adam_eps, fused=not compiled_step,
-                                foreach=True if compiled_step else None, capturable=bool(h.compile))
+        opt = torch.optim.Adam(self.q_net.parameters(), lr=h.lr, eps=h.adam_eps, fused=not compiled_step,
+                               foreach=True if compiled_step else None, capturable=bool(h.compile))
+        opt.register_load_state_dict_post_hook(_state_in_param_layout)
+        return opt
 
     def forward(self, observation: Tensor) -> Tensor:
         """Action values ``(B, A) float32`` of ``observation (B, *obs_shape)`` (online network)."""
@@ -405,6 +407,19 @@ class DQN(CheckpointHooks, LightningModule):
             rank_zero_info(f"target_return={target} reached (mean of the last 20 episodes) after "
                            f"{self.env_steps} env steps and {self.updates} updates{when}: stopping.")
             self.trainer.should_stop = True
+
+
+def _state_in_param_layout(optimizer: torch.optim.Optimizer) -> None:
+    """After ``optimizer.load_state_dict``: give each per-parameter state tensor (Adam's moments) its
+    parameter's strides. A checkpoint's moments keep the layout they were saved in (NCHW before the Nature
+    CNN ran channels-last), and the fused Adam kernel pairs the elements of a parameter and its moments by
+    storage order, so mismatched strides would update the wrong elements."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                    state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
 def _probe_env(env: EnvConfig) -> tuple[tuple[int, ...], int]:

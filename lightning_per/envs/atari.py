@@ -152,13 +152,19 @@ class AleVectorEnv(EnvBase):
 
         With :meth:`step_wait` this is ``step_and_maybe_reset`` in two halves (TorchRL's
         ``EnvBase.step`` checks are left out: the collector hands in actions of the action spec).
+
+        Raises:
+            AssertionError: from ale-py, for an action of another length than E.
         """
         self._venv.send(action.numpy().astype(np.int64, copy=False))
 
     def step_wait(self) -> tuple[TensorDict, TensorDict]:
         """Wait for the step :meth:`step_async` started: ``(next, root)`` as ``step_and_maybe_reset``
-        returns them, ``next`` being its ``out["next"]`` (true final observations where an episode ended,
-        reward, done flags) and ``root`` the observations to act on next (new episodes where one ended)."""
+        returns them, both TensorDicts ``[E]`` on the CPU: ``next`` is its ``out["next"]``
+        (``observation (E, stack, size, size) uint8``, the true final one where an episode ended;
+        ``reward (E, 1) float32``; ``done``, ``terminated``, ``truncated`` ``(E, 1) bool``) and ``root`` holds
+        the ``observation`` to act on next (a new episode's first where one ended). Call it once per
+        :meth:`step_async`, after it."""
         nxt = self._received()
         root = TensorDict({"observation": torch.from_numpy(np.array(self._current))}, batch_size=self.batch_size)
         return nxt, root

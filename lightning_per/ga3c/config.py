@@ -296,6 +296,10 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
     try:
         ns = parser.parse_args(list(argv))
         if overrides:  # values as they are: a string stays that string (no command-line quoting)
+            unknown = sorted(set(overrides) - {f.name for f in fields(GA3CConfig)})
+            if unknown:  # e.g. "config", which parse_object would not take as a file
+                raise UnknownOption(f"overrides: {unknown} are no fields of GA3CConfig; known fields: "
+                                    f"{sorted(f.name for f in fields(GA3CConfig))}")
             ns = parser.parse_object(dict(overrides), cfg_base=ns)
     except ArgumentError as err:
         message = " ".join(str(err).split())
