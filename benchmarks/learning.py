@@ -18,14 +18,19 @@ and against wall time, with the target.
     python -m benchmarks run learning --config configs/dqn_pong.yaml --seeds 0 1 2 --target 18
     python -m benchmarks run learning --config configs/ga3c_pong.yaml --seeds 0 1 2 --target 18
     python -m benchmarks run learning --quick        # CartPole DQN on the CPU, two seeds, a few seconds each
+    # a variant of a config, named for its files:
+    python -m benchmarks run learning --config configs/dqn_pong.yaml --seeds 0 --target 18 --budget-s 150 \
+        --run-arg=--model.replay.capacity=1000000 --run-arg=--model.replay.frame_dedup=true \
+        --name dqn_pong-frame_dedup_1m
     # one seed per call (each within a time limit), then one table of all of them:
     python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --budget-s 300 --seeds 1 \
         --runs-dir runs/learning
     python -m benchmarks run learning --config configs/dqn_pong.yaml --target 18 --seeds 0 1 2 --reuse-runs \
         --runs-dir runs/learning
 
-Results: ``<out>/learning-<config name>-<machine>.json``, ``.md``, ``.png``; the seeds' run directories under
-``<runs-dir>/<config name>/seed<k>/`` (default ``<out>/learning-runs``).
+Results: ``<out>/learning-<name>-<machine>.json``, ``.md``, ``.png``; the seeds' run directories under
+``<runs-dir>/<name>/seed<k>/`` (default ``<out>/learning-runs``); ``<name>`` is ``--name``, by default the
+config's file name.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--wandb", action="store_true", help="keep the config's W&B logging (default: disabled)")
     ap.add_argument("--runs-dir", default=None,
                     help="where the seeds' run directories go (default: <out>/learning-runs)")
+    ap.add_argument("--name", default=None,
+                    help="name of the results: files learning-<name>-<machine>.* and runs under <runs-dir>/<name>/ "
+                         "(default: the config's file name; give one for a variant made with --run-arg)")
     ap.add_argument("--reuse-runs", action="store_true",
                     help="a seed whose run directory under --runs-dir already has episodes.csv is read, not run again "
                          "(run the seeds in separate calls, then all of them with --reuse-runs for one table)")
@@ -275,7 +283,7 @@ def run(args) -> Results:
     if target is None:
         raise ValueError("learning: --target is required with --config")
     kind = config_kind(config)
-    name = Path(config).stem
+    name = getattr(args, "name", None) or Path(config).stem
     extra = list(args.run_arg)
     if args.quick and kind == "dqn":
         extra = QUICK_DQN_ARGS + extra

@@ -118,6 +118,16 @@ def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(learning, "launch", lambda *a, **k: pytest.fail("ran again"))
     args.reuse_runs, args.seeds = True, [0]
     assert learning.run(args).rows == res.rows
+    # --name: a variant's runs and results under its own name, the config unchanged
+    args.name = "dqn_cartpole-variant"
+    with pytest.raises(FileNotFoundError):  # nothing under the new name yet: it would run (launch fails here)
+        learning.find_run_files(tmp_path / "learning-runs" / args.name)
+    import shutil
+
+    shutil.copytree(run_dir.parent, tmp_path / "learning-runs" / args.name)
+    renamed = learning.run(args)
+    assert renamed.name == "learning-dqn_cartpole-variant" and renamed.rows[0]["run_dir"].startswith(
+        str(tmp_path / "learning-runs" / args.name))
 
 
 def test_profile_loop_tool_measures_the_configs_own_steps(tmp_path, monkeypatch):
