@@ -23,3 +23,9 @@ SUITES: dict[str, str] = {
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.
 TOOLS: tuple[str, ...] = ("profile_step", "profile_kernels", "profile_dqn", "host_floor", "replay_host",
                           "replay_eager", "replay_kernels", "tune_warps", "gather", "fit_runs", "profile_loop")
+
+
+class UsageError(ValueError):
+    """A suite's options that cannot run (a missing file, a missing option): ``python -m benchmarks`` prints
+    it in one line and exits 2."""
+

@@ -9,7 +9,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from benchmarks import SUITES, TOOLS
+from benchmarks import SUITES, TOOLS, UsageError
 
 
 def _module(suite: str):
@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     suite = argv[1]
     args = parser(suite).parse_args(argv[2:])
     if suite != "all":
-        run_suite(suite, args)
+        try:
+            run_suite(suite, args)
+        except UsageError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     failed = []
     for name in SUITES:  # every suite with its defaults; one failing suite does not stop the others

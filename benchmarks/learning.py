@@ -44,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import UsageError
 from benchmarks._results import Results
 
 QUICK_CONFIG = "configs/dqn_cartpole.yaml"
@@ -281,7 +282,9 @@ def run(args) -> Results:
     if target is None and args.config is None:
         target = QUICK_TARGET if args.quick else DEFAULT_TARGET
     if target is None:
-        raise ValueError("learning: --target is required with --config")
+        raise UsageError(f"learning: --target is required with --config ({config})")
+    if not Path(config).is_file():
+        raise UsageError(f"learning: --config {config}: no such file")
     kind = config_kind(config)
     name = getattr(args, "name", None) or Path(config).stem
     extra = list(args.run_arg)

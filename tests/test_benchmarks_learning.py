@@ -169,3 +169,13 @@ def test_profile_loop_tool_times_an_overlapped_env(tmp_path, monkeypatch):
     phases = res["phases_ms"]
     assert min(phases.values()) >= 0, phases
     assert phases["env step"] > 0 and phases["act"] > 0 and phases["replay write"] > 0
+
+
+@pytest.mark.parametrize(("argv", "match"), [(["--config", "configs/nope.yaml", "--target", "25"], "no such file"),
+                                             (["--config", "configs/dqn_cartpole.yaml"], "--target is required")])
+def test_learning_options_that_cannot_run_are_one_line_and_exit_2(argv, match, capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["run", "learning", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: learning:") and match in err and "\n" not in err
