@@ -293,21 +293,21 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
     """
     from argparse import ArgumentError
 
+    names = sorted(f.name for f in fields(GA3CConfig))
     try:
         ns = parser.parse_args(list(argv))
         if overrides:  # values as they are: a string stays that string (no command-line quoting)
-            unknown = sorted(set(overrides) - {f.name for f in fields(GA3CConfig)})
+            unknown = sorted(set(overrides) - set(names))
             if unknown:  # e.g. "config", which parse_object would not take as a file
-                raise UnknownOption(f"overrides: {unknown} are no fields of GA3CConfig; known fields: "
-                                    f"{sorted(f.name for f in fields(GA3CConfig))}")
+                raise UnknownOption(f"overrides: {unknown} are no fields of GA3CConfig; known fields: {names}")
             ns = parser.parse_object(dict(overrides), cfg_base=ns)
     except ArgumentError as err:
         message = " ".join(str(err).split())
         if message.startswith("unrecognized arguments") or "is not accepted" in message:
-            raise UnknownOption(f"{message}; known fields: {sorted(f.name for f in fields(GA3CConfig))}") from None
+            raise UnknownOption(f"{message}; known fields: {names}") from None
         raise ValueError(message) from None
     values = ns.as_dict()
-    return GA3CConfig(**{f.name: values[f.name] for f in fields(GA3CConfig)}).validate()
+    return GA3CConfig(**{name: values[name] for name in names}).validate()
 
 
 def field_docs() -> dict[str, str]:
