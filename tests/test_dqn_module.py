@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import types
 
@@ -293,9 +294,7 @@ def test_loaded_adam_moments_take_the_channels_last_layout_of_their_parameter(fu
     opt_ref = torch.optim.Adam([ref], lr=0.1, fused=fused)
     ref.grad = g1.clone()
     opt_ref.step()
-    saved = opt_ref.state_dict()
-    saved = {"state": {k: {n: t.clone() for n, t in v.items()} for k, v in saved["state"].items()},
-             "param_groups": saved["param_groups"]}
+    saved = copy.deepcopy(opt_ref.state_dict())  # a checkpoint's copy, not the live moments
     nhwc = ref.detach().clone().contiguous(memory_format=torch.channels_last).requires_grad_()
     opt = torch.optim.Adam([nhwc], lr=0.1, fused=fused)
     opt.register_load_state_dict_post_hook(_state_in_param_layout)

@@ -80,6 +80,7 @@ class NStepCollector:
         self.env, self.n, self.gamma, self.n_actions = env, n_step, gamma, n_actions
         self.device = torch.device(device)
         self.num_envs = int(env.batch_size[0])
+        self._overlaps = steps_in_threads(env)  # read at every step: the env's class does not change
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(seed)
         self.steps = 0  # vector steps taken (host int, never read from the device)
@@ -129,7 +130,7 @@ class NStepCollector:
         :class:`~lightning_per.envs.atari.AleVectorEnv` does. Looked up on the class: TorchRL's wrappers
         forward unknown attributes to the env they wrap, and a wrapped Gymnasium ``AsyncVectorEnv`` has
         methods of those names with another contract."""
-        return steps_in_threads(self.env)
+        return self._overlaps
 
     @property
     def in_flight(self) -> bool:
