@@ -12,7 +12,8 @@ what is measured):
 * ``rb.sample``, ``priority math`` (the benchmark's two ops), ``rb.update_priority``, and the whole step,
   for ``make_replay_buffer(N, B, packed=True)`` with the compiled kernels and cached eager graphs;
 * the floors of the step and of ``extend(64)`` built from those rows (:func:`floors_of`), and each measured
-  call against its floor;
+  call against its floor; also the step's floor with what returning TorchRL's batch costs at the least (a
+  ``view`` op per field, ``batch TensorDict``: building the TensorDict of the sampled batch's fields);
 * a cProfile of the step's host functions (``--cprofile``).
 
     python -m benchmarks.host_floor --capacity 1000000 --batch 256 --out benchmarks/results/host_floor.json
@@ -31,6 +32,9 @@ import torch
 from benchmarks._harness import host_profile  # noqa: E402
 from benchmarks.replay import batch, fill, step_fn  # noqa: E402
 
+#: the measured row each floor is compared with
+MEASURED = {"step with its batch": "step"}
+
 
 def per_call_us(fn, iters: int) -> float:
     """Host wall time per call (us): ``iters`` calls back to back, then one synchronisation, after a warm-up."""
@@ -44,14 +48,21 @@ def per_call_us(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-def floors_of(rows: dict[str, float]) -> dict[str, float]:
+def floors_of(rows: dict[str, float], fields: int | None = None) -> dict[str, float]:
     """The host floor of the eager step and of ``extend(64)`` from this run's primitive rows (docs/kernels.md,
     "Host cost of eager calls"): a step that returns fresh tensors needs a graph replay and a clone (sample),
     the benchmark's priority math, two input copies and a replay (update); an extend needs the rows' copy into
-    the ring, the returned slots (an allocating launch), their copy into the graph's input and a replay."""
+    the ring, the returned slots (an allocating launch), their copy into the graph's input and a replay.
+
+    With ``fields`` (the sampled batch's number of keys) and the rows ``view`` and ``batch TensorDict``, also
+    ``"step with its batch"``: the step floor plus what returning TorchRL's batch costs at the least, one view
+    op per field of the fresh buffer and the TensorDict that holds them."""
     replay, copy = rows["graph replay"], rows["copy_"]
-    return {"step": replay + rows["clone"] + rows["priority math"] + 2 * copy + replay,
-            "rb.extend(64)": copy + rows["alloc+launch"] + copy + replay}
+    floors = {"step": replay + rows["clone"] + rows["priority math"] + 2 * copy + replay,
+              "rb.extend(64)": copy + rows["alloc+launch"] + copy + replay}
+    if fields is not None:
+        floors["step with its batch"] = floors["step"] + fields * rows["view"] + rows["batch TensorDict"]
+    return floors
 
 
 def main(argv=None) -> int:
@@ -66,6 +77,7 @@ def main(argv=None) -> int:
         print("host_floor.py measures the host cost of CUDA calls: it needs a GPU", file=sys.stderr)
         return 2
     from lightning_per import make_replay_buffer
+    from lightning_per.replay.compat import unsafe_tensordict
 
     dev, B = torch.device("cuda"), args.batch
     tick, x, dst = torch.zeros(1, device=dev), torch.rand(B, device=dev), torch.empty(B, device=dev)
@@ -87,6 +99,9 @@ def main(argv=None) -> int:
     fill(rb, args.capacity, dev)
     data = rb.sample(B)
     index, prio = data["index"], data["reward"].abs() + 0.01
+    fields = dict(data.items())
+    rows["view"] = per_call_us(lambda: x.as_strided((B,), (1,), 0), args.iters)
+    rows["batch TensorDict"] = per_call_us(lambda: unsafe_tensordict(fields, data.batch_size, dev), args.iters)
     rows["rb.sample"] = per_call_us(lambda: rb.sample(B), args.iters)
     rows["priority math"] = per_call_us(lambda: data["reward"].abs() + 0.01, args.iters)
     rows["rb.update_priority"] = per_call_us(lambda: rb.update_priority(index, prio), args.iters)
@@ -94,12 +109,12 @@ def main(argv=None) -> int:
     rows["step"] = per_call_us(step, args.iters)
     ext = batch(64, dev)
     rows["rb.extend(64)"] = per_call_us(lambda: rb.extend(ext), args.iters // 4)
-    floors = floors_of(rows)
+    floors = floors_of(rows, len(fields))
     width = max(map(len, rows))
     report = [f"host wall time per call, N={args.capacity}, B={B} ({torch.cuda.get_device_name()}):"]
     report += [f"  {name:<{width}}  {us:7.1f} us" for name, us in rows.items()]
-    report += [f"  {name}: floor {floor:.1f} us, measured {rows[name]:.1f} us = {rows[name] / floor:.2f}x"
-               for name, floor in floors.items()]
+    report += [f"  {name}: floor {floor:.1f} us, measured {rows[measured]:.1f} us = {rows[measured] / floor:.2f}x"
+               for name, floor in floors.items() for measured in [MEASURED.get(name, name)]]
     if args.cprofile:
         report += ["", "== cProfile of 500 steps", host_profile(step, 500, 25)]
     print("\n".join(report))

@@ -171,3 +171,13 @@ def test_ga3c_rows_build_their_config_from_the_command_line(device):
     assert (cfg.device, cfg.agents, cfg.max_agents, cfg.cuda_graph, cfg.dynamic_adjustment) == (
         device, 3, 5, True, True)
     assert cfg.max_time_s == args.warmup + args.seconds + 60.0 and cfg.wandb_mode == "disabled"
+
+
+def test_host_floors_are_the_sums_of_their_parts():
+    """The floors of docs/kernels.md, "Host cost of eager calls", from made-up primitive rows (hand sums)."""
+    from benchmarks.host_floor import floors_of
+
+    rows = {"graph replay": 2.0, "copy_": 5.0, "clone": 7.0, "priority math": 11.0, "alloc+launch": 13.0,
+            "view": 1.5, "batch TensorDict": 4.0}
+    assert floors_of(rows) == {"step": 2 + 7 + 11 + 2 * 5 + 2, "rb.extend(64)": 5 + 13 + 5 + 2}
+    assert floors_of(rows, fields=7)["step with its batch"] == 32 + 7 * 1.5 + 4

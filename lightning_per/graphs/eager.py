@@ -102,7 +102,7 @@ class _Entry:
             static.copy_(value)
         self.graph.replay()
         fresh = [flat.clone() for flat in self.flats]  # one copy per dtype: the caller owns the outputs
-        return tuple(fresh[i].as_strided(shape, strides, offset) for i, shape, strides, offset in self.layout)
+        return tuple([fresh[i].as_strided(shape, strides, offset) for i, shape, strides, offset in self.layout])
 
 
 class EagerGraphs:

@@ -28,6 +28,11 @@ def _fingerprint(generator: torch.Generator | torch.Tensor) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def _state_bytes(state: torch.Tensor) -> bytes:
+    """The bytes of a ``get_state()`` tensor (a contiguous CPU uint8 tensor)."""
+    return state.numpy().tobytes()  # sync-ok: get_state() is a CPU tensor
+
+
 def _take_seed(generator: torch.Generator, state: torch.Tensor) -> int:
     """One seed taken from ``generator`` (whose current state is ``state``), advancing it: a host draw for a CPU
     generator; for a device generator (whose draws land on the device) the digest of its state, then its
@@ -104,7 +109,7 @@ class DeviceRNGMixin:
             return
         state = buf.get_state()  # a CPU tensor
         seen = self._buffer_rng_seen
-        if seen is not None and seen.shape == state.shape and torch.equal(seen, state):
+        if seen is not None and _state_bytes(state) == self._seen_bytes(seen):
             return
         if buf is self._adopt_rng or (seen is None and self._rng_fingerprint is not None
                                       and _fingerprint(state) == self._rng_fingerprint):
@@ -116,6 +121,14 @@ class DeviceRNGMixin:
         self.generator.manual_seed(_take_seed(buf, state))
         self._seeded()
         self._buffer_rng_seen = buf.get_state()
+
+    def _seen_bytes(self, seen: torch.Tensor) -> bytes:
+        """The bytes of ``seen`` (:attr:`_buffer_rng_seen`), kept until another state tensor is assigned: comparing
+        bytes costs the host a fraction of ``torch.equal`` (a dispatched op) on every draw."""
+        cached = self.__dict__.get("_seen_cache")
+        if cached is None or cached[0] is not seen:
+            cached = self._seen_cache = (seen, _state_bytes(seen))
+        return cached[1]
 
     def _rand(self, shape: tuple[int, ...]) -> torch.Tensor:
         """float64 U[0, 1) draws of ``shape`` from :attr:`generator` on the sampler's device.

@@ -104,14 +104,20 @@ def _check_before_write(rb, data) -> None:
         check(data)
 
 
-def _direct_extend(rb, data, update_priority: bool | None):
+#: :func:`_check_extend_priority` did not look the batch's priority entry up
+_NOT_LOOKED_UP = object()
+
+
+def _direct_extend(rb, data, update_priority: bool | None, priority=_NOT_LOOKED_UP):
     """TorchRL's ``TensorDictReplayBuffer.extend`` of a plain TensorDict ``data`` ``[n]`` that the
     storage takes as it is (:meth:`GPURoundRobinWriter._direct_pairs`), in one pass: the same slots,
     cursor, write count, stored values, ``mark_update`` calls and priority update, without TorchRL's
     generic machinery (its shallow copy of ``data``, which only ever receives the ``"index"`` tag, is
     skipped: ``data`` itself is left unchanged, as there). None when anything else applies (transforms,
     consuming samplers, ``dim_extend``, generation tracking, other writers or storages, nested keys,
-    another spec): the caller then takes TorchRL's path, which validates and raises."""
+    another spec): the caller then takes TorchRL's path, which validates and raises. ``priority``: the batch's
+    ``priority_key`` entry when the caller has looked it up (:func:`_check_extend_priority`), else
+    :data:`_NOT_LOOKED_UP`."""
     if type(data) is not TensorDict or (rb._delayed_init and not rb.initialized):
         return None
     writer, transform = rb._writer, rb._transform
@@ -132,7 +138,8 @@ def _direct_extend(rb, data, update_priority: bool | None):
                 entity.mark_update(index)
         rb._sampler.extend(index)
     if update_priority is None or update_priority:
-        priority = data.get(rb.priority_key, None)
+        if priority is _NOT_LOOKED_UP:
+            priority = data.get(rb.priority_key, None)
         if priority is not None:
             try:
                 rb.update_priority(index, priority)
@@ -143,26 +150,27 @@ def _direct_extend(rb, data, update_priority: bool | None):
     return index
 
 
-def _check_extend_priority(rb, data, update_priority: bool | None) -> None:
+def _check_extend_priority(rb, data, update_priority: bool | None):
     """Raise what the priority update of ``rb.extend(data)`` would refuse, before anything is written: the
     batch's ``priority_key`` entry must be a real tensor with one value per transition (or one for all).
-    Host checks of type, dtype and shape only.
+    Host checks of type, dtype and shape only. Returns the entry (None when the batch has none), or
+    :data:`_NOT_LOOKED_UP` when no check applies.
 
     Raises:
         TypeError: the entry is not a real-valued tensor (bool, complex, non-tensor data).
         ValueError: it holds another number of values.
     """
     if update_priority is False or not hasattr(data, "get"):
-        return
+        return _NOT_LOOKED_UP
     key = getattr(rb, "priority_key", None)
     if key is None or not hasattr(rb._sampler, "update_priority") or isinstance(rb._sampler, GPURandomSampler):
-        return
+        return _NOT_LOOKED_UP
     try:
         priority = data.get(key, None)
     except Exception:  # noqa: BLE001 - a batch TorchRL's own path validates
-        return
+        return _NOT_LOOKED_UP
     if priority is None:
-        return
+        return None
     if not isinstance(priority, torch.Tensor) or priority.dtype == torch.bool or priority.is_complex():
         what = f"dtype {priority.dtype}" if isinstance(priority, torch.Tensor) else type(priority).__name__
         raise TypeError(f"extend: the batch's priority entry {key!r} must be a real tensor, got {what} (nothing was "
@@ -171,6 +179,7 @@ def _check_extend_priority(rb, data, update_priority: bool | None) -> None:
     if len(batch) == 1 and priority.numel() not in (1, batch[0]):
         raise ValueError(f"extend: the batch's priority entry {key!r} must hold one value per transition "
                          f"({batch[0]}), got shape {tuple(priority.shape)} (nothing was written)")
+    return priority
 
 
 # ---------------------------------------------------------------------------- checkpoint checks
@@ -285,9 +294,9 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         A plain TensorDict with the stored keys takes a direct path (no transform, no generic writer
         machinery: see :func:`_direct_extend`); anything else defers to TorchRL's ``extend``.
         """
-        _check_extend_priority(self, tensordicts, update_priority)
+        priority = _check_extend_priority(self, tensordicts, update_priority)
         _check_before_write(self, tensordicts)
-        index = _direct_extend(self, tensordicts, update_priority)
+        index = _direct_extend(self, tensordicts, update_priority, priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
         return index
@@ -334,9 +343,9 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
-        _check_extend_priority(self, tensordicts, update_priority)
+        priority = _check_extend_priority(self, tensordicts, update_priority)
         _check_before_write(self, tensordicts)
-        index = _direct_extend(self, tensordicts, update_priority)
+        index = _direct_extend(self, tensordicts, update_priority, priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
         return index

@@ -56,6 +56,8 @@ class RingState:
         flat_spec: ``{key: (ring tensor, dtype, per-item shape)}``, what a direct write checks a batch against.
         nested: whether some key of :attr:`flat` is nested (a read then builds the sub-TensorDicts).
         device: the ring's device.
+        pack_bytes: ``(ring_bytes, ring_bytes[:, :end])``: the bytes :func:`write_rows` writes, a view kept for the
+            :attr:`ring_bytes` tensor it was made from (rebuilt when that is replaced), or None.
     """
 
     rows: Tensor | None = None
@@ -67,6 +69,7 @@ class RingState:
     flat_spec: dict[Any, tuple[Tensor, torch.dtype, torch.Size]] | None = None
     nested: bool = False
     device: torch.device | None = None
+    pack_bytes: tuple[Tensor, Tensor] | None = None
 
     def tensors(self) -> tuple[Tensor, ...]:
         """The ring's device buffers: ``(rows,)`` when packed, else the leaves' tensors (empty before the first
@@ -143,7 +146,10 @@ def write_rows(ring: RingState, start: int, n: int, pairs) -> bool:
             return False
         src = value.device
         pieces.append(value.view(torch.uint8) if two_d else value.view(n, -1).view(torch.uint8))
-    dst = ring.ring_bytes[start:start + n, :end]
+    packed = ring.pack_bytes
+    if packed is None or packed[0] is not ring.ring_bytes or packed[1].shape[1] != end:
+        packed = ring.pack_bytes = (ring.ring_bytes, ring.ring_bytes[:, :end])
+    dst = packed[1].narrow(0, start, n)  # rows [start, start + n) of the fields' bytes: one view op
     if src == dst.device:
         torch.cat(pieces, 1, out=dst)
     else:  # one host-to-device copy of the packed block instead of one per key
