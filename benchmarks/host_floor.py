@@ -16,7 +16,7 @@ what is measured):
   ``view`` op per field, ``batch TensorDict``: building the TensorDict of the sampled batch's fields);
 * a cProfile of the step's host functions (``--cprofile``).
 
-    python -m benchmarks.host_floor --capacity 1000000 --batch 256 --out benchmarks/results/host_floor.json
+    python -m benchmarks.host_floor --capacity 1000000 --batch 256 --out benchmarks/results/host_floor-h200.json
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     rows["step"] = per_call_us(step, args.iters)
     ext = batch(64, dev)
     rows["rb.extend(64)"] = per_call_us(lambda: rb.extend(ext), args.iters // 4)
-    floors = floors_of(rows, len(fields))
+    floors = floors_of(rows, len(list(data.keys(True, True))))  # the batch's leaves, nested ones too
     width = max(map(len, rows))
     report = [f"host wall time per call, N={args.capacity}, B={B} ({torch.cuda.get_device_name()}):"]
     report += [f"  {name:<{width}}  {us:7.1f} us" for name, us in rows.items()]

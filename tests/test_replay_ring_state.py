@@ -72,3 +72,27 @@ def test_write_rows_only_for_packed_contiguous_values():
     assert write_rows(packed, 0, 2, match_pairs(packed, data))
     block = packed.rows[torch.tensor([1, 0])]
     assert rows_batch(packed, block, None)["reward"].tolist() == [6.0, 5.0]
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_copied_storage_keeps_every_write(packed, how):
+    """An unpickled or deep-copied storage reads back what it is given afterwards, by both write paths (the
+    generic ``set`` and the direct packed write), and keeps what the original held; the original is untouched."""
+    import copy
+    import pickle
+
+    from lightning_per.replay.ring import match_pairs, write_pairs
+
+    storage = _storage(packed)
+    storage.set(torch.arange(2), _batch(2, base=10.0))
+    copied = pickle.loads(pickle.dumps(storage)) if how == "pickle" else copy.deepcopy(storage)
+    copied.set(torch.tensor([2]), _batch(1, base=20.0))
+    new = _batch(1, base=30.0)
+    write_pairs(copied._ring_state, torch.tensor([3]), match_pairs(copied._ring_state, new), 3, 4)
+    got = copied.get(torch.arange(4))
+    assert torch.equal(got["reward"], torch.tensor([10.0, 11.0, 20.0, 30.0]))
+    assert torch.equal(got["obs"][2], torch.tensor([20.0, 21.0, 22.0])) and torch.equal(got["obs"][3], new["obs"][0])
+    assert torch.equal(copied[2:4]["reward"], torch.tensor([20.0, 30.0]))  # the fields' views agree with the rows
+    assert torch.equal(storage.get(torch.arange(2))["reward"], torch.tensor([10.0, 11.0]))
+    assert torch.equal(storage.get(torch.arange(4))["reward"][2:], torch.zeros(2))

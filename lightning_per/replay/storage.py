@@ -221,6 +221,29 @@ class GPUTensorStorage(LazyTensorStorage):
                     view.copy_(current)
                 self._storage.set(key, view)
 
+    def __setstate__(self, state) -> None:
+        """TorchRL's unpickling (``pickle``, ``copy.deepcopy``, a spawned process), then the packed ring's views
+        relinked (:meth:`_relink_views`)."""
+        super().__setstate__(state)
+        self._relink_views()
+
+    def _relink_views(self) -> None:
+        """Make the fast paths' tensors the stored ones again: the ring's leaf cache the TensorDict's leaves, and
+        for a packed ring the fields and the byte view views of :attr:`rows`. Unpickling copies each tensor on
+        its own (and ``copy.deepcopy`` of a TensorDict copies its leaves), so without this a write through one
+        copy would never reach the copy that reads and samplers gather. The copies hold the same values, so no
+        data is copied here."""
+        ring = self._ring_state
+        if not self.initialized or self._storage is None or self._generic:
+            return
+        if ring.rows is not None:
+            ring.ring_bytes, ring.pack_bytes = ring.rows.view(torch.uint8), None
+            for key, view in field_views(ring.rows, ring.layout).items():
+                self._storage.set(key, view)
+        device = ring.device
+        self._index_flat()
+        ring.device = device  # a subclass may read batches onto another device than the fields' (host storage)
+
     def _index_flat(self) -> None:
         """Cache the leaf tensors (nested keys as tuples) for the fast read and write paths."""
         keys = list(self._storage.keys(include_nested=True, leaves_only=True))
