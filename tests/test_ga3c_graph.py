@@ -38,7 +38,11 @@ def _batches(n: int, size: int, pin: bool) -> list[dict]:
     for i in range(n):
         b = {"obs": torch.randint(0, 256, (size, *OBS), generator=g, dtype=torch.uint8),
              "action": torch.randint(0, N_ACTIONS, (size,), generator=g),
-             "ret": torch.randn(size, generator=g), "version": torch.full((size,), i, dtype=torch.int64)}
+             "ret": torch.randn(size, generator=g), "version": torch.full((size,), i, dtype=torch.int64),
+             # what V-trace reads (rollouts of the default t_max = 5 steps; ignored without vtrace)
+             "next_obs": torch.randint(0, 256, (size // 5, *OBS), generator=g, dtype=torch.uint8),
+             "log_prob": -2 * torch.rand(size, generator=g), "reward": torch.randn(size, generator=g),
+             "terminated": torch.rand(size, generator=g) < 0.1, "truncated": torch.rand(size, generator=g) < 0.05}
         out.append({**{k: v.pin_memory() if pin else v for k, v in b.items()}, "size": size, "version_mean": float(i)})
     return out
 
@@ -129,6 +133,8 @@ def exact_cuda_math():
     ("rmsprop_tf", {}), ("rmsprop_tf", {"grad_clip": 0.5, "loss_reduction": "sum"}),
     ("rmsprop", {"grad_clip": 0.5, "lr": 7e-4, "rmsprop_eps": 1e-5, "value_coef": 0.5}),  # configs/ga3c_pong.yaml
     ("rmsprop", {}), ("adam", {"grad_clip": 0.5}),
+    ("rmsprop", {"grad_clip": 0.5, "lr": 7e-4, "rmsprop_eps": 1e-5, "value_coef": 0.5, "vtrace": True,
+                 "envs_per_agent": 4, "vtrace_c_clip": 0.9}),
 ])
 def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
     """Five updates on five different batches: the first replay is the first update (the capture's warm-up

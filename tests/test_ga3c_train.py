@@ -93,10 +93,11 @@ def test_episode_log_takes_the_episodes_the_count_names_when_more_end_meanwhile(
     assert dropped == 0 and [(s, r) for s, _, r in rows] == [(10.0, 1.0), (10.0, 2.0), (20.0, 3.0)]
 
 
-def test_terminal_reward_toy_task_is_learned():
+@pytest.mark.parametrize("vtrace", [False, True], ids=["nstep", "vtrace"])
+def test_terminal_reward_toy_task_is_learned(vtrace):
     cfg = GA3CConfig(env=TOY_ENV_ID, agents=2, envs_per_agent=8, t_max=3, train_min_batch_size=48,
                      hidden_sizes=[32], optimizer="adam", lr=3e-3, beta=0.001, gamma=0.99,
-                     updates_per_epoch=50,
+                     updates_per_epoch=50, vtrace=vtrace,
                      target_return=0.95, return_window=100, max_time_s=25, status_interval_s=0, device="cpu")
     model = GA3C(cfg)
     _trainer(cfg).fit(model)

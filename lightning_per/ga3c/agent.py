@@ -9,7 +9,8 @@ modules of this package, and talks to the learner only through shared memory and
   ``req_slot/req_t`` and ``pending``, releases the learner's prediction semaphore and waits on its
   own response semaphore, which a predictor releases once actions, values and the policy version
   of that step are written;
-- per finished rollout: it writes the n-step returns and the episodes that ended in it
+- per finished rollout: it writes the n-step returns, the observation after its last step s_T when the
+  layout has ``next_obs`` (V-trace), and the episodes that ended in it
   (``ep_count/ep_return/ep_length``), sets ``ready`` and releases the learner's training
   semaphore; a trainer copies the rollout out, clears ``busy`` and releases the agent's free-slot
   semaphore.
@@ -81,6 +82,7 @@ def _run(index, env, shared, pred_sem, train_sem, response_sem, free_sem, gamma,
     obs_buf, act_buf, val_buf = shared.obs[index], shared.actions[index], shared.values[index]
     rew_buf, term_buf, trunc_buf = shared.rewards[index], shared.terminated[index], shared.truncated[index]
     ret_buf, busy, ready = shared.returns[index], shared.busy[index], shared.ready[index]
+    next_buf = shared.next_obs[index] if "next_obs" in shared.layout else None  # (S, E, *obs): V-trace's s_T
     ep_count, ep_return, ep_length = shared.ep_count[index], shared.ep_return[index], shared.ep_length[index]
     req_slot, req_t, pending = shared.req_slot, shared.req_t, shared.pending
     t_max = obs_buf.shape[1]
@@ -130,6 +132,8 @@ def _run(index, env, shared, pred_sem, train_sem, response_sem, free_sem, gamma,
             ep_ret[k], ep_len[k] = 0.0, 0
         t += 1
         if t == t_max:
+            if next_buf is not None:
+                next_buf[slot] = obs  # s_T of this rollout, before its trainer may claim it (ready, below)
             prev, slot, t = slot, take_slot(), 0
         obs_buf[slot, t] = obs
         check()

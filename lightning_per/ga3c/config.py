@@ -95,6 +95,15 @@ class GA3CConfig:
     """LOG_EPSILON: probabilities are clamped to >= this inside the log (policy lag underflow)."""
     loss_reduction: str = "mean"
     """``mean`` over the batch, or ``sum`` as the reference."""
+    vtrace: bool = False
+    """Correct for policy lag with V-trace (Espeholt et al. 2018, IMPALA, eq. 1 and section 4.2): the
+    value targets and policy-gradient advantages are recomputed at each update from the learner's own V,
+    with importance weights pi/mu of the learner's policy pi over the predictor's mu that acted, truncated at
+    ``vtrace_rho_clip`` and ``vtrace_c_clip``. Off: the agents' n-step returns, as in GA3C."""
+    vtrace_rho_clip: float = 1.0
+    """V-trace's rho-bar (> 0): the truncation of the importance weight in the TD errors and the advantage."""
+    vtrace_c_clip: float = 1.0
+    """V-trace's c-bar (> 0): the truncation of the trace coefficients (<= rho-bar in the paper)."""
 
     # --- network and optimiser -------------------------------------------------------------------
     network: str = "auto"
@@ -203,8 +212,11 @@ class GA3CConfig:
                 _check_float(self, name, low=0.0, low_open=True)
         if self.target_return is not None:
             _check_float(self, "target_return")
-        if not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
+        for name in ("cuda_graph", "vtrace"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        _check_float(self, "vtrace_rho_clip", low=0.0, low_open=True)
+        _check_float(self, "vtrace_c_clip", low=0.0, low_open=True)
         for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
                               ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
                               ("device", _DEVICES), ("wandb_mode", _WANDB)):

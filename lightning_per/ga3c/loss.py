@@ -1,16 +1,18 @@
-"""The A3C / GA3C actor-critic loss (GA3C section 3.2, NVlabs/GA3C ``NetworkVP._create_graph``)."""
+"""The A3C / GA3C actor-critic loss (GA3C section 3.2, NVlabs/GA3C ``NetworkVP._create_graph``) and V-trace's
+off-policy targets for it (Espeholt et al. 2018, IMPALA)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-__all__ = ["a3c_loss"]
+__all__ = ["a3c_loss", "vtrace_targets"]
 
 
 def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: float = 0.01,
-             value_coef: float = 1.0, log_epsilon: float = 1e-6,
-             reduction: str = "mean") -> tuple[Tensor, dict[str, Tensor]]:
+             value_coef: float = 1.0, log_epsilon: float = 1e-6, reduction: str = "mean",
+             advantage: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy-gradient + value + entropy loss of a batch of N transitions.
 
     With pi = softmax(logits), A = R - V (V detached: the advantage carries no value gradient) and
@@ -22,17 +24,19 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
         L    = reduce(L_pi) + value_coef * reduce(L_V)
 
     ``reduce`` is the batch mean (default) or the sum (the reference's choice, which makes the
-    step size grow with the batch size).
+    step size grow with the batch size). With V-trace (:func:`vtrace_targets`), R is its target v_s and
+    ``advantage`` its rho_s (r_s + gamma v_{s+1} - V(s_s)) (IMPALA section 4.2).
 
     Args:
         logits: (N, A) float, policy logits.
         value: (N,) float, V(s).
         action: (N,) int64, actions taken.
-        ret: (N,) float, n-step returns R.
+        ret: (N,) float, n-step returns R (or V-trace targets).
         beta: entropy weight (>= 0).
         value_coef: weight of the value loss (>= 0).
         log_epsilon: lower clamp of probabilities inside the log, in (0, 0.5].
         reduction: ``"mean"`` or ``"sum"``.
+        advantage: (N,) float, the policy gradient's advantage (detached here); None: R - V.
 
     Returns:
         ``(loss, parts)``: 0-d loss on the logits' device, and 0-d detached tensors
@@ -40,11 +44,20 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
 
     Raises:
         ValueError: mismatched shapes or an unknown reduction.
+
+    Example::
+
+        >>> import torch
+        >>> loss, parts = a3c_loss(torch.zeros(2, 3), torch.zeros(2), torch.tensor([0, 2]), torch.ones(2))
+        >>> round(float(parts["entropy"]), 4)  # ln 3: the uniform policy
+        1.0986
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must have shape (N, A), got {tuple(logits.shape)}")
     n = logits.shape[0]
-    for name, t in (("value", value), ("action", action), ("ret", ret)):
+    named = (("value", value), ("action", action), ("ret", ret)) + (
+        (("advantage", advantage),) if advantage is not None else ())
+    for name, t in named:
         if tuple(t.shape) != (n,):
             raise ValueError(f"{name} must have shape ({n},) like logits' batch, got {tuple(t.shape)}")
     if reduction not in ("mean", "sum"):
@@ -53,7 +66,7 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
     log_probs = torch.log(probs.clamp_min(log_epsilon))  # [N, A]
     log_pi_a = log_probs.gather(1, action.long().unsqueeze(1)).squeeze(1)  # [N]
     ret = ret.to(value.dtype)
-    advantage = ret - value.detach()  # [N]
+    advantage = ret - value.detach() if advantage is None else advantage.detach().to(value.dtype)  # [N]
     entropy = -(probs * log_probs).sum(dim=-1)  # [N]
     policy_terms = -log_pi_a * advantage - beta * entropy  # [N]
     value_terms = 0.5 * (ret - value).square()  # [N]
@@ -64,3 +77,68 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
     parts = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
              "entropy": entropy.detach().mean(), "advantage": advantage.mean()}
     return loss, parts
+
+
+def vtrace_targets(log_pi: Tensor, log_mu: Tensor, value: Tensor, bootstrap: Tensor, reward: Tensor,
+                   terminated: Tensor, truncated: Tensor, gamma: float, rho_clip: Tensor | float = 1.0,
+                   c_clip: Tensor | float = 1.0) -> tuple[Tensor, Tensor]:
+    """V-trace value targets v_s and policy-gradient advantages of R rollouts of T steps of E envs.
+
+    IMPALA (Espeholt et al. 2018), eq. 1 and section 4.2, with rho_t = min(rho_bar, pi/mu), c_t = min(c_bar, pi/mu)
+    and gamma_t = 0 after an episode end::
+
+        delta_t = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+        v_s     = V(x_s) + sum_{t>=s} (prod_{i=s}^{t-1} gamma_i c_i) delta_t
+        A_s     = rho_s (r_s + gamma_s v_{s+1} - V(x_s)),   v_T = V(x_T) (``bootstrap``)
+
+    An episode end cuts the traces. At a time-limit truncation the state after it is not observed (the
+    env has reset), so V(x_{t+1}) is approximated by V(x_t), as :func:`~lightning_per.ga3c.returns.nstep_returns`
+    does: the step's reward becomes r_t + gamma V(x_t) and the step ends its trace. With pi = mu
+    (on-policy) and both clips >= 1, v_s is the n-step return of ``nstep_returns``. The recursion is
+    TorchRL's ``vtrace_advantage_estimate``; no host synchronisation (capturable, given the clips as
+    device tensors: TorchRL turns a float into a tensor with a host copy).
+
+    Args:
+        log_pi: (R, T, E) float, log pi(a_t|x_t) of the learner's policy (detached here).
+        log_mu: (R, T, E) float, log mu(a_t|x_t) of the policy that acted.
+        value: (R, T, E) float, the learner's V(x_t) (detached here).
+        bootstrap: (R, E) float, the learner's V(x_T) after each rollout.
+        reward: (R, T, E) float, rewards r_t (clipped if configured).
+        terminated: (R, T, E) bool, the episode ended in a terminal state at step t.
+        truncated: (R, T, E) bool, the episode was cut by a time limit at step t (ignored where terminated).
+        gamma: discount in (0, 1].
+        rho_clip, c_clip: rho-bar and c-bar, 0-d tensors on the values' device or floats.
+
+    Returns:
+        ``(v, advantage)``: (R, T, E) float tensors, no gradient.
+
+    Raises:
+        ValueError: shapes that do not match.
+
+    Example::
+
+        >>> import torch
+        >>> z = torch.zeros(1, 2, 1)
+        >>> v, adv = vtrace_targets(z, z, z, torch.ones(1, 1), torch.ones(1, 2, 1), z.bool(), z.bool(), 0.5)
+        >>> v.flatten().tolist()  # 1 + 0.5 * (1 + 0.5 * 1), 1 + 0.5 * 1
+        [1.75, 1.5]
+    """
+    shape = tuple(value.shape)
+    if len(shape) != 3:
+        raise ValueError(f"value must have shape (R, T, E), got {shape}")
+    for name, t in (("log_pi", log_pi), ("log_mu", log_mu), ("reward", reward), ("terminated", terminated),
+                    ("truncated", truncated)):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} like value, got {tuple(t.shape)}")
+    if tuple(bootstrap.shape) != (shape[0], shape[2]):
+        raise ValueError(f"bootstrap must have shape {(shape[0], shape[2])} (R, E), got {tuple(bootstrap.shape)}")
+    with torch.no_grad():
+        value = value.detach()
+        next_value = torch.cat([value[:, 1:], bootstrap.detach().to(value.dtype).unsqueeze(1)], dim=1)  # [R, T, E]
+        cut = truncated & ~terminated
+        reward = reward.to(value.dtype) + gamma * cut * value  # r_t + gamma V(x_t) at a time limit
+        ended = terminated | cut  # gamma_t = 0 and no trace beyond: the folded reward holds the bootstrap
+        advantage, v = vtrace_advantage_estimate(gamma, log_pi.detach().to(value.dtype), log_mu.to(value.dtype),
+                                                 value, next_value, reward, ended, ended,
+                                                 rho_thresh=rho_clip, c_thresh=c_clip, time_dim=-2)
+    return v, advantage

@@ -28,7 +28,7 @@ from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.host_state import RING, HostState
-from lightning_per.ga3c.loss import a3c_loss
+from lightning_per.ga3c.loss import a3c_loss, vtrace_targets
 from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF
 from lightning_per.ga3c.stats import Stats
@@ -48,6 +48,7 @@ _METRICS = {
     "batch_queue": "last", "env_steps": "last", "updates": "last", "episodes": "last",
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
+_VTRACE_KEYS = ("log_prob", "reward", "terminated", "truncated", "next_obs")  # and those of V-trace
 _STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
 
 
@@ -62,7 +63,9 @@ class GA3C(HostState, pl.LightningModule):
     ``ret`` (N,) float32 n-step returns, on the module's device after Lightning's transfer
     (:meth:`transfer_batch_to_device`; in graph mode they stay in pinned host memory and are copied into
     the graph's static inputs); ``version`` (N,) int64 policy versions, kept on the host, and host
-    numbers ``size`` (N) and ``version_mean``.
+    numbers ``size`` (N) and ``version_mean``. With ``vtrace`` also ``log_prob`` (N,) float32 (log mu of the
+    acting policy), ``reward`` (N,) float32, ``terminated``, ``truncated`` (N,) bool and ``next_obs``
+    (N / T, *obs_shape): rows are whole rollouts, time-major, and the targets are recomputed each update.
 
     Attributes:
         graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
@@ -109,20 +112,25 @@ class GA3C(HostState, pl.LightningModule):
         self._captured: CapturedUpdate | None = None
         self._act_generator: torch.Generator | None = None  # graph mode: act() stays off the default generator
         self.graph_captures = 0
+        self._device_keys = _DEVICE_KEYS + (_VTRACE_KEYS if cfg.vtrace else ())
+        # rho-bar and c-bar as device tensors: a float would be turned into one by a host copy in every update
+        self.register_buffer("vtrace_clips", torch.tensor([cfg.vtrace_rho_clip, cfg.vtrace_c_clip]),
+                             persistent=False)
 
     # ---- policy (predictor threads) --------------------------------------------------------
     @torch.no_grad()
-    def act(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """Sample a ~ pi(.|s) and V(s).
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample a ~ pi(.|s), with V(s) and log pi(a|s).
 
-        obs (N, *obs_shape) on the module device -> (action (N,) int64, value (N,) float), same device.
-        The draw uses the default generator of the device, or in graph mode one of the module's own
-        (see the module docstring).
+        obs (N, *obs_shape) on the module device -> (action (N,) int64, value (N,) float, log_prob (N,)
+        float32), same device. The draw uses the default generator of the device, or in graph mode one of
+        the module's own (see the module docstring).
         """
         logits, value = self.net(obs)  # [N, A], [N]
         probs = torch.softmax(logits.float(), dim=-1)  # [N, A]
-        action = torch.multinomial(probs, 1, generator=self._act_generator).squeeze(1)  # [N]
-        return action, value
+        action = torch.multinomial(probs, 1, generator=self._act_generator)  # [N, 1]
+        log_prob = torch.log_softmax(logits.float(), dim=-1).gather(1, action).squeeze(1)  # [N]
+        return action.squeeze(1), value, log_prob
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.net(obs)
@@ -211,7 +219,7 @@ class GA3C(HostState, pl.LightningModule):
         if self._graph_mode:
             return batch
         non_blocking = device.type == "cuda"
-        return {key: value.to(device, non_blocking=non_blocking) if key in _DEVICE_KEYS else value
+        return {key: value.to(device, non_blocking=non_blocking) if key in self._device_keys else value
                 for key, value in batch.items()}
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
@@ -223,23 +231,46 @@ class GA3C(HostState, pl.LightningModule):
         return self._loss_and_metrics(batch)
 
     def _loss_and_metrics(self, b: dict[str, Tensor]) -> Tensor:
-        """Forward and A3C loss of ``b`` (``obs``, ``action``, ``ret`` on the device), its step metrics
-        folded into :attr:`metrics` in place; the 0-d loss, attached to the graph of ``net``."""
+        """Forward and A3C loss of ``b`` (``obs``, ``action``, ``ret`` on the device; with ``vtrace`` its
+        targets from the V-trace keys instead of ``ret``), its step metrics folded into :attr:`metrics` in
+        place; the 0-d loss, attached to the graph of ``net``."""
         c = self.cfg
-        logits, value = self.net(b["obs"])  # [N, A], [N]
-        loss, parts = a3c_loss(logits, value, b["action"], b["ret"], beta=c.beta,
-                               value_coef=c.value_coef, log_epsilon=c.log_epsilon, reduction=c.loss_reduction)
+        if not c.vtrace:
+            logits, value = self.net(b["obs"])  # [N, A], [N]
+            ret, advantage = b["ret"], None
+        else:
+            logits, value, ret, advantage = self._vtrace_forward(b)
+        loss, parts = a3c_loss(logits, value, b["action"], ret, beta=c.beta, value_coef=c.value_coef,
+                               log_epsilon=c.log_epsilon, reduction=c.loss_reduction, advantage=advantage)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (publish_host_state)
         values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
         self.metrics.add_vector(_STEP_METRICS, values)
         return loss
 
+    def _vtrace_forward(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One forward of the batch's observations and its rollouts' s_T; V-trace's targets and advantages
+        from them (:func:`~lightning_per.ga3c.loss.vtrace_targets`). Rows are whole rollouts, time-major:
+        ``obs`` (R*T*E, ...), ``next_obs`` (R*E, ...). Returns logits (N, A), V (N,), v_s (N,), advantages (N,)."""
+        c = self.cfg
+        n, e = b["obs"].shape[0], c.envs_per_agent
+        logits, value = self.net(torch.cat([b["obs"], b["next_obs"]]))  # [N + R*E, A], [N + R*E]
+        logits, value, bootstrap = logits[:n], value[:n], value[n:]
+        log_pi = torch.log_softmax(logits.detach().float(), dim=-1).gather(1, b["action"].unsqueeze(1))  # [N, 1]
+
+        def rollouts(t: Tensor) -> Tensor:
+            return t.reshape(-1, c.t_max, e)  # [R, T, E]
+
+        v, advantage = vtrace_targets(rollouts(log_pi), rollouts(b["log_prob"]), rollouts(value),
+                                      bootstrap.reshape(-1, e), rollouts(b["reward"]), rollouts(b["terminated"]),
+                                      rollouts(b["truncated"]), c.gamma, self.vtrace_clips[0], self.vtrace_clips[1])
+        return logits, value, v.reshape(n), advantage.reshape(n)
+
     def _graph_update(self, batch: dict) -> Tensor:
         """Graph mode: copy the pinned ``obs``, ``action``, ``ret`` into the static inputs (non-blocking,
         current stream) and replay the captured update; the first call captures it."""
         opt = self.optimizers()
-        inputs = {key: batch[key] for key in _DEVICE_KEYS}  # pinned host tensors
+        inputs = {key: batch[key] for key in self._device_keys}  # pinned host tensors
         if self._captured is None:
             self._captured = self._capture(opt.optimizer, inputs)
         elif batch["size"] != self._captured.static_in["obs"].shape[0]:  # copy_ would broadcast a single row

@@ -6,6 +6,7 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     obs        (A, S, T, E, *obs_shape)  uint8 or float32   written by the agent, read by predictors/trainers
     actions    (A, S, T, E)              int64              written by predictors
     values     (A, S, T, E)              float32            V(s_t), written by predictors
+    log_probs  (A, S, T, E)              float32            log mu(a_t|s_t) of the acting policy, by predictors
     versions   (A, S, T)                 int64              policy version that predicted step t
     rewards    (A, S, T, E)              float32            clipped rewards, written by the agent
     terminated (A, S, T, E)              bool
@@ -21,6 +22,8 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     pending    (A,)                      uint8              1: agent i waits for a prediction
     started    (A,)                      uint8              1: agent i reset its envs and polls its flags
     flags      (A + 1,)                  uint8              flags[i] = 1: agent i exits; flags[A] = 1: all
+    next_obs   (A, S, E, *obs_shape)     as obs             s_T, the observation after the rollout's last step
+                                                            (``next_obs=True`` only: V-trace's bootstrap state)
 
 A prediction request is a flag plus (slot, t): the observation is read in place, never pickled, and
 the trainer reads the finished rollout from the same memory. Agents announce requests and rollouts
@@ -49,13 +52,15 @@ _STILL_MAPPED: list = []  # segments closed while views were alive: unmapped at 
 
 
 def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shape: tuple[int, ...],
-                obs_dtype: str) -> dict:
-    """Plain-dict layout (picklable without this package): ``name -> (shape, dtype str)``."""
+                obs_dtype: str, next_obs: bool = False) -> dict:
+    """Plain-dict layout (picklable without this package): ``name -> (shape, dtype str)``; ``next_obs``: also
+    the rollouts' bootstrap observations s_T."""
     a, s, t, e = max_agents, slots, t_max, num_envs
-    return {
+    layout = {
         "obs": ((a, s, t, e, *obs_shape), str(np.dtype(obs_dtype))),
         "actions": ((a, s, t, e), "int64"),
         "values": ((a, s, t, e), "float32"),
+        "log_probs": ((a, s, t, e), "float32"),
         "versions": ((a, s, t), "int64"),
         "rewards": ((a, s, t, e), "float32"),
         "terminated": ((a, s, t, e), "bool"),
@@ -72,6 +77,9 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         "started": ((a,), "uint8"),
         "flags": ((a + 1,), "uint8"),
     }
+    if next_obs:
+        layout["next_obs"] = ((a, s, e, *obs_shape), str(np.dtype(obs_dtype)))
+    return layout
 
 
 def _offsets(layout: dict) -> tuple[dict[str, int], int]:

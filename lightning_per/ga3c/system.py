@@ -67,9 +67,10 @@ class GA3CSystem:
         cfg: validated configuration.
         env_spec: environment spec dict (:func:`~lightning_per.ga3c.envs.make_env_group`).
         obs_shape: one observation's shape; obs_dtype: ``uint8`` or ``float32``.
-        policy: ``policy(obs) -> (action, value)``: obs (N, *obs_shape) on ``device``; action (N,)
-            int64 sampled from pi, value (N,) float V(s), both on ``device``. Called from predictor
-            threads under ``torch.no_grad``.
+        policy: ``policy(obs) -> (action, value[, log_prob])``: obs (N, *obs_shape) on ``device``; action
+            (N,) int64 sampled from pi, value (N,) float V(s), log_prob (N,) float log pi(action|s) (what
+            V-trace's importance weights divide by; a policy without it leaves 0), all on ``device``. Called
+            from predictor threads under ``torch.no_grad``.
         version_fn: returns the current policy version (optimizer steps so far; host int).
         device: the model device.
         stats: counters to update (a new :class:`Stats` if None).
@@ -110,15 +111,22 @@ class GA3CSystem:
 
     def _map_buffers(self) -> None:
         c, e = self.cfg, self.cfg.envs_per_agent
-        layout = make_layout(c.max_agents, c.rollout_slots, c.t_max, e, self.obs_shape, self.obs_dtype)
+        layout = make_layout(c.max_agents, c.rollout_slots, c.t_max, e, self.obs_shape, self.obs_dtype,
+                             next_obs=c.vtrace)
         self.shared = SharedRollouts.create(layout)
         s = self.shared
         rows = c.max_agents * c.rollout_slots * c.t_max
         self.obs_rows = torch.from_numpy(s.obs).view(rows, e, *self.obs_shape)  # [R, E, *obs] host, shared
         self.action_rows = torch.from_numpy(s.actions).view(rows, e)  # [R, E] int64
         self.value_rows = torch.from_numpy(s.values).view(rows, e)  # [R, E] float32
+        self.log_prob_rows = torch.from_numpy(s.log_probs).view(rows, e)  # [R, E] float32
         self.version_rows = torch.from_numpy(s.versions).view(rows)  # [R] int64
         self._returns = torch.from_numpy(s.returns)  # [A, S, T, E] float32
+        if c.vtrace:  # what V-trace recomputes its targets from (take_rollout)
+            self._rewards = torch.from_numpy(s.rewards)  # [A, S, T, E] float32
+            self._terminated = torch.from_numpy(s.terminated)  # [A, S, T, E] bool
+            self._truncated = torch.from_numpy(s.truncated)  # [A, S, T, E] bool
+            self._next_obs = torch.from_numpy(s.next_obs)  # [A, S, E, *obs]
 
     # ---- called by predictor / trainer threads ---------------------------------------------
     def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[AgentHandle]]:
@@ -159,7 +167,9 @@ class GA3CSystem:
         Args:
             out: where to copy (the trainer's batch rows, so each observation is copied once): views
                 ``{"obs": (T*E, *obs), "action": (T*E,) int64, "ret": (T*E,) float32, "version": (T*E,)
-                int64}``; None: new tensors.
+                int64}``, with ``vtrace`` also ``"log_prob"`` (T*E,) float32 (log mu of the acting policy),
+                ``"reward"`` (T*E,) float32 (clipped), ``"terminated"``, ``"truncated"`` (T*E,) bool and
+                ``"next_obs"`` (E, *obs) (s_T); None: new tensors.
 
         Returns ``out`` (or the new tensors) filled time-major, or None if the agent was replaced (then
         ``out`` may hold a torn copy: overwrite it).
@@ -174,14 +184,18 @@ class GA3CSystem:
         action = self.action_rows[r0:r0 + c.t_max].flatten()  # [T*E]
         ret = self._returns[index, slot].flatten()  # [T*E]
         version = self.version_rows[r0:r0 + c.t_max, None].expand(c.t_max, c.envs_per_agent)  # [T, E]
+        src = {"obs": obs, "action": action, "ret": ret}
+        if c.vtrace:
+            src.update(log_prob=self.log_prob_rows[r0:r0 + c.t_max].flatten(),
+                       reward=self._rewards[index, slot].flatten(), terminated=self._terminated[index, slot].flatten(),
+                       truncated=self._truncated[index, slot].flatten(), next_obs=self._next_obs[index, slot])
         if out is None:
-            part = {"obs": obs.clone(), "action": action.clone(), "ret": ret.clone(),
-                    "version": version.flatten()}  # flatten of the expanded view copies
+            part = {key: value.clone() for key, value in src.items()}
+            part["version"] = version.flatten()  # flatten of the expanded view copies
         else:
             part = out
-            part["obs"].copy_(obs)
-            part["action"].copy_(action)
-            part["ret"].copy_(ret)
+            for key, value in src.items():
+                part[key].copy_(value)
             part["version"].view(c.t_max, c.envs_per_agent).copy_(version)
         if self._agents[index] is not agent:  # replaced meanwhile: the copy may be torn
             return None
@@ -401,7 +415,8 @@ class GA3CSystem:
                 p.join(0.2)
         self.pred_sem = self.train_sem = None  # drop the last references: named semaphores unlink now
         self._agents = [None] * self.cfg.max_agents
-        for name in ("obs_rows", "action_rows", "value_rows", "version_rows", "_returns"):
+        for name in ("obs_rows", "action_rows", "value_rows", "log_prob_rows", "version_rows", "_returns",
+                     "_rewards", "_terminated", "_truncated", "_next_obs"):
             self.__dict__.pop(name, None)
         if self.shared is not None:
             self.shared.close()

@@ -89,11 +89,13 @@ class PredictorThread(_Worker):
             obs = torch.index_select(sys_.obs_rows, 0, rows, out=self._pinned[: rows.shape[0]])  # [B, E, *obs]
             obs = obs.to(sys_.device, non_blocking=True)  # the blocking copy of the actions below waits for it
         version = sys_.version_fn()
-        action, value = sys_.policy(obs.flatten(0, 1))  # [B*E], [B*E] on the model device
+        action, value, *log_prob = sys_.policy(obs.flatten(0, 1))  # [B*E] each, on the model device
         action = action.view(len(agents), -1).to("cpu", torch.int64)  # sync: agents need the actions
         value = value.view(len(agents), -1).to("cpu", torch.float32)
         sys_.action_rows.index_copy_(0, rows, action)
         sys_.value_rows.index_copy_(0, rows, value)
+        if log_prob:
+            sys_.log_prob_rows.index_copy_(0, rows, log_prob[0].view(len(agents), -1).to("cpu", torch.float32))
         sys_.version_rows.index_fill_(0, rows, version)
         for agent in agents:
             agent.response_sem.release()
@@ -119,12 +121,16 @@ class TrainerThread(_Worker):
                     break
             for index, agent, slot in claimed:
                 if batch is None:
-                    batch = _new_batch(capacity, sys_.obs_rows.shape[2:], sys_.obs_rows.dtype, pin)
+                    batch = _new_batch(capacity, sys_.obs_rows.shape[2:], sys_.obs_rows.dtype, pin,
+                                       c.t_max if c.vtrace else 0)
                 rows = {key: t[n:n + per_rollout] for key, t in batch.items()}
+                if c.vtrace:  # one s_T per env of the rollout
+                    k = n // c.t_max
+                    rows["next_obs"] = batch["next_obs"][k:k + c.envs_per_agent]
                 if sys_.take_rollout(index, agent, slot, out=rows) is not None:  # copied straight into the batch
                     n += per_rollout
             if n >= c.train_min_batch_size:
-                full = _finish(batch, n)
+                full = _finish(batch, n, c.t_max)
                 batch, n = None, 0
                 while not self.stopped():
                     try:
@@ -134,23 +140,33 @@ class TrainerThread(_Worker):
                         continue
 
 
-def _new_batch(n: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, pin: bool) -> dict[str, torch.Tensor]:
+def _new_batch(n: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, pin: bool,
+               t_max: int = 0) -> dict[str, torch.Tensor]:
     """Empty host rows for ``n`` transitions (pinned if ``pin``): ``{"obs": (n, *obs_shape) obs_dtype,
-    "action": (n,) int64, "ret": (n,) float32, "version": (n,) int64}``."""
-    return {"obs": torch.empty((n, *obs_shape), dtype=obs_dtype, pin_memory=pin),
-            "action": torch.empty(n, dtype=torch.int64, pin_memory=pin),
-            "ret": torch.empty(n, dtype=torch.float32, pin_memory=pin),
-            "version": torch.empty(n, dtype=torch.int64, pin_memory=pin)}
+    "action": (n,) int64, "ret": (n,) float32, "version": (n,) int64}``; with ``t_max`` (V-trace: rollouts
+    of T = ``t_max`` steps) also ``"log_prob"``, ``"reward"`` (n,) float32, ``"terminated"``,
+    ``"truncated"`` (n,) bool and ``"next_obs"`` (n // T, *obs_shape), one s_T per env of each rollout."""
+    def empty(shape, dtype):
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+    rows = {"obs": empty((n, *obs_shape), obs_dtype), "action": empty(n, torch.int64),
+            "ret": empty(n, torch.float32), "version": empty(n, torch.int64)}
+    if t_max:
+        rows.update(log_prob=empty(n, torch.float32), reward=empty(n, torch.float32),
+                    terminated=empty(n, torch.bool), truncated=empty(n, torch.bool),
+                    next_obs=empty((n // t_max, *obs_shape), obs_dtype))
+    return rows
 
 
-def _finish(rows: dict[str, torch.Tensor], n: int) -> dict:
-    """The batch of the first ``n`` filled rows.
+def _finish(rows: dict[str, torch.Tensor], n: int, t_max: int = 1) -> dict:
+    """The batch of the first ``n`` filled rows (of the first ``n // t_max`` rows of ``next_obs``).
 
     Returns ``{"obs": (N, *obs), "action": (N,) int64, "ret": (N,) float32, "version": (N,) int64}``
-    host tensors (pinned on CUDA) plus host numbers ``version_mean`` (mean policy version) and
-    ``size`` (N), so that policy lag needs no device read.
+    (and the V-trace keys of :func:`_new_batch`) host tensors (pinned on CUDA) plus host numbers
+    ``version_mean`` (mean policy version) and ``size`` (N), so that policy lag needs no device read.
     """
-    batch: dict = {key: t if t.shape[0] == n else t[:n] for key, t in rows.items()}
+    size = {key: n // t_max if key == "next_obs" else n for key in rows}
+    batch: dict = {key: t if t.shape[0] == size[key] else t[:size[key]] for key, t in rows.items()}
     batch["size"] = n
     batch["version_mean"] = float(batch["version"].double().mean())
     return batch
