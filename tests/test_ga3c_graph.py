@@ -184,7 +184,7 @@ def test_capture_while_a_predictor_thread_acts_and_pins_memory():
             with torch.cuda.stream(stream):
                 while not stop.is_set():
                     host = torch.randint(0, 256, (64, *OBS), dtype=torch.uint8).pin_memory()  # a new pinned block
-                    action, value = m.act(host.to("cuda", non_blocking=True))
+                    action, value, _ = m.act(host.to("cuda", non_blocking=True))
                     action.cpu()  # synchronises, as a predictor answering its agents
                     acted.append(1)
         except Exception as err:  # noqa: BLE001 - reported below

@@ -215,3 +215,25 @@ def test_batches_carry_what_vtrace_recomputes_its_targets_from(device):
         for r, e in np.ndindex(nxt.shape[:2]):
             assert nxt[r, e, 0] == f[r, -1, e, 0] and nxt[r, e, 3] == f[r, -1, e, 3] + 1  # s_T follows step T-1
     assert ends > 20  # episode ends inside rollouts were seen
+
+
+@pytest.mark.parametrize("reuse, per_epoch, expected", [(1, 5, [0, 1, 2, 3, 4]), (3, 7, [0, 0, 0, 1, 1, 1, 2]),
+                                                         (2, 4, [0, 0, 1, 1])])
+def test_each_batch_is_trained_on_updates_per_batch_times_in_a_row(reuse, per_epoch, expected):
+    """``updates_per_batch``: the stream hands each trainer batch over that many times, one after the other, and
+    an epoch still counts ``updates_per_epoch`` optimizer steps."""
+    from types import SimpleNamespace
+
+    from lightning_per.ga3c.batches import BatchStream
+
+    fetched = iter(range(100))
+    m = SimpleNamespace(cfg=GA3CConfig(updates_per_batch=reuse, updates_per_epoch=per_epoch, max_time_s=60),
+                        system=SimpleNamespace(get_batch=lambda timeout: {"id": next(fetched)}),
+                        stats=SimpleNamespace(t0=time.monotonic()), trainer=SimpleNamespace(world_size=1))
+    assert [b["id"] for b in BatchStream(m)] == expected
+    assert next(fetched) == expected[-1] + 1  # no batch was fetched and dropped
+
+
+def test_updates_per_batch_below_one_names_the_field():
+    with pytest.raises(ValueError, match="updates_per_batch"):
+        GA3CConfig(updates_per_batch=0).validate()

@@ -24,10 +24,11 @@ def identity(x: Any) -> Any:
 
 
 class BatchStream(IterableDataset):
-    """``updates_per_epoch`` batches from the trainer threads per epoch; ends early (and asks the
-    Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed (with one process a fetch
-    waits for a batch until the deadline at most; under DDP Lightning's Timer stops every rank at the same
-    step, and a rank whose pipeline stalled gives up ``DDP_STALL_GRACE_S`` after the deadline)."""
+    """``updates_per_epoch`` batches from the trainer threads per epoch, each one ``updates_per_batch`` times in
+    a row; ends early (and asks the Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed
+    (with one process a fetch waits for a batch until the deadline at most; under DDP Lightning's Timer stops
+    every rank at the same step, and a rank whose pipeline stalled gives up ``DDP_STALL_GRACE_S`` after the
+    deadline)."""
 
     def __init__(self, module: GA3C) -> None:
         self.module = module
@@ -38,7 +39,8 @@ class BatchStream(IterableDataset):
             raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
         deadline = m.stats.t0 + m.cfg.max_time_s  # time.monotonic()
         single = m.trainer.world_size == 1
-        for _ in range(m.cfg.updates_per_epoch):
+        yielded, reuse = 0, m.cfg.updates_per_batch
+        while yielded < m.cfg.updates_per_epoch:
             left = deadline - time.monotonic()
             if single and left <= 0:
                 m.publish_host_state()
@@ -50,7 +52,9 @@ class BatchStream(IterableDataset):
                 m.publish_host_state()
                 m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
                 return
-            yield batch
+            for _ in range(min(reuse, m.cfg.updates_per_epoch - yielded)):
+                yielded += 1
+                yield batch
 
 
 class SystemGuard(Callback):

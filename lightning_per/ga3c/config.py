@@ -95,6 +95,11 @@ class GA3CConfig:
     """LOG_EPSILON: probabilities are clamped to >= this inside the log (policy lag underflow)."""
     loss_reduction: str = "mean"
     """``mean`` over the batch, or ``sum`` as the reference."""
+    updates_per_batch: int = 1
+    """Optimizer steps on each training batch (>= 1), one after the other. More than 1 reuses each batch while
+    the agents collect the next, when the learner would otherwise wait for data: the later steps are
+    off-policy, which ``vtrace`` corrects (IMPALA section 4.2; PPO's epochs over a batch do the same with a
+    clipped ratio)."""
     vtrace: bool = False
     """Correct for policy lag with V-trace (Espeholt et al. 2018, IMPALA, eq. 1 and section 4.2): the
     value targets and policy-gradient advantages are recomputed at each update from the learner's own V,
@@ -181,7 +186,7 @@ class GA3CConfig:
         """Check every field; returns self. Raises ValueError naming the field and the allowed range."""
         for name in ("frame_skip", "atari_frame_stack", "envs_per_agent", "agents", "predictors",
                      "trainers", "max_agents", "max_predictors", "max_trainers", "predict_batch_size",
-                     "train_min_batch_size", "batch_queue_size", "t_max", "updates_per_epoch",
+                     "train_min_batch_size", "batch_queue_size", "t_max", "updates_per_epoch", "updates_per_batch",
                      "torch_threads", "return_window"):
             _check_int(self, name, low=1)
         _check_int(self, "rollout_slots", low=2)
