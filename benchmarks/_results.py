@@ -167,8 +167,8 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     machine = machine or machine_name(env, results.devices)
-    stem = out / f"{results.name or suite}-{machine}"
-    paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
+    stem = f"{results.name or suite}-{machine}"  # may hold dots (a name made of an lr): no with_suffix
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     payload = {"suite": suite, "machine": machine, "environment": env, "rows": results.rows, **results.extra}
     _atomic_write(paths[0], json.dumps(payload, indent=1, default=str) + "\n")
     def v(key: str) -> str:

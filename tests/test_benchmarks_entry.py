@@ -77,6 +77,9 @@ def test_markdown_table_and_default_plot(tmp_path):
     assert [p.name for p in paths] == ["toy-cpu.json", "toy-cpu.md", "toy-cpu.png"]
     assert json.loads(paths[0].read_text())["rows"] == rows
     assert paths[2].read_bytes()[:4] == b"\x89PNG"
+    # a results name with dots (a variant named by its learning rate) keeps them all
+    dotted = write("toy", Results(rows=rows, metric="us", name="toy-lr1.0e-3"), tmp_path, env, machine="h200")
+    assert [p.name for p in dotted] == ["toy-lr1.0e-3-h200.json", "toy-lr1.0e-3-h200.md", "toy-lr1.0e-3-h200.png"]
 
 
 def test_every_results_file_the_docs_cite_exists():
