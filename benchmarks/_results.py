@@ -58,6 +58,16 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _imported_version() -> str | None:
+    """``lightning_per.__version__`` of the package imported: a checkout on ``PYTHONPATH`` has no
+    distribution metadata for :func:`_version` to read."""
+    try:
+        import lightning_per
+    except ImportError:
+        return None
+    return getattr(lightning_per, "__version__", None)
+
+
 def _driver() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -91,7 +101,7 @@ def environment(device: str = "cpu") -> dict:
         "torchrl": _version("torchrl"),
         "tensordict": _version("tensordict"),
         "lightning": _version("lightning"),
-        "lightning_per": _version("lightning_per"),
+        "lightning_per": _version("lightning_per") or _imported_version(),
         "cuda": torch.version.cuda if cuda else None,
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,

@@ -184,3 +184,24 @@ def test_host_floors_are_the_sums_of_their_parts():
             "view": 1.5, "batch TensorDict": 4.0}
     assert floors_of(rows) == {"step": 2 + 7 + 11 + 2 * 5 + 2, "rb.extend(64)": 5 + 13 + 5 + 2}
     assert floors_of(rows, fields=7)["step with its batch"] == 32 + 7 * 1.5 + 4
+
+
+def test_environment_records_the_package_version_without_its_distribution_metadata(monkeypatch):
+    """A checkout on PYTHONPATH has no installed metadata: the version is the imported package's."""
+    import importlib.metadata as md
+
+    import lightning_per
+    from benchmarks import _results
+
+    real = md.version
+
+    def version(name):
+        if name == "lightning_per":
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(_results._md, "version", version)
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert _results.environment("cpu")["lightning_per"] == lightning_per.__version__ == declared
