@@ -237,3 +237,28 @@ def test_each_batch_is_trained_on_updates_per_batch_times_in_a_row(reuse, per_ep
 def test_updates_per_batch_below_one_names_the_field():
     with pytest.raises(ValueError, match="updates_per_batch"):
         GA3CConfig(updates_per_batch=0).validate()
+
+
+def test_vtrace_with_a_policy_that_gives_no_log_prob_fails_loudly():
+    """A policy returning (action, value) would leave log mu at 0 (pi/mu = pi): the system stops with an error
+    naming what is missing instead of training on it."""
+    spec = {"env": "CartPole-v1", "backend": "gym", "kwargs": {}, "frame_stack": 4}
+    cfg = GA3CConfig(agents=1, envs_per_agent=2, vtrace=True, status_interval_s=0)
+    shape, dtype, _ = probe_env({**spec, "num_envs": 1})
+
+    def two_tensors(obs):
+        return torch.zeros(obs.shape[0], dtype=torch.int64), torch.zeros(obs.shape[0])
+
+    system = GA3CSystem(cfg, spec, shape, str(dtype), two_tensors, lambda: 0, torch.device("cpu")).start()
+    try:
+        assert system.get_batch(timeout=60) is None  # stopped, not a batch with log mu = 0
+    finally:
+        system.close()
+    assert isinstance(system.error, ValueError) and "log_prob" in str(system.error)
+
+
+def test_clip_errors_state_the_open_bound():
+    with pytest.raises(ValueError, match=r"vtrace_rho_clip must be > 0.0, got 0"):
+        GA3CConfig(vtrace_rho_clip=0).validate()
+    with pytest.raises(ValueError, match=r"vtrace_c_clip must be > 0.0, got -1"):
+        GA3CConfig(vtrace_c_clip=-1).validate()

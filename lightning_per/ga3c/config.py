@@ -257,7 +257,9 @@ def _check_float(cfg: GA3CConfig, name: str, low: float = -math.inf, high: float
     above = value >= high if high_open else value > high
     if below or above:
         lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi}, got {value!r}")
+        span = (f"{'>' if low_open else '>='} {low}" if high == math.inf else
+                f"{'<' if high_open else '<='} {high}" if low == -math.inf else f"in {lo}{low}, {high}{hi}")
+        raise ValueError(f"{name} must be {span}, got {value!r}")
 
 
 def config_parser(**kwargs: Any):

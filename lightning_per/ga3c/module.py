@@ -112,7 +112,8 @@ class GA3C(HostState, pl.LightningModule):
         self._captured: CapturedUpdate | None = None
         self._act_generator: torch.Generator | None = None  # graph mode: act() stays off the default generator
         self.graph_captures = 0
-        self._device_keys = _DEVICE_KEYS + (_VTRACE_KEYS if cfg.vtrace else ())
+        # with V-trace the agents' returns are not read: its targets replace them
+        self._device_keys = ("obs", "action") + _VTRACE_KEYS if cfg.vtrace else _DEVICE_KEYS
         # rho-bar and c-bar as device tensors: a float would be turned into one by a host copy in every update
         self.register_buffer("vtrace_clips", torch.tensor([cfg.vtrace_rho_clip, cfg.vtrace_c_clip]),
                              persistent=False)
@@ -267,8 +268,9 @@ class GA3C(HostState, pl.LightningModule):
         return logits, value, v.reshape(n), advantage.reshape(n)
 
     def _graph_update(self, batch: dict) -> Tensor:
-        """Graph mode: copy the pinned ``obs``, ``action``, ``ret`` into the static inputs (non-blocking,
-        current stream) and replay the captured update; the first call captures it."""
+        """Graph mode: copy the pinned tensors the update reads (``obs``, ``action``, ``ret``; with ``vtrace``
+        ``obs``, ``action`` and the V-trace keys) into the static inputs (non-blocking, current stream) and
+        replay the captured update; the first call captures it."""
         opt = self.optimizers()
         inputs = {key: batch[key] for key in self._device_keys}  # pinned host tensors
         if self._captured is None:

@@ -7,6 +7,7 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     actions    (A, S, T, E)              int64              written by predictors
     values     (A, S, T, E)              float32            V(s_t), written by predictors
     log_probs  (A, S, T, E)              float32            log mu(a_t|s_t) of the acting policy, by predictors
+                                                            (``vtrace=True`` only, as ``next_obs``)
     versions   (A, S, T)                 int64              policy version that predicted step t
     rewards    (A, S, T, E)              float32            clipped rewards, written by the agent
     terminated (A, S, T, E)              bool
@@ -23,7 +24,7 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     started    (A,)                      uint8              1: agent i reset its envs and polls its flags
     flags      (A + 1,)                  uint8              flags[i] = 1: agent i exits; flags[A] = 1: all
     next_obs   (A, S, E, *obs_shape)     as obs             s_T, the observation after the rollout's last step
-                                                            (``next_obs=True`` only: V-trace's bootstrap state)
+                                                            (``vtrace=True`` only: V-trace's bootstrap state)
 
 A prediction request is a flag plus (slot, t): the observation is read in place, never pickled, and
 the trainer reads the finished rollout from the same memory. Agents announce requests and rollouts
@@ -52,15 +53,15 @@ _STILL_MAPPED: list = []  # segments closed while views were alive: unmapped at 
 
 
 def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shape: tuple[int, ...],
-                obs_dtype: str, next_obs: bool = False) -> dict:
-    """Plain-dict layout (picklable without this package): ``name -> (shape, dtype str)``; ``next_obs``: also
-    the rollouts' bootstrap observations s_T."""
+                obs_dtype: str, vtrace: bool = False) -> dict:
+    """Plain-dict layout (picklable without this package): ``name -> (shape, dtype str)``; ``vtrace``: also
+    what V-trace reads that n-step returns do not, the acting policy's log-probabilities and the rollouts'
+    bootstrap observations s_T."""
     a, s, t, e = max_agents, slots, t_max, num_envs
     layout = {
         "obs": ((a, s, t, e, *obs_shape), str(np.dtype(obs_dtype))),
         "actions": ((a, s, t, e), "int64"),
         "values": ((a, s, t, e), "float32"),
-        "log_probs": ((a, s, t, e), "float32"),
         "versions": ((a, s, t), "int64"),
         "rewards": ((a, s, t, e), "float32"),
         "terminated": ((a, s, t, e), "bool"),
@@ -77,7 +78,8 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         "started": ((a,), "uint8"),
         "flags": ((a + 1,), "uint8"),
     }
-    if next_obs:
+    if vtrace:
+        layout["log_probs"] = ((a, s, t, e), "float32")
         layout["next_obs"] = ((a, s, e, *obs_shape), str(np.dtype(obs_dtype)))
     return layout
 

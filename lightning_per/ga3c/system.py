@@ -69,8 +69,8 @@ class GA3CSystem:
         obs_shape: one observation's shape; obs_dtype: ``uint8`` or ``float32``.
         policy: ``policy(obs) -> (action, value[, log_prob])``: obs (N, *obs_shape) on ``device``; action
             (N,) int64 sampled from pi, value (N,) float V(s), log_prob (N,) float log pi(action|s) (what
-            V-trace's importance weights divide by; a policy without it leaves 0), all on ``device``. Called
-            from predictor threads under ``torch.no_grad``.
+            V-trace's importance weights divide by: required with ``vtrace``, else unused), all on ``device``.
+            Called from predictor threads under ``torch.no_grad``.
         version_fn: returns the current policy version (optimizer steps so far; host int).
         device: the model device.
         stats: counters to update (a new :class:`Stats` if None).
@@ -112,17 +112,17 @@ class GA3CSystem:
     def _map_buffers(self) -> None:
         c, e = self.cfg, self.cfg.envs_per_agent
         layout = make_layout(c.max_agents, c.rollout_slots, c.t_max, e, self.obs_shape, self.obs_dtype,
-                             next_obs=c.vtrace)
+                             vtrace=c.vtrace)
         self.shared = SharedRollouts.create(layout)
         s = self.shared
         rows = c.max_agents * c.rollout_slots * c.t_max
         self.obs_rows = torch.from_numpy(s.obs).view(rows, e, *self.obs_shape)  # [R, E, *obs] host, shared
         self.action_rows = torch.from_numpy(s.actions).view(rows, e)  # [R, E] int64
         self.value_rows = torch.from_numpy(s.values).view(rows, e)  # [R, E] float32
-        self.log_prob_rows = torch.from_numpy(s.log_probs).view(rows, e)  # [R, E] float32
         self.version_rows = torch.from_numpy(s.versions).view(rows)  # [R] int64
         self._returns = torch.from_numpy(s.returns)  # [A, S, T, E] float32
         if c.vtrace:  # what V-trace recomputes its targets from (take_rollout)
+            self.log_prob_rows = torch.from_numpy(s.log_probs).view(rows, e)  # [R, E] float32, by predictors
             self._rewards = torch.from_numpy(s.rewards)  # [A, S, T, E] float32
             self._terminated = torch.from_numpy(s.terminated)  # [A, S, T, E] bool
             self._truncated = torch.from_numpy(s.truncated)  # [A, S, T, E] bool

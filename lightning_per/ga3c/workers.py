@@ -94,7 +94,10 @@ class PredictorThread(_Worker):
         value = value.view(len(agents), -1).to("cpu", torch.float32)
         sys_.action_rows.index_copy_(0, rows, action)
         sys_.value_rows.index_copy_(0, rows, value)
-        if log_prob:
+        if sys_.cfg.vtrace:
+            if not log_prob:
+                raise ValueError("vtrace: the policy must return (action, value, log_prob): V-trace's importance "
+                                 "weights need log mu(a|s) of the acting policy, and it returned two tensors")
             sys_.log_prob_rows.index_copy_(0, rows, log_prob[0].view(len(agents), -1).to("cpu", torch.float32))
         sys_.version_rows.index_fill_(0, rows, version)
         for agent in agents:
