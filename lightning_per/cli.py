@@ -273,7 +273,11 @@ class LightningPerCLI(LightningCLI):
             return
         try:
             checkpoint = AtomicCheckpointIO().load_checkpoint(ckpt, map_location="cpu")
-            self.model.check_resume(checkpoint, ckpt, self.trainer.world_size, self.trainer.global_rank)
+            trainer = self.trainer
+            # the launching process (local rank 0) checks every shard of its node before it starts the others
+            first = trainer.node_rank * trainer.num_devices
+            node_ranks = range(first, first + trainer.num_devices) if trainer.local_rank == 0 else ()
+            self.model.check_resume(checkpoint, ckpt, trainer.world_size, trainer.global_rank, node_ranks)
         except (ValueError, TypeError, OSError) as err:
             self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
 

@@ -108,3 +108,23 @@ def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
     for r in range(2):
         assert ranks[r]["env_steps"] == shards[r]["env_steps"] + 2 * 20 * 4
         assert ranks[r]["replay_len"] > 0
+
+
+def test_a_missing_shard_is_one_error_before_any_other_rank_starts(tmp_path):
+    """The launching process checks its node's shards before Lightning starts rank 1: a missing shard was found
+    by rank 1 after its start, and Lightning's launcher then killed every process (exit 137)."""
+    run = tmp_path / "run"
+    _fit(run, epochs=1)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    missing = Path(dqn_ddp.replay_shard_path(ckpt, 1))
+    missing.unlink()
+    before = sorted(p.name for p in run.rglob("*"))
+    args = [sys.executable, str(ROOT / "tests" / "_ddp_dqn_script.py"), "fit",
+            "--config", str(ROOT / "configs" / "dqn_cartpole.yaml"), *TINY, *DDP,
+            f"--trainer.default_root_dir={run}", "--trainer.max_epochs=2", f"--ckpt_path={ckpt}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(args, cwd=run.parent, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])  # the error, not a SIGKILL (-9)
+    assert f"shards (or manifests) of ranks on this node are missing: {missing}" in proc.stderr
+    assert "[rank: 1]" not in proc.stdout + proc.stderr  # rank 1 never started
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written

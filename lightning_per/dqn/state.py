@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
-from lightning_per.dqn.ddp import load_replay_shard
-from lightning_per.integrity import new_generation
+from lightning_per.dqn.ddp import load_replay_shard, replay_shard_path
+from lightning_per.integrity import file_manifest_path, new_generation
 from lightning_per.replay.buffer_checkpoint import checked_state
 from lightning_per.schema import check, stamp
 
@@ -80,12 +81,16 @@ class CheckpointHooks:
         self._load_dqn_state(state)
 
     def check_resume(self, checkpoint: dict[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
-                     global_rank: int) -> None:
+                     global_rank: int, node_ranks: Sequence[int] = ()) -> None:
         """Raise what resuming from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way, before
         anything is built or written (the command line calls it before ``Trainer.fit``): another ``dqn_state``
         version, a DDP checkpoint of another world size, this rank's shard missing, damaged or from another
         save, and a replay state this model's buffer refuses (checked against a CPU buffer of the configured
         capacity: priorities are 8 bytes a slot, transitions are not allocated).
+
+        ``node_ranks``: the global ranks of this node, whose shards and manifests must exist too. The launching
+        process checks them before it starts the others: a rank that found its shard missing after the start
+        would make Lightning's launcher kill every process (exit 137) instead of one error.
 
         Raises:
             FileNotFoundError, IntegrityError, TypeError, ValueError: naming the file or the part.
@@ -102,6 +107,12 @@ class CheckpointHooks:
             if world_size != shards:  # one process too: training on would drop every rank's replay
                 raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
                                  f"shard each); resume it with {shards} processes, not {world_size}")
+            missing = [path for rank in node_ranks for path in (replay_shard_path(ckpt_path, rank),)
+                       if not (os.path.isfile(path) and os.path.isfile(file_manifest_path(path)))]
+            if missing:
+                raise FileNotFoundError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks, and the "
+                                        f"replay shards (or manifests) of ranks on this node are missing: "
+                                        f"{', '.join(missing)}; resume from a checkpoint with every shard")
             state = load_replay_shard(ckpt_path, global_rank, state)
         if "replay" in state and self.hparams.checkpoint_replay:
             r = self.replay_config
