@@ -22,6 +22,9 @@ matmuls on a GPU that has them).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
 import os
 import pickle
 import re
@@ -119,10 +122,28 @@ def _short_message(message: str) -> str:
         return message
     lines = [line.strip() for line in message.splitlines()]
     keys = [m[1] for m in (re.match(r'Parser key "([^"]+)":', line) for line in lines) if m]
+    unknown = next((m[1] for m in (re.match(r"Option '([^']+)' is not accepted", line) for line in lines) if m), None)
+    if keys and unknown is not None:  # a misspelt field of a nested config: name it and the closest fields
+        path = f"--{'.'.join(keys)}"
+        known = _config_fields(next((m[1] for m in (re.search(r"class_path '([\w.]+)'", line) for line in lines)
+                                     if m), ""))
+        close = difflib.get_close_matches(unknown, known, n=3)
+        hint = f"; did you mean {', '.join(f'{path}.{c}' for c in close)}?" if close else ""
+        return f"{path}.{unknown}: no such option{hint}"
     detail = next((line for line in lines if line.startswith("Expected") and "NoneType" not in line), None)
     if not keys or detail is None:
         return message
     return f"--{'.'.join(keys)}: {detail}"
+
+
+def _config_fields(class_path: str) -> list[str]:
+    """The field names of one of this package's config dataclasses named by ``class_path`` (none for a class
+    of another package: nothing else is imported from a message)."""
+    module, _, name = class_path.rpartition(".")
+    if not module.startswith("lightning_per."):
+        return []
+    cls = getattr(importlib.import_module(module), name, None)
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
 class _ShortUsageParser(LightningArgumentParser):

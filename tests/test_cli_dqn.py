@@ -129,6 +129,23 @@ def test_console_command_reports_a_bad_choice_without_the_option_listing(tmp_pat
     assert len(err.splitlines()) == 3, err  # usage, tip, error
 
 
+@pytest.mark.parametrize("option, message", [
+    ("--model.replay.capacty=10", "--model.replay.capacty: no such option; did you mean --model.replay.capacity?"),
+    ("--model.env.idd=x", "--model.env.idd: no such option; did you mean --model.env.id?"),
+    ("--model.replay.zzzz=1", "--model.replay.zzzz: no such option"),
+])
+def test_a_misspelt_nested_option_is_one_line_with_the_closest_fields(tmp_path, capsys, option, message):
+    """A typo inside a nested config names the full option and the fields it may have meant (ReplayConfig's and
+    EnvConfig's own field names), not jsonargparse's union report (NestedArg, NoneType, class paths)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", option])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"error: {message}", err
+    assert len(err.splitlines()) == 3 and "NestedArg" not in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 def test_graph_mode_on_cpu_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):
