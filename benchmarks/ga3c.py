@@ -131,7 +131,7 @@ def bench_ga3c(args, dynamic: bool) -> dict:
     name = ("ga3c-dynamic" if dynamic else "ga3c-static") + ("-graph" if model.graph_captures else "")
     return {"row": name, "envs": cfg.agents * cfg.envs_per_agent,
             "steps_per_s": r["steps_per_s"], "fps": r["fps"], "tps": r["tps"], "pps": r["pps"],
-            "policy_lag": r["policy_lag"], "train_batch": r["train_batch"],
+            "policy_lag": r["policy_lag"], "policy_lag_p95": r["policy_lag_p95"], "train_batch": r["train_batch"],
             "predict_batch": r["predict_batch"],
             "start_counts": [cfg.agents, cfg.predictors, cfg.trainers], "end_counts": window["counts"],
             "mean_return": s.get("mean_return"), "episodes": s.get("episodes"),
@@ -231,8 +231,8 @@ def bench_torchrl(args) -> dict:
 
 # ----------------------------------------------------------------------------------------- main
 def _table(rows: list[dict]) -> str:
-    cols = ["row", "envs", "steps_per_s", "fps", "tps", "pps", "policy_lag", "train_batch", "end_counts",
-            "learner_cores", "agent_cores"]
+    cols = ["row", "envs", "steps_per_s", "fps", "tps", "pps", "policy_lag", "policy_lag_p95", "train_batch",
+            "end_counts", "learner_cores", "agent_cores"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []

@@ -186,6 +186,7 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
                env_steps_per_s=summary.get("steps_per_s") or summary.get("env_steps_per_s"),  # GA3C: its wall
                updates=summary.get("updates"), updates_per_s=summary.get("tps") or summary.get("updates_per_s"),
                policy_lag=summary.get("policy_lag_mean"),  # GA3C: updates between acting and training
+               policy_lag_p95=summary.get("policy_lag_p95"),  # over the run's transitions
                entropy=metrics.get("entropy"),  # GA3C: the policy's, mean of the last epoch
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
@@ -205,13 +206,14 @@ def table(rows: list[dict], target: float, window: int) -> str:
 
     # GA3C's learner columns, when its runs' summaries have them (DQN tables keep their columns)
     learner = any(r.get("policy_lag") is not None for r in rows)
-    extra = " | updates/s | policy lag | entropy" if learner else ""
+    extra = " | updates/s | policy lag (mean, p95) | entropy" if learner else ""
     lines = [f"| seed | reached {target:g} | time to target (s) | env steps to target | final mean (last {window}) "
              f"| best mean | episodes | env steps | env steps/s{extra} | wall (s) | stop |",
              "|---" * (14 if learner else 11) + "|"]
     for r in rows:
-        cells = (f" | {f(r.get('updates_per_s'), ',.0f')} | {f(r.get('policy_lag'), '.1f')} "
-                 f"| {f(r.get('entropy'), '.2f')}") if learner else ""
+        lag = f(r.get("policy_lag"), ".1f") + (f", {r['policy_lag_p95']:.0f}" if r.get("policy_lag_p95") is not None
+                                               else "")
+        cells = f" | {f(r.get('updates_per_s'), ',.0f')} | {lag} | {f(r.get('entropy'), '.2f')}" if learner else ""
         lines.append(f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {f(r['time_to_target_s'], '.1f')} "
                      f"| {f(r['env_steps_to_target'], ',')} | {f(r['final_mean_return'], '.2f')} "
                      f"| {f(r['best_mean_return'], '.2f')} | {r['episodes']:,} | {f(r['env_steps'], ',')} "

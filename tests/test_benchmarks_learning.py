@@ -186,12 +186,13 @@ def test_ga3c_runs_add_the_learners_columns(seeds):
     (a DQN run's summary has no policy lag, and its table keeps its columns: the test above)."""
     for seed, (tps, lag, entropy) in {0: (91.0, 13.28, 1.5856), 1: (165.0, 27.29, 1.6088)}.items():
         path = seeds[seed] / "summary.json"
+        p95 = {"policy_lag_p95": 25.0} if seed == 0 else {}  # summaries written before the quantile have none
         path.write_text(json.dumps({**json.loads(path.read_text()), "tps": tps, "policy_lag_mean": lag,
-                                    "metrics": {"entropy": entropy}}))
+                                    "metrics": {"entropy": entropy}, **p95}))
     res = learning.summarise(seeds, TARGET, WINDOW, "toy")
     header, rule, *rows = res.table.splitlines()
-    assert "| env steps/s | updates/s | policy lag | entropy | wall (s) | stop |" in header
+    assert "| env steps/s | updates/s | policy lag (mean, p95) | entropy | wall (s) | stop |" in header
     assert rule == "|---" * 14 + "|"
-    assert "| 91 | 13.3 | 1.59 |" in rows[0] and "| 165 | 27.3 | 1.61 |" in rows[1]
+    assert "| 91 | 13.3, 25 | 1.59 |" in rows[0] and "| 165 | 27.3 | 1.61 |" in rows[1]
     assert "|  |  |  |" in rows[2]  # the seed whose summary has none
     assert [r["policy_lag"] for r in res.rows] == [13.28, 27.29, None]

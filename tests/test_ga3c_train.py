@@ -18,7 +18,7 @@ from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.module import GA3C
 
 ROOT = Path(__file__).resolve().parents[1]
-GA3C_KEYS = ("mean_return", "tps", "pps", "steps_per_s", "fps", "policy_lag_mean", "wall_time_s")
+GA3C_KEYS = ("mean_return", "tps", "pps", "steps_per_s", "fps", "policy_lag_mean", "policy_lag_p95", "wall_time_s")
 
 
 def _trainer(cfg, **kw):

@@ -262,3 +262,26 @@ def test_clip_errors_state_the_open_bound():
         GA3CConfig(vtrace_rho_clip=0).validate()
     with pytest.raises(ValueError, match=r"vtrace_c_clip must be > 0.0, got -1"):
         GA3CConfig(vtrace_c_clip=-1).validate()
+
+
+def test_policy_lag_quantiles_count_every_transition():
+    """Stats' histogram of per-transition lags: its quantiles are NumPy's lower (inverted-CDF) quantiles of the
+    lags themselves, over the whole run and over a snapshot window; lags past the histogram land in its last bin."""
+    from lightning_per.ga3c.stats import LAG_BINS, Stats, lag_quantile, rates
+
+    rng = np.random.default_rng(0)
+    batches = [rng.geometric(0.1, size=160) - 1 for _ in range(50)]  # lags 0, 1, 2, ... (updates)
+    stats = Stats()
+    for lags in batches[:20]:
+        stats.add_update(lags.size, float(lags.mean()), lags)
+    a = stats.snapshot()
+    for lags in batches[20:]:
+        stats.add_update(lags.size, float(lags.mean()), lags)
+    b = stats.snapshot()
+    everything, window = np.concatenate(batches), np.concatenate(batches[20:])
+    for q in (0.5, 0.95, 0.99):
+        assert lag_quantile(b.lag_hist, q) == np.quantile(everything, q, method="inverted_cdf")
+    assert rates(a, b)["policy_lag_p95"] == np.quantile(window, 0.95, method="inverted_cdf")
+    assert rates(a, b)["policy_lag"] == pytest.approx(window.mean())
+    stats.add_update(2, 1e6, np.array([10**6, 10**6]))
+    assert stats.snapshot().lag_hist[-1] == 2 and lag_quantile(np.zeros(LAG_BINS, np.int64), 0.95) != 0.0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_per.ga3c.stats import rates
+from lightning_per.ga3c.stats import lag_quantile, rates
 
 if TYPE_CHECKING:
     from lightning_per.ga3c.system import GA3CSystem
@@ -112,6 +112,7 @@ class HostState:
             "steps_per_s": snap.steps / wall,
             "fps": snap.steps * c.frame_skip / wall,
             "policy_lag_mean": snap.lag_sum / snap.updates if snap.updates else None,
+            "policy_lag_p95": _finite(lag_quantile(snap.lag_hist, 0.95)),
             "wall_time_s": wall,
             "stop_reason": self._stop_reason,
             "stopped_at_s": (self._stop_time if self._stop_time is not None else t_close) - t0,
@@ -126,3 +127,8 @@ class HostState:
             "agents_replaced": system.replaced,
             "adjustments": system.adjuster.history if system.adjuster is not None else [],
         }
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None for NaN (no update counted: JSON has no NaN)."""
+    return None if x != x else x

@@ -227,6 +227,8 @@ class GA3C(HostState, pl.LightningModule):
         """Eager: the loss (Lightning's automatic optimization does backward, clip and step). Graph mode:
         the whole update as one replay; returns its detached loss (0-d float32, reused by every replay)."""
         self._lag = self.policy_version - batch["version_mean"]  # host float: no device read
+        version = batch.get("version")  # host int64 tensor: each transition's lag, for the lag's quantiles
+        self._lags = None if version is None else self.policy_version - version.numpy()
         if self._graph_mode:
             return self._graph_update(batch)
         return self._loss_and_metrics(batch)
@@ -305,7 +307,7 @@ class GA3C(HostState, pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
         self.policy_version += 1
-        self.stats.add_update(batch["size"], self._lag)
+        self.stats.add_update(batch["size"], self._lag, self._lags)
         c = self.cfg
         world_size = self.trainer.world_size
         if world_size > 1 and c.target_return is not None and batch_idx == c.updates_per_epoch - 1:

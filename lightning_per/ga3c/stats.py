@@ -11,9 +11,14 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Stats", "Snapshot", "rates"]
+import numpy as np
+
+__all__ = ["LAG_BINS", "Stats", "Snapshot", "lag_quantile", "rates"]
+
+#: bins of the per-transition policy-lag histogram: lags 0 .. LAG_BINS - 2 exactly, larger ones in the last bin
+LAG_BINS = 4096
 
 
 @dataclass(frozen=True)
@@ -28,11 +33,23 @@ class Snapshot:
     episodes: int
     lag_sum: float  # sum over updates of the batch's mean policy lag
     batch_transitions: int  # transitions trained on
+    lag_hist: np.ndarray = field(default_factory=lambda: np.zeros(LAG_BINS, np.int64))  # transitions per lag
+
+
+def lag_quantile(hist: np.ndarray, q: float) -> float:
+    """The ``q`` quantile (in [0, 1]) of the policy lags counted in ``hist`` (transitions per lag, in updates:
+    the lower quantile, the smallest lag with at least ``q`` of the transitions at or below it); NaN when
+    ``hist`` counts none. Example: ``lag_quantile(np.array([1, 0, 3]), 0.5) == 2.0``."""
+    total = int(hist.sum())
+    if total == 0:
+        return float("nan")
+    return float(np.searchsorted(np.cumsum(hist), q * total, side="left"))
 
 
 def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
     """Per-second rates between snapshots ``a`` (earlier) and ``b``: tps, pps, steps_per_s, fps,
-    plus the window's mean prediction batch (observations/forward), train batch and policy lag."""
+    plus the window's mean prediction batch (observations/forward), train batch, policy lag (mean over updates
+    of each batch's mean) and its 95th percentile over the window's transitions."""
     dt = max(b.t - a.t, 1e-9)
     updates = b.updates - a.updates
     batches = b.prediction_batches - a.prediction_batches
@@ -45,6 +62,7 @@ def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
         "predict_batch": (b.predictions - a.predictions) / batches if batches else float("nan"),
         "train_batch": (b.batch_transitions - a.batch_transitions) / updates if updates else float("nan"),
         "policy_lag": (b.lag_sum - a.lag_sum) / updates if updates else float("nan"),
+        "policy_lag_p95": lag_quantile(b.lag_hist - a.lag_hist, 0.95),
     }
 
 
@@ -61,6 +79,7 @@ class Stats:
         self._predictions = self._prediction_batches = self._steps = self._updates = 0
         self._episodes = self._batch_transitions = 0
         self._lag_sum = 0.0
+        self._lag_hist = np.zeros(LAG_BINS, np.int64)
         # (seconds since t0, env steps so far, return, length)
         self.episode_log: deque[tuple[float, int, float, int]] = deque(maxlen=history)
 
@@ -77,11 +96,16 @@ class Stats:
                 self._episodes += 1
                 self.episode_log.append((now, self._steps, float(ret), int(length)))
 
-    def add_update(self, n_transitions: int, lag: float) -> None:
+    def add_update(self, n_transitions: int, lag: float, lags: np.ndarray | None = None) -> None:
+        """One optimizer step on ``n_transitions`` of mean policy lag ``lag``; ``lags``: each transition's (ints,
+        updates between the prediction that acted and this step), counted for the quantiles."""
+        counts = None if lags is None else np.bincount(np.clip(lags, 0, LAG_BINS - 1), minlength=LAG_BINS)
         with self._lock:
             self._updates += 1
             self._batch_transitions += n_transitions
             self._lag_sum += lag
+            if counts is not None:
+                self._lag_hist += counts
 
     @property
     def updates(self) -> int:
@@ -90,7 +114,8 @@ class Stats:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(time.monotonic(), self._predictions, self._prediction_batches, self._steps,
-                            self._updates, self._episodes, self._lag_sum, self._batch_transitions)
+                            self._updates, self._episodes, self._lag_sum, self._batch_transitions,
+                            self._lag_hist.copy())
 
     def recent_returns(self, n: int) -> list[float]:
         """The last ``n`` (or fewer) episode returns, oldest first."""
