@@ -5,6 +5,7 @@ against the probe environment's own definition (tests/_ga3c_probe_env.py)."""
 
 import math
 import time
+import warnings
 from unittest import mock
 
 import _ga3c_probe_env as probe
@@ -217,11 +218,15 @@ def test_batches_carry_what_vtrace_recomputes_its_targets_from(device):
     assert ends > 20  # episode ends inside rollouts were seen
 
 
-@pytest.mark.parametrize("reuse, per_epoch, expected", [(1, 5, [0, 1, 2, 3, 4]), (3, 7, [0, 0, 0, 1, 1, 1, 2]),
-                                                         (2, 4, [0, 0, 1, 1])])
-def test_each_batch_is_trained_on_updates_per_batch_times_in_a_row(reuse, per_epoch, expected):
-    """``updates_per_batch``: the stream hands each trainer batch over that many times, one after the other, and
-    an epoch still counts ``updates_per_epoch`` optimizer steps."""
+@pytest.mark.parametrize("reuse, per_epoch, epochs", [
+    (1, 5, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]),
+    (3, 7, [[0, 0, 0, 1, 1, 1, 2], [2, 2, 3, 3, 3, 4, 4], [4, 5, 5, 5, 6, 6, 6]]),
+    (2, 4, [[0, 0, 1, 1], [2, 2, 3, 3]]),
+    (5, 2, [[0, 0], [0, 0], [0, 1]]),
+])
+def test_each_batch_is_trained_on_updates_per_batch_times_in_a_row(reuse, per_epoch, epochs):
+    """``updates_per_batch``: the stream hands each trainer batch over that many times, one after the other (an
+    epoch's end in between included), and every epoch counts ``updates_per_epoch`` optimizer steps."""
     from types import SimpleNamespace
 
     from lightning_per.ga3c.batches import BatchStream
@@ -230,8 +235,9 @@ def test_each_batch_is_trained_on_updates_per_batch_times_in_a_row(reuse, per_ep
     m = SimpleNamespace(cfg=GA3CConfig(updates_per_batch=reuse, updates_per_epoch=per_epoch, max_time_s=60),
                         system=SimpleNamespace(get_batch=lambda timeout: {"id": next(fetched)}),
                         stats=SimpleNamespace(t0=time.monotonic()), trainer=SimpleNamespace(world_size=1))
-    assert [b["id"] for b in BatchStream(m)] == expected
-    assert next(fetched) == expected[-1] + 1  # no batch was fetched and dropped
+    stream = BatchStream(m)
+    assert [[b["id"] for b in stream] for _ in epochs] == epochs
+    assert next(fetched) == epochs[-1][-1] + 1  # no batch was fetched and dropped
 
 
 def test_updates_per_batch_below_one_names_the_field():
@@ -285,3 +291,13 @@ def test_policy_lag_quantiles_count_every_transition():
     assert rates(a, b)["policy_lag"] == pytest.approx(window.mean())
     stats.add_update(2, 1e6, np.array([10**6, 10**6]))
     assert stats.snapshot().lag_hist[-1] == 2 and lag_quantile(np.zeros(LAG_BINS, np.int64), 0.95) != 0.0
+
+
+def test_batch_reuse_without_vtrace_warns():
+    obs = (4, 36, 36)
+    with mock.patch.object(ga3c_module, "probe_env", lambda spec: (obs, np.dtype("uint8"), 6)):
+        with pytest.warns(UserWarning, match="updates_per_batch=2 without vtrace"):
+            GA3C(GA3CConfig(network="conv", updates_per_batch=2, status_interval_s=0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            GA3C(GA3CConfig(network="conv", updates_per_batch=2, vtrace=True, status_interval_s=0))

@@ -24,14 +24,15 @@ def identity(x: Any) -> Any:
 
 
 class BatchStream(IterableDataset):
-    """``updates_per_epoch`` batches from the trainer threads per epoch, each one ``updates_per_batch`` times in
-    a row; ends early (and asks the Trainer to stop) once the GA3C system stops or ``max_time_s`` has passed
-    (with one process a fetch waits for a batch until the deadline at most; under DDP Lightning's Timer stops
-    every rank at the same step, and a rank whose pipeline stalled gives up ``DDP_STALL_GRACE_S`` after the
-    deadline)."""
+    """``updates_per_epoch`` batches from the trainer threads per epoch, each one ``updates_per_batch`` times
+    in a row (across an epoch's end too); ends early (and asks the Trainer to stop) once the GA3C system stops
+    or ``max_time_s`` has passed (with one process a fetch waits for a batch until the deadline at most; under
+    DDP Lightning's Timer stops every rank at the same step, and a rank whose pipeline stalled gives up
+    ``DDP_STALL_GRACE_S`` after the deadline)."""
 
     def __init__(self, module: GA3C) -> None:
         self.module = module
+        self._pending: tuple[dict, int] | None = None  # a batch and its updates left when an epoch ended
 
     def __iter__(self):
         m = self.module
@@ -39,8 +40,13 @@ class BatchStream(IterableDataset):
             raise RuntimeError("GA3C system not started: iterate the train dataloader inside Trainer.fit")
         deadline = m.stats.t0 + m.cfg.max_time_s  # time.monotonic()
         single = m.trainer.world_size == 1
-        yielded, reuse = 0, m.cfg.updates_per_batch
-        while yielded < m.cfg.updates_per_epoch:
+        yielded, per_epoch = 0, m.cfg.updates_per_epoch
+        if self._pending is not None:  # the last epoch ended inside a batch's updates: finish them first
+            batch, left = self._pending
+            self._pending = None
+            yield from self._reuse(batch, left, per_epoch)
+            yielded = min(left, per_epoch)
+        while yielded < per_epoch:
             left = deadline - time.monotonic()
             if single and left <= 0:
                 m.publish_host_state()
@@ -52,9 +58,15 @@ class BatchStream(IterableDataset):
                 m.publish_host_state()
                 m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
                 return
-            for _ in range(min(reuse, m.cfg.updates_per_epoch - yielded)):
-                yielded += 1
-                yield batch
+            yield from self._reuse(batch, m.cfg.updates_per_batch, per_epoch - yielded)
+            yielded += min(m.cfg.updates_per_batch, per_epoch - yielded)
+
+    def _reuse(self, batch: dict, times: int, room: int):
+        """``batch`` ``times`` times, at most ``room`` of them now; the rest wait for the next epoch."""
+        for _ in range(min(times, room)):
+            yield batch
+        if times > room:
+            self._pending = (batch, times - room)
 
 
 class SystemGuard(Callback):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -78,6 +79,10 @@ class GA3C(HostState, pl.LightningModule):
     def __init__(self, config: GA3CConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         cfg = dataclasses.replace(config or GA3CConfig(), **overrides).validate()
+        if cfg.updates_per_batch > 1 and not cfg.vtrace:
+            warnings.warn(f"updates_per_batch={cfg.updates_per_batch} without vtrace: every update after a batch's "
+                          "first is off-policy and uncorrected (set vtrace: true to correct it)", UserWarning,
+                          stacklevel=2)
         self.cfg = cfg
         self.save_hyperparameters(cfg.to_dict())
         self.env_spec = {"env": cfg.env, "backend": cfg.env_backend, "kwargs": dict(cfg.env_kwargs),
