@@ -152,6 +152,8 @@ def main(argv=None) -> float:
     ap.add_argument("--out", default="runs/lightning_module_per", help="run directory (W&B offline files)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        ap.error(f"--accelerator {a.accelerator}: no CUDA device is visible (leave --accelerator cpu)")
     pl.seed_everything(a.seed, verbose=False)
     total = a.epochs * a.steps_per_epoch * 16
     model = CartPoleDQN(updates_per_step=a.updates_per_replay, steps_per_epoch=a.steps_per_epoch, total_frames=total,

@@ -94,6 +94,8 @@ def main(argv=None) -> float:
     ap.add_argument("--learning-starts", type=int, default=1_000, help="transitions stored before the first update")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: no CUDA device is visible (leave --device cpu)")
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
 

@@ -79,15 +79,10 @@ def _model_options_given(args: Sequence[str]) -> set[str]:
 
 def _expand_given(given: set[str], keys: set[str]) -> set[str]:
     """The flat model keys (``replay.sampler``) that the command line's ``--model.X`` options set: ``X``
-    itself, the keys under it (``--model.replay``), or, for an abbreviation the parser accepted
-    (``--model.max_env``: argparse-style unique prefixes), the one key it abbreviates."""
+    itself, or the keys under it (``--model.replay``). (The parser refuses abbreviations.)"""
     out: set[str] = set()
     for g in given:
-        hits = {k for k in keys if k == g or k.startswith(g + ".")}
-        if not hits:
-            hits = {k for k in keys if k.startswith(g)}
-            hits = hits if len({k.split(".")[0] for k in hits}) == 1 else set()  # unique, as the parser required
-        out |= hits
+        out |= {k for k in keys if k == g or k.startswith(g + ".")}
     return out
 
 
@@ -156,7 +151,23 @@ class _ShortUsageParser(LightningArgumentParser):
         (file or sys.stderr).write(f"usage: {prog} [-c CONFIG] [options]\n")
 
     def error(self, message: str, ex: Exception | None = None):
-        return super().error(_short_message(message), ex)
+        return super().error(_suggest_options(_short_message(message), list(self._option_string_actions)), ex)
+
+
+def _suggest_options(message: str, options: Sequence[str]) -> str:
+    """argparse's ``unrecognized arguments: --model.gama 0.9`` with the closest options of the parser after each
+    unknown one (``--model.gama (did you mean --model.gamma?)``); other messages as given."""
+    head = "unrecognized arguments: "
+    if not message.startswith(head):
+        return message
+    words = []
+    for word in message[len(head):].split(" "):
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=2, cutoff=0.75)
+            if close:
+                word += f" (did you mean {' or '.join(close)}?)"
+        words.append(word)
+    return head + " ".join(words)
 
 
 class LightningPerCLI(LightningCLI):
@@ -306,6 +317,7 @@ class LightningPerCLI(LightningCLI):
         """The parser of the command and of each subcommand; short usage lines with ``friendly_errors``."""
         if self.friendly_errors:
             self.parser_class = _ShortUsageParser
+        kwargs.setdefault("allow_abbrev", False)  # --trainer.max_epoch is a typo, not max_epochs
         return super().init_parser(**kwargs)
 
     @staticmethod

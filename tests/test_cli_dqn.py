@@ -129,6 +129,26 @@ def test_console_command_reports_a_bad_choice_without_the_option_listing(tmp_pat
     assert len(err.splitlines()) == 3, err  # usage, tip, error
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--model.max_env=250"],
+     "unrecognized arguments: --model.max_env=250 (did you mean --model.env or --model.max_env_steps?)"),
+    (["--trainer.max_epoch", "3"],
+     "unrecognized arguments: --trainer.max_epoch (did you mean --trainer.max_epochs or --trainer.min_epochs?) 3"),
+    (["--model.gama", "0.9"], "unrecognized arguments: --model.gama (did you mean --model.gamma?) 0.9"),
+    (["--zzzz", "1"], "unrecognized arguments: --zzzz 1"),
+])
+def test_an_abbreviated_or_misspelt_option_is_refused_with_the_closest_ones(tmp_path, capsys, argv, message):
+    """No argparse-style abbreviations (``--trainer.max_epoch 3`` used to set max_epochs): an option that is not
+    the parser's is refused, naming the closest ones."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path}", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"error: {message}", err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
 @pytest.mark.parametrize("option, message", [
     ("--model.replay.capacty=10", "--model.replay.capacty: no such option; did you mean --model.replay.capacity?"),
     ("--model.env.idd=x", "--model.env.idd: no such option; did you mean --model.env.id?"),
@@ -291,10 +311,10 @@ def _ckpt(run_dir: Path, *extra: str, epochs: int = 2) -> str:
     return str(run_dir / "checkpoints" / "last.ckpt")
 
 
-@pytest.mark.parametrize("option", ["--model.max_env_steps=250", "--model.max_env=250"])  # (an abbreviation)
+@pytest.mark.parametrize("option", ["--model.max_env_steps=250"])
 def test_resume_takes_a_larger_env_step_budget_from_the_command_line(tmp_path, option):
     """--model.max_env_steps bounds the run, so a resumed run takes the new value (Lightning alone would
-    restore the checkpoint's and stop at once); the parser accepts unique abbreviations, and so does this."""
+    restore the checkpoint's and stop at once)."""
     first = _fit(tmp_path, "--model.max_env_steps=100", epochs=6)
     assert 100 <= first.model.env_steps and first.model.hparams.max_env_steps == 100
     resumed = _fit(tmp_path, "--ckpt_path", str(tmp_path / "checkpoints" / "last.ckpt"), option, epochs=6)
@@ -313,7 +333,7 @@ def test_resume_keeps_the_checkpoints_settings_and_names_them(tmp_path):
 @pytest.mark.parametrize("arg, match", [
     ("--model.hidden_sizes=[32, 32]", "--model.hidden_sizes=[32, 32]: the checkpoint"),
     ("--model.replay.sampler=uniform", "--model.replay.sampler='uniform': the checkpoint"),
-    ("--model.dueli=true", "--model.dueling=True: the checkpoint"),  # an abbreviation of --model.dueling
+    ("--model.dueling=true", "--model.dueling=True: the checkpoint"),
 ])
 def test_resume_refuses_a_different_model_in_one_line(tmp_path, capsys, arg, match):
     ckpt = _ckpt(tmp_path / "first")

@@ -66,3 +66,13 @@ def test_recurrent_dqn_from_prioritized_slices_runs():
     assert match, out
     # 8 envs: one update per vector step from env step 400 to 800 (51 steps); episodes last >= 5 steps
     assert int(match.group(4)) == 51 and float(match.group(2)) >= 5.0
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error without a GPU")
+@pytest.mark.parametrize("name, argv", [("torchrl_dqn_per", ["--device", "cuda"]),
+                                        ("lightning_module_per", ["--accelerator", "gpu"])])
+def test_a_gpu_option_without_a_gpu_is_a_usage_error(name, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_example(name).main(argv)
+    assert exit_info.value.code == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err

@@ -173,3 +173,20 @@ def test_an_abbreviated_option_is_refused(flag):
     # argparse would take a unique prefix for the field (--agents, --max_time_s): a typo must not set a field
     with pytest.raises(ValueError, match=rf"unrecognized arguments: {flag} 3"):
         parse_config([flag, "3"])
+
+
+@pytest.mark.parametrize("argv, yaml_text, hint", [
+    (["--agnets", "2"], None, "did you mean agents?"),
+    (["--max_time", "3"], None, "did you mean max_time_s?"),
+    ([], "agnets: 2\n", "Option 'agnets' is not accepted; did you mean agents?"),
+    (["--zzzz", "1"], None, None),
+])
+def test_a_misspelt_option_or_key_names_the_closest_fields(tmp_path, argv, yaml_text, hint):
+    if yaml_text is not None:
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml_text)
+        argv = ["--config", str(path)]
+    with pytest.raises(ValueError) as info:
+        parse_config(argv)
+    message = str(info.value)
+    assert (hint in message) if hint else "did you mean" not in message, message

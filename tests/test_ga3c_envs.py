@@ -156,3 +156,18 @@ def test_the_pong_config_takes_another_ale_id():
             "frame_stack": cfg.atari_frame_stack}
     shape, dtype, n_actions = probe_env(spec)
     assert (shape, str(dtype), n_actions) == ((4, 84, 84), "uint8", len(ale.getMinimalActionSet()))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU warning")
+def test_the_pong_config_on_a_cpu_warns_that_it_is_meant_for_a_gpu(caplog, monkeypatch):
+    import logging
+
+    from lightning_per.ga3c.cli import parse_config, prepare
+
+    monkeypatch.setattr(logging.getLogger("lightning_per.ga3c"), "propagate", True)  # the CLI may have unset it
+    root = Path(__file__).resolve().parents[1]
+    with caplog.at_level(logging.WARNING, logger="lightning_per.ga3c"):
+        prepare(parse_config(["--config", str(root / "configs/ga3c_pong.yaml")]))
+        prepare(parse_config(["--config", str(root / "configs/ga3c_cartpole.yaml"), "--device", "auto"]))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "ALE/Pong-v5 on the CPU" in warned[0]  # CartPole's vector network: no warning

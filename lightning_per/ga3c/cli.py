@@ -91,9 +91,13 @@ def prepare(cfg):
         raise ValueError("device 'cuda' was asked for but no CUDA device is available; use device: auto or cpu")
     pl.seed_everything(cfg.seed, verbose=False)
     try:
-        return GA3C(cfg)
+        model = GA3C(cfg)
     except gymnasium.error.Error as err:
         raise ValueError(f"env {cfg.env!r} cannot be made: {err}") from err
+    if cfg.device == "auto" and not torch.cuda.is_available() and len(model.obs_shape) == 3:
+        log.warning("no CUDA device: training the image network of %s on the CPU, a few updates a second (a config "
+                    "such as configs/ga3c_pong.yaml is meant for a GPU)", cfg.env)
+    return model
 
 
 def run(cfg, model=None) -> dict[str, Any]:

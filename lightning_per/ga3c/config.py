@@ -12,7 +12,9 @@ line and code cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -323,7 +325,11 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
     except ArgumentError as err:
         message = " ".join(str(err).split())
         if message.startswith("unrecognized arguments") or "is not accepted" in message:
-            raise UnknownOption(f"{message}; known fields: {names}") from None
+            given = re.findall(r"--([\w.]+)|Option '([^']+)' is not accepted", message)
+            close = sorted({c for dashed, quoted in given
+                            for c in difflib.get_close_matches(dashed or quoted, names, n=2, cutoff=0.75)})
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise UnknownOption(f"{message}{hint}; known fields: {names}") from None
         raise ValueError(message) from None
     values = ns.as_dict()
     return GA3CConfig(**{name: values[name] for name in names}).validate()
