@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -45,9 +46,9 @@ from typing import Any
 from lightning_per.schema import check
 from lightning_per.utils import _fsync_dir, atomic_write, atomic_write_text
 
-__all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "file_manifest_path",
-           "load_torch_file", "new_generation", "refuse_pickled_files", "remove_stale", "save_file_manifest",
-           "save_torch_file", "seal_directory", "verify_directory", "verify_file"]
+__all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "dump_files",
+           "file_manifest_path", "load_torch_file", "new_generation", "refuse_pickled_files", "remove_stale",
+           "save_file_manifest", "save_torch_file", "seal_directory", "verify_directory", "verify_file"]
 
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "lightning_per.manifest"
@@ -99,6 +100,8 @@ def _read_manifest(path: Path, what: str, kind: str | None) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise IntegrityError(f"{path}: damaged manifest (not JSON: {err})") from None
+    except RecursionError:
+        raise IntegrityError(f"{path}: damaged manifest (JSON nested deeper than Python's recursion limit)") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise IntegrityError(f"{path}: not a lightning_per manifest")
     try:  # the schema rule of every part (lightning_per.schema), under the file format's own "version" key
@@ -109,8 +112,7 @@ def _read_manifest(path: Path, what: str, kind: str | None) -> dict[str, Any]:
         raise IntegrityError(f"{path}: a manifest of a {manifest.get('kind')!r}, expected a {kind!r}")
     files = manifest.get("files")
     if not isinstance(files, dict) or not isinstance(manifest.get("generation"), str) or not all(
-            isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)
-            for e in files.values()):
+            _is_entry(e) for e in files.values()):
         raise IntegrityError(f"{path}: damaged manifest (its 'files' or 'generation' entry is malformed)")
     return manifest
 
@@ -129,15 +131,68 @@ def _check_entry(file: Path, entry: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ directories
-def _files_under(root: Path) -> dict[str, Path]:
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if rel != MANIFEST_NAME:
-                out[rel] = path
+def dump_files(root: str | os.PathLike[str]) -> dict[str, Path]:
+    """Every regular file under the directory ``root``, by its POSIX path relative to ``root``; the one walk of a
+    directory in this package (manifests, pickle refusal, "not part of the dump" all use it).
+
+    Links are never followed nor skipped: ``os.walk`` does not enter a symlinked directory, so a link inside a
+    dump would hide what a loader later reads through it (tensordict follows links). The walk lists entries
+    with ``os.scandir`` and ``lstat`` and refuses, before anything is loaded, a ``root`` that is itself a
+    symbolic link, and any symbolic link (to a file or a directory, dangling or not), FIFO, socket or device
+    inside it.
+
+    Raises:
+        IntegrityError: naming the first refused entry (or ``root``) and what it is.
+        FileNotFoundError: ``root`` is not a directory.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> from pathlib import Path
+        >>> from lightning_per.integrity import IntegrityError, dump_files
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     (Path(d) / "sub").mkdir()
+        ...     _ = (Path(d) / "sub" / "a.json").write_text("{}")
+        ...     print(sorted(dump_files(d)))
+        ...     os.symlink("/etc", Path(d) / "link")
+        ...     try:
+        ...         dump_files(d)
+        ...     except IntegrityError as err:
+        ...         print(str(err).split(": ", 1)[1][:38])
+        ['sub/a.json']
+        refused, a symbolic link (to a directo
+    """
+    root = Path(root)
+    if root.is_symlink():
+        raise IntegrityError(f"{root}: refused, the directory is a symbolic link (to {os.readlink(root)!r}); "
+                             f"give the directory it points to")
+    if not root.is_dir():
+        raise FileNotFoundError(f"no directory at {root}")
+    out: dict[str, Path] = {}
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                path = Path(entry.path)
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode):
+                    target = os.readlink(path)
+                    what = "a directory" if path.is_dir() else "a file" if path.exists() else "nothing"
+                    raise IntegrityError(f"{path}: refused, a symbolic link (to {what}, {target!r}); a dump holds "
+                                         f"regular files and directories only, links are never followed")
+                if stat.S_ISDIR(mode):
+                    pending.append(path)
+                elif stat.S_ISREG(mode):
+                    out[path.relative_to(root).as_posix()] = path
+                else:
+                    raise IntegrityError(f"{path}: refused, not a regular file (a FIFO, socket or device); a dump "
+                                         f"holds regular files and directories only")
     return out
+
+
+def _files_under(root: Path) -> dict[str, Path]:
+    return {rel: path for rel, path in dump_files(root).items() if rel != MANIFEST_NAME}
 
 
 #: what the loaders of a dump read without unpickling: JSON, raw memory-mapped arrays, and ``.pt`` files that they
@@ -175,20 +230,25 @@ def verify_directory(path: str | os.PathLike[str], kind: str | None = None) -> d
     Raises:
         FileNotFoundError: ``path`` is not a directory (naming a leftover of an interrupted swap if any).
         IntegrityError: as :func:`_read_manifest`; a listed file missing, truncated or damaged; a file that the
-            manifest does not list (e.g. a part copied in from another dump, or a ``prefetch.pkl``).
+            manifest does not list (e.g. a part copied in from another dump, or a ``prefetch.pkl``); a symbolic
+            link, FIFO, socket or device anywhere in the directory, or the directory itself a link
+            (:func:`dump_files`).
     """
     root = Path(path).absolute()
     if not root.is_dir():
         leftovers = sorted(p.name for p in root.parent.glob(f".{root.name}.*")) if root.parent.is_dir() else []
         hint = f" (an interrupted save left {leftovers} next to it)" if leftovers else ""
         raise FileNotFoundError(f"no dump directory at {root}{hint}")
+    present = _files_under(root)  # refuses links and special files before any file is read
     manifest = _read_manifest(root / MANIFEST_NAME, str(root), kind)
     listed = manifest["files"]
     for rel, entry in listed.items():
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise IntegrityError(f"{root / MANIFEST_NAME}: damaged manifest (entry {rel!r} leaves the directory)")
-        _check_entry(root / rel, entry)
-    extra = sorted(set(_files_under(root)) - set(listed))
+        if rel not in present:
+            raise IntegrityError(f"{root / rel}: missing (listed in the manifest; the set is partial)")
+        _check_entry(present[rel], entry)
+    extra = sorted(set(present) - set(listed))
     if extra:
         raise IntegrityError(f"{root / extra[0]}: not part of the dump (not in its manifest; files from another "
                              f"dump or a partial copy)")
@@ -297,24 +357,51 @@ def file_manifest_path(path: str | os.PathLike[str]) -> Path:
 
 
 def save_file_manifest(path: str | os.PathLike[str], kind: str, generation: str,
-                       meta: Mapping[str, Any] | None = None, digest: tuple[str, int] | None = None) -> Path:
-    """Write the manifest of the (already complete) file ``path``, atomically: its size, SHA-256 and
-    ``generation`` (``digest``: ``(sha256 hex, bytes)`` of what was written, else read back from the file).
-    Written after the file, so a save interrupted in between leaves a file its manifest refuses."""
+                       meta: Mapping[str, Any] | None = None, digest: tuple[str, int] | None = None,
+                       previous: Mapping[str, Any] | None = None) -> Path:
+    """Write the manifest of the file ``path``, atomically: its size, SHA-256 and ``generation`` (``digest``:
+    ``(sha256 hex, bytes)`` of the content, else read back from the file).
+
+    ``previous``: the manifest of the content ``path`` holds until a pending rename replaces it (see
+    :func:`save_torch_file`); kept under the key ``"previous"``, so that :func:`verify_file` accepts either.
+    """
     path = Path(path)
     known = {path.name: digest} if digest is not None else None
-    return atomic_write_text(file_manifest_path(path),
-                             _manifest(kind, generation, {path.name: path}, meta, False, known))
+    text = _manifest(kind, generation, {path.name: path}, meta, False, known)
+    if previous is not None:
+        manifest = json.loads(text)
+        manifest["previous"] = {k: previous[k] for k in ("generation", "files", "meta") if k in previous}
+        text = json.dumps(manifest, indent=1) + "\n"
+    return atomic_write_text(file_manifest_path(path), text)
+
+
+def _current_manifest(path: Path, kind: str) -> dict[str, Any] | None:
+    """The manifest of the content now at ``path`` if it has a well-formed one of ``kind``, else None. The file is
+    hashed only when the last save was interrupted (its manifest lists a ``"previous"`` content: which of the two
+    is on disk decides)."""
+    if not path.is_file():
+        return None
+    try:
+        manifest = _read_manifest(file_manifest_path(path), str(path), kind)
+        return verify_file(path, kind) if "previous" in manifest else manifest
+    except IntegrityError:
+        return None
 
 
 def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[str, Any]:
     """Check the single file ``path`` against its manifest (see :func:`save_file_manifest`); returns it.
+
+    A manifest written by :func:`save_torch_file` in the window before its rename also lists the content being
+    replaced (``"previous"``): the file matching that entry is accepted, and the returned manifest is the
+    previous one (its generation and meta).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IntegrityError: no manifest, or the file is truncated, damaged or not the one the manifest lists.
     """
     path = Path(path)
+    if path.is_symlink():
+        raise IntegrityError(f"{path}: refused, a symbolic link (to {os.readlink(path)!r}); give the file itself")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     manifest = _read_manifest(file_manifest_path(path), str(path), kind)
@@ -322,24 +409,70 @@ def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[s
     if entry is None or len(manifest["files"]) != 1:
         raise IntegrityError(f"{file_manifest_path(path)}: is the manifest of {sorted(manifest['files'])}, "
                              f"not of {path.name}")
-    _check_entry(path, entry)
+    candidates = [(entry, manifest)]
+    previous = manifest.get("previous")
+    if isinstance(previous, dict) and isinstance(previous.get("generation"), str) and isinstance(
+            previous.get("files"), dict) and _is_entry(previous["files"].get(path.name)):
+        candidates.append((previous["files"][path.name], {**manifest, "generation": previous["generation"],
+                                                          "files": dict(previous["files"]),
+                                                          "meta": previous.get("meta", {})}))
+    size, sha = path.stat().st_size, None
+    for candidate, listed in candidates:
+        if size == candidate["bytes"]:
+            sha = sha or _sha256(path)[0]
+            if sha == candidate["sha256"]:
+                listed.pop("previous", None)
+                return listed
+    _check_entry(path, entry)  # raises: names what differs from the manifest's (new) entry
     return manifest
+
+
+def _is_entry(entry: Any) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
 
 
 def save_torch_file(obj: Any, path: str | os.PathLike[str], kind: str, generation: str,
                     meta: Mapping[str, Any] | None = None) -> Path:
-    """``torch.save(obj, path)`` atomically (stale temp files of ``path`` removed first), then its manifest."""
+    """``torch.save(obj, path)`` with its manifest, such that a crash at any instant leaves ``path`` loadable by
+    :func:`load_torch_file` as the previous content or the new one (stale temp files of ``path`` removed first).
+
+    The steps: the new content to a temporary file next to ``path`` (fsynced); the manifest of the new content,
+    still listing the current one as ``"previous"``; the rename of the temporary file onto ``path``; the
+    manifest again without ``"previous"``. Each step is atomic, and between any two of them the file on disk
+    matches an entry of the manifest on disk.
+
+    Raises:
+        ValueError: ``path`` is a URL or a directory.
+
+    Example::
+
+        >>> import os, tempfile
+        >>> from lightning_per.integrity import load_torch_file, save_torch_file
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     save_torch_file({"step": 1}, os.path.join(d, "x.pt"), "checkpoint", "g1")
+        ...     save_torch_file({"step": 2}, os.path.join(d, "x.pt"), "checkpoint", "g2")
+        ...     obj, manifest = load_torch_file(os.path.join(d, "x.pt"), "checkpoint")
+        ...     print(obj, manifest["generation"], sorted(os.listdir(d)))
+        {'step': 2} g2 ['x.pt', 'x.pt.manifest.json']
+    """
     import io
 
     import torch
 
-    remove_stale(path)
+    target = Path(path)
+    remove_stale(target)
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getbuffer()
-    atomic_write(path, lambda f: f.write(data))
-    save_file_manifest(path, kind, generation, meta, (hashlib.sha256(data).hexdigest(), data.nbytes))
-    return Path(path)
+    digest = (hashlib.sha256(data).hexdigest(), data.nbytes)
+    previous = _current_manifest(target, kind)
+
+    def swap(tmp: Path) -> None:  # the temp file is complete and fsynced; atomic_write renames it after this
+        save_file_manifest(target, kind, generation, meta, digest, previous=previous)
+
+    atomic_write(target, lambda f: f.write(data), before_rename=swap)
+    save_file_manifest(target, kind, generation, meta, digest)
+    return target
 
 
 def load_torch_file(path: str | os.PathLike[str], kind: str | None = None,

@@ -22,7 +22,8 @@ from typing import IO, Any
 __all__ = ["atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "json_safe"]
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None],
+                 before_rename: Callable[[Path], None] | None = None) -> Path:
     """Call ``write(f)`` on a temporary binary file next to ``path``, then atomically rename it to ``path``.
 
     Parent directories are created. On any error the temporary file is removed and ``path`` is untouched.
@@ -30,6 +31,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     Args:
         path: local destination file.
         write: writes the whole content to the file object it is given.
+        before_rename: called with the temporary file's path once it is complete and fsynced, just before the
+            rename (e.g. to write a manifest that lists both the current and the new content).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -52,6 +55,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         try:

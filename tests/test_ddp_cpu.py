@@ -95,9 +95,14 @@ def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
     ckpt = run / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=False)["dqn_state"]
     assert state["shards"] == 2 and "replay" not in state
-    shards = [torch.load(dqn_ddp.replay_shard_path(ckpt, r), weights_only=False) for r in range(2)]
+    paths = [Path(dqn_ddp.replay_shard_path(ckpt, r, state["generation"])) for r in range(2)]
+    shards = [torch.load(path, weights_only=False) for path in paths]
     assert all("replay" in s and s["updates"] == 40 for s in shards)
-    paths = [Path(dqn_ddp.replay_shard_path(ckpt, r)) for r in range(2)]
+    # each rank keeps its shard of the previous save (epoch 1) until this save's checkpoint is complete; no older
+    for r in range(2):
+        kept = sorted(p.name for p in ckpt.parent.iterdir() if p.name.startswith(f"last.ckpt.rank{r}.")
+                      and p.name.endswith(".replay.pt"))
+        assert len(kept) == 2 and paths[r].name in kept, kept
     assert paths[0].read_bytes() != paths[1].read_bytes()  # each rank's own experience (seeds + 1000 r)
     ranks = _fit(run, f"--ckpt_path={ckpt}", epochs=4)
     _assert_ranks_consistent(ranks, updates=80)
@@ -116,7 +121,8 @@ def test_a_missing_shard_is_one_error_before_any_other_rank_starts(tmp_path):
     run = tmp_path / "run"
     _fit(run, epochs=1)
     ckpt = run / "checkpoints" / "last.ckpt"
-    missing = Path(dqn_ddp.replay_shard_path(ckpt, 1))
+    generation = torch.load(ckpt, weights_only=False)["dqn_state"]["generation"]
+    missing = Path(dqn_ddp.replay_shard_path(ckpt, 1, generation))
     missing.unlink()
     before = sorted(p.name for p in run.rglob("*"))
     args = [sys.executable, str(ROOT / "tests" / "_ddp_dqn_script.py"), "fit",
@@ -125,6 +131,6 @@ def test_a_missing_shard_is_one_error_before_any_other_rank_starts(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(args, cwd=run.parent, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])  # the error, not a SIGKILL (-9)
-    assert f"shards (or manifests) of ranks on this node are missing: {missing}" in proc.stderr
+    assert f"{missing}: missing (checkpoint {ckpt} was written by 2 DDP ranks" in proc.stderr
     assert "[rank: 1]" not in proc.stdout + proc.stderr  # rank 1 never started
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written

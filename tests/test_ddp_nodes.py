@@ -63,7 +63,8 @@ def test_two_nodes_train_checkpoint_per_global_rank_and_resume(tmp_path):
     assert state["shards"] == 2 and "replay" not in state
     shards = [load_replay_shard(ckpt, r, state) for r in range(2)]  # verified, of the checkpoint's save
     assert all("replay" in s and s["updates"] == 40 for s in shards)
-    assert Path(replay_shard_path(ckpt, 1)).read_bytes() != Path(replay_shard_path(ckpt, 0)).read_bytes()
+    paths = [Path(replay_shard_path(ckpt, r, state["generation"])) for r in range(2)]
+    assert paths[1].read_bytes() != paths[0].read_bytes()
     resumed = _fit_two_nodes(run, f"--ckpt_path={ckpt}", epochs=3)
     assert resumed[0]["updates"] == resumed[1]["updates"] == 60
     for r in range(2):  # each node continued from its own global rank's shard: 1 epoch x 20 updates x 4 steps

@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks import AtomicCheckpointIO
-from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, replay_shard_path
+from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, prune_replay_shards, replay_shard_path
 from lightning_per.integrity import (
     MANIFEST_NAME,
     IntegrityError,
@@ -249,7 +249,7 @@ def test_crafted_checkpoint_sealed_with_a_valid_manifest_is_never_unpickled(tmp_
     save_file_manifest(ckpt, "checkpoint", "g")  # an attacker can compute checksums too
     with pytest.raises(IntegrityError, match="not a torch file of plain data"):
         AtomicCheckpointIO().load_checkpoint(ckpt)
-    shard = Path(replay_shard_path(ckpt, 0))
+    shard = Path(replay_shard_path(ckpt, 0, "g"))
     torch.save({"replay": Marker(marker)}, shard)
     save_file_manifest(shard, SHARD_KIND, "g")
     with pytest.raises(IntegrityError, match="not a torch file of plain data"):
@@ -273,26 +273,48 @@ def _ddp_save(ckpt: Path, step: int, world_size: int = 2) -> None:
     """What a DDP checkpoint save writes, in its order: every rank's shard (``dqn.ddp``'s strategy hook),
     then rank 0's checkpoint (the same generation id in both)."""
     generation = f"run-step{step}"
+    try:  # the generation of the checkpoint on disk: each rank keeps its shard until the new set is complete
+        previous = AtomicCheckpointIO().load_checkpoint(ckpt)["dqn_state"]["generation"]
+    except (FileNotFoundError, IntegrityError):
+        previous = None
     for rank in range(world_size):
         shard = {"generation": generation, "updates": step, "replay": {"rows": torch.full((256,), float(step))}}
-        save_torch_file(shard, replay_shard_path(ckpt, rank), SHARD_KIND, generation)
+        save_torch_file(shard, replay_shard_path(ckpt, rank, generation), SHARD_KIND, generation)
+        if previous is not None:
+            prune_replay_shards(ckpt, rank, keep=(previous, generation))
     checkpoint = _checkpoint(float(step), step)
     checkpoint["dqn_state"] = {"generation": generation, "shards": world_size, "updates": step}
     AtomicCheckpointIO().save_checkpoint(checkpoint, ckpt)
 
 
-def test_shards_and_checkpoint_of_different_steps_are_refused(tmp_path):
+def test_a_save_interrupted_between_shards_and_checkpoint_leaves_the_previous_set(tmp_path):
     ckpt = tmp_path / "last.ckpt"
     _ddp_save(ckpt, 5)
     state = AtomicCheckpointIO().load_checkpoint(ckpt)["dqn_state"]
-    generation = f"run-step{10}"  # rank 1 went on to the next save; the checkpoint was not written
-    save_torch_file({"generation": generation, "updates": 10}, replay_shard_path(ckpt, 1), SHARD_KIND, generation)
-    assert load_replay_shard(ckpt, 0, state)["updates"] == 5
-    with pytest.raises(IntegrityError, match=r"rank1\.replay\.pt: from another save"):
+    generation = "run-step10"  # both ranks went on to the next save; the checkpoint was not written
+    for rank in range(2):
+        save_torch_file({"generation": generation, "updates": 10}, replay_shard_path(ckpt, rank, generation),
+                        SHARD_KIND, generation)
+    assert [load_replay_shard(ckpt, r, state)["updates"] for r in range(2)] == [5, 5]
+
+
+def test_a_shard_of_another_save_under_this_generations_name_is_refused(tmp_path):
+    ckpt = tmp_path / "last.ckpt"
+    _ddp_save(ckpt, 5)
+    state = AtomicCheckpointIO().load_checkpoint(ckpt)["dqn_state"]
+    save_torch_file({"generation": "run-step10", "updates": 10}, replay_shard_path(ckpt, 1, state["generation"]),
+                    SHARD_KIND, state["generation"])  # renamed into place and resealed
+    with pytest.raises(IntegrityError, match=r"rank1\.run-step5\.replay\.pt: from another save"):
         load_replay_shard(ckpt, 1, state)
 
 
-def test_kill_during_a_ddp_checkpoint_leaves_a_consistent_or_refused_set(tmp_path):
+@pytest.mark.parametrize("generation", ["../../etc/x", "a/b", "", "x" * 97, 5, None])
+def test_a_generation_that_is_not_a_plain_id_never_becomes_a_path(tmp_path, generation):
+    with pytest.raises(IntegrityError, match="is not a plain id"):
+        replay_shard_path(tmp_path / "last.ckpt", 0, generation)
+
+
+def test_kill_during_a_ddp_checkpoint_leaves_a_consistent_set(tmp_path):
     torch.set_num_threads(1)
     ckpt = tmp_path / "last.ckpt"
 
@@ -321,7 +343,73 @@ def test_kill_during_a_ddp_checkpoint_leaves_a_consistent_or_refused_set(tmp_pat
         return "consistent"
 
     outcomes = _kill_loop(tmp_path, child, check, iterations=8, seed=23, window_s=0.1)
-    assert set(outcomes) <= {"consistent", "refused"}  # (most kills land in a shard write: refused)
+    assert outcomes == ["consistent"] * 8  # the previous set stays whole until the new one is
+    step_before = AtomicCheckpointIO().load_checkpoint(ckpt)["global_step"]
     _ddp_save(ckpt, 7)  # the next complete save over the leftovers of the kills: consistent again
     assert check(0) == "consistent"
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # stale temp files removed
+    assert sorted(p.name for p in tmp_path.iterdir() if ".rank" in p.name) == sorted(  # two saves' sets, no more
+        f"last.ckpt.rank{r}.run-step{s}.replay.pt{m}" for r in (0, 1) for s in (7, step_before)
+        for m in ("", ".manifest.json"))
+
+
+def _save_and_die(path: Path, obj, die_at: int) -> None:
+    """Fork a process that saves ``obj`` to ``path`` and SIGKILLs itself right after the ``die_at``-th
+    ``os.replace`` of the save (the atomic steps: the manifest listing both contents, the file's rename, the
+    final manifest); ``die_at`` 0: before the first one."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns to pytest
+        try:
+            real, calls = os.replace, [0]
+
+            def replace(src, dst):
+                if calls[0] == die_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                real(src, dst)
+                calls[0] += 1
+
+            os.replace = replace
+            AtomicCheckpointIO().save_checkpoint(obj, path)
+            if die_at >= 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+@pytest.mark.parametrize("die_at, expected", [(0, "old"), (1, "old"), (2, "new"), (3, "new")])
+def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_the_old_or_the_new_one(tmp_path, die_at, expected):
+    """The kill right after the rename (die_at 2) left a new file under the old manifest: refused by every resume,
+    with the previous checkpoint gone."""
+    ckpt = tmp_path / "last.ckpt"
+    old, new, later = _checkpoint(1.0, 1), _checkpoint(2.0, 2), _checkpoint(3.0, 3)
+    AtomicCheckpointIO().save_checkpoint(old, ckpt)
+    _save_and_die(ckpt, new, die_at)
+    loaded = AtomicCheckpointIO().load_checkpoint(ckpt)
+    assert loaded["global_step"] == {"old": 1, "new": 2}[expected]
+    assert torch.equal(loaded["state_dict"]["w"], {"old": old, "new": new}[expected]["state_dict"]["w"])
+    _save_and_die(ckpt, later, 1)  # the next save is interrupted too, in its window: what was loadable stays
+    assert AtomicCheckpointIO().load_checkpoint(ckpt)["global_step"] == loaded["global_step"]
+    AtomicCheckpointIO().save_checkpoint(later, ckpt)
+    assert AtomicCheckpointIO().load_checkpoint(ckpt)["global_step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.ckpt.manifest.json"]
+
+
+def test_a_manifest_listing_two_contents_accepts_only_those_two(tmp_path):
+    ckpt = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(1.0, 1), ckpt)
+    _save_and_die(ckpt, _checkpoint(2.0, 2), 1)  # the manifest lists the new content and the previous one
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="damaged"):
+        AtomicCheckpointIO().load_checkpoint(ckpt)
+
+
+def test_manifest_nested_deeper_than_the_recursion_limit_is_one_error(tmp_path):
+    ckpt = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(1.0, 1), ckpt)
+    file_manifest_path(ckpt).write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(IntegrityError, match="nested deeper than"):
+        AtomicCheckpointIO().load_checkpoint(ckpt)

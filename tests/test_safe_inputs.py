@@ -108,6 +108,114 @@ def test_a_torchrl_layout_dump_holding_a_pickle_is_refused_even_with_a_valid_man
     assert not marker.exists() and len(rb) == 40
 
 
+def _torchrl_layout_dump(tmp_path, marker):
+    """A dump of ours whose ``storage/`` is TorchRL's layout, and a copy of that storage outside the dump holding a
+    pickled field (``meta/other.pickle``, which tensordict's ``load_memmap`` unpickles)."""
+    import shutil
+
+    _filled().dumps(tmp_path / "dump")
+    shutil.rmtree(tmp_path / "dump" / "storage")
+    _torchrl_layout_storage_with_a_pickled_field(tmp_path / "outside", marker)
+    shutil.copytree(tmp_path / "outside", tmp_path / "dump" / "storage")
+    shutil.rmtree(tmp_path / "dump" / "storage" / "meta")  # the only part holding a pickle
+    return tmp_path / "dump"
+
+
+@pytest.mark.parametrize("link", ["a directory inside storage/", "storage/ itself", "a file inside storage/",
+                                  "the dump directory", "a dangling link"])
+def test_a_symlink_anywhere_in_a_dump_is_refused_before_anything_loads(tmp_path, link):
+    """``os.walk`` does not enter a symlinked directory: a link to a directory holding tensordict's
+    ``other.pickle`` passed the manifest and the pickle checks, and ``load_memmap`` followed it and unpickled."""
+    import os
+
+    from lightning_per.integrity import IntegrityError, seal_directory
+
+    marker = tmp_path / "marker"
+    dump = _torchrl_layout_dump(tmp_path, marker)
+    seal_directory(dump, kind="replay_dump")  # anyone can recompute the checksums; the links come after
+    if link == "a directory inside storage/":
+        os.symlink(tmp_path / "outside" / "meta", dump / "storage" / "meta")
+    elif link == "storage/ itself":
+        import shutil
+
+        shutil.rmtree(dump / "storage")
+        os.symlink(tmp_path / "outside", dump / "storage")  # every listed file is there, and meta/ too
+    elif link == "a file inside storage/":
+        (dump / "storage" / "reward.memmap").unlink()
+        os.symlink(tmp_path / "outside" / "reward.memmap", dump / "storage" / "reward.memmap")
+    elif link == "a dangling link":
+        os.symlink(tmp_path / "nowhere", dump / "storage" / "x.json")
+    if link == "the dump directory":
+        os.symlink(dump, tmp_path / "linked")
+        dump = tmp_path / "linked"
+    rb = _filled()
+    before = rb.storage.get(torch.arange(40))["reward"].clone()
+    with pytest.raises(IntegrityError, match="symbolic link") as err:
+        rb.loads(dump)
+    assert "\n" not in str(err.value)
+    if link != "the dump directory":  # the storage alone, loading TorchRL's layout directly
+        with pytest.raises(IntegrityError, match="symbolic link"):
+            rb.storage.loads(dump / "storage")
+    assert not marker.exists() and len(rb) == 40
+    torch.testing.assert_close(rb.storage.get(torch.arange(40))["reward"], before, rtol=0, atol=0)
+
+
+def test_a_fifo_in_a_dump_is_refused_without_reading_it(tmp_path):
+    import os
+
+    from lightning_per.integrity import IntegrityError
+
+    _filled().dumps(tmp_path / "dump")
+    os.mkfifo(tmp_path / "dump" / "storage" / "extra.json")  # a reader would block on it forever
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        _filled().loads(tmp_path / "dump")
+
+
+def test_a_torchrl_layout_dump_without_links_or_pickles_still_loads(tmp_path):
+    """The refusals above refuse the attack, not TorchRL's layout: the same dump, whole, loads as TorchRL's does."""
+    from torchrl.data import LazyTensorStorage
+
+    from lightning_per.integrity import seal_directory
+
+    dump = _torchrl_layout_dump(tmp_path, tmp_path / "marker")
+    seal_directory(dump, kind="replay_dump")
+    rb = _filled()
+    rb.loads(dump)
+    oracle = LazyTensorStorage(64)
+    oracle.loads(dump / "storage")
+    assert len(rb.storage) == len(oracle) == 40
+    torch.testing.assert_close(rb.storage.get(torch.arange(40))["reward"], oracle.get(torch.arange(40))["reward"])
+
+
+def test_a_pytree_layout_naming_a_file_outside_the_dump_is_refused(tmp_path):
+    import json
+
+    from lightning_per.integrity import IntegrityError
+    from lightning_per.replay.storage_checkpoint import check_torchrl_layout
+
+    root = tmp_path / "storage"
+    root.mkdir()
+    (root / "storage_metadata.json").write_text(json.dumps(
+        {"metadata": {"..x": {"shape": [4], "dtype": "torch.float32"}}, "is_pytree": True, "len": 4}))
+    with pytest.raises(IntegrityError, match="not a file of the directory"):
+        check_torchrl_layout(root)
+
+
+def test_the_package_walks_directories_only_through_the_checked_walk():
+    """One walk (``integrity.dump_files``) refuses links instead of following or skipping them; no other module
+    walks a directory tree (``os.walk``, ``rglob``, recursive ``glob``)."""
+    import pathlib
+    import re
+
+    import lightning_per
+
+    root = pathlib.Path(lightning_per.__file__).parent
+    walks = re.compile(r"os\.walk\(|\.rglob\(|\.glob\([^)]*\*\*|glob\.glob\(|glob\.iglob\(")
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if walks.search(line)]
+    assert found == [], found
+
+
 def test_crafted_env_state_in_a_checkpoint_is_never_unpickled(tmp_path):
     marker = tmp_path / "marker"
     env = make_env(EnvConfig(num_envs=2), seed=0)

@@ -17,8 +17,11 @@ docs/ddp.md describes the behaviour; tests/test_ddp_cpu.py runs it on two gloo r
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,35 +37,67 @@ if TYPE_CHECKING:
 
 __all__ = ["SHARD_KIND", "WholeEpochPerRank", "all_reduce_mean_grads_", "all_ranks_reached", "bound_sigterm_broadcast",
            "bypass_ddp_reducer", "graph_backward", "keep_buffers_per_rank", "load_replay_shard", "replay_shard_path",
-           "setup_ddp", "write_shards_with_checkpoints"]
+           "prune_replay_shards", "setup_ddp", "write_shards_with_checkpoints"]
 
 #: The manifest kind of a DDP rank's replay shard.
 SHARD_KIND = "replay_shard"
 
 _SHARDS_MARK = "_lightning_per_shards"  # set on a strategy whose checkpoint hooks write the shards
+_GENERATION = re.compile(r"[A-Za-z0-9_-]{1,96}")
 
 
-def replay_shard_path(ckpt_path: str | os.PathLike[str], rank: int) -> str:
-    """Where global rank ``rank`` keeps its replay shard (and per-rank state) of a DDP checkpoint (with its
-    manifest ``<shard>.manifest.json``, :mod:`lightning_per.integrity`)."""
-    return f"{os.fspath(ckpt_path)}.rank{rank}.replay.pt"
+def replay_shard_path(ckpt_path: str | os.PathLike[str], rank: int, generation: str) -> str:
+    """Where global rank ``rank`` keeps its replay shard (and per-rank state) of the DDP checkpoint ``ckpt_path``
+    saved as ``generation`` (with its manifest ``<shard>.manifest.json``, :mod:`lightning_per.integrity`).
+
+    The generation is in the name, so a rank's shard of the previous save stays until the checkpoint of the
+    new save is complete: a crash between the shards and the checkpoint leaves the previous set whole.
+
+    Raises:
+        IntegrityError: ``generation`` is not a plain id (letters, digits, ``-``, ``_``; it comes from a
+            checkpoint and becomes part of a file name).
+    """
+    if not isinstance(generation, str) or not _GENERATION.fullmatch(generation):
+        raise IntegrityError(f"{os.fspath(ckpt_path)}: its generation id {generation!r} is not a plain id "
+                             f"(letters, digits, '-', '_'; at most 96 characters)")
+    return f"{os.fspath(ckpt_path)}.rank{rank}.{generation}.replay.pt"
+
+
+def prune_replay_shards(ckpt_path: str | os.PathLike[str], rank: int | None = None,
+                        keep: Iterable[str] = ()) -> list[Path]:
+    """Remove the shard files of the checkpoint ``ckpt_path`` (of global rank ``rank``, or of every rank), their
+    manifests and the temporary files of interrupted shard saves, except those of the generations in ``keep``;
+    returns what was removed."""
+    ckpt = Path(ckpt_path)
+    if not ckpt.parent.is_dir():
+        return []
+    ranks = r"\d+" if rank is None else str(int(rank))
+    pattern = re.compile(rf"^\.?{re.escape(ckpt.name)}\.rank{ranks}\.([A-Za-z0-9_-]+)\.replay\.pt"
+                         rf"(?:\.manifest\.json)?(?:\.[A-Za-z0-9_]{{8}}\.tmp)?$")
+    keep, removed = set(keep), []
+    for path in sorted(ckpt.parent.iterdir()):
+        match = pattern.match(path.name)
+        if match and match.group(1) not in keep and (path.name.startswith(".") == path.name.endswith(".tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path)
+    return removed
 
 
 def load_replay_shard(ckpt_path: str | os.PathLike[str], rank: int, state: dict[str, Any]) -> dict[str, Any]:
     """Global rank ``rank``'s shard of the DDP checkpoint at ``ckpt_path`` whose ``dqn_state`` is ``state``,
     verified against its manifest, loaded with ``weights_only=True``, and of the same save as the checkpoint
-    (the same generation id: a save interrupted between the shards and the checkpoint leaves them apart).
+    (the same generation id, in its name and in its content).
 
     Raises:
         FileNotFoundError: the shard is missing. IntegrityError: damaged, truncated, or from another save.
     """
-    path = replay_shard_path(ckpt_path, rank)
+    path = replay_shard_path(ckpt_path, rank, state.get("generation"))
     shard, _ = load_torch_file(path, SHARD_KIND)
     if not isinstance(shard, dict) or shard.get("generation") != state.get("generation"):
         got = shard.get("generation") if isinstance(shard, dict) else None
         raise IntegrityError(f"{path}: from another save than {os.fspath(ckpt_path)} (shard generation {got!r}, "
-                             f"checkpoint {state.get('generation')!r}: a save was interrupted between them); "
-                             f"resume from a complete checkpoint")
+                             f"checkpoint {state.get('generation')!r}); resume from a complete checkpoint")
     return shard
 
 
@@ -121,23 +156,26 @@ def write_shards_with_checkpoints(strategy, module: DQN) -> None:
     # Lightning has no hook that runs on every rank at each save with the checkpoint's path
     save, remove = strategy.save_checkpoint, strategy.remove_checkpoint
 
+    written: dict[str, str] = {}  # checkpoint path -> the generation of this rank's last shard written there
+
     def save_checkpoint(checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         if module._shard_state is not None and "dqn_state" in checkpoint:
-            shard = module._shard_state
-            save_torch_file(shard, replay_shard_path(filepath, module.global_rank), SHARD_KIND,
-                            shard["generation"], {"rank": module.global_rank, "updates": shard["updates"]})
+            shard, rank = module._shard_state, module.global_rank
+            path = replay_shard_path(filepath, rank, shard["generation"])
+            save_torch_file(shard, path, SHARD_KIND, shard["generation"], {"rank": rank, "updates": shard["updates"]})
             module._shard_state = None
+            # keep the shard of this rank's previous save (its checkpoint is complete: Lightning's save ends in a
+            # barrier of every rank after rank 0 wrote it) until this save's checkpoint is; remove older ones
+            previous = written.get(os.fspath(filepath))
+            written[os.fspath(filepath)] = shard["generation"]
+            if previous is not None:
+                prune_replay_shards(filepath, rank, keep=(previous, shard["generation"]))
         save(checkpoint, filepath, storage_options=storage_options)
 
     def remove_checkpoint(filepath) -> None:
         remove(filepath)
         if strategy.is_global_zero:
-            for r in range(module.trainer.world_size):
-                for path in (replay_shard_path(filepath, r), f"{replay_shard_path(filepath, r)}.manifest.json"):
-                    try:
-                        os.remove(path)
-                    except (FileNotFoundError, TypeError):
-                        pass
+            prune_replay_shards(filepath)
 
     strategy.save_checkpoint, strategy.remove_checkpoint = save_checkpoint, remove_checkpoint
     setattr(strategy, _SHARDS_MARK, True)

@@ -5,6 +5,8 @@ layout, per-transition fields: host work on metadata only), the load, and ``dump
 from __future__ import annotations
 
 import copy
+import inspect
+import json
 import math
 import os
 from pathlib import Path
@@ -14,13 +16,13 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 
-from lightning_per.integrity import refuse_pickled_files
+from lightning_per.integrity import IntegrityError, dump_files, refuse_pickled_files
 from lightning_per.replay.rows import field_views, item_spec, layout_key
 from lightning_per.schema import check, stamp
 from lightning_per.utils import atomic_write
 
 __all__ = ["STORAGE_MIGRATIONS", "STORAGE_SCHEMA_VERSION", "StorageCheckpoint", "check_storage_state",
-           "state_leaves", "without_index"]
+           "check_torchrl_layout", "state_leaves", "without_index"]
 
 STORAGE_SCHEMA_VERSION = 2  # 2: packed storages save their ring of rows (packed_rows)
 
@@ -249,10 +251,58 @@ class StorageCheckpoint:
         atomic_write(path / "storage.pt", lambda f: torch.save(state, f))
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Load what :meth:`dumps` wrote (onto this storage's device), either format."""
+        """Load what :meth:`dumps` wrote (onto this storage's device), either format; TorchRL's layout without
+        unpickling anything (see :func:`check_torchrl_layout`).
+
+        Raises:
+            IntegrityError: a TorchRL-layout directory holding a link, a special file, a file that is not JSON
+                or raw memory-mapped data, or metadata naming a file outside it.
+        """
         if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
-            refuse_pickled_files(path, frozenset({".json", ".memmap"}))  # tensordict would unpickle *.pickle
+            check_torchrl_layout(path)
             self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
             return LazyTensorStorage.loads(self, path)
         state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
         self.load_state_dict(state)
+
+
+#: tensordict's ``load_memmap`` takes a pickle policy (``allow_pickle``) from 0.14 on; older releases unpickle any
+#: ``*.pickle`` they meet, which :func:`check_torchrl_layout` refuses before they run
+_MEMMAP_PICKLE_POLICY = "allow_pickle" in inspect.signature(TensorDict.load_memmap).parameters
+
+
+def check_torchrl_layout(path: str | os.PathLike) -> None:
+    """Refuse a directory in TorchRL's storage layout (its checkpointer: ``storage_metadata.json``, tensordict's
+    memory-mapped tensors and ``meta.json`` files) that a load could make run code or read outside it.
+
+    - every entry is a regular file or directory, none a link (:func:`lightning_per.integrity.dump_files`) and
+      every file JSON or raw ``.memmap`` data (tensordict keeps non-tensor fields in ``*.pickle`` files);
+    - a pytree layout's metadata names only files of the directory (TorchRL joins its keys into paths);
+    - tensordict >= 0.14 opens the layout with ``allow_pickle=False`` first (memory maps, nothing copied): a
+      pickle reached any other way is refused too.
+
+    Raises:
+        IntegrityError: naming the entry and what is wrong.
+    """
+    root = Path(path)
+    files = dump_files(root)
+    refuse_pickled_files(root, frozenset({".json", ".memmap"}))
+    meta_file = root / "storage_metadata.json"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise IntegrityError(f"{meta_file}: not TorchRL's storage metadata ({type(err).__name__})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("is_pytree"), bool) or not isinstance(
+            meta.get("metadata"), dict):
+        raise IntegrityError(f"{meta_file}: not TorchRL's storage metadata (no 'is_pytree' / 'metadata' entries)")
+    if meta["is_pytree"]:
+        for key in meta["metadata"]:
+            rel = f"{str(key).replace('.', '/')}.memmap"
+            if rel not in files:
+                raise IntegrityError(f"{meta_file}: names {rel!r}, not a file of the directory {root}")
+    elif _MEMMAP_PICKLE_POLICY:
+        try:
+            TensorDict.load_memmap(root, allow_pickle=False)
+        except Exception as err:  # noqa: BLE001 - whatever tensordict raises, the directory is refused
+            raise IntegrityError(f"{root}: refused by tensordict without unpickling ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
