@@ -115,15 +115,23 @@ def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
         assert ranks[r]["replay_len"] > 0
 
 
-def test_a_missing_shard_is_one_error_before_any_other_rank_starts(tmp_path):
-    """The launching process checks its node's shards before Lightning starts rank 1: a missing shard was found
-    by rank 1 after its start, and Lightning's launcher then killed every process (exit 137)."""
+@pytest.mark.parametrize("damage", ["missing", "damaged"])
+def test_a_missing_or_damaged_shard_is_one_error_before_any_other_rank_starts(tmp_path, damage):
+    """The launching process verifies its node's shards before Lightning starts rank 1: a missing or damaged
+    shard was found by rank 1 after its start, and Lightning's launcher then killed every process (exit 137)."""
     run = tmp_path / "run"
     _fit(run, epochs=1)
     ckpt = run / "checkpoints" / "last.ckpt"
     generation = torch.load(ckpt, weights_only=False)["dqn_state"]["generation"]
-    missing = Path(dqn_ddp.replay_shard_path(ckpt, 1, generation))
-    missing.unlink()
+    shard = Path(dqn_ddp.replay_shard_path(ckpt, 1, generation))
+    if damage == "missing":
+        shard.unlink()
+        expected = f"{shard}: missing (checkpoint {ckpt} was written by 2 DDP ranks"
+    else:
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        expected = f"{shard}: damaged (SHA-256"
     before = sorted(p.name for p in run.rglob("*"))
     args = [sys.executable, str(ROOT / "tests" / "_ddp_dqn_script.py"), "fit",
             "--config", str(ROOT / "configs" / "dqn_cartpole.yaml"), *TINY, *DDP,
@@ -131,6 +139,6 @@ def test_a_missing_shard_is_one_error_before_any_other_rank_starts(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(args, cwd=run.parent, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])  # the error, not a SIGKILL (-9)
-    assert f"{missing}: missing (checkpoint {ckpt} was written by 2 DDP ranks" in proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
     assert "[rank: 1]" not in proc.stdout + proc.stderr  # rank 1 never started
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written

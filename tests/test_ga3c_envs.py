@@ -159,15 +159,21 @@ def test_the_pong_config_takes_another_ale_id():
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU warning")
-def test_the_pong_config_on_a_cpu_warns_that_it_is_meant_for_a_gpu(caplog, monkeypatch):
+def test_the_pong_config_on_a_cpu_warns_that_it_is_meant_for_a_gpu():
     import logging
 
     from lightning_per.ga3c.cli import parse_config, prepare
 
-    monkeypatch.setattr(logging.getLogger("lightning_per.ga3c"), "propagate", True)  # the CLI may have unset it
+    # a handler of our own on the logger: caplog's see it twice or not at all once the CLI has set its logging up
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())
+    logger = logging.getLogger("lightning_per.ga3c")
+    logger.addHandler(handler)
     root = Path(__file__).resolve().parents[1]
-    with caplog.at_level(logging.WARNING, logger="lightning_per.ga3c"):
+    try:
         prepare(parse_config(["--config", str(root / "configs/ga3c_pong.yaml")]))
         prepare(parse_config(["--config", str(root / "configs/ga3c_cartpole.yaml"), "--device", "auto"]))
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    finally:
+        logger.removeHandler(handler)
     assert len(warned) == 1 and "ALE/Pong-v5 on the CPU" in warned[0]  # CartPole's vector network: no warning

@@ -16,12 +16,9 @@ choice on a many-core machine).
 
 from __future__ import annotations
 
-import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torchrl.envs import EnvBase, GymWrapper, TransformedEnv
 from torchrl.envs.transforms import CatFrames, UnsqueezeTransform
@@ -29,7 +26,7 @@ from torchrl.envs.transforms import CatFrames, UnsqueezeTransform
 from lightning_per.envs.atari import AleVectorEnv, make_ale_thunk
 from lightning_per.envs.torch_cartpole import TorchCartPoleEnv
 
-__all__ = ["EnvConfig", "make_env", "snapshot_env", "restore_env"]
+__all__ = ["EnvConfig", "check_checkpoint_env_id", "env_id_module", "make_env"]
 
 _TORCH_ENVS = {"CartPole-v1": TorchCartPoleEnv}
 
@@ -44,7 +41,9 @@ class EnvConfig:
 
     id: str = "CartPole-v1"
     """Environment id: a Gymnasium id (``CartPole-v1``), an ALE id (``ALE/Pong-v5``), or for
-    ``backend="torch"`` one of the torch environments (``CartPole-v1``)."""
+    ``backend="torch"`` one of the torch environments (``CartPole-v1``). Gymnasium's ``module:Id`` imports
+    ``module`` first: allowed in your own settings, refused when read from a checkpoint
+    (:func:`check_checkpoint_env_id`)."""
     backend: Literal["gymnasium", "torch", "ale", "ale_vector"] = "gymnasium"
     """``gymnasium`` (CPU, through TorchRL's GymWrapper), ``torch`` (pure-torch env on the module's
     device), ``ale`` (Atari through ale_py, CPU, preprocessing in Python) or ``ale_vector`` (ale_py's C++
@@ -69,7 +68,8 @@ class EnvConfig:
     """ALE only: sticky-action probability (0.25 is the v5 default, Machado et al. 2018)."""
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first field out of range."""
+        """Raise ``ValueError`` naming the first field out of range (before anything is made or imported)."""
+        env_id_module(self.id)
         if self.backend not in ("gymnasium", "torch", "ale", "ale_vector"):
             raise ValueError(f"env.backend must be 'gymnasium', 'torch', 'ale' or 'ale_vector', "
                              f"got {self.backend!r}")
@@ -90,6 +90,50 @@ class EnvConfig:
         if self.backend == "torch" and self.id not in _TORCH_ENVS:
             raise ValueError(f"env.id {self.id!r} has no torch implementation; choose one of "
                              f"{sorted(_TORCH_ENVS)} or backend='gymnasium'")
+
+
+def env_id_module(env_id: Any) -> str | None:
+    """The module ``gymnasium.make(env_id)`` imports first: ``"module"`` of Gymnasium's ``"module:Id"`` form (to
+    run the module's env registrations), None for an id that names no module (``CartPole-v1``, ``ALE/Pong-v5``).
+
+    Raises:
+        ValueError: ``env_id`` is not a non-empty string, has more than one ``:``, or its module part is not a
+            dotted Python name.
+    """
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise ValueError(f"env.id must be a non-empty string, got {env_id!r}")
+    if ":" not in env_id:
+        return None
+    module, _, name = env_id.partition(":")
+    if ":" in name or not name or not all(part.isidentifier() for part in module.split(".")):
+        raise ValueError(f"env.id {env_id!r}: expected an id or Gymnasium's 'module:Id' (a dotted module name, "
+                         f"one ':', then the id)")
+    return module
+
+
+def check_checkpoint_env_id(checkpoint_id: Any, own_id: Any) -> None:
+    """Refuse an ``env.id`` read from a checkpoint that would make Gymnasium import a module.
+
+    ``gymnasium.make("module:Id")`` imports ``module`` before it looks ``Id`` up, so such an id runs code. An
+    id from the user's own settings (config file, command line, Python) may name a module: it is the user's own
+    code. An id read from a checkpoint is data: accepted only where it names no module, or is exactly the id
+    the user's own settings name (``own_id``: the user asked for that import). Call it before anything is
+    built: a refused id imports nothing.
+
+    Args:
+        checkpoint_id: the ``env.id`` a checkpoint holds (None: it holds none, nothing to check).
+        own_id: the ``env.id`` of the user's settings (config, command line, defaults), or None.
+
+    Raises:
+        ValueError: ``checkpoint_id`` names a module that ``own_id`` does not name, or is not an env id.
+    """
+    if checkpoint_id is None:
+        return
+    module = env_id_module(checkpoint_id)
+    if module is not None and checkpoint_id != own_id:
+        raise ValueError(f"the checkpoint's env.id {checkpoint_id!r} names a module to import ({module!r}); a "
+                         f"checkpoint's values never import code: give --model.env.id {checkpoint_id} yourself "
+                         f"if you trust that module")
 
 
 def make_env(config: EnvConfig, device: torch.device | str = "cpu", seed: int = 0) -> EnvBase:
@@ -136,166 +180,3 @@ def make_env(config: EnvConfig, device: torch.device | str = "cpu", seed: int = 
         env = TransformedEnv(env, UnsqueezeTransform(-3, in_keys=["observation"]))
         env.append_transform(CatFrames(N=config.frame_stack, dim=-3, in_keys=["observation"]))
     return env
-
-
-def snapshot_env(env: EnvBase) -> dict[str, Any] | None:
-    """The environment's state for a checkpoint, or None where it cannot be captured.
-
-    Supported exactly: :class:`TorchCartPoleEnv` (tensors), and Gymnasium vector envs whose members keep
-    their state in plain attributes (classic control: the physics state array, the time-limit counter, the
-    ``np_random`` bit-generator state), stored as one JSON text (numbers, strings, arrays as lists with their
-    dtype): loading it never runs code. Members holding anything else (ALE emulators, transformed envs)
-    return None: a resumed run then starts fresh episodes.
-    """
-    if isinstance(env, TorchCartPoleEnv):
-        return {"kind": "torch", "state": env.snapshot()}
-    venv = getattr(env, "_env", None)
-    members = getattr(venv, "envs", None)
-    if isinstance(env, GymWrapper) and members is not None:
-        try:
-            layers = [[_plain_attributes(layer) for layer in _layers(member)] for member in members]
-        except _NotPlain:
-            return None
-        return {"kind": "gym_vector_json", "state": json.dumps(layers)}
-    return None
-
-
-def restore_env(env: EnvBase, snapshot: dict[str, Any] | None) -> bool:
-    """Restore a :func:`snapshot_env` result; returns False (with a warning) where it cannot (another env
-    kind or structure, or a snapshot of an older format). Only attributes the env already has are set, each
-    from plain data of the same kind."""
-    if isinstance(snapshot, dict) and snapshot.get("kind") == "torch" and isinstance(env, TorchCartPoleEnv):
-        env.restore(snapshot["state"])
-        return True
-    if (isinstance(snapshot, dict) and snapshot.get("kind") == "gym_vector_json" and isinstance(env, GymWrapper)
-            and isinstance(snapshot.get("state"), str)):
-        members = getattr(getattr(env, "_env", None), "envs", None)
-        try:
-            saved = json.loads(snapshot["state"])
-            targets = [_layers(member) for member in members or ()]
-            if not (isinstance(saved, list) and len(saved) == len(targets)
-                    and all(isinstance(s, list) and len(s) == len(t) for s, t in zip(saved, targets))):
-                raise _NotPlain("structure")
-            plans = [(layer, _decoded(layer, attrs)) for member, layers in zip(saved, targets)
-                     for attrs, layer in zip(member, layers)]  # every value decoded before any is set
-        except (ValueError, TypeError, KeyError, _NotPlain):
-            plans = None
-        if plans is not None:
-            for layer, values in plans:
-                for name, value in values.items():
-                    if isinstance(value, _RNGState):
-                        getattr(layer, name).bit_generator.state = value.state
-                    else:
-                        setattr(layer, name, value)
-            return True
-    warnings.warn("the environment state is not in the checkpoint (or does not fit this env): the "
-                  "resumed run starts new episodes, so its transitions differ from an uninterrupted run",
-                  stacklevel=2)
-    return False
-
-
-class _NotPlain(Exception):
-    """An env attribute that is not plain data (the env's state is then not captured)."""
-
-
-class _RNGState:
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-
-#: Attributes that are configuration, links or caches, not state (the wrapped env, spaces, spec, the last step's
-#: data kept by Gymnasium's env checker).
-_SKIPPED = {"env", "_previous_data", "metadata", "spec", "render_mode", "observation_space", "action_space",
-            "_observation_space", "_action_space", "_metadata", "_cached_spec", "_ezpickle_args", "_ezpickle_kwargs",
-            "_saved_kwargs", "_disable_render_order_enforcing"}
-
-
-def _layers(member) -> list[Any]:
-    """A Gymnasium env's wrapper chain, outermost first, down to the unwrapped env."""
-    layers = [member]
-    while hasattr(layers[-1], "env") and len(layers) < 64:
-        layers.append(layers[-1].env)
-    return layers
-
-
-def _plain_attributes(layer) -> dict[str, Any]:
-    """The layer's own attributes as JSON-ready plain data (``_SKIPPED`` configuration and links left out).
-
-    Raises:
-        _NotPlain: an attribute holds anything else (e.g. an emulator handle, a screen surface).
-    """
-    out = {}
-    for name, value in vars(layer).items():
-        if name in _SKIPPED or callable(value) and not isinstance(value, np.random.Generator):
-            continue
-        out[name] = _encode(value)
-    return out
-
-
-def _encode(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        if isinstance(value, float) and not np.isfinite(value):
-            return {"__float__": repr(value)}
-        return value
-    if isinstance(value, np.random.Generator):
-        return {"__rng__": value.bit_generator.state}
-    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-        return {"__scalar__": value.item(), "dtype": value.dtype.str}
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str, "shape": list(value.shape)}
-    if isinstance(value, (tuple, list)):
-        return {"__seq__": [_encode(v) for v in value], "tuple": isinstance(value, tuple)}
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"__map__": {k: _encode(v) for k, v in value.items()}}
-    raise _NotPlain(type(value).__name__)
-
-
-def _decoded(layer, attrs: dict[str, Any]) -> dict[str, Any]:
-    """The values to set on ``layer``: ``attrs`` decoded, each only for an attribute ``layer`` already has and
-    of the same kind.
-
-    Raises:
-        _NotPlain, ValueError, TypeError, KeyError: the snapshot does not fit ``layer``.
-    """
-    if not isinstance(attrs, dict):
-        raise _NotPlain("layer")
-    have = vars(layer)
-    out: dict[str, Any] = {}
-    for name, encoded in attrs.items():
-        if name not in have:
-            raise _NotPlain(name)
-        current = have[name]
-        if isinstance(encoded, dict) and "__rng__" in encoded:
-            if not (isinstance(current, np.random.Generator)
-                    and encoded["__rng__"].get("bit_generator") == type(current.bit_generator).__name__):
-                raise _NotPlain(name)
-            out[name] = _RNGState(encoded["__rng__"])
-        else:
-            out[name] = _decode(encoded)
-    return out
-
-
-def _decode(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if not isinstance(value, dict):
-        raise _NotPlain("value")
-    if "__float__" in value:
-        return float(value["__float__"])
-    if "__scalar__" in value:
-        return np.dtype(_numeric_dtype(value["dtype"])).type(value["__scalar__"])
-    if "__ndarray__" in value:
-        return np.asarray(value["__ndarray__"], dtype=_numeric_dtype(value["dtype"])).reshape(value["shape"])
-    if "__seq__" in value:
-        items = [_decode(v) for v in value["__seq__"]]
-        return tuple(items) if value.get("tuple") else items
-    if "__map__" in value and isinstance(value["__map__"], dict):
-        return {str(k): _decode(v) for k, v in value["__map__"].items()}
-    raise _NotPlain("value")
-
-
-def _numeric_dtype(name) -> np.dtype:
-    dtype = np.dtype(str(name))
-    if dtype.kind not in "biuf":
-        raise _NotPlain(f"dtype {name}")
-    return dtype

@@ -144,8 +144,54 @@ class TorchCartPoleEnv(EnvBase):
         return {"state": self.state.to("cpu", copy=True), "steps": self.steps.to("cpu", copy=True),
                 "rng": self.rng.get_state()}
 
+    def checked_snapshot(self, snapshot: Any) -> dict[str, Tensor]:
+        """``snapshot`` checked against this env, unchanged: exactly the keys of :meth:`snapshot`, ``state``
+        a finite ``(num_envs, 4) float32`` tensor, ``steps`` an ``(num_envs,) int64`` tensor in
+        ``[0, max_steps]``, ``rng`` a ``uint8`` vector that a ``torch.Generator`` on this env's device takes.
+        The constants (dynamics, thresholds, ``max_steps``) are never part of it.
+
+        Raises:
+            ValueError: naming the key and what was expected.
+        """
+        n = self.num_envs
+        if not isinstance(snapshot, dict) or set(snapshot) != {"state", "steps", "rng"}:
+            keys = sorted(map(str, snapshot)) if isinstance(snapshot, dict) else type(snapshot).__name__
+            raise ValueError(f"env state of TorchCartPoleEnv: expected the keys ['rng', 'state', 'steps'], got {keys}")
+        state, steps, rng = snapshot["state"], snapshot["steps"], snapshot["rng"]
+        if not (torch.is_tensor(state) and state.dtype == torch.float32 and tuple(state.shape) == (n, 4)):
+            raise ValueError(f"env state of TorchCartPoleEnv.state: expected a ({n}, 4) float32 tensor, got "
+                             f"{_described(state)}")
+        if not bool(torch.isfinite(state.detach().cpu()).all()):  # a checkpoint's CPU copy: no device sync
+            raise ValueError("env state of TorchCartPoleEnv.state: expected finite values, got a non-finite one")
+        if not (torch.is_tensor(steps) and steps.dtype == torch.int64 and tuple(steps.shape) == (n,)):
+            raise ValueError(f"env state of TorchCartPoleEnv.steps: expected a ({n},) int64 tensor, got "
+                             f"{_described(steps)}")
+        if not bool(((steps.detach().cpu() >= 0) & (steps.detach().cpu() <= self.max_steps)).all()):
+            raise ValueError(f"env state of TorchCartPoleEnv.steps: expected counts in [0, {self.max_steps}] "
+                             f"(max_steps)")
+        if not (torch.is_tensor(rng) and rng.dtype == torch.uint8 and rng.dim() == 1):
+            raise ValueError(f"env state of TorchCartPoleEnv.rng: expected a uint8 vector (a torch.Generator's "
+                             f"state), got {_described(rng)}")
+        try:
+            torch.Generator(device=self.device).set_state(rng.detach().cpu())
+        except RuntimeError as err:
+            raise ValueError(f"env state of TorchCartPoleEnv.rng: not the state of a generator on "
+                             f"{self.device} ({str(err).splitlines()[0][:120]})") from None
+        return snapshot
+
     def restore(self, snapshot: dict[str, Tensor]) -> None:
-        """Inverse of :meth:`snapshot`."""
-        self.state = snapshot["state"].to(self.device)
-        self.steps = snapshot["steps"].to(self.device)
-        self.rng.set_state(snapshot["rng"])
+        """Inverse of :meth:`snapshot`: everything checked first (:meth:`checked_snapshot`), then set.
+
+        Raises:
+            ValueError: from :meth:`checked_snapshot`; the env is then unchanged.
+        """
+        snapshot = self.checked_snapshot(snapshot)
+        self.state = snapshot["state"].to(self.device, copy=True)
+        self.steps = snapshot["steps"].to(self.device, copy=True)
+        self.rng.set_state(snapshot["rng"].detach().cpu())
+
+
+def _described(value: Any) -> str:
+    if torch.is_tensor(value):
+        return f"a {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor"
+    return type(value).__name__

@@ -9,6 +9,9 @@ modules of this package, and talks to the learner only through shared memory and
   ``req_slot/req_t`` and ``pending``, releases the learner's prediction semaphore and waits on its
   own response semaphore, which a predictor releases once actions, values and the policy version
   of that step are written;
+- per step and per 0.1 s of waiting (for an answer or a free slot): it counts its ``heartbeat`` up and polls its
+  stop flags; the learner's supervisor takes an agent whose heartbeat stands still for ``agent_stall_timeout_s``
+  as stopped or hung (:mod:`lightning_per.ga3c.system`);
 - per finished rollout: it writes the n-step returns, the observation after its last step s_T when the
   layout has ``next_obs`` (V-trace), and the episodes that ended in it
   (``ep_count/ep_return/ep_length``), sets ``ready`` and releases the learner's training
@@ -85,9 +88,11 @@ def _run(index, env, shared, pred_sem, train_sem, response_sem, free_sem, gamma,
     next_buf = shared.next_obs[index] if "next_obs" in shared.layout else None  # (S, E, *obs): V-trace's s_T
     ep_count, ep_return, ep_length = shared.ep_count[index], shared.ep_return[index], shared.ep_length[index]
     req_slot, req_t, pending = shared.req_slot, shared.req_t, shared.pending
+    heartbeat = shared.heartbeat[index:index + 1]  # a view: the supervisor reads it
     t_max = obs_buf.shape[1]
 
     def check() -> None:
+        heartbeat[0] += 1  # progress: every step and every _POLL_S of waiting
         if flags[index] or flags[stop_all] or os.getppid() != parent_pid:
             raise _Stopped
 
@@ -105,7 +110,7 @@ def _run(index, env, shared, pred_sem, train_sem, response_sem, free_sem, gamma,
     ep_ret = np.zeros(env.num_envs, dtype=np.float64)
     ep_len = np.zeros(env.num_envs, dtype=np.int64)
     obs = env.reset(seed=seed)  # (ALE: seconds on a busy machine, with make_env_group; no flag polls)
-    shared.started[index] = 1  # from here on it polls its flags: the learner's close() waits for it to exit
+    shared.started[index] = 1  # from here on it polls its flags and beats: close() waits for it to exit
     slot, t, prev = take_slot(), 0, None
     obs_buf[slot, 0] = obs
     while True:

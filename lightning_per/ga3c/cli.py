@@ -16,7 +16,8 @@ resulting config as YAML. The run directory ``<run_dir>/<run_name>-<timestamp>/`
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``policy_lag_p95``,
 ``wall_time_s``...),
 ``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
-TPS and PPS against env steps), ``episodes.csv``, ``history.csv`` (Lightning's ``CSVLogger``:
+TPS and PPS against env steps), ``episodes.csv`` (one row per finished episode; it and ``summary.json`` agree
+however the run stops: :func:`run`), ``history.csv`` (Lightning's ``CSVLogger``:
 :class:`~lightning_per.ga3c.history.EpochCSVLogger`) and the W&B files (when ``wandb_mode`` is
 not ``disabled``).
 
@@ -45,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer"]
+__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer", "RunDirError"]
 
 log = logging.getLogger("lightning_per.ga3c")
 
@@ -94,6 +95,9 @@ def prepare(cfg):
         model = GA3C(cfg)
     except gymnasium.error.Error as err:
         raise ValueError(f"env {cfg.env!r} cannot be made: {err}") from err
+    except ImportError as err:  # "module:Id": Gymnasium imports the module to register the id
+        raise ValueError(f"env {cfg.env!r} cannot be made: its module {cfg.env.partition(':')[0]!r} cannot be "
+                         f"imported ({type(err).__name__}: {' '.join(str(err).split('. ')[0].split())})") from err
     if cfg.device == "auto" and not torch.cuda.is_available() and len(model.obs_shape) == 3:
         log.warning("no CUDA device: training the image network of %s on the CPU, a few updates a second (a config "
                     "such as configs/ga3c_pong.yaml is meant for a GPU)", cfg.env)
@@ -108,12 +112,20 @@ def run(cfg, model=None) -> dict[str, Any]:
         model: the module from :func:`prepare` (built here if None).
 
     Returns:
-        The summary written to ``summary.json`` (also on interruption; then re-raises).
+        The summary written to ``summary.json`` (also on interruption or failure; then re-raises). It and
+        ``episodes.csv`` (always written, a header only when no episode ended) come from one snapshot of the
+        run's counters, taken after the shutdown: ``episodes`` is the CSV's row count, ``last_episode_env_steps``
+        its last row's ``env_steps`` and ``mean_return`` its last row's ``return_mean``. Both files are
+        replaced atomically.
+
+    Raises:
+        RunDirError: the run directory cannot be created or written (a ValueError naming ``run_dir``).
     """
     import torch
     import yaml
 
     from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
+    from lightning_per.callbacks.run_artifacts import write_episodes_csv
     from lightning_per.ga3c.history import EpochCSVLogger
     from lightning_per.utils import atomic_write_text, json_safe
 
@@ -133,14 +145,24 @@ def run(cfg, model=None) -> dict[str, Any]:
             os.environ[_RUN_DIR_ENV] = str(run_dir)
     else:
         run_dir = Path(inherited)
-    run_dir.mkdir(parents=True, exist_ok=True)
     # DDP: rates and counts add up over the ranks; everything else is averaged (AsyncMetricsCallback)
     rank_ops = {name: "sum" for name in ("pps", "steps_per_s", "fps", "na", "np", "nt", "env_steps", "episodes")}
     metrics = AsyncMetricsCallback(prog_bar=False, rank_ops=rank_ops, return_window=cfg.return_window)
     history = EpochCSVLogger(run_dir, metrics)  # history.csv, one row per epoch
-    if is_rank_zero:
-        history.open()  # while run_dir is empty
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if is_rank_zero:
+            history.open()  # while run_dir is empty
+            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except (OSError, ValueError) as err:  # ValueError: atomic_write_text's "is a directory"
+        if inherited is None and cfg.devices > 1:
+            os.environ.pop(_RUN_DIR_ENV, None)
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        where = getattr(err, "filename", None)
+        if where is not None and str(where) != str(run_dir):
+            reason = f"{reason}: {where}"
+        raise RunDirError(f"run_dir {cfg.run_dir!r}: cannot write the run directory {str(run_dir)!r} "
+                          f"({reason})") from err
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     loggers: list[Any] = []
     if cfg.wandb_mode != "disabled":
@@ -165,13 +187,19 @@ def run(cfg, model=None) -> dict[str, Any]:
         try:
             model.shutdown()
         finally:
-            summary = {**(artifacts.summary or {}), **model.system_summary, "run_dir": str(run_dir),
+            # one snapshot of the stats, after the shutdown (no episode ends any more), gives both files: the
+            # callback's (written at the train end or the exception, before the shutdown) are replaced
+            rows = model.episode_rows
+            csv_path = run_dir / "episodes.csv"
+            summary = {**(artifacts.summary or {}), "episodes": len(rows), "last_episode_env_steps": None,
+                       **model.system_summary, "run_dir": str(run_dir), "episodes_csv": str(csv_path),
                        "history": str(history.path) if history.path.is_file() else None}
             if artifacts.summary is not None:  # its wall_time_s (the "done:" line's) is replaced by GA3C's
                 summary["train_loop_time_s"] = artifacts.summary.get("wall_time_s")
             if inherited is None:
                 os.environ.pop(_RUN_DIR_ENV, None)  # a later run in this process starts its own directory
             if is_rank_zero:
+                write_episodes_csv(rows, csv_path)  # first: the summary names it
                 atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
             log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s (p95 %s); "
                      "since the GA3C system started: stopped after %s s (%s), wall %s s with the %s s "
@@ -186,6 +214,10 @@ def run(cfg, model=None) -> dict[str, Any]:
 
 
 _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be created or written (the message names ``run_dir`` and the path)."""
 
 
 def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
@@ -245,7 +277,8 @@ def _train(cfg, model=None) -> int:
 
 
 def console_main(argv: Sequence[str] | None = None) -> int:
-    """``lightning-per ga3c``: :func:`main`, with a bad config value reported as one line on stderr and exit
+    """``lightning-per ga3c``: :func:`main`, with a bad config value, an environment that cannot be made and a
+    run directory that cannot be written (:class:`RunDirError`) reported as one line on stderr and exit
     status 2 (``LIGHTNING_PER_TRACEBACK=1`` raises it instead)."""
     from lightning_per.ga3c.config import UnknownOption
 
@@ -258,12 +291,20 @@ def console_main(argv: Sequence[str] | None = None) -> int:
         _print_short_usage(parser.prog)
         parser.exit(2, f"{parser.prog}: error: {str(err).split('; known fields')[0]}\n")
     except ValueError as err:
-        if os.environ.get("LIGHTNING_PER_TRACEBACK"):
-            raise
-        print(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)",
-              file=sys.stderr)
-        return 2
-    return _train(cfg, model)
+        return _one_line(err)
+    try:
+        return _train(cfg, model)
+    except RunDirError as err:  # before training: nothing was written
+        return _one_line(err)
+
+
+def _one_line(err: ValueError) -> int:
+    """Report a setting error on stderr in one line and return the exit status 2 (``LIGHTNING_PER_TRACEBACK=1``
+    re-raises it)."""
+    if os.environ.get("LIGHTNING_PER_TRACEBACK"):
+        raise err
+    sys.stderr.write(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)\n")
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -80,6 +80,13 @@ class GA3CConfig:
     of NVlabs/GA3C recommend 20-40)."""
     batch_queue_size: int = 2
     """Assembled batches waiting for ``training_step`` (back-pressure on trainers and agents)."""
+    agent_stall_timeout_s: float = 30.0
+    """Seconds (>= 1) an agent's heartbeat may stand still before the agent is taken as stopped or hung
+    (SIGSTOP, a debugger, an environment step that never returns): it is reported in one line with its pid,
+    killed and replaced like an agent that died. A running agent beats at every step and every 0.1 s it waits
+    for a prediction or a free rollout slot, so only a step (or episode reset) this long, or the agent
+    process getting no CPU this long, looks like a stall. Agents still starting (importing, making and
+    resetting their environments) are not watched."""
 
     # --- returns and loss (section 3.2) ----------------------------------------------------------
     t_max: int = 5
@@ -213,6 +220,7 @@ class GA3CConfig:
         _check_float(self, "adjust_warmup_s", low=0.0)
         _check_float(self, "adjust_window_s", low=0.0, low_open=True)
         _check_float(self, "max_time_s", low=0.0, low_open=True)
+        _check_float(self, "agent_stall_timeout_s", low=1.0)
         _check_float(self, "status_interval_s", low=0.0)
         for name in ("reward_clip", "grad_clip"):
             if getattr(self, name) is not None:

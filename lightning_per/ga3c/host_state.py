@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lightning_per.ga3c.stats import lag_quantile, rates
+from lightning_per.metrics.episodes import episode_table
 
 if TYPE_CHECKING:
     from lightning_per.ga3c.system import GA3CSystem
@@ -92,21 +93,26 @@ class HostState:
         self._ring_synced = total
 
     def _summarise(self, system: GA3CSystem, counts: tuple[int, int, int], t_close: float) -> dict[str, Any]:
-        """The host summary. Times in seconds from ``stats.t0`` (``on_fit_start``, the ``max_time_s``
-        clock): ``wall_time_s`` to the end of the shutdown, ``stopped_at_s`` to the stop decision (or to
-        the shutdown's start if none was recorded: interruption, failure); ``shutdown_s``:
-        :meth:`GA3CSystem.close`, which started at ``t_close``."""
+        """The host summary, and :attr:`episode_rows` (``episodes.csv``) from the same snapshot of the stats, so
+        the two agree: ``episodes`` rows, the last one's ``env_steps`` is ``last_episode_env_steps`` and its
+        ``return_mean`` is ``mean_return``; ``env_steps`` adds the steps of the episodes still under way. Times in
+        seconds from ``stats.t0`` (``on_fit_start``, the ``max_time_s`` clock): ``wall_time_s`` to the end of the
+        shutdown, ``stopped_at_s`` to the stop decision (or to the shutdown's start if none was recorded:
+        interruption, failure); ``shutdown_s``: :meth:`GA3CSystem.close`, which started at ``t_close``."""
         snap = self.stats.snapshot()
         t0 = self.stats.t0
         wall = max(snap.t - t0, 1e-9)
         c = self.cfg
-        # the mean return of the newest episodes the episode log (episodes.csv) holds, so the summary and the
-        # file agree; episodes that ended after the last epoch's copy (e.g. during shutdown) count in "episodes"
-        logged = self.stats.episodes_range(max(self._log_synced - c.return_window, 0), self._log_synced)
+        # by number: the episodes the snapshot counts, none that a late rollout adds meanwhile
+        records = self.stats.episodes_range(0, snap.episodes)  # [(t since t0, env steps, return, length)]
+        self.episode_rows = episode_table([(steps, t, ret) for t, steps, ret, _ in records], c.return_window,
+                                          first=snap.episodes - len(records))
+        last = self.episode_rows[-1] if self.episode_rows else None
         return {
-            "mean_return": sum(r for _, _, r, _ in logged) / len(logged) if logged else None,
-            "mean_return_episodes": len(logged),
+            "mean_return": last["return_mean"] if last else None,
+            "mean_return_episodes": min(len(records), c.return_window),
             "episodes": snap.episodes,
+            "last_episode_env_steps": last["env_steps"] if last else None,
             "tps": snap.updates / wall,
             "pps": snap.predictions / wall,
             "steps_per_s": snap.steps / wall,

@@ -113,6 +113,8 @@ class GA3C(HostState, pl.LightningModule):
         self._stop_reason: str | None = None  # why training stopped (summary's stop_reason)
         self._stop_time: float | None = None  # time.monotonic() of that decision
         self.system_summary: dict[str, Any] = {}
+        # episodes.csv's rows (lightning_per.metrics.episodes.episode_table), from the summary's snapshot
+        self.episode_rows: list[dict[str, float]] = []
         self._graph_mode = False  # chosen in setup(): cuda_graph on one CUDA device
         self._captured: CapturedUpdate | None = None
         self._act_generator: torch.Generator | None = None  # graph mode: act() stays off the default generator
@@ -193,6 +195,7 @@ class GA3C(HostState, pl.LightningModule):
         self._epoch_snap = self.stats.snapshot()
         self._target_checked = -1
         self._stop_reason = self._stop_time = None
+        self.episode_rows = []
         self.system = self.make_system(self.rank_config(self.trainer.world_size, self.global_rank))
         self.system.start()
 

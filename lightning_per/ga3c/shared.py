@@ -22,6 +22,7 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     req_t      (A,)                      int64
     pending    (A,)                      uint8              1: agent i waits for a prediction
     started    (A,)                      uint8              1: agent i reset its envs and polls its flags
+    heartbeat  (A,)                      int64              agent i's count of steps and 0.1 s waits (liveness)
     flags      (A + 1,)                  uint8              flags[i] = 1: agent i exits; flags[A] = 1: all
     next_obs   (A, S, E, *obs_shape)     as obs             s_T, the observation after the rollout's last step
                                                             (``vtrace=True`` only: V-trace's bootstrap state)
@@ -76,6 +77,7 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         "req_t": ((a,), "int64"),
         "pending": ((a,), "uint8"),
         "started": ((a,), "uint8"),
+        "heartbeat": ((a,), "int64"),
         "flags": ((a + 1,), "uint8"),
     }
     if vtrace:

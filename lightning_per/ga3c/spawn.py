@@ -25,7 +25,8 @@ _MAIN_LOCK = threading.Lock()
 
 @dataclass
 class AgentHandle:
-    """One incarnation of an agent index: its process and its two semaphores (answers, free slots)."""
+    """One incarnation of an agent index: its process and its two semaphores (answers, free slots), and what the
+    supervisor saw of it (times in seconds)."""
 
     incarnation: int
     process: Any
@@ -34,6 +35,9 @@ class AgentHandle:
     retiring: bool = False
     started: float = field(default_factory=time.monotonic)
     dead_since: float | None = None  # time.monotonic() when the supervisor first saw it dead
+    beat: int | None = None  # its heartbeat at the supervisor's last change of it (None: not yet watched)
+    silent_s: float = 0.0  # supervised seconds since the heartbeat last changed
+    stalled: bool = False  # silent for agent_stall_timeout_s: reported and killed
 
 
 @contextlib.contextmanager

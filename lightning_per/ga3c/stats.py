@@ -67,13 +67,14 @@ def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
 
 
 class Stats:
-    """Thread-safe totals plus the episode history (for ``mean_return`` and the learning curve).
+    """Thread-safe totals plus the episode history (for ``mean_return``, the learning curve and ``episodes.csv``).
 
     Args:
-        history: most episodes kept for the learning curve (oldest dropped first).
+        history: most episodes kept (oldest dropped first); None: every episode of the run, which
+            ``episodes.csv`` is written from (one tuple of four numbers an episode).
     """
 
-    def __init__(self, history: int = 100_000) -> None:
+    def __init__(self, history: int | None = None) -> None:
         self._lock = threading.Lock()
         self.t0 = time.monotonic()
         self._predictions = self._prediction_batches = self._steps = self._updates = 0
@@ -142,9 +143,15 @@ class Stats:
         taken for older ones.
         """
         with self._lock:
-            oldest = self._episodes - len(self.episode_log)  # number of the first episode still kept
+            kept = len(self.episode_log)
+            oldest = self._episodes - kept  # number of the first episode still kept
             lo, hi = max(first, oldest) - oldest, min(end, self._episodes) - oldest
-            return list(itertools.islice(self.episode_log, lo, hi)) if hi > lo else []
+            if hi <= lo:
+                return []
+            if lo < kept - hi:  # walk from the nearer end (a deque is a linked list of blocks)
+                return list(itertools.islice(self.episode_log, lo, hi))
+            tail = list(itertools.islice(reversed(self.episode_log), kept - hi, kept - lo))
+        return tail[::-1]
 
     @property
     def episodes(self) -> int:

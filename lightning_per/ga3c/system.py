@@ -18,6 +18,15 @@ agent that died of a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) is replaced 
 stayed dead for ``_STOP_SIGNAL_GRACE_S`` without the system stopping, which covers the moment between
 the signal and the learner's handler; any other death (a crash, SIGKILL) is replaced at once.
 
+Liveness is watched by progress, not only by ``is_alive()``: an agent counts a ``heartbeat`` in shared memory
+at every step and every 0.1 s it waits (:mod:`.agent`). At each pass (every ``_SUPERVISE_S``) the supervisor
+adds the time since its previous pass, at most ``_MAX_PASS_S``, to the silence of each started agent whose
+heartbeat has not changed; one silent for ``agent_stall_timeout_s`` (SIGSTOPped, hung in its environment) is
+reported in one line naming it and its pid, killed (SIGKILL ends a stopped process too) and then handled as
+a dead agent: replaced, or reaped if it was retiring, and counted with the deaths. The cap per pass keeps
+time the supervisor did not watch (the whole process group stopped with Ctrl-Z, a starved learner) from
+counting as silence.
+
 Agent indices have *incarnations*: a replaced agent gets the same rows of the shared buffers
 (flags cleared), a new incarnation number and fresh semaphores; work claimed from the previous
 incarnation is answered on the old semaphores or dropped, so a dead agent cannot wake or corrupt its
@@ -56,6 +65,8 @@ _Agent = AgentHandle  # the name benchmarks/ga3c_learner.py builds stand-in agen
 log = logging.getLogger("lightning_per.ga3c")
 _GET_POLL_S = 0.1  # longest single wait of get_batch on the batch queue (how fast it notices a stop)
 _SUPERVISE_S = 0.2  # supervisor period: how fast a dead agent is noticed
+_MAX_PASS_S = 1.0  # most seconds of silence one supervisor pass counts (see "Liveness" above)
+_KILL_JOIN_S = 1.0  # wait for a stalled agent killed by the supervisor to exit (else seen dead at a later pass)
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 _STOP_SIGNAL_GRACE_S = 1.0  # an agent killed by a stop signal stays dead this long before it is replaced
 
@@ -270,27 +281,34 @@ class GA3CSystem:
             self.shared.flags[index] = 1
 
     def _supervise(self) -> None:
-        """Reap retired agents, replace dead ones, print the status line; stop on a recorded signal."""
+        """Reap retired agents, kill stalled ones, replace dead ones, print the status line; stop on a recorded
+        signal."""
         last_status, snap = time.monotonic(), self.stats.snapshot()
+        last_pass = time.monotonic()
         while not self.stopping.wait(_SUPERVISE_S):
             with self._lock:
                 if self._stop_on_signal():
                     return
                 now = time.monotonic()
+                watched, last_pass = min(now - last_pass, _MAX_PASS_S), now
                 for index, agent in enumerate(self._agents):
-                    if agent is None or agent.process.is_alive():
+                    if agent is None or (agent.process.is_alive() and not self._stalled(index, agent, watched)):
                         continue
                     agent.process.join(0)
+                    if agent.process.exitcode is None:
+                        continue  # killed as stalled but not gone yet: seen dead at a later pass
                     if agent.retiring:
                         self._agents[index] = None
                         continue
                     if agent.dead_since is None:
                         agent.dead_since = now
                     code = agent.process.exitcode
-                    if code is not None and code < 0 and -code in _STOP_SIGNALS and \
+                    if not agent.stalled and code < 0 and -code in _STOP_SIGNALS and \
                             now - agent.dead_since < _STOP_SIGNAL_GRACE_S:
                         continue  # killed by a stop signal: the learner may be getting it too
-                    if self._stop_on_signal() or not self._replace(index, code):
+                    # a stalled agent was reported when it was killed: one line for it
+                    report = None if agent.stalled else f"died (exit code {code})"
+                    if self._stop_on_signal() or not self._replace(index, code, report):
                         return
             every = self.cfg.status_interval_s
             if every > 0 and time.monotonic() - last_status >= every:
@@ -309,8 +327,33 @@ class GA3CSystem:
                 self.shared.flags[-1] = 1  # every agent leaves its loop
         return self.stopping.is_set()
 
-    def _replace(self, index: int, exitcode: int | None) -> bool:
-        """Start a new incarnation at ``index``; False (nothing started) when stopping or failed."""
+    def _stalled(self, index: int, agent: AgentHandle, watched: float) -> bool:
+        """Add ``watched`` seconds to the silence of a started agent whose heartbeat has not moved since the last
+        pass; once it reaches ``agent_stall_timeout_s``, report the agent (one line), kill it and wait up to
+        ``_KILL_JOIN_S`` for it to exit. True for an agent killed as stalled (now or at an earlier pass)."""
+        if agent.stalled:
+            return True
+        if not self.shared.started[index]:  # still starting: it beats from its first step on
+            return False
+        beat = int(self.shared.heartbeat[index])
+        if beat != agent.beat:
+            agent.beat, agent.silent_s = beat, 0.0
+            return False
+        agent.silent_s += watched
+        timeout = self.cfg.agent_stall_timeout_s
+        if agent.silent_s < timeout:
+            return False
+        agent.stalled = True
+        log.warning("GA3C agent %d (pid %s) made no progress for %.1f s (agent_stall_timeout_s=%g: stopped or hung); "
+                    "killing it and %s", index, agent.process.pid, agent.silent_s, timeout,
+                    "dropping it (it was retiring)" if agent.retiring else "starting a replacement")
+        agent.process.kill()  # SIGKILL: delivered to a stopped process too
+        agent.process.join(_KILL_JOIN_S)
+        return True
+
+    def _replace(self, index: int, exitcode: int | None, report: str | None) -> bool:
+        """Start a new incarnation at ``index`` (logging ``"GA3C agent <index> (pid <pid>) <report>; starting a
+        replacement"`` unless ``report`` is None); False (nothing started) when stopping or failed."""
         if self._stop_requested():
             return False
         now = time.monotonic()
@@ -318,10 +361,12 @@ class GA3CSystem:
         while self._deaths and now - self._deaths[0] > 30.0:
             self._deaths.popleft()
         if len(self._deaths) > max(10, 2 * self.cfg.max_agents):
-            self.fail(RuntimeError(f"{len(self._deaths)} GA3C agents died within 30 s (last exit code "
+            self.fail(RuntimeError(f"{len(self._deaths)} GA3C agents died or stalled within 30 s (last exit code "
                                    f"{exitcode}); check the environment ({self.env_spec['env']!r})"))
             return False
-        log.warning("GA3C agent %d died (exit code %s); starting a replacement", index, exitcode)
+        if report is not None:
+            log.warning("GA3C agent %d (pid %s) %s; starting a replacement", index, self._agents[index].process.pid,
+                        report)
         if not self._spawn_agent(index):
             return False
         self.replaced += 1  # after the new handle is in place: a reader seeing the count sees the handle

@@ -23,15 +23,22 @@ The episode log: the per-episode series the learning curves plot (what
 
 :func:`new_episode_log` makes them, :func:`push_episode_log` appends in place (no host sync; O(N) per
 call), :func:`episode_log_rows` reads the rows of episodes ``[since, count)`` from host copies.
+
+The episode table: :func:`episode_table` turns host records ``(env_steps, time_s, return)`` into the rows of
+``episodes.csv`` (``episode, env_steps, time_s, return, return_mean``), the columns
+:class:`~lightning_per.callbacks.AsyncMetricsCallback` gives its episode rows.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
 __all__ = ["new_episode_ring", "push_episode_returns", "recent_mean_return", "new_episode_log", "push_episode_log",
-           "episode_log_rows"]
+           "episode_log_rows", "episode_table"]
 
 
 def _check_step(count: Tensor, returns: Tensor, done: Tensor) -> None:
@@ -198,3 +205,39 @@ def episode_log_rows(log: Tensor, count: int, since: int = 0) -> tuple[list[tupl
     slots = [k % cap for k in range(first, count)]
     rows = [tuple(r) for r in host[slots].tolist()] if slots else []  # sync-ok: a host copy
     return rows, first - since
+
+
+def episode_table(records: Iterable[tuple[float, float, float]], window: int = 20,
+                  first: int = 0) -> list[dict[str, float]]:
+    """Rows of finished episodes, oldest first: ``{"episode", "env_steps", "time_s", "return", "return_mean"}``.
+
+    Args:
+        records: ``(env_steps, time_s, return)`` per episode, oldest first (host numbers): the env steps
+            taken in total when it ended, its end in seconds on the run's clock, its return.
+        window: ``return_mean`` is the mean of the newest ``window`` returns up to and including the row's.
+        first: the number of the first record's episode (0-based; earlier ones are not in ``records``).
+
+    Raises:
+        ValueError: ``window < 1`` or ``first < 0``.
+
+    Example:
+        >>> from lightning_per.metrics.episodes import episode_table
+        >>> [(r["episode"], r["return_mean"]) for r in episode_table([(10, 0.5, 2.0), (30, 1.0, 4.0), (35, 1.2, 9.0)],
+        ...                                                        window=2)]
+        [(0, 2.0), (1, 3.0), (2, 6.5)]
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        raise ValueError(f"first must be an int >= 0, got {first!r}")
+    rows: list[dict[str, float]] = []
+    recent: deque[float] = deque()
+    total = 0.0  # sum of `recent`, kept running: O(1) a row
+    for k, (env_steps, time_s, ret) in enumerate(records):
+        recent.append(float(ret))
+        total += recent[-1]
+        if len(recent) > window:
+            total -= recent.popleft()
+        rows.append({"episode": first + k, "env_steps": env_steps, "time_s": time_s, "return": recent[-1],
+                     "return_mean": total / len(recent)})
+    return rows
