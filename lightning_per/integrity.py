@@ -46,9 +46,9 @@ from typing import Any
 from lightning_per.schema import check
 from lightning_per.utils import _fsync_dir, atomic_write, atomic_write_text
 
-__all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "dump_files",
-           "file_manifest_path", "load_torch_file", "new_generation", "refuse_pickled_files", "remove_stale",
-           "save_file_manifest", "save_torch_file", "seal_directory", "verify_directory", "verify_file"]
+__all__ = ["IntegrityError", "MANIFEST_NAME", "MANIFEST_VERSION", "atomic_directory", "file_manifest_path",
+           "load_torch_file", "new_generation", "refuse_pickled_files", "remove_stale", "save_file_manifest",
+           "save_torch_file", "seal_directory", "verify_directory", "verify_file", "walk_files"]
 
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "lightning_per.manifest"
@@ -131,39 +131,43 @@ def _check_entry(file: Path, entry: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ directories
-def dump_files(root: str | os.PathLike[str]) -> dict[str, Path]:
+def walk_files(root: str | os.PathLike[str], links: str = "refuse") -> dict[str, Path]:
     """Every regular file under the directory ``root``, by its POSIX path relative to ``root``; the one walk of a
-    directory in this package (manifests, pickle refusal, "not part of the dump" all use it).
+    directory tree in this package (manifests, pickle refusal, "not part of the dump", W&B run directories).
 
-    Links are never followed nor skipped: ``os.walk`` does not enter a symlinked directory, so a link inside a
-    dump would hide what a loader later reads through it (tensordict follows links). The walk lists entries
-    with ``os.scandir`` and ``lstat`` and refuses, before anything is loaded, a ``root`` that is itself a
-    symbolic link, and any symbolic link (to a file or a directory, dangling or not), FIFO, socket or device
-    inside it.
+    Links are never followed: ``os.walk`` does not enter a symlinked directory, so a link inside a dump would
+    hide what a loader later reads through it (tensordict follows links). The walk lists entries with
+    ``os.scandir`` and ``lstat``. With ``links="refuse"`` (every dump and checkpoint) it refuses, before anything
+    is loaded, a ``root`` that is itself a symbolic link and any symbolic link (to a file or a directory,
+    dangling or not) inside it; ``links="skip"`` leaves links out of the result (a W&B directory, whose
+    ``latest-run`` link wandb makes itself). A FIFO, socket or device is refused either way.
 
     Raises:
         IntegrityError: naming the first refused entry (or ``root``) and what it is.
         FileNotFoundError: ``root`` is not a directory.
+        ValueError: ``links`` is not ``"refuse"`` or ``"skip"``.
 
     Example::
 
         >>> import os, tempfile
         >>> from pathlib import Path
-        >>> from lightning_per.integrity import IntegrityError, dump_files
+        >>> from lightning_per.integrity import IntegrityError, walk_files
         >>> with tempfile.TemporaryDirectory() as d:
         ...     (Path(d) / "sub").mkdir()
         ...     _ = (Path(d) / "sub" / "a.json").write_text("{}")
-        ...     print(sorted(dump_files(d)))
+        ...     print(sorted(walk_files(d)))
         ...     os.symlink("/etc", Path(d) / "link")
         ...     try:
-        ...         dump_files(d)
+        ...         walk_files(d)
         ...     except IntegrityError as err:
         ...         print(str(err).split(": ", 1)[1][:38])
         ['sub/a.json']
         refused, a symbolic link (to a directo
     """
+    if links not in ("refuse", "skip"):
+        raise ValueError(f"links must be 'refuse' or 'skip', got {links!r}")
     root = Path(root)
-    if root.is_symlink():
+    if root.is_symlink() and links == "refuse":
         raise IntegrityError(f"{root}: refused, the directory is a symbolic link (to {os.readlink(root)!r}); "
                              f"give the directory it points to")
     if not root.is_dir():
@@ -176,6 +180,8 @@ def dump_files(root: str | os.PathLike[str]) -> dict[str, Path]:
             for entry in sorted(entries, key=lambda e: e.name):
                 path = Path(entry.path)
                 mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode) and links == "skip":
+                    continue
                 if stat.S_ISLNK(mode):
                     target = os.readlink(path)
                     what = "a directory" if path.is_dir() else "a file" if path.exists() else "nothing"
@@ -192,7 +198,7 @@ def dump_files(root: str | os.PathLike[str]) -> dict[str, Path]:
 
 
 def _files_under(root: Path) -> dict[str, Path]:
-    return {rel: path for rel, path in dump_files(root).items() if rel != MANIFEST_NAME}
+    return {rel: path for rel, path in walk_files(root).items() if rel != MANIFEST_NAME}
 
 
 #: what the loaders of a dump read without unpickling: JSON, raw memory-mapped arrays, and ``.pt`` files that they
@@ -232,7 +238,7 @@ def verify_directory(path: str | os.PathLike[str], kind: str | None = None) -> d
         IntegrityError: as :func:`_read_manifest`; a listed file missing, truncated or damaged; a file that the
             manifest does not list (e.g. a part copied in from another dump, or a ``prefetch.pkl``); a symbolic
             link, FIFO, socket or device anywhere in the directory, or the directory itself a link
-            (:func:`dump_files`).
+            (:func:`walk_files`).
     """
     root = Path(path).absolute()
     if not root.is_dir():

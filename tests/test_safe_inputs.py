@@ -202,7 +202,7 @@ def test_a_pytree_layout_naming_a_file_outside_the_dump_is_refused(tmp_path):
 
 
 def test_the_package_walks_directories_only_through_the_checked_walk():
-    """One walk (``integrity.dump_files``) refuses links instead of following or skipping them; no other module
+    """One walk (``integrity.walk_files``) refuses links instead of following or skipping them; no other module
     walks a directory tree (``os.walk``, ``rglob``, recursive ``glob``)."""
     import pathlib
     import re

@@ -22,6 +22,11 @@ Episodes: when the module keeps an episode log (``episode_log`` / ``episode_log_
 :mod:`lightning_per.metrics.episodes`), the same snapshot copies it, and publishing turns the episodes
 that ended since the last snapshot into rows of :attr:`AsyncMetricsCallback.episodes`, one per episode,
 each sent to the loggers (W&B: keys ``episode/*`` plotted against ``episode/env_steps``).
+
+Resume and W&B: the checkpointed state names the ``.wandb`` files of the W&B runs its rows were logged to. A
+resumed run (a new W&B run) reads them and re-logs, first thing, the epochs and episodes of the restored
+history that none of them holds (what a kill cut from a file's unwritten tail), with one INFO line; when a
+file cannot be read, or the checkpoint names none, one warning says which epochs may be missing instead.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks.callback import Callback
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_per.callbacks.host_copy import HostCopy, copy_to_host
+from lightning_per.callbacks.wandb_utils import read_wandb_history, wandb_run_file
 from lightning_per.metrics.episodes import episode_log_rows
 from lightning_per.metrics.ranks import DEFAULT_RANK_OP, RANK_OPS, reduce_across_ranks
 from lightning_per.schema import check, stamp
@@ -50,6 +57,8 @@ _STATE_SCHEMA_VERSION = 1
 #: How :func:`lightning_per.schema.check` reads the state: the version was ``"version"`` before, and a state
 #: without one is the first layout.
 _STATE_SCHEMA = {"legacy_keys": ("version",), "missing": 1, "label": "AsyncMetricsCallback state version"}
+#: The keys of a history row that are not metrics (the rest are logged as ``prefix + name``).
+_INFO_KEYS = ("epoch", "global_step", "time_s", "epoch_time_s")
 
 
 class AsyncMetricsCallback(Callback):
@@ -153,6 +162,9 @@ class AsyncMetricsCallback(Callback):
         self._episodes_seen = 0  # episode count of the log at the last publish
         self.episodes_dropped = 0  # episodes overwritten in the module's log before a snapshot read them
         self._wandb_defined: set[int] = set()  # ids of the W&B runs given their step metrics
+        # the .wandb files of the W&B runs the history was logged to, oldest first (None: a restored state that
+        # does not say)
+        self._wandb_files: list[str] | None = []
 
     # ----------------------------------------------------------------------------------- public API
     @property
@@ -221,6 +233,10 @@ class AsyncMetricsCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._t0 is None:
             self._t0 = time.monotonic() - self._resumed_time_s
+        if trainer.is_global_zero and (self._history or self._episodes):
+            for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):
+                    self._relog_missing(logger)
         metrics_device = torch.device(getattr(pl_module.metrics, "device", pl_module.device))
         if metrics_device.type == "cuda":
             # Creating a stream and first launches of kernels (CUDA lazy loading) synchronize the device,
@@ -278,7 +294,8 @@ class AsyncMetricsCallback(Callback):
         """History of logged epochs (snapshots in flight are drained first, so none is lost)."""
         self.flush()
         return stamp({"history": self.history, "episodes": self.episodes, "episodes_seen": self._episodes_seen,
-                      "episodes_dropped": self.episodes_dropped}, "AsyncMetricsCallback", _STATE_SCHEMA_VERSION)
+                      "episodes_dropped": self.episodes_dropped, "wandb_files": self._wandb_files},
+                     "AsyncMetricsCallback", _STATE_SCHEMA_VERSION)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -292,6 +309,10 @@ class AsyncMetricsCallback(Callback):
         self._episodes = [dict(row) for row in state_dict.get("episodes", [])]
         self._episodes_seen = int(state_dict.get("episodes_seen", len(self._episodes)))
         self.episodes_dropped = int(state_dict.get("episodes_dropped", 0))
+        files = state_dict.get("wandb_files")
+        if files is not None and not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+            raise ValueError(f"AsyncMetricsCallback state: wandb_files must be a list of paths, got {files!r}")
+        self._wandb_files = None if files is None else list(files)
         self._resumed_time_s = float(self._history[-1].get("time_s", 0.0)) if self._history else 0.0
 
     # ------------------------------------------------------------------------------------ internals
@@ -334,15 +355,11 @@ class AsyncMetricsCallback(Callback):
         logged = {f"{self.prefix}{k}": v for k, v in metrics.items()}
         logged["epoch"] = item.info["epoch"]
         if trainer.is_global_zero:
-            step = int(item.info["global_step"] if self.step == "global_step" else item.info["epoch"])
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
                     self._define_wandb_steps(logger, item.names, item.episodes is not None)
-                for episode in new_episodes:  # oldest first, before the epoch's row
-                    logger.log_metrics({f"episode/{k}": v for k, v in episode.items()},
-                                       step=None if isinstance(logger, WandbLogger) else int(episode["env_steps"]))
-                logger.log_metrics(logged, step=step)
-                logger.save()
+                    self._note_wandb_file(logger)
+                self._log_rows(logger, new_episodes, [row])
         # trainer.callback_metrics / progress_bar_metrics are the live dicts behind public properties.
         trainer.callback_metrics.update(
             {k: torch.tensor(v, dtype=torch.float64) for k, v in logged.items() if k != "epoch"})
@@ -355,6 +372,66 @@ class AsyncMetricsCallback(Callback):
                     bar.pop(k, None)
                 else:
                     bar[k] = v
+
+    def _log_rows(self, logger: Any, episodes: list[dict[str, float]], rows: list[dict[str, float]]) -> None:
+        """Send episode rows, then history rows (``{**info, **metrics}``), to one logger, oldest first."""
+        wandb = isinstance(logger, WandbLogger)
+        for episode in episodes:
+            logger.log_metrics({f"episode/{k}": v for k, v in episode.items()},
+                               step=None if wandb else int(episode["env_steps"]))
+        for row in rows:
+            logged = {f"{self.prefix}{k}": v for k, v in row.items() if k not in _INFO_KEYS}
+            logged["epoch"] = row["epoch"]
+            logger.log_metrics(logged, step=int(row["global_step"] if self.step == "global_step" else row["epoch"]))
+        logger.save()
+
+    def _note_wandb_file(self, logger: WandbLogger) -> None:
+        """Remember the ``.wandb`` file of the logger's run (what a resume reads to find what it lacks)."""
+        path = wandb_run_file(logger.experiment)
+        if path is not None and self._wandb_files is not None and path not in self._wandb_files:
+            self._wandb_files.append(path)
+
+    def _relog_missing(self, logger: WandbLogger) -> None:
+        """Re-log to the logger's (new) run the restored epochs and episodes that no earlier W&B run holds."""
+        current = wandb_run_file(logger.experiment)
+        if current is None:  # a disabled run: nothing to complete
+            return
+        epochs = [int(row["epoch"]) for row in self._history]
+        if self._wandb_files is None:
+            warnings.warn(f"AsyncMetricsCallback: the checkpoint does not name the W&B runs it was logged to; epochs "
+                          f"{_spans(epochs)} are not re-logged to {current} and may be missing from W&B", stacklevel=2)
+            self._wandb_files = [current]
+            return
+        have_epochs: set[int] = set()
+        have_episodes: set[int] = set()
+        unreadable = []
+        for path in (f for f in self._wandb_files if f != current):
+            try:
+                rows = read_wandb_history(path)
+            except (OSError, ValueError) as err:
+                unreadable.append(f"{path} ({type(err).__name__}: {err})")
+                continue
+            for row in rows:
+                if "epoch" in row and any(k.startswith(self.prefix) for k in row):
+                    have_epochs.add(int(row["epoch"]))
+                if "episode/episode" in row:
+                    have_episodes.add(int(row["episode/episode"]))
+        self._note_wandb_file(logger)
+        missing = [row for row in self._history if int(row["epoch"]) not in have_epochs]
+        missing_episodes = [e for e in self._episodes if int(e["episode"]) not in have_episodes]
+        if unreadable:
+            warnings.warn(f"AsyncMetricsCallback: cannot read the earlier W&B run {'; '.join(unreadable)}: of epochs "
+                          f"{_spans(epochs)}, those it lacks are not re-logged to {current} and may be missing "
+                          f"from W&B", stacklevel=2)
+            return
+        if not missing and not missing_episodes:
+            return
+        names = [k for row in missing for k in row if k not in _INFO_KEYS]
+        self._define_wandb_steps(logger, names, bool(self._episodes))
+        self._log_rows(logger, missing_episodes, missing)
+        rank_zero_info(f"AsyncMetricsCallback: re-logged to {current} what the earlier W&B run(s) lack: "
+                       f"{len(missing)} epoch(s) {_spans([int(r['epoch']) for r in missing])}, "
+                       f"{len(missing_episodes)} episode(s)")
 
     def _read_episodes(self, item: HostCopy) -> list[dict[str, float]]:
         """Rows of the episodes that ended since the previous snapshot (appended to :attr:`episodes`)."""
@@ -398,3 +475,14 @@ class AsyncMetricsCallback(Callback):
         if "env_steps" in names:
             run.define_metric(f"{self.prefix}env_steps")
             run.define_metric(f"{self.prefix}*", step_metric=f"{self.prefix}env_steps")
+
+
+def _spans(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (``"none"`` when empty)."""
+    spans: list[list[int]] = []
+    for v in sorted(set(values)):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) or "none"

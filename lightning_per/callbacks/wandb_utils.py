@@ -3,7 +3,9 @@ r"""Weights & Biases without surprises: offline unless an API key is configured,
 - :func:`resolve_wandb_mode`: the mode a run gets (``WANDB_MODE`` wins; else ``online`` with an API key,
   ``offline`` without).
 - :class:`AutoModeWandbLogger`: Lightning's ``WandbLogger`` with that choice made at construction, usable
-  from LightningCLI YAML (``logger: {class_path: lightning_per.callbacks.AutoModeWandbLogger, ...}``).
+  from LightningCLI YAML (``logger: {class_path: lightning_per.callbacks.AutoModeWandbLogger, ...}``); an
+  online run whose service cannot be reached within ``init_timeout_s`` falls back to offline with one
+  warning, and the run's ``.wandb`` file is written every ``flush_interval_s`` (a kill loses at most that).
 - :func:`make_wandb_logger`: the same as a function.
 - :func:`read_wandb_history`: the history rows of a local run, read from its ``run-<id>.wandb`` file
   (works offline; used by the tests); :func:`read_wandb_step_metrics`: its ``define_metric`` x-axes.
@@ -12,21 +14,28 @@ r"""Weights & Biases without surprises: offline unless an API key is configured,
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import math
 import netrc
 import os
 import struct
 import time
+import warnings
 import zlib
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
+from lightning_per.integrity import walk_files
+
 __all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_history", "read_wandb_step_metrics",
-           "resolve_wandb_mode", "wandb_api_key_configured"]
+           "resolve_wandb_mode", "wandb_api_key_configured", "wandb_run_file"]
 
 _MODES = ("online", "offline", "disabled")
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
@@ -85,6 +94,15 @@ class AutoModeWandbLogger(WandbLogger):
     ``**kwargs`` go to ``wandb.init``); ``offline=True`` is the same as ``mode="offline"`` but, unlike
     Lightning's, does not set ``WANDB_MODE`` for the whole process.
 
+    Without network: an online run whose start fails (``wandb.errors.CommError``: the service cannot be
+    reached or refuses the key within ``init_timeout_s``) starts offline instead, with one warning naming
+    the error and the offline run directory (upload it later with ``wandb sync <dir>``); training goes on.
+    The W&B service buffers the run's ``.wandb`` file and writes it every ``flush_interval_s`` (wandb's
+    ``x_transaction_log_flush_interval``; wandb has no call that flushes on demand), so a ``kill -9`` loses
+    only the rows logged in the last ``flush_interval_s`` before it: with epochs longer than that, at most
+    the last epoch's row (tests/test_wandb_offline.py). A resumed run re-logs the rest
+    (:class:`~lightning_per.callbacks.AsyncMetricsCallback`).
+
     Args:
         save_dir: run directory (created if missing); the wandb files land in ``save_dir/wandb``.
             ``None`` means the current directory.
@@ -94,11 +112,18 @@ class AutoModeWandbLogger(WandbLogger):
         finish_on_end: call ``wandb.finish()`` when the Trainer finalizes the logger (end of ``fit``), so
             the run is complete on disk and a new run can start in the same process. Leave ``False`` if one
             logger serves several ``Trainer`` calls (fit, then test).
+        init_timeout_s: seconds an online run may take to start (wandb's ``init_timeout``) before it falls
+            back to offline.
+        flush_interval_s: seconds between writes of the run's buffered records to its ``.wandb`` file
+            (``0``: wandb writes only full 32 KiB blocks and at the end of the run). It needs a wandb with the
+            ``x_transaction_log_flush_interval`` setting (0.31 has it); with another, one warning.
         **kwargs: the other ``WandbLogger`` / ``wandb.init`` arguments (``version``, ``log_model``,
-            ``tags``...).
+            ``tags``, ``settings``: its ``init_timeout`` / ``x_transaction_log_flush_interval`` win over the
+            two above).
 
     Raises:
-        ValueError: an unknown ``mode``.
+        ValueError: an unknown ``mode``; ``init_timeout_s`` not a finite number > 0; ``flush_interval_s``
+            not a finite number >= 0.
 
     Example (LightningCLI YAML)::
 
@@ -124,7 +149,12 @@ class AutoModeWandbLogger(WandbLogger):
 
     def __init__(self, save_dir: str | None = ".", project: str = "lightning_per", name: str | None = None,
                  mode: Literal["online", "offline", "disabled"] | None = None, finish_on_end: bool = False,
-                 **kwargs: Any) -> None:
+                 init_timeout_s: float = 15.0, flush_interval_s: float = 0.1, **kwargs: Any) -> None:
+        if not (isinstance(init_timeout_s, (int, float)) and math.isfinite(init_timeout_s) and init_timeout_s > 0):
+            raise ValueError(f"init_timeout_s must be a finite number of seconds > 0, got {init_timeout_s!r}")
+        if not (isinstance(flush_interval_s, (int, float)) and math.isfinite(flush_interval_s)
+                and flush_interval_s >= 0):
+            raise ValueError(f"flush_interval_s must be a finite number of seconds >= 0, got {flush_interval_s!r}")
         offline = bool(kwargs.pop("offline", False))
         # LightningCLI passes every wandb.init parameter it finds, None when unset: None is wandb's own
         # default, and passing it would override WandbLogger's (e.g. resume="allow").
@@ -137,6 +167,8 @@ class AutoModeWandbLogger(WandbLogger):
             init.pop("anonymous", None)  # an explicit None makes wandb >= 0.19 warn at every run (the setting is gone)
         self.mode = resolved
         self.finish_on_end = bool(finish_on_end)
+        self.init_timeout_s = float(init_timeout_s)
+        self.flush_interval_s = float(flush_interval_s)
 
     @property
     @override
@@ -144,9 +176,40 @@ class AutoModeWandbLogger(WandbLogger):
         # the run directory is made when the run starts, not here: a run refused before its first log call
         # (e.g. a bad argument in the CLI) leaves no empty directory behind; wandb falls back to a temporary
         # directory when its ``dir`` does not exist
-        if self._experiment is None:
-            os.makedirs(self.save_dir or ".", exist_ok=True)
-        return super().experiment
+        if self._experiment is not None or rank_zero_only.rank != 0:  # other ranks: Lightning's stand-in
+            return super().experiment
+        import wandb
+
+        os.makedirs(self.save_dir or ".", exist_ok=True)
+        self._wandb_init["settings"] = self._run_settings(wandb)
+        if self.mode != "online":
+            return super().experiment
+        try:
+            return super().experiment
+        except (wandb.errors.CommError, TimeoutError) as err:
+            # the service cannot be reached (or refused the key) within init_timeout_s: train, log offline
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            self.mode = self._wandb_init["mode"] = "offline"
+            run = super().experiment
+            where = run.settings.sync_dir
+            warnings.warn(f"W&B could not start online ({type(err).__name__}: {reason}); logging offline to "
+                          f"{where} (upload it later with `wandb sync {where}`)", stacklevel=1)
+            return run
+
+    def _run_settings(self, wandb: Any) -> Any:
+        """``wandb.Settings`` for ``wandb.init``: the user's ``settings`` (a ``wandb.Settings`` or a dict), with
+        ``init_timeout`` and ``x_transaction_log_flush_interval`` from this logger unless given there."""
+        given = self._wandb_init.get("settings")
+        ours: dict[str, Any] = {"init_timeout": self.init_timeout_s}
+        if "x_transaction_log_flush_interval" in wandb.Settings.model_fields:
+            ours["x_transaction_log_flush_interval"] = self.flush_interval_s
+        elif self.flush_interval_s > 0:
+            warnings.warn(f"wandb {metadata.version('wandb')} has no x_transaction_log_flush_interval setting: the "
+                          f"run's .wandb file is written in 32 KiB blocks, and a kill can lose more than the last "
+                          f"epoch (a resumed run re-logs what the file lacks)", stacklevel=1)
+        if given is None or isinstance(given, dict):
+            return wandb.Settings(**{**ours, **(given or {})})
+        return given.model_copy(update={k: v for k, v in ours.items() if k not in given.model_fields_set})
 
     @override
     def finalize(self, status: str) -> None:
@@ -204,11 +267,21 @@ def _iter_wandb_records(path: Path):
             parts = []
 
 
+def wandb_run_file(run: Any) -> str | None:
+    """The ``run-<id>.wandb`` file a started W&B run writes (``run.settings.sync_file``), or ``None`` for a
+    disabled run or anything that is not a ``wandb.Run`` (Lightning's stand-in on ranks other than 0)."""
+    from wandb.wandb_run import Run
+
+    if not isinstance(run, Run) or run.disabled:
+        return None
+    return os.fspath(run.settings.sync_file)
+
+
 def _run_file(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if p.is_dir():
-        files = sorted(p.rglob("run-*.wandb"), key=lambda f: f.stat().st_mtime)
-        files = [f for f in files if "latest-run" not in f.parts]
+        files = sorted((f for f in walk_files(p, links="skip").values() if fnmatch.fnmatch(f.name, "run-*.wandb")),
+                       key=lambda f: f.stat().st_mtime)  # wandb's own latest-run link is left out
         if not files:
             raise FileNotFoundError(f"no run-*.wandb file under {p}")
         p = files[-1]

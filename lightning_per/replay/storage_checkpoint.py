@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 
-from lightning_per.integrity import IntegrityError, dump_files, refuse_pickled_files
+from lightning_per.integrity import IntegrityError, refuse_pickled_files, walk_files
 from lightning_per.replay.rows import field_views, item_spec, layout_key
 from lightning_per.schema import check, stamp
 from lightning_per.utils import atomic_write
@@ -275,7 +275,7 @@ def check_torchrl_layout(path: str | os.PathLike) -> None:
     """Refuse a directory in TorchRL's storage layout (its checkpointer: ``storage_metadata.json``, tensordict's
     memory-mapped tensors and ``meta.json`` files) that a load could make run code or read outside it.
 
-    - every entry is a regular file or directory, none a link (:func:`lightning_per.integrity.dump_files`) and
+    - every entry is a regular file or directory, none a link (:func:`lightning_per.integrity.walk_files`) and
       every file JSON or raw ``.memmap`` data (tensordict keeps non-tensor fields in ``*.pickle`` files);
     - a pytree layout's metadata names only files of the directory (TorchRL joins its keys into paths);
     - tensordict >= 0.14 opens the layout with ``allow_pickle=False`` first (memory maps, nothing copied): a
@@ -285,7 +285,7 @@ def check_torchrl_layout(path: str | os.PathLike) -> None:
         IntegrityError: naming the entry and what is wrong.
     """
     root = Path(path)
-    files = dump_files(root)
+    files = walk_files(root)
     refuse_pickled_files(root, frozenset({".json", ".memmap"}))
     meta_file = root / "storage_metadata.json"
     try:
