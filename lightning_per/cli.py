@@ -22,6 +22,7 @@ matmuls on a GPU that has them).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -31,7 +32,8 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -40,9 +42,12 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from lightning_per.callbacks.checkpoint_io import CHECKPOINT_KIND, AtomicCheckpointIO
 from lightning_per.dqn import DQN
+from lightning_per.dqn.state import describe
+from lightning_per.envs import check_checkpoint_env_id
 from lightning_per.integrity import IntegrityError, verify_file
 
-__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE"]
+__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS",
+           "check_lightning_checkpoint"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -141,6 +146,151 @@ def _config_fields(class_path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
+#: What ``Trainer.fit`` restores from a checkpoint besides the module's own keys (every checkpoint it writes has them).
+LIGHTNING_CHECKPOINT_KEYS = ("pytorch-lightning_version", "epoch", "global_step", "state_dict", "loops",
+                             "optimizer_states", "lr_schedulers")
+
+
+def _same_layout(saved: Any, template: Any, key: str) -> None:
+    """Refuse ``saved`` where a key of ``template`` (a fresh object's ``state_dict()``) is missing or holds
+    another kind of value (int, float, bool, str, dict; None in the template takes anything)."""
+    if template is None:
+        return
+    if isinstance(template, Mapping):
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"{key} must be a dict, got {describe(saved)}")
+        for k, v in template.items():
+            if k not in saved:
+                raise ValueError(f"{key} has no {k!r}")
+            _same_layout(saved[k], v, f"{key}.{k}")
+        return
+    kind = type(template)
+    if kind is float:  # an int where a float was saved is the same number
+        ok = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    else:  # exactly: a bool is no int, an int no bool
+        ok = type(saved) is kind
+    if not ok:
+        raise ValueError(f"{key} must be {'an' if kind is int else 'a'} {kind.__name__}, got {describe(saved)}")
+
+
+def check_lightning_checkpoint(checkpoint: Mapping[str, Any], trainer: Any, model: torch.nn.Module) -> None:
+    """Refuse a checkpoint that ``trainer.fit(model, ckpt_path=...)`` would fail to restore part-way (after it
+    has written in the run directory): a missing key of :data:`LIGHTNING_CHECKPOINT_KEYS`; a Lightning version
+    that is no version string; a negative or non-int ``epoch``/``global_step``; a ``state_dict`` without exactly
+    the model's keys, shapes and dtypes; ``loops.fit_loop`` without the layout of ``trainer.fit_loop``'s own
+    state; ``optimizer_states`` that the model's optimizer (one, from ``configure_optimizers``) does not load or
+    whose tensors do not have their parameters' shapes; ``lr_schedulers`` that is no list; ``callbacks`` whose
+    state a callback of this package or of Lightning refuses (tried on a copy of it).
+
+    Raises:
+        ValueError: one line naming the key and what was expected.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    missing = [k for k in LIGHTNING_CHECKPOINT_KEYS if k not in checkpoint]
+    if missing:
+        what = "none" if len(missing) == len(LIGHTNING_CHECKPOINT_KEYS) else f"no {', '.join(map(repr, missing))}"
+        raise ValueError(f"not a Lightning checkpoint of a training run: it has {what} of the keys Trainer.fit "
+                         f"restores ({', '.join(LIGHTNING_CHECKPOINT_KEYS)})")
+    version = checkpoint["pytorch-lightning_version"]
+    try:
+        Version(version if isinstance(version, str) else "")
+    except InvalidVersion:
+        raise ValueError(f"pytorch-lightning_version must be a version string such as '2.6.0', got "
+                         f"{describe(version)}") from None
+    for key in ("epoch", "global_step"):
+        value = checkpoint[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be an int >= 0, got {describe(value)}")
+    saved, live = checkpoint["state_dict"], model.state_dict()
+    if not isinstance(saved, Mapping):
+        raise ValueError(f"state_dict must be a dict of the model's tensors, got {describe(saved)}")
+    unmatched = sorted(set(live) - set(saved)) + sorted(set(saved) - set(live))
+    if model.strict_loading and unmatched:  # Lightning's strict load refuses them
+        name = unmatched[0]
+        raise ValueError(f"state_dict {'has no' if name in live else 'has an entry'} {name!r} "
+                         f"({'the model has it' if name in live else 'the model has none of that name'})")
+    for name, tensor in live.items():
+        value = saved.get(name, tensor)
+        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape or value.dtype != tensor.dtype:
+            raise ValueError(f"state_dict[{name!r}] must be {describe(tensor)}, got {describe(value)}")
+    loops = checkpoint["loops"]
+    _same_layout(loops.get("fit_loop") if isinstance(loops, Mapping) else loops, trainer.fit_loop.state_dict(),
+                 "loops.fit_loop")
+    states = checkpoint["optimizer_states"]
+    optimizer = model.configure_optimizers()
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if not isinstance(states, (list, tuple)) or len(states) != 1:
+            raise ValueError(f"optimizer_states must be a list of one optimizer state ({type(optimizer).__name__}),"
+                             f" got {describe(states)}")
+        try:
+            optimizer.load_state_dict(copy.deepcopy(states[0]))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError) as err:
+            raise ValueError(f"optimizer_states[0] is not a state of this model's {type(optimizer).__name__} "
+                             f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})") from None
+        for i, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"optimizer_states[0] parameter {i} {key} must have shape {tuple(param.shape)}, "
+                                     f"got {describe(value)}")
+    if not isinstance(checkpoint["lr_schedulers"], (list, tuple)):
+        raise ValueError(f"lr_schedulers must be a list, got {describe(checkpoint['lr_schedulers'])}")
+    states = checkpoint.get("callbacks")
+    if states is None:
+        return
+    if not isinstance(states, Mapping):
+        raise ValueError(f"callbacks must be a dict of callback states, got {describe(states)}")
+    for callback in trainer.callbacks:
+        state = states.get(callback.state_key)
+        if not state or not type(callback).__module__.startswith(("lightning_per.", "lightning.pytorch.callbacks.")):
+            continue  # a user's callback may act in load_state_dict: not tried twice
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                copy.copy(callback).load_state_dict(copy.deepcopy(state))  # our and Lightning's only assign
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:
+            raise ValueError(f"callbacks[{callback.state_key!r}] is refused: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}") from None
+
+
+def _run_directories(trainer: Any) -> list[tuple[str, str]]:
+    """``(option, directory)`` of every local directory a ``fit`` with the ``trainer`` config writes in (the run
+    directory, a logger's ``save_dir``, a callback's ``dirpath``), each directory once, named by its first option."""
+    found = [("--trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())]
+    loggers = trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        args = logger.get("init_args") if hasattr(logger, "get") else None
+        if args is not None and args.get("save_dir"):
+            found.append((f"--trainer.logger ({_class_name(logger).rpartition('.')[2]}) save_dir", args["save_dir"]))
+    for cb in trainer.get("callbacks") or []:
+        args = cb.get("init_args") if hasattr(cb, "get") else None
+        if args is not None and args.get("dirpath"):
+            found.append((f"--trainer.callbacks ({_class_name(cb).rpartition('.')[2]}) dirpath", args["dirpath"]))
+    seen: set[str] = set()
+    out = []
+    for option, path in found:
+        path = os.fspath(path)
+        if "://" not in path and os.path.abspath(path) not in seen:
+            seen.add(os.path.abspath(path))
+            out.append((option, path))
+    return out
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the directory ``path`` cannot be created or written (None: it can), without creating anything."""
+    target = Path(path).absolute()
+    probe = target
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return (f"{os.fspath(probe)!r} is a file, not a directory" if probe == target else
+                f"{os.fspath(probe)!r} is a file, not a directory, so it cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{os.fspath(probe)!r} is not writable by this user" + ("" if probe == target else
+                                                                       ", so it cannot be created")
+    return None
+
+
 class _ShortUsageParser(LightningArgumentParser):
     """The console command's parser: a command-line error prints one usage line before its message, not the
     ~80 lines of every Trainer and model option (``--help`` still lists them all), and a bad value inside a
@@ -192,7 +342,8 @@ class LightningPerCLI(LightningCLI):
         threads = cfg.get("torch_num_threads")
         if threads is not None:
             if threads < 1:
-                raise ValueError(f"torch_num_threads must be >= 1 or null, got {threads}")
+                self._report(ValueError(f"--torch_num_threads must be an integer >= 1 (torch's intra-op CPU "
+                                        f"threads), or null for torch's default; got {threads}"))
             torch.set_num_threads(threads)
         precision = cfg.get("float32_matmul_precision")
         if precision is not None:
@@ -237,7 +388,9 @@ class LightningPerCLI(LightningCLI):
           train further) and is an error otherwise (the network, the replay, the env, the schedule must match
           what the checkpoint holds);
         * a setting that differs only through the config file or a default keeps the checkpoint's value,
-          with one warning naming each.
+          with one warning naming each;
+        * the checkpoint's ``env.id`` may not name a module to import (Gymnasium's ``module:Id``) unless the
+          user's own settings name the same id (:func:`~lightning_per.envs.check_checkpoint_env_id`).
         """
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else None
@@ -264,6 +417,10 @@ class LightningPerCLI(LightningCLI):
                                     f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"))
         model = self.config[sub]["model"]
         after = _flat(model)
+        try:  # before the model is built: an env id read from the checkpoint never imports a module
+            check_checkpoint_env_id(after.get("env.id"), before.get("env.id"))
+        except ValueError as err:
+            self._report(ValueError(f"ckpt_path {ckpt!r}: {err}"))
         changed = {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
                    if _plain(before.get(k)) != _plain(after.get(k))}
         given_keys = _expand_given(self._given, set(before) | set(after))
@@ -296,9 +453,10 @@ class LightningPerCLI(LightningCLI):
     def before_fit(self) -> None:
         """Everything a resume from ``--ckpt_path`` would refuse, checked before ``Trainer.fit`` writes anything
         in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content
-        (:meth:`AtomicCheckpointIO.load_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard,
-        the dqn_state version, the replay state). A refusal is a one-line error, exit status 2, with
-        ``friendly_errors``."""
+        (:meth:`AtomicCheckpointIO.load_checkpoint`), what Lightning restores from it
+        (:func:`check_lightning_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
+        version and the type of each of its values, the replay state). A refusal is a one-line error naming the
+        file and the key, exit status 2, with ``friendly_errors``."""
         cfg = self.config.get(self.subcommand) if self.subcommand else None
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
         if not ckpt or "://" in str(ckpt) or not os.path.isfile(str(ckpt)):
@@ -306,10 +464,17 @@ class LightningPerCLI(LightningCLI):
         try:
             checkpoint = AtomicCheckpointIO().load_checkpoint(ckpt, map_location="cpu")
             trainer = self.trainer
+            try:
+                check_lightning_checkpoint(checkpoint, trainer, self.model)
+            except ValueError as err:
+                raise ValueError(f"{ckpt}: {err}") from None
             # the launching process (local rank 0) checks every shard of its node before it starts the others
             first = trainer.node_rank * trainer.num_devices
             node_ranks = range(first, first + trainer.num_devices) if trainer.local_rank == 0 else ()
-            self.model.check_resume(checkpoint, ckpt, trainer.world_size, trainer.global_rank, node_ranks)
+            device = trainer.strategy.root_device  # the exploration generator's size is known here on the CPU
+            rng_bytes = torch.Generator().get_state().numel() if device.type == "cpu" else None
+            self.model.check_resume(checkpoint, ckpt, trainer.world_size, trainer.global_rank, node_ranks,
+                                    collector_rng_bytes=rng_bytes, env_device=device)
         except (ValueError, TypeError, OSError) as err:
             self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
 
@@ -354,6 +519,10 @@ class LightningPerCLI(LightningCLI):
         if ckpt is not None and ckpt not in ("last", "best", "hpc", "registry") and "://" not in str(ckpt) \
                 and not os.path.exists(ckpt):
             raise ValueError(f"ckpt_path {ckpt!r} does not exist")
+        for option, path in _run_directories(trainer):
+            reason = _unwritable(path)
+            if reason is not None:
+                raise ValueError(f"{option} {path!r}: the run writes there, but {reason}")
 
     def instantiate_classes(self) -> None:
         """Build model, trainer, callbacks. With ``friendly_errors`` (the console command), a bad value

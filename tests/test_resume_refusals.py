@@ -15,8 +15,9 @@ import torch
 
 from lightning_per import cli
 from lightning_per.callbacks import AtomicCheckpointIO
+from lightning_per.callbacks.checkpoint_io import CHECKPOINT_KIND
 from lightning_per.dqn.ddp import SHARD_KIND, replay_shard_path
-from lightning_per.integrity import file_manifest_path, save_file_manifest
+from lightning_per.integrity import file_manifest_path, save_file_manifest, save_torch_file
 
 CONFIG = str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml")
 TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
@@ -95,10 +96,19 @@ def _spoil(case: str, ckpt: Path, marker: Path) -> str:
             c["dqn_state"]["shards"] = 1
         _reseal(ckpt, shards)
         state = AtomicCheckpointIO().load_checkpoint(ckpt)["dqn_state"]
-        shard = Path(replay_shard_path(ckpt, 0))
+        shard = Path(replay_shard_path(ckpt, 0, state["generation"]))
         torch.save({"generation": state["generation"], "x": Marker(marker)}, shard)
         save_file_manifest(shard, SHARD_KIND, state["generation"])  # checksums anyone can compute
         return "not a torch file of plain data"
+    if case == "not a Lightning checkpoint":  # sealed: its manifest is valid
+        save_torch_file({"weights": torch.zeros(16, 4)}, ckpt, CHECKPOINT_KIND, "g0")
+        return "not a Lightning checkpoint of a training run"
+    if case == "env_steps lots":
+        _reseal(ckpt, lambda c: c["dqn_state"].update(env_steps="lots"))
+        return "dqn_state.env_steps must be an int >= 0, got 'lots'"
+    if case == "torch_rng of another type":
+        _reseal(ckpt, lambda c: c["dqn_state"].update(torch_rng=torch.zeros(3)))
+        return "dqn_state.torch_rng must be a uint8 tensor"
     raise AssertionError(case)
 
 
@@ -107,7 +117,8 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("case", ["bit flip", "truncated", "weights file", "older dqn_state", "nan priorities",
-                                  "another sampler kind", "crafted checkpoint", "crafted shard"])
+                                  "another sampler kind", "crafted checkpoint", "crafted shard",
+                                  "not a Lightning checkpoint", "env_steps lots", "torch_rng of another type"])
 def test_a_refused_resume_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path, capsys, case):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from lightning_per import GPUTensorStorage, make_replay_buffer
 from lightning_per.callbacks import AsyncMetricsCallback
 from lightning_per.callbacks.run_artifacts import RunArtifactsCallback
-from lightning_per.dqn.state import CheckpointHooks
+from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.integrity import IntegrityError, verify_directory
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
@@ -154,8 +154,9 @@ def test_sampler_dumps_are_atomic(tmp_path, monkeypatch):
 
 
 def test_dqn_state_version_1_loads_and_newer_or_older_are_refused():
-    hooks = CheckpointHooks()
-    old = {"version": 1, "env_steps": 10, "updates": 2, "credit": 0.0, "metrics": {}, "collector": None}
+    hooks = DQN(replay=ReplayConfig(capacity=64, batch_size=8), hidden_sizes=[8])  # its checkpoint hooks
+    old = {"version": 1, "env_steps": 10, "updates": 2, "credit": 0.0, "metrics": hooks.metrics.state_dict(),
+           "torch_rng": torch.get_rng_state(), "collector": None}
     assert hooks.check_resume({"dqn_state": old}, "run.ckpt", 1, 0) is None
     with pytest.raises(ValueError, match=r"run\.ckpt: dqn_state version 2 is newer than this code's \(it reads 1\)"):
         hooks.check_resume({"dqn_state": {**old, "_schema_version": 2}}, "run.ckpt", 1, 0)

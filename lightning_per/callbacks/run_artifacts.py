@@ -192,10 +192,15 @@ class RunArtifactsCallback(Callback):
         """Restore :meth:`state_dict` output (the training time of the earlier segments).
 
         Raises:
-            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`).
+            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`), or a
+                ``wall_time_s`` that is not a finite number of seconds >= 0.
         """
         state_dict = check(state_dict, "RunArtifactsCallback", _STATE_SCHEMA_VERSION, **_STATE_SCHEMA)
-        self._elapsed_before_s = float(state_dict.get("wall_time_s", 0.0))
+        wall = state_dict.get("wall_time_s", 0.0)
+        if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall < 0:
+            raise ValueError(f"RunArtifactsCallback state: wall_time_s must be a finite number of seconds >= 0, "
+                             f"got {wall!r:.60}")
+        self._elapsed_before_s = float(wall)
 
     # ----------------------------------------------------------------------------------- public API
     def wall_time_s(self) -> float:

@@ -9,25 +9,122 @@ keeps rank 0's state without the replay plus ``shards: world_size``.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
-from lightning_per.dqn.ddp import load_replay_shard, replay_shard_path
-from lightning_per.integrity import file_manifest_path, new_generation
+from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, replay_shard_path
+from lightning_per.envs import check_env_state, make_env
+from lightning_per.integrity import IntegrityError, new_generation, verify_file
 from lightning_per.replay.buffer_checkpoint import checked_state
 from lightning_per.schema import check, stamp
 
-__all__ = ["STATE_VERSION", "CheckpointHooks"]
+__all__ = ["STATE_VERSION", "CheckpointHooks", "check_state_types", "describe"]
 
 STATE_VERSION = 1
 """The ``dqn_state`` version this code writes and reads."""
 _SCHEMA = {"legacy_keys": ("version",), "label": "dqn_state version"}  # lightning_per.schema.check; no default
+
+
+def describe(value: Any) -> str:
+    """How an error names a checkpoint value: a tensor by dtype and shape, anything else by its short repr."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{text[:60]}..." if len(text) > 63 else text
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _rng_state(value: Any, numel: int | None) -> bool:
+    """A generator state as ``torch.Generator.get_state`` returns it: a 1-D uint8 tensor (of ``numel`` bytes)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
+            and value.numel() > 0 and (numel is None or value.numel() == numel))
+
+
+def check_state_types(state: Mapping[str, Any], metrics: Mapping[str, torch.Tensor],
+                      collector_rng_bytes: int | None = None) -> None:
+    """Refuse a ``dqn_state`` (its version already checked) whose values are not of the types this code writes,
+    before any of it is restored: the host counters, the metric accumulator's tensors (``metrics``: the live
+    accumulator's ``state_dict()``, whose keys, shapes and dtypes they must have), torch's RNG states, the
+    collector's counters, tensors and RNG (``collector_rng_bytes``: its generator's state size, None: any), the
+    replay generator, the generation id and the DDP shard count. The replay buffer's own state is checked by
+    :func:`lightning_per.replay.buffer_checkpoint.checked_state`; the env's by the collector.
+
+    Raises:
+        ValueError: one line naming the key (``dqn_state.env_steps``) and what was expected.
+    """
+    def refuse(key: str, expected: str, value: Any) -> None:
+        raise ValueError(f"dqn_state.{key} must be {expected}, got {describe(value)}")
+
+    cpu_rng_bytes = torch.get_rng_state().numel()
+    for key in ("env_steps", "updates", "credit", "metrics", "torch_rng", "collector"):
+        if key not in state:
+            raise ValueError(f"dqn_state has no {key!r} (a checkpoint this code writes has env_steps, updates, "
+                             f"credit, metrics, torch_rng, collector)")
+    for key in ("env_steps", "updates"):
+        if not _count(state[key]):
+            refuse(key, "an int >= 0", state[key])
+    credit = state["credit"]
+    if isinstance(credit, bool) or not isinstance(credit, (int, float)) or not math.isfinite(credit) or credit < 0:
+        refuse("credit", "a finite number >= 0", credit)
+    saved = state["metrics"]
+    if not isinstance(saved, Mapping) or set(saved) != set(metrics):
+        refuse("metrics", f"a dict with keys {sorted(metrics)}", saved)
+    for key, live in metrics.items():
+        value = saved[key]
+        if not isinstance(value, torch.Tensor) or value.dtype != live.dtype or value.shape != live.shape:
+            refuse(f"metrics.{key}", describe(live), value)
+    if not _rng_state(state["torch_rng"], cpu_rng_bytes):
+        refuse("torch_rng", f"a uint8 tensor of shape ({cpu_rng_bytes},) (torch.get_rng_state())", state["torch_rng"])
+    cuda_rng = state.get("cuda_rng")
+    if cuda_rng is not None and not (isinstance(cuda_rng, (list, tuple))
+                                     and all(_rng_state(s, None) for s in cuda_rng)):
+        refuse("cuda_rng", "a list of 1-D uint8 tensors (torch.cuda.get_rng_state_all())", cuda_rng)
+    collector = state["collector"]
+    if collector is not None:
+        if not isinstance(collector, Mapping):
+            refuse("collector", "a dict (the collector's state_dict()) or None", collector)
+        for key in ("steps", "window", "ep_return", "ep_length", "rng", "td", "env"):
+            if key not in collector:
+                raise ValueError(f"dqn_state.collector has no {key!r}")
+        if not _count(collector["steps"]):
+            refuse("collector.steps", "an int >= 0", collector["steps"])
+        for key in ("window", "received", "td"):
+            value = collector.get(key)
+            if value is None and key != "window":
+                continue
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                refuse(f"collector.{key}", "a dict of named tensors" + ("" if key == "window" else " or None"), value)
+        for key in ("window", "received"):
+            for name, value in (collector.get(key) or {}).items():
+                if not isinstance(value, torch.Tensor):
+                    refuse(f"collector.{key}.{name}", "a tensor", value)
+        for key in ("ep_return", "ep_length"):
+            if not isinstance(collector[key], torch.Tensor) or collector[key].dim() != 1:
+                refuse(f"collector.{key}", "a 1-D tensor (one value per env)", collector[key])
+        if not _rng_state(collector["rng"], collector_rng_bytes):
+            size = "" if collector_rng_bytes is None else f" of shape ({collector_rng_bytes},)"
+            refuse("collector.rng", f"a uint8 tensor{size} (the exploration generator's get_state())",
+                   collector["rng"])
+    if "replay" in state:
+        if not isinstance(state["replay"], Mapping):
+            refuse("replay", "a dict (the replay buffer's state_dict())", state["replay"])
+        if not _rng_state(state.get("replay_rng"), cpu_rng_bytes):
+            refuse("replay_rng", f"a uint8 tensor of shape ({cpu_rng_bytes},) (torch.Generator().get_state())",
+                   state.get("replay_rng"))
+    if "generation" in state and not isinstance(state["generation"], str):
+        refuse("generation", "a str", state["generation"])
+    if "shards" in state and not (_count(state["shards"]) and state["shards"] >= 1):
+        refuse("shards", "an int >= 1 (the DDP world size that wrote it)", state["shards"])
 
 
 class CheckpointHooks:
@@ -62,6 +159,9 @@ class CheckpointHooks:
         if state is None:
             warnings.warn("checkpoint has no 'dqn_state': replay, counters and RNG start fresh", stacklevel=2)
             return
+        where = f"checkpoint {self.trainer.ckpt_path}: " if self._trainer is not None and self.trainer.ckpt_path else ""
+        if not isinstance(state, dict):
+            raise ValueError(f"{where}dqn_state must be a dict (the DQN module's state), got {describe(state)}")
         state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
         shards = state.get("shards")
         if shards is not None:
@@ -75,21 +175,32 @@ class CheckpointHooks:
             else:
                 warnings.warn(f"checkpoint holds {shards} DDP replay shards next to it; using rank 0's "
                               "counters and RNG without a replay buffer", stacklevel=2)
+        collector_rng = self.collector.rng.get_state().numel() if self.collector is not None else None
+        try:  # every value's type before any is restored
+            check_state_types(state, self.metrics.state_dict(), collector_rng)
+        except ValueError as err:
+            raise ValueError(f"{where}{err}") from None
         if self.collector is None:  # e.g. DQN.load_from_checkpoint: applied by build_runtime()
             self._pending_state = state
             return
         self._load_dqn_state(state)
 
     def check_resume(self, checkpoint: dict[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
-                     global_rank: int, node_ranks: Sequence[int] = ()) -> None:
+                     global_rank: int, node_ranks: Sequence[int] = (), collector_rng_bytes: int | None = None,
+                     env_device: torch.device | str = "cpu") -> None:
         """Raise what resuming from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way, before
         anything is built or written (the command line calls it before ``Trainer.fit``): another ``dqn_state``
         version, a DDP checkpoint of another world size, this rank's shard missing, damaged or from another
         save, and a replay state this model's buffer refuses (checked against a CPU buffer of the configured
         capacity: priorities are 8 bytes a slot, transitions are not allocated).
 
-        ``node_ranks``: the global ranks of this node, whose shards and manifests must exist too. The launching
-        process checks them before it starts the others: a rank that found its shard missing after the start
+        Every value of the ``dqn_state`` (this rank's shard under DDP) must have the type this code writes
+        (:func:`check_state_types`; ``collector_rng_bytes``: the state size of the exploration generator on the
+        run's device, None: not checked). The env state is checked against an env of this model's config made on
+        ``env_device`` (:func:`lightning_per.envs.check_env_state`: dynamic state only, constants never restored).
+
+        ``node_ranks``: the global ranks of this node, whose shards must match their manifests too. The launching
+        process checks them before it starts the others: a rank that found its shard missing or damaged after the start
         would make Lightning's launcher kill every process (exit 137) instead of one error.
 
         Raises:
@@ -98,8 +209,11 @@ class CheckpointHooks:
         state = checkpoint.get("dqn_state")
         if state is None:
             return
+        if not isinstance(state, dict):
+            raise ValueError(f"{os.fspath(ckpt_path)}: dqn_state must be a dict (the DQN module's state), got "
+                             f"{describe(state)}")
         try:
-            state = check(state if isinstance(state, dict) else {}, "dqn_state", STATE_VERSION, **_SCHEMA)
+            state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
         except ValueError as err:
             raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
         shards = state.get("shards")
@@ -107,13 +221,31 @@ class CheckpointHooks:
             if world_size != shards:  # one process too: training on would drop every rank's replay
                 raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
                                  f"shard each); resume it with {shards} processes, not {world_size}")
-            missing = [path for rank in node_ranks for path in (replay_shard_path(ckpt_path, rank),)
-                       if not (os.path.isfile(path) and os.path.isfile(file_manifest_path(path)))]
-            if missing:
-                raise FileNotFoundError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks, and the "
-                                        f"replay shards (or manifests) of ranks on this node are missing: "
-                                        f"{', '.join(missing)}; resume from a checkpoint with every shard")
+            for rank in node_ranks:  # the launching process reads each shard's manifest before the others start
+                path = replay_shard_path(ckpt_path, rank, state.get("generation"))
+                try:
+                    manifest = verify_file(path, SHARD_KIND)
+                except FileNotFoundError:
+                    raise FileNotFoundError(f"{path}: missing (checkpoint {os.fspath(ckpt_path)} was written by "
+                                            f"{shards} DDP ranks, one replay shard each); resume from a "
+                                            f"checkpoint with every shard") from None
+                if manifest["generation"] != state.get("generation"):
+                    raise IntegrityError(f"{path}: from another save than {os.fspath(ckpt_path)} (shard generation "
+                                         f"{manifest['generation']!r}, checkpoint {state.get('generation')!r})")
             state = load_replay_shard(ckpt_path, global_rank, state)
+        try:
+            check_state_types(state, self.metrics.state_dict(), collector_rng_bytes)
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
+        env_state = state["collector"].get("env") if isinstance(state.get("collector"), Mapping) else None
+        if env_state is not None:  # against an env of this run's config, before anything is built
+            env = make_env(self.env_config, env_device if self.env_config.backend == "torch" else "cpu", seed=0)
+            try:
+                check_env_state(env, env_state)
+            except ValueError as err:
+                raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
+            finally:
+                env.close()
         if "replay" in state and self.hparams.checkpoint_replay:
             r = self.replay_config
             extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
