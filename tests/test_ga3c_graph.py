@@ -38,12 +38,14 @@ def _batches(n: int, size: int, pin: bool) -> list[dict]:
     for i in range(n):
         b = {"obs": torch.randint(0, 256, (size, *OBS), generator=g, dtype=torch.uint8),
              "action": torch.randint(0, N_ACTIONS, (size,), generator=g),
-             "ret": torch.randn(size, generator=g), "version": torch.full((size,), i, dtype=torch.int64),
+             # versions 0 .. i: with the policy at version i (lag_clock advanced once an update) lags 0 .. i
+             "ret": torch.randn(size, generator=g), "version": torch.arange(size, dtype=torch.int64) % (i + 1),
              # what V-trace reads (rollouts of the default t_max = 5 steps; ignored without vtrace)
              "next_obs": torch.randint(0, 256, (size // 5, *OBS), generator=g, dtype=torch.uint8),
              "log_prob": -2 * torch.rand(size, generator=g), "reward": torch.randn(size, generator=g),
              "terminated": torch.rand(size, generator=g) < 0.1, "truncated": torch.rand(size, generator=g) < 0.05}
-        out.append({**{k: v.pin_memory() if pin else v for k, v in b.items()}, "size": size, "version_mean": float(i)})
+        out.append({**{k: v.pin_memory() if pin else v for k, v in b.items()}, "size": size,
+                    "version_mean": float(b["version"].double().mean())})
     return out
 
 
@@ -135,6 +137,8 @@ def exact_cuda_math():
     ("rmsprop", {}), ("adam", {"grad_clip": 0.5}),
     ("rmsprop", {"grad_clip": 0.5, "lr": 7e-4, "rmsprop_eps": 1e-5, "value_coef": 0.5, "vtrace": True,
                  "envs_per_agent": 4, "vtrace_c_clip": 0.9}),
+    ("adam", {"grad_clip": 0.5, "max_policy_lag": 1}),  # lags 0 .. 4 of _batches: rows dropped from the 3rd on
+    ("rmsprop", {"vtrace": True, "envs_per_agent": 4, "max_policy_lag": 2, "lag_policy": "downweight"}),
 ])
 def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
     """Five updates on five different batches: the first replay is the first update (the capture's warm-up
@@ -148,6 +152,9 @@ def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
         assert graph.transfer_batch_to_device(batch, graph.device, 0) is batch  # copied by the replay itself
         loss = graph.training_step(batch, i)
         torch.testing.assert_close(loss, expected, **tol)
+        for m in (eager, graph):  # what on_train_batch_end does: the next update is one version later
+            m.policy_version += 1
+            m.lag_clock.add_(1)
         for p, q in zip(eager.parameters(), graph.parameters()):
             # capturable Adam computes its bias corrections on the device, in float32 tensor ops: a few weights
             # may differ by a few 1e-6 after 5 updates

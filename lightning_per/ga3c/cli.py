@@ -13,8 +13,8 @@ The parser is jsonargparse's, the machinery under ``lightning-per fit``'s Lightn
 ``--config`` override the file (jsonargparse applies them in order), and ``--print_config`` prints the
 resulting config as YAML. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
-``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``policy_lag_p95``,
-``wall_time_s``...),
+``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``policy_lag_p50``,
+``policy_lag_p95``, ``policy_lag_max``, ``lag_dropped``, ``lag_dropped_frac``, ``wall_time_s``...),
 ``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
 TPS and PPS against env steps), ``episodes.csv`` (one row per finished episode; it and ``summary.json`` agree
 however the run stops: :func:`run`), ``history.csv`` (Lightning's ``CSVLogger``:
@@ -201,12 +201,12 @@ def run(cfg, model=None) -> dict[str, Any]:
             if is_rank_zero:
                 write_episodes_csv(rows, csv_path)  # first: the summary names it
                 atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
-            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s (p95 %s); "
-                     "since the GA3C system started: stopped after %s s (%s), wall %s s with the %s s "
-                     "shutdown; Lightning's training loop: %s s -> %s", _fmt(summary.get("mean_return")),
+            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s "
+                     "(p95 %s, dropped %s); since the GA3C system started: stopped after %s s (%s), wall %s s with "
+                     "the %s s shutdown; Lightning's training loop: %s s -> %s", _fmt(summary.get("mean_return")),
                      summary.get("episodes"), summary.get("tps") or 0.0, summary.get("pps") or 0.0,
                      summary.get("steps_per_s") or 0.0, _fmt(summary.get("policy_lag_mean")),
-                     _fmt(summary.get("policy_lag_p95"), 0),
+                     _fmt(summary.get("policy_lag_p95"), 0), _fmt(summary.get("lag_dropped_frac"), 3),
                      _fmt(summary.get("stopped_at_s"), 1), summary.get("stop_reason") or summary.get("status") or "n/a",
                      _fmt(summary.get("wall_time_s"), 1), _fmt(summary.get("shutdown_s")),
                      _fmt(summary.get("train_loop_time_s"), 1), run_dir / "summary.json")

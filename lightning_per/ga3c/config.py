@@ -27,6 +27,7 @@ _BACKENDS = ("gym", "ale_vector")
 _REDUCTIONS = ("mean", "sum")
 _DEVICES = ("auto", "cpu", "cuda")
 _WANDB = ("disabled", "offline", "online")
+_LAG_POLICIES = ("drop", "downweight")
 
 
 @dataclass
@@ -118,6 +119,19 @@ class GA3CConfig:
     """V-trace's rho-bar (> 0): the truncation of the importance weight in the TD errors and the advantage."""
     vtrace_c_clip: float = 1.0
     """V-trace's c-bar (> 0): the truncation of the trace coefficients (<= rho-bar in the paper)."""
+    max_policy_lag: int | None = None
+    """Bound on the policy lag (int >= 1, in learner updates) of a transition that reaches a gradient; None: no
+    bound. A transition's lag is the number of optimizer steps between the prediction that chose its action
+    (the policy version stamped on it) and the update that trains on it; it is measured again at every update
+    (a batch reused by ``updates_per_batch`` ages by one each time). Transitions beyond the bound are treated
+    by ``lag_policy`` through a weight multiplied into the loss on the device (no host synchronisation; graph
+    mode captures it). Sample Factory drops samples older than its ``max_policy_lag`` and advises 20-30 SGD
+    steps or less; the status line, the epoch metrics and ``summary.json`` report the lag's p50/p95/max and
+    the dropped fraction, which say whether the bound bites."""
+    lag_policy: str = "drop"
+    """What a transition older than ``max_policy_lag`` = L gets: ``drop`` (weight 0, as Sample Factory does) or
+    ``downweight`` (ours: weight w = clip(2 - lag / L, 0, 1), 1 up to L, falling linearly to 0 at 2L, so
+    nothing older than 2L is trained on). The loss's ``mean`` is over the transitions of weight > 0."""
 
     # --- network and optimiser -------------------------------------------------------------------
     network: str = "auto"
@@ -232,9 +246,13 @@ class GA3CConfig:
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _check_float(self, "vtrace_rho_clip", low=0.0, low_open=True)
         _check_float(self, "vtrace_c_clip", low=0.0, low_open=True)
+        if self.max_policy_lag is not None:
+            value = self.max_policy_lag
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"max_policy_lag must be an int >= 1 (updates) or null (no bound), got {value!r}")
         for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
                               ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
-                              ("device", _DEVICES), ("wandb_mode", _WANDB)):
+                              ("device", _DEVICES), ("wandb_mode", _WANDB), ("lag_policy", _LAG_POLICIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(self.env, str) or not self.env:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_per.ga3c.stats import lag_quantile, rates
+from lightning_per.ga3c.stats import lag_max, lag_quantile, rates
 from lightning_per.metrics.episodes import episode_table
 
 if TYPE_CHECKING:
@@ -38,6 +38,9 @@ class HostState:
         if updates > 0:  # means over this window's updates, as if added at each step
             m.add("batch_size", snap.batch_transitions - self._epoch_snap.batch_transitions, count=updates)
             m.add("policy_lag", snap.lag_sum - self._epoch_snap.lag_sum, count=updates)
+            for name in ("policy_lag_p50", "policy_lag_p95", "policy_lag_max", "lag_dropped_frac"):
+                if r[name] == r[name]:  # NaN when no update carried per-transition versions
+                    m.add(name, r[name])
         counts = self.system.counts()
         m.add("na", counts.agents)
         m.add("np", counts.predictors)
@@ -118,7 +121,14 @@ class HostState:
             "steps_per_s": snap.steps / wall,
             "fps": snap.steps * c.frame_skip / wall,
             "policy_lag_mean": snap.lag_sum / snap.updates if snap.updates else None,
+            "policy_lag_p50": _finite(lag_quantile(snap.lag_hist, 0.5)),
             "policy_lag_p95": _finite(lag_quantile(snap.lag_hist, 0.95)),
+            "policy_lag_max": _finite(lag_max(snap.lag_hist)),
+            "max_policy_lag": c.max_policy_lag,
+            "lag_policy": c.lag_policy,
+            "lag_dropped": snap.lag_dropped,
+            "lag_downweighted": snap.lag_downweighted,
+            "lag_dropped_frac": snap.lag_dropped / snap.batch_transitions if snap.batch_transitions else None,
             "wall_time_s": wall,
             "stop_reason": self._stop_reason,
             "stopped_at_s": (self._stop_time if self._stop_time is not None else t_close) - t0,

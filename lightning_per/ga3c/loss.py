@@ -7,12 +7,12 @@ import torch
 from torch import Tensor
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-__all__ = ["a3c_loss", "vtrace_targets"]
+__all__ = ["a3c_loss", "lag_weights", "vtrace_targets"]
 
 
 def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: float = 0.01,
              value_coef: float = 1.0, log_epsilon: float = 1e-6, reduction: str = "mean",
-             advantage: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+             advantage: Tensor | None = None, weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy-gradient + value + entropy loss of a batch of N transitions.
 
     With pi = softmax(logits), A = R - V (V detached: the advantage carries no value gradient) and
@@ -25,7 +25,10 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
 
     ``reduce`` is the batch mean (default) or the sum (the reference's choice, which makes the
     step size grow with the batch size). With V-trace (:func:`vtrace_targets`), R is its target v_s and
-    ``advantage`` its rho_s (r_s + gamma v_{s+1} - V(s_s)) (IMPALA section 4.2).
+    ``advantage`` its rho_s (r_s + gamma v_{s+1} - V(s_s)) (IMPALA section 4.2). With ``weight`` w (the policy-lag
+    bound, :func:`lag_weights`) each transition's L_pi and L_V are multiplied by w_i and the mean divides by the
+    number of transitions with w_i > 0 (at least 1), so a transition of weight 0 adds nothing to the gradient
+    and the others keep their step size; all on the device, no host read.
 
     Args:
         logits: (N, A) float, policy logits.
@@ -37,10 +40,11 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
         log_epsilon: lower clamp of probabilities inside the log, in (0, 0.5].
         reduction: ``"mean"`` or ``"sum"``.
         advantage: (N,) float, the policy gradient's advantage (detached here); None: R - V.
+        weight: (N,) float in [0, 1], each transition's weight (detached here); None: all 1.
 
     Returns:
         ``(loss, parts)``: 0-d loss on the logits' device, and 0-d detached tensors
-        ``policy_loss``, ``value_loss``, ``entropy`` (batch mean), ``advantage`` (batch mean).
+        ``policy_loss``, ``value_loss`` (weighted like the loss), ``entropy`` (batch mean), ``advantage`` (batch mean).
 
     Raises:
         ValueError: mismatched shapes or an unknown reduction.
@@ -56,7 +60,8 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
         raise ValueError(f"logits must have shape (N, A), got {tuple(logits.shape)}")
     n = logits.shape[0]
     named = (("value", value), ("action", action), ("ret", ret)) + (
-        (("advantage", advantage),) if advantage is not None else ())
+        (("advantage", advantage),) if advantage is not None else ()) + (
+        (("weight", weight),) if weight is not None else ())
     for name, t in named:
         if tuple(t.shape) != (n,):
             raise ValueError(f"{name} must have shape ({n},) like logits' batch, got {tuple(t.shape)}")
@@ -70,13 +75,61 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
     entropy = -(probs * log_probs).sum(dim=-1)  # [N]
     policy_terms = -log_pi_a * advantage - beta * entropy  # [N]
     value_terms = 0.5 * (ret - value).square()  # [N]
-    reduce = torch.mean if reduction == "mean" else torch.sum
+    if weight is None:
+        reduce = torch.mean if reduction == "mean" else torch.sum
+    else:
+        weight = weight.detach().to(value.dtype)  # [N]
+        policy_terms, value_terms = policy_terms * weight, value_terms * weight
+        kept = (weight > 0).sum().clamp_min(1)  # 0-d int64 on the device: no host read
+        reduce = (lambda t: t.sum() / kept) if reduction == "mean" else torch.sum
     policy_loss = reduce(policy_terms)
     value_loss = reduce(value_terms)
     loss = policy_loss + value_coef * value_loss
     parts = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
              "entropy": entropy.detach().mean(), "advantage": advantage.mean()}
     return loss, parts
+
+
+def lag_weights(lag: Tensor, max_lag: int, policy: str = "drop") -> Tensor:
+    """Each transition's loss weight under the policy-lag bound ``max_lag`` = L (``GA3CConfig.max_policy_lag``).
+
+    ``drop`` (Sample Factory's rule: samples older than ``max_policy_lag`` are not trained on)::
+
+        w = 1 if lag <= L else 0
+
+    ``downweight`` (ours): full weight up to L, then a linear fall to 0 at 2L::
+
+        w = clip(2 - lag / L, 0, 1)
+
+    A pure tensor op (no host read), so graph mode captures it; the learner applies it on the device and the
+    host counts the same weights from its copy of the lags.
+
+    Args:
+        lag: (N,) int64, updates between the prediction that acted and the update (any device).
+        max_lag: L, an int >= 1.
+        policy: ``"drop"`` or ``"downweight"``.
+
+    Returns:
+        (N,) float32 in [0, 1], on ``lag``'s device.
+
+    Raises:
+        ValueError: ``max_lag`` < 1 or an unknown ``policy``.
+
+    Example::
+
+        >>> import torch
+        >>> lag_weights(torch.tensor([0, 4, 5, 6, 10]), 4).tolist()
+        [1.0, 1.0, 0.0, 0.0, 0.0]
+        >>> lag_weights(torch.tensor([0, 4, 5, 6, 10]), 4, "downweight").tolist()
+        [1.0, 1.0, 0.75, 0.5, 0.0]
+    """
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1:
+        raise ValueError(f"max_lag must be an int >= 1, got {max_lag!r}")
+    if policy == "drop":
+        return (lag <= max_lag).to(torch.float32)
+    if policy == "downweight":
+        return (2.0 - lag.to(torch.float32) / max_lag).clamp(0.0, 1.0)
+    raise ValueError(f"policy must be 'drop' or 'downweight', got {policy!r}")
 
 
 def vtrace_targets(log_pi: Tensor, log_mu: Tensor, value: Tensor, bootstrap: Tensor, reward: Tensor,

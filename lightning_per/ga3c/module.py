@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -29,7 +30,7 @@ from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.host_state import RING, HostState
-from lightning_per.ga3c.loss import a3c_loss, vtrace_targets
+from lightning_per.ga3c.loss import a3c_loss, lag_weights, vtrace_targets
 from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF
 from lightning_per.ga3c.stats import Stats
@@ -47,6 +48,7 @@ _METRICS = {
     "tps": "last", "pps": "last", "steps_per_s": "last", "fps": "last", "predict_batch": "last",
     "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
     "batch_queue": "last", "env_steps": "last", "updates": "last", "episodes": "last",
+    "policy_lag_p50": "last", "policy_lag_p95": "last", "policy_lag_max": "last", "lag_dropped_frac": "last",
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _VTRACE_KEYS = ("log_prob", "reward", "terminated", "truncated", "next_obs")  # and those of V-trace
@@ -67,9 +69,15 @@ class GA3C(HostState, pl.LightningModule):
     numbers ``size`` (N) and ``version_mean``. With ``vtrace`` also ``log_prob`` (N,) float32 (log mu of the
     acting policy), ``reward`` (N,) float32, ``terminated``, ``truncated`` (N,) bool and ``next_obs``
     (N / T, *obs_shape): rows are whole rollouts, time-major, and the targets are recomputed each update.
+    With ``max_policy_lag`` the versions also go to the device (``lag_version``), where each transition's
+    lag (:attr:`lag_clock` minus its version) gives its loss weight
+    (:func:`~lightning_per.ga3c.loss.lag_weights`): the bound acts at every update, also on a batch reused by
+    ``updates_per_batch`` or left waiting in the batch queue, without a host read.
 
     Attributes:
         graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
+        lag_clock: 0-d int64 on the module's device, :attr:`policy_version` kept on the device (set at
+            ``on_fit_start``, incremented after each update) for the lag bound's weights.
 
     Raises:
         ValueError: a configuration value out of range (named), or an environment without a
@@ -124,6 +132,8 @@ class GA3C(HostState, pl.LightningModule):
         # rho-bar and c-bar as device tensors: a float would be turned into one by a host copy in every update
         self.register_buffer("vtrace_clips", torch.tensor([cfg.vtrace_rho_clip, cfg.vtrace_c_clip]),
                              persistent=False)
+        self.register_buffer("lag_clock", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._lag_counts = (0, 0)  # this update's (dropped, down-weighted) transitions, counted on the host
 
     # ---- policy (predictor threads) --------------------------------------------------------
     @torch.no_grad()
@@ -189,6 +199,7 @@ class GA3C(HostState, pl.LightningModule):
     def on_fit_start(self) -> None:
         torch.set_num_threads(self.cfg.torch_threads)
         self.metrics.to(self.device)
+        self.lag_clock.fill_(self.policy_version)  # a fill from a host int: no read
         self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
         self._log_synced = 0
         self.episode_log_count.zero_()
@@ -224,12 +235,15 @@ class GA3C(HostState, pl.LightningModule):
         """Copy what :meth:`training_step` reads (``obs``, ``action``, ``ret``) to ``device``, non-blocking
         from the trainers' pinned memory on CUDA; ``version`` and the host numbers stay on the host. In
         graph mode nothing moves here: :meth:`training_step` copies the pinned tensors straight into the
-        graph's static inputs."""
+        graph's static inputs. With ``max_policy_lag``, ``version`` is also copied, as ``lag_version``."""
         if self._graph_mode:
             return batch
         non_blocking = device.type == "cuda"
-        return {key: value.to(device, non_blocking=non_blocking) if key in self._device_keys else value
-                for key, value in batch.items()}
+        out = {key: value.to(device, non_blocking=non_blocking) if key in self._device_keys else value
+               for key, value in batch.items()}
+        if self.cfg.max_policy_lag is not None:
+            out["lag_version"] = batch["version"].to(device, non_blocking=non_blocking)
+        return out
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         """Eager: the loss (Lightning's automatic optimization does backward, clip and step). Graph mode:
@@ -237,6 +251,10 @@ class GA3C(HostState, pl.LightningModule):
         self._lag = self.policy_version - batch["version_mean"]  # host float: no device read
         version = batch.get("version")  # host int64 tensor: each transition's lag, for the lag's quantiles
         self._lags = None if version is None else self.policy_version - version.numpy()
+        c = self.cfg
+        if c.max_policy_lag is not None and self._lags is not None:  # the device's weights, counted on the host
+            w = lag_weights(torch.from_numpy(self._lags), c.max_policy_lag, c.lag_policy).numpy()  # [N] host
+            self._lag_counts = (int(np.count_nonzero(w == 0)), int(np.count_nonzero((w > 0) & (w < 1))))
         if self._graph_mode:
             return self._graph_update(batch)
         return self._loss_and_metrics(batch)
@@ -251,8 +269,11 @@ class GA3C(HostState, pl.LightningModule):
             ret, advantage = b["ret"], None
         else:
             logits, value, ret, advantage = self._vtrace_forward(b)
+        weight = (None if c.max_policy_lag is None else  # [N]: 0 for a transition beyond the lag bound
+                  lag_weights(self.lag_clock - b["lag_version"], c.max_policy_lag, c.lag_policy))
         loss, parts = a3c_loss(logits, value, b["action"], ret, beta=c.beta, value_coef=c.value_coef,
-                               log_epsilon=c.log_epsilon, reduction=c.loss_reduction, advantage=advantage)
+                               log_epsilon=c.log_epsilon, reduction=c.loss_reduction, advantage=advantage,
+                               weight=weight)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (publish_host_state)
         values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
@@ -283,6 +304,8 @@ class GA3C(HostState, pl.LightningModule):
         replay the captured update; the first call captures it."""
         opt = self.optimizers()
         inputs = {key: batch[key] for key in self._device_keys}  # pinned host tensors
+        if self.cfg.max_policy_lag is not None:
+            inputs["lag_version"] = batch["version"]
         if self._captured is None:
             self._captured = self._capture(opt.optimizer, inputs)
         elif batch["size"] != self._captured.static_in["obs"].shape[0]:  # copy_ would broadcast a single row
@@ -315,7 +338,9 @@ class GA3C(HostState, pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
         self.policy_version += 1
-        self.stats.add_update(batch["size"], self._lag, self._lags)
+        if self.cfg.max_policy_lag is not None:
+            self.lag_clock.add_(1)  # in step with policy_version, on the device (graph mode: outside the graph)
+        self.stats.add_update(batch["size"], self._lag, self._lags, *self._lag_counts)
         c = self.cfg
         world_size = self.trainer.world_size
         if world_size > 1 and c.target_return is not None and batch_idx == c.updates_per_epoch - 1:

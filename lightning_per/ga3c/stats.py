@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LAG_BINS", "Stats", "Snapshot", "lag_quantile", "rates"]
+__all__ = ["LAG_BINS", "Stats", "Snapshot", "lag_max", "lag_quantile", "rates"]
 
 #: bins of the per-transition policy-lag histogram: lags 0 .. LAG_BINS - 2 exactly, larger ones in the last bin
 LAG_BINS = 4096
@@ -34,6 +34,8 @@ class Snapshot:
     lag_sum: float  # sum over updates of the batch's mean policy lag
     batch_transitions: int  # transitions trained on
     lag_hist: np.ndarray = field(default_factory=lambda: np.zeros(LAG_BINS, np.int64))  # transitions per lag
+    lag_dropped: int = 0  # transitions trained on with weight 0 (older than max_policy_lag), counted per update
+    lag_downweighted: int = 0  # transitions trained on with a weight in (0, 1) (lag_policy: downweight)
 
 
 def lag_quantile(hist: np.ndarray, q: float) -> float:
@@ -46,14 +48,25 @@ def lag_quantile(hist: np.ndarray, q: float) -> float:
     return float(np.searchsorted(np.cumsum(hist), q * total, side="left"))
 
 
+def lag_max(hist: np.ndarray) -> float:
+    """The largest policy lag counted in ``hist`` (``LAG_BINS - 1`` stands for that lag or more); NaN when
+    ``hist`` counts none. Example: ``lag_max(np.array([1, 0, 3, 0])) == 2.0``."""
+    seen = np.flatnonzero(hist)
+    return float(seen[-1]) if seen.size else float("nan")
+
+
 def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
     """Per-second rates between snapshots ``a`` (earlier) and ``b``: tps, pps, steps_per_s, fps,
     plus the window's mean prediction batch (observations/forward), train batch, policy lag (mean over updates
-    of each batch's mean) and its 95th percentile over the window's transitions."""
+    of each batch's mean), its 50th and 95th percentiles and maximum over the window's transitions (every
+    transition of every update, those the lag bound dropped included), and the fraction of them dropped
+    (``lag_dropped_frac``, weight 0 under ``max_policy_lag``; NaN without updates)."""
     dt = max(b.t - a.t, 1e-9)
     updates = b.updates - a.updates
     batches = b.prediction_batches - a.prediction_batches
     steps_per_s = (b.steps - a.steps) / dt
+    hist = b.lag_hist - a.lag_hist
+    trained = b.batch_transitions - a.batch_transitions
     return {
         "tps": updates / dt,
         "pps": (b.predictions - a.predictions) / dt,
@@ -62,7 +75,10 @@ def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
         "predict_batch": (b.predictions - a.predictions) / batches if batches else float("nan"),
         "train_batch": (b.batch_transitions - a.batch_transitions) / updates if updates else float("nan"),
         "policy_lag": (b.lag_sum - a.lag_sum) / updates if updates else float("nan"),
-        "policy_lag_p95": lag_quantile(b.lag_hist - a.lag_hist, 0.95),
+        "policy_lag_p50": lag_quantile(hist, 0.5),
+        "policy_lag_p95": lag_quantile(hist, 0.95),
+        "policy_lag_max": lag_max(hist),
+        "lag_dropped_frac": (b.lag_dropped - a.lag_dropped) / trained if trained else float("nan"),
     }
 
 
@@ -81,6 +97,7 @@ class Stats:
         self._episodes = self._batch_transitions = 0
         self._lag_sum = 0.0
         self._lag_hist = np.zeros(LAG_BINS, np.int64)
+        self._lag_dropped = self._lag_downweighted = 0
         # (seconds since t0, env steps so far, return, length)
         self.episode_log: deque[tuple[float, int, float, int]] = deque(maxlen=history)
 
@@ -97,9 +114,11 @@ class Stats:
                 self._episodes += 1
                 self.episode_log.append((now, self._steps, float(ret), int(length)))
 
-    def add_update(self, n_transitions: int, lag: float, lags: np.ndarray | None = None) -> None:
+    def add_update(self, n_transitions: int, lag: float, lags: np.ndarray | None = None, dropped: int = 0,
+                   downweighted: int = 0) -> None:
         """One optimizer step on ``n_transitions`` of mean policy lag ``lag``; ``lags``: each transition's (ints,
-        updates between the prediction that acted and this step), counted for the quantiles."""
+        updates between the prediction that acted and this step), counted for the quantiles; ``dropped`` /
+        ``downweighted``: how many of them the lag bound gave weight 0 / a weight in (0, 1)."""
         counts = None if lags is None else np.bincount(np.clip(lags, 0, LAG_BINS - 1), minlength=LAG_BINS)
         with self._lock:
             self._updates += 1
@@ -107,6 +126,8 @@ class Stats:
             self._lag_sum += lag
             if counts is not None:
                 self._lag_hist += counts
+            self._lag_dropped += dropped
+            self._lag_downweighted += downweighted
 
     @property
     def updates(self) -> int:
@@ -116,7 +137,7 @@ class Stats:
         with self._lock:
             return Snapshot(time.monotonic(), self._predictions, self._prediction_batches, self._steps,
                             self._updates, self._episodes, self._lag_sum, self._batch_transitions,
-                            self._lag_hist.copy())
+                            self._lag_hist.copy(), self._lag_dropped, self._lag_downweighted)
 
     def recent_returns(self, n: int) -> list[float]:
         """The last ``n`` (or fewer) episode returns, oldest first."""

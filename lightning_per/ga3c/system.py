@@ -486,7 +486,9 @@ class GA3CSystem:
                 f"{self.stats.mean_return(self.cfg.return_window):8.2f}] "
                 f"[TPS {r['tps']:6.1f} PPS {r['pps']:8.1f} steps/s {r['steps_per_s']:8.1f}] "
                 f"[NA {n.agents} NP {n.predictors} NT {n.trainers}] "
-                f"[lag {r['policy_lag']:5.2f}] [queues P {q['pred_queue']} T {q['train_queue']} "
+                f"[lag {r['policy_lag']:5.2f} p50 {r['policy_lag_p50']:.0f} p95 {r['policy_lag_p95']:.0f} "
+                f"max {r['policy_lag_max']:.0f} dropped {r['lag_dropped_frac']:.1%}] "
+                f"[queues P {q['pred_queue']} T {q['train_queue']} "
                 f"B {q['batch_queue']}]")
 
     def queue_sizes(self) -> dict[str, int]:
