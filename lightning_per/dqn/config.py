@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_per.dqn.compiled import INDUCTOR_MODES
+from lightning_per.replay.errors import check_eps
 
 __all__ = ["ReplayConfig", "check_range", "validate_dqn_arguments"]
 
@@ -77,7 +78,7 @@ class ReplayConfig:
         check_range("replay.beta", self.beta, low=0.0, high=1.0)
         check_range("replay.beta_end", self.beta_end, low=0.0, high=1.0)
         check_range("replay.beta_anneal_updates", self.beta_anneal_updates, low=0)
-        check_range("replay.eps", self.eps, low=0.0, low_open=True)
+        check_eps(self.eps, self.alpha, name="replay.eps")  # (0, min(FLOAT32_MAX, FLOAT32_MAX**(1/alpha) - 1)]
         if self.frame_dedup and self.sampler != "proportional":
             raise ValueError(f"replay.frame_dedup needs replay.sampler 'proportional', got {self.sampler!r}")
         if self.weight_normalization not in ("buffer", "batch"):

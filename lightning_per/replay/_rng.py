@@ -15,10 +15,13 @@ comparison and no device work. Inside a CUDA-graph capture or ``torch.compile`` 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DeviceRNGMixin"]
+from lightning_per.replay.errors import check_seed
+
+__all__ = ["DeviceRNGMixin", "GeneratorBytes"]
 
 
 def _fingerprint(generator: torch.Generator | torch.Tensor) -> int:
@@ -71,8 +74,51 @@ def unregistered_generator_error(sampler: object, exc: BaseException, way: str =
         f"Either " + "; or ".join([*ways, *([way] if way else [])]) + ".")
 
 
+@dataclass(frozen=True)
+class GeneratorBytes:
+    """A ``torch.Generator`` as plain data: its device and the bytes of its ``get_state()``. What a sampler
+    pickles in place of a generator (torch pickles a generator's state tensor, which a ``spawn``ed process cannot
+    rebuild from shared memory; bytes cross any process boundary).
+
+    Attributes:
+        device: the generator's device (``"cpu"``, ``"cuda:0"``, ...).
+        state: the bytes of its ``get_state()`` (a uint8 CPU tensor).
+
+    Example::
+
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(3)
+        >>> copy = GeneratorBytes.of(g).generator()
+        >>> torch.equal(torch.rand(4, generator=copy), torch.rand(4, generator=g))
+        True
+    """
+
+    device: str
+    state: bytes
+
+    @classmethod
+    def of(cls, generator: torch.Generator) -> GeneratorBytes:
+        """The device and state of ``generator`` (host work: ``get_state()`` is a CPU tensor)."""
+        return cls(str(generator.device), _state_bytes(generator.get_state()))
+
+    def generator(self) -> torch.Generator:
+        """A new generator on :attr:`device` in :attr:`state` (its next draws are the original's next draws)."""
+        gen = torch.Generator(device=self.device)
+        gen.set_state(_bytes_state(self.state))
+        return gen
+
+
+def _bytes_state(data: bytes) -> torch.Tensor:
+    """A ``get_state()``-like uint8 CPU tensor holding ``data`` (its own memory)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 class DeviceRNGMixin:
-    """Gives a sampler ``self.generator`` (a ``torch.Generator`` on ``self._device``)."""
+    """Gives a sampler ``self.generator`` (a ``torch.Generator`` on ``self._device``).
+
+    Pickling and ``copy.deepcopy`` (also handing the sampler to a ``spawn``ed process) carry the generators as
+    :class:`GeneratorBytes`: the copy's next draws are the original's next draws.
+    """
 
     _device: torch.device
 
@@ -81,12 +127,40 @@ class DeviceRNGMixin:
         self._buffer_rng: torch.Generator | None = None
         self._buffer_rng_seen: torch.Tensor | None = None  # the buffer generator's state after our last reseed
         self._adopt_rng: torch.Generator | None = None  # the buffer generator attached when a checkpoint loaded
+        check_seed(seed)
         gen = torch.Generator(device=self._device)
         if seed is None:
             # follows torch.manual_seed: draws one int from the default CPU generator (host only)
             seed = int(torch.randint(0, 2**62, (1,)))
         gen.manual_seed(seed)
         self.generator = gen
+
+    def __getstate__(self) -> dict:
+        """Pickle / ``copy.deepcopy`` state: the attributes, with the sampler's and the buffer's generators as
+        :class:`GeneratorBytes` and the last-seen buffer state as bytes. A checkpoint's generator adopted at load
+        (module docstring) is settled as the next draw would settle it, so the copy, which gets a new buffer
+        generator of the same state, draws what the original draws next."""
+        state = self.__dict__.copy()
+        state.pop("_seen_cache", None)
+        buf, seen, fingerprint = self._buffer_rng, self._buffer_rng_seen, self._rng_fingerprint
+        if buf is not None and (buf is self._adopt_rng or (seen is None and fingerprint is not None
+                                                           and _fingerprint(buf) == fingerprint)):
+            seen, fingerprint = buf.get_state(), None  # what _follow_buffer_rng settles on at the next draw
+        state["generator"] = GeneratorBytes.of(self.generator)
+        state["_buffer_rng"] = None if buf is None else GeneratorBytes.of(buf)
+        state["_buffer_rng_seen"] = None if seen is None else _state_bytes(seen)
+        state["_rng_fingerprint"], state["_adopt_rng"] = fingerprint, None
+        state.pop("_rng", None)  # TorchRL's Sampler.__getstate__ key (the buffer generator: ``_buffer_rng`` here)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore a :meth:`__getstate__` result: new generators in the saved states."""
+        state = dict(state)
+        state["generator"] = state["generator"].generator()
+        buf, seen = state["_buffer_rng"], state["_buffer_rng_seen"]
+        state["_buffer_rng"] = None if buf is None else buf.generator()
+        state["_buffer_rng_seen"] = None if seen is None else _bytes_state(seen)
+        self.__dict__.update(state)
 
     @property
     def _rng(self) -> torch.Generator | None:
@@ -149,8 +223,12 @@ class DeviceRNGMixin:
         return ""
 
     def manual_seed(self, seed: int) -> None:
-        """Seed the device generator directly (reproducible runs without a buffer generator)."""
-        self.generator.manual_seed(int(seed))
+        """Seed the device generator directly (reproducible runs without a buffer generator).
+
+        Raises:
+            TypeError, ValueError: ``seed`` is not an int in ``[-2**63, 2**64)`` (:func:`check_seed`).
+        """
+        self.generator.manual_seed(check_seed(seed))
         self._seeded()
 
     def _seeded(self) -> None:

@@ -17,6 +17,7 @@ from torchrl.data import (
     TensorStorage,
 )
 
+from lightning_per.replay._rng import GeneratorBytes
 from lightning_per.replay.buffer_checkpoint import BUFFER_SCHEMA_VERSION, VerifiedDumps, checked_state
 from lightning_per.replay.compat import attached_entities, is_compilable
 from lightning_per.replay.errors import check_batch_size, check_generator
@@ -104,6 +105,21 @@ def _check_before_write(rb, data) -> None:
         check(data)
 
 
+def _empty_extend(rb, data) -> torch.Tensor | None:
+    """``rb.extend(data)`` of a batch ``[0, ...]`` (no transition): the slots written, an empty ``(0,)`` int64 tensor
+    on the batch's device (the CPU for a batch without one), with nothing written, no cursor or count moved and the
+    storage left as it was (uninitialised if it was), after the storage's spec check (a batch of other keys, dtypes
+    or shapes than the stored ones is still refused). TorchRL's ``extend`` returns the same for such a batch once
+    its storage holds data (it raises an IndexError on a storage never written). None for a batch with items."""
+    if not (isinstance(data, TensorDictBase) and data.batch_dims >= 1 and data.batch_size[0] == 0):
+        return None
+    storage = rb._storage if rb.initialized else rb._init_storage
+    check = getattr(storage, "check_spec", None)
+    if check is not None:
+        check(data)
+    return torch.empty(0, dtype=torch.long, device=data.device or "cpu")
+
+
 #: :func:`_check_extend_priority` did not look the batch's priority entry up
 _NOT_LOOKED_UP = object()
 
@@ -180,6 +196,24 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
         raise ValueError(f"extend: the batch's priority entry {key!r} must hold one value per transition "
                          f"({batch[0]}), got shape {tuple(priority.shape)} (nothing was written)")
     return priority
+
+
+def _pickled_generator(rb, state: dict[str, Any]) -> dict[str, Any]:
+    """TorchRL's pickle state ``state`` of ``rb`` with the buffer's generator as bytes
+    (:class:`~lightning_per.replay._rng.GeneratorBytes`) under ``"_rng_bytes"``, ``"_rng"`` None: TorchRL pickles
+    it as a temporary clone of its state tensor, which a ``spawn``ed process then cannot rebuild (the clone's shared
+    memory is freed before the child opens it)."""
+    rng = getattr(rb, "_rng", None)
+    if rng is not None:
+        state["_rng"], state["_rng_bytes"] = None, GeneratorBytes.of(rng)
+    return state
+
+
+def _restored_generator(state: dict[str, Any]) -> tuple[dict[str, Any], torch.Generator | None]:
+    """``state`` without ``"_rng_bytes"`` and the generator it held (None if none), for ``__setstate__``."""
+    state = dict(state)
+    saved = state.pop("_rng_bytes", None)
+    return state, None if saved is None else saved.generator()
 
 
 # ---------------------------------------------------------------------------- checkpoint checks
@@ -296,6 +330,9 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         """
         priority = _check_extend_priority(self, tensordicts, update_priority)
         _check_before_write(self, tensordicts)
+        index = _empty_extend(self, tensordicts)
+        if index is not None:
+            return index
         index = _direct_extend(self, tensordicts, update_priority, priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -322,6 +359,17 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         with self._replay_lock, self._write_lock:  # as TorchRL's update_priority
             self._sampler.update_priority(index, priority, storage=self._storage)  # validates first
 
+    def __getstate__(self) -> dict[str, Any]:
+        """TorchRL's pickle / ``copy.deepcopy`` state, the buffer's generator as bytes: a copy (also one a
+        ``spawn``ed process receives) holds the same transitions and draws what this buffer draws next."""
+        return _pickled_generator(self, super().__getstate__())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state, generator = _restored_generator(state)
+        super().__setstate__(state)
+        if generator is not None:
+            self.set_rng(generator)
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         stamp(state, "replay", BUFFER_SCHEMA_VERSION)
@@ -345,6 +393,9 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
         priority = _check_extend_priority(self, tensordicts, update_priority)
         _check_before_write(self, tensordicts)
+        index = _empty_extend(self, tensordicts)
+        if index is not None:
+            return index
         index = _direct_extend(self, tensordicts, update_priority, priority)
         if index is None:
             index = super().extend(tensordicts, update_priority=update_priority)
@@ -361,6 +412,16 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         """Nothing to update: uniform sampling has no priorities. A silent no-op (TorchRL warns here), so
         one training loop serves every sampler of :func:`make_replay_buffer`."""
         return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """As :meth:`GPUPrioritizedReplayBuffer.__getstate__`: the buffer's generator as bytes."""
+        return _pickled_generator(self, super().__getstate__())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state, generator = _restored_generator(state)
+        super().__setstate__(state)
+        if generator is not None:
+            self.set_rng(generator)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -14,8 +14,9 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-__all__ = ["EmptyBufferError", "check_batch_size", "check_draw", "check_exponent", "check_generator", "check_index",
-           "check_index_priority", "check_seed"]
+__all__ = ["MAX_CAPACITY", "EmptyBufferError", "check_batch_size", "check_bool", "check_capacity", "check_draw",
+           "check_eps", "check_exponent", "check_generator", "check_index", "check_index_priority", "check_key",
+           "check_seed", "eps_limit", "stored_fits"]
 
 #: Largest finite float32: no stored priority ``(p + eps)^alpha`` exceeds it (see ``GPUPrioritizedSampler``).
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -44,13 +45,62 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
 
 
+def stored_fits(p: float, alpha: float, eps: float) -> bool:
+    """Whether the stored value of the raw priority ``p`` is at most ``FLOAT32_MAX``, computed as the ops compute
+    it: ``(float64(float32(p)) + eps) ** float32(alpha)`` in float64 (the samplers hold alpha in a float32 device
+    scalar), then rounded to float32, which keeps such a value finite. Host arithmetic."""
+    try:
+        return (_f32(p) + eps) ** _f32(alpha) <= FLOAT32_MAX
+    except OverflowError:
+        return False
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 (host tensor)."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def eps_limit(alpha: float) -> float:
+    """The largest priority offset ``eps`` allowed with exponent ``alpha`` (up to float64 rounding):
+    ``min(FLOAT32_MAX, FLOAT32_MAX**(1/alpha) - 1)``, so that the default priority ``p = 1`` of a new item (and
+    every smaller one) stores a finite float32 ``(p + eps)**alpha``: ``FLOAT32_MAX`` for any alpha <= 1,
+    1.8e19 for alpha 2, 3.2e5 for alpha 7. What :func:`check_eps` reports; it decides with :func:`stored_fits`.
+    Host arithmetic."""
+    if alpha <= 0:
+        return FLOAT32_MAX
+    log_top = math.log(FLOAT32_MAX) / alpha  # log of the largest p + eps
+    return FLOAT32_MAX if log_top >= math.log(2 * FLOAT32_MAX) else min(FLOAT32_MAX, math.exp(log_top) - 1)
+
+
+def check_eps(eps, alpha: float, *, name: str = "eps") -> float:
+    """``eps`` as a float after checking it is a finite real number in ``(0, eps_limit(alpha)]``
+    (:func:`eps_limit`): at most ``FLOAT32_MAX``, and the stored value ``(1 + eps)**alpha`` of the default priority
+    1 a finite float32 (:func:`stored_fits`). ``alpha`` must already be checked (:func:`check_exponent`).
+    ``name``: how the message names ``eps``.
+
+    Raises:
+        ValueError: ``eps`` is not a number (a bool included), not finite, <= 0, or above the limit.
+    """
+    if isinstance(eps, bool) or not (isinstance(eps, Real) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {eps!r}")
+    eps = float(eps)
+    if eps > FLOAT32_MAX or not stored_fits(1.0, alpha, eps):
+        raise ValueError(f"{name} must be in (0, {eps_limit(alpha):.6g}] with alpha={alpha!r}, got {name}={eps!r}: "
+                         f"the stored priority (p + {name})**alpha of the default priority p = 1 must be a finite "
+                         f"float32, so {name} <= min(FLOAT32_MAX, FLOAT32_MAX**(1/alpha) - 1) (FLOAT32_MAX = "
+                         f"{FLOAT32_MAX:.6g})")
+    return eps
+
+
 def check_exponent(name: str, value, *, eps: float | None = None) -> float:
     """``value`` as a float after checking it is a finite real number >= 0: a Python or NumPy number, or a
     0-d real tensor (TorchRL's ``ParameterScheduler`` sets tensors when it started from one).
 
     With ``eps`` (the priority offset, for ``alpha``), also ``eps ** alpha`` must stay a normal float32 (it is
     the smallest stored priority; one that underflows to 0 would read as an empty slot): ``alpha <=
-    log(FLOAT32_TINY) / log(eps)`` for ``eps < 1`` (4.7 for eps 1e-8).
+    log(FLOAT32_TINY) / log(eps)`` for ``eps < 1`` (4.7 for eps 1e-8); and ``(1 + eps) ** alpha``, the stored
+    value of the default priority 1, must stay a finite float32 (:func:`stored_fits`): ``alpha <=
+    log(FLOAT32_MAX) / log(1 + eps)`` (8.9e7 for eps 1e-6, 128 for eps 1).
 
     Raises:
         TypeError: ``value`` is a bool, not a number, or a tensor that is not 0-d real.
@@ -73,18 +123,74 @@ def check_exponent(name: str, value, *, eps: float | None = None) -> float:
         if value > limit:
             raise ValueError(f"{name} must be <= {limit:.4g} with eps={eps!r}: eps**{name} = {eps ** value:.3g} "
                              f"underflows float32 (the smallest stored priority must stay > 0)")
+    if eps is not None and not stored_fits(1.0, value, eps):
+        limit = math.log(FLOAT32_MAX) / math.log1p(eps)
+        raise ValueError(f"{name} must be <= {limit:.6g} with eps={eps!r}, got {name}={value!r}: the stored priority "
+                         f"(1 + eps)**{name} of the default priority 1 must be a finite float32, so {name} <= "
+                         f"log(FLOAT32_MAX) / log(1 + eps)")
     return value
 
 
 def check_seed(seed) -> int | None:
-    """``seed`` unless it is neither None nor an int (bools refused).
+    """``seed`` unless it is neither None nor an int (bools refused) in ``torch.Generator.manual_seed``'s range
+    ``[-2**63, 2**64)``.
 
     Raises:
         TypeError: another type, naming ``seed``.
+        ValueError: an int outside that range.
     """
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be None or an int, got {type(seed).__name__} {seed!r}")
+    if seed is not None and not -2**63 <= seed < 2**64:
+        raise ValueError(f"seed must be None or an int in [-2**63, 2**64) (torch.Generator.manual_seed's range), "
+                         f"got {seed!r}")
     return seed
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` unless it is not a bool: a truthy string such as ``"no"`` or an int such as 2 would be read as
+    True.
+
+    Raises:
+        TypeError: not a bool, naming ``name``.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value
+
+
+#: Largest number of slots a buffer or sampler takes: its priorities alone (8 bytes a slot) would fill 2**48 bytes,
+#: the address space of today's CPUs and CUDA devices.
+MAX_CAPACITY = 2**45
+
+
+def check_capacity(name: str, value) -> int:
+    """``value`` unless it is not an int (bools refused) in ``[1, MAX_CAPACITY]`` (:data:`MAX_CAPACITY`).
+
+    Raises:
+        ValueError: naming ``name`` and the range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if value > MAX_CAPACITY:
+        raise ValueError(f"{name} must be an int in [1, 2**45], got {value!r}: 8 bytes a slot of priorities alone "
+                         f"would exceed 2**48 bytes, the address space of a CPU or CUDA device")
+    return value
+
+
+def check_key(name: str, value, *, allow_none: bool = True):
+    """``value`` unless it is not a TensorDict key: a str or a non-empty tuple of str (a nested key), or None with
+    ``allow_none``.
+
+    Raises:
+        TypeError: another type, naming ``name``.
+    """
+    if value is None and allow_none:
+        return value
+    if isinstance(value, str) or (isinstance(value, tuple) and value and all(isinstance(k, str) for k in value)):
+        return value
+    raise TypeError(f"{name} must be a key of the stored TensorDict (a str or a non-empty tuple of str"
+                    f"{', or None' if allow_none else ''}), got {type(value).__name__} {value!r}")
 
 
 def check_generator(generator) -> None:

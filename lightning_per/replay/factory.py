@@ -14,7 +14,7 @@ from lightning_per.replay.buffer import (
     _GPUUniformReplayBuffer,
     build_sampler,
 )
-from lightning_per.replay.errors import check_batch_size, check_generator, check_seed
+from lightning_per.replay.errors import check_batch_size, check_bool, check_capacity, check_generator, check_seed
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
 from lightning_per.replay.random import GPURandomSampler
@@ -23,6 +23,9 @@ from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 from lightning_per.replay.writer import GPURoundRobinWriter
 
 __all__ = ["make_replay_buffer"]
+
+#: ``frame_keys``' default: the stacked keys of a ``frame_stack`` buffer.
+_FRAME_KEYS = ("observation", "next_observation")
 
 #: Sampler constructor parameters that make_replay_buffer sets itself (not accepted in **sampler_kwargs).
 _SET_BY_FACTORY = {"self", "max_capacity", "alpha", "beta", "eps", "device"}
@@ -33,7 +36,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        eps: float = 1e-6, generator: torch.Generator | None = None,
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
                        frame_stack: int | None = None, frames: int | None = None, pinned_host: bool = False,
-                       frame_keys: tuple[Any, Any] = ("observation", "next_observation"),
+                       frame_keys: tuple[Any, Any] = _FRAME_KEYS,
                        **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
@@ -54,7 +57,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         frame_stack: store the stacked-frame ``frame_keys`` with each frame once
             (:class:`~lightning_per.replay.frames.FrameStackStorage` of ``frame_stack`` frames a stack and a ring
             of ``frames`` frames); needs ``sampler="proportional"`` (it masks slots whose frames are gone).
-        frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack``).
+        frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack`` only).
         pinned_host: keep the transitions in page-locked host memory
             (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
             ``device``): for buffers larger than the GPU.
@@ -71,8 +74,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         TensorDicts ``[B]`` on the device with ``"index"``; prioritized ones add ``"priority_weight"``.
 
     Raises:
-        ValueError: an unknown ``sampler`` or a bad size (named in the message).
-        TypeError: a keyword the chosen sampler does not take (the message lists the ones it does).
+        ValueError: an unknown ``sampler``, a size, seed, device, ``eps`` or exponent out of range, or ``frames`` /
+            ``frame_keys`` without ``frame_stack`` (named in the message).
+        TypeError: a keyword the chosen sampler does not take (the message lists the ones it does), or a flag
+            (``packed``, ``fallback``, ``pinned_host``, ``stratified``, ...) that is not a bool.
 
     Example::
 
@@ -86,11 +91,16 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         ((32, 4), torch.float32)
         >>> rb.update_priority(batch["index"], batch["reward"].abs())
     """
-    if not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    check_capacity("capacity", capacity)
     check_batch_size(batch_size)
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
+    for name, flag in (("fallback", fallback), ("packed", packed), ("pinned_host", pinned_host)):
+        check_bool(name, flag)
+    if frame_stack is None and (frames is not None or frame_keys != _FRAME_KEYS):
+        given = "frames" if frames is not None else "frame_keys"
+        raise ValueError(f"{given} configures the frame ring of a frame_stack buffer: give frame_stack (frames a "
+                         f"stack) too, or leave {given} unset")
     device = resolve_device(device)
     if pinned_host:
         if frame_stack is not None:
@@ -120,7 +130,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler='uniform'; "
                             f"its options are ['eager_graphs', 'seed']")
         seed = sampler_kwargs.pop("seed", None)
-        sampler_kwargs.pop("eager_graphs", None)  # accepted, as for the other samplers: nothing to serve here
+        check_bool("eager_graphs", sampler_kwargs.pop("eager_graphs", True))  # accepted, as for the other
+        # samplers: nothing to serve here
         rb = _GPUUniformReplayBuffer(storage=storage, sampler=build_sampler(GPURandomSampler, capacity, device,
                                                                             seed=seed),
                                      writer=GPURoundRobinWriter(), batch_size=batch_size,

@@ -233,6 +233,8 @@ class FrameStackStorage(GPUTensorStorage):
             data = data.unsqueeze(0)
             cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
         self.check_spec(data)
+        if data.batch_size[0] == 0:  # nothing to write (TorchRL's storages write nothing for an empty batch)
+            return
         obs, nxt = (data.get(k) for k in self.frame_keys)
         self._ensure_frames(tuple(obs.shape[2:]))
         device = self.frames.device

@@ -14,8 +14,8 @@ of raising (see :meth:`GPUPrioritizedSampler.update_priority`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -28,7 +28,10 @@ from lightning_per.ops import block_size_for, select_backend
 from lightning_per.replay import priority as core
 from lightning_per.replay.draws import PriorityDraws
 from lightning_per.replay.errors import (
+    check_bool,
+    check_capacity,
     check_draw,
+    check_eps,
     check_exponent,
     check_index,
     check_index_priority,
@@ -52,9 +55,14 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
 
     Args:
         max_capacity: number of slots N (>= 1), the storage's ``max_size``.
-        alpha: priority exponent (>= 0); settable, exactly (raw priorities are kept).
+        alpha: priority exponent (>= 0); settable, exactly (raw priorities are kept). With ``eps``, bounded so that
+            every stored value ``(p + eps)^alpha`` is a normal float32: ``eps^alpha`` must not underflow and
+            ``(1 + eps)^alpha`` (the default priority's) must not overflow (see ``check_exponent``).
         beta: IS-weight exponent (>= 0); settable (e.g. by a TorchRL ``ParameterScheduler``).
-        eps: added to raw priorities before the exponent (> 0 keeps every stored value positive).
+        eps: added to raw priorities before the exponent (> 0 keeps every stored value positive); at most
+            ``min(FLOAT32_MAX, FLOAT32_MAX**(1/alpha) - 1)`` (:func:`~lightning_per.replay.errors.eps_limit`:
+            the default priority 1 must store a finite value). Raw priorities whose stored value would overflow
+            float32 are lowered to the largest that does not and counted in :attr:`clamped_priority_count`.
         device: where priorities live; default the CUDA device when available, else CPU.
         stratified: one draw per equal-mass segment (default) or i.i.d. draws.
         shuffle_strata: with ``stratified``, return the draws in a uniformly random order (default): a device-side
@@ -88,7 +96,9 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
     kernels also the large writes' ``int32`` last-writer scratch per slot.
 
     Raises:
-        ValueError: a bad argument (named in the message).
+        ValueError: a bad argument (named in the message, with the range it must lie in).
+        TypeError: a flag (``stratified``, ``shuffle_strata``, ``eager_graphs``, ``max_priority_within_buffer``)
+            that is not a bool, or an exponent that is not a number.
 
     Example::
 
@@ -119,11 +129,13 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
                  dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True,
                  max_priority_within_buffer: bool = False, shuffle_strata: bool = True) -> None:
-        if not isinstance(max_capacity, int) or max_capacity < 1:
-            raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
-        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-            raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
-        alpha, beta = check_exponent("alpha", alpha, eps=float(eps)), check_exponent("beta", beta)
+        check_capacity("max_capacity", max_capacity)
+        for name, flag in (("stratified", stratified), ("shuffle_strata", shuffle_strata),
+                           ("eager_graphs", eager_graphs), ("max_priority_within_buffer", max_priority_within_buffer)):
+            check_bool(name, flag)
+        alpha = check_exponent("alpha", alpha)
+        eps = check_eps(eps, alpha)  # (1 + eps)^alpha, the default priority's stored value, must be finite
+        alpha, beta = check_exponent("alpha", alpha, eps=eps), check_exponent("beta", beta)
         check_seed(seed)
         if weight_normalization not in ("buffer", "batch"):
             raise ValueError(f"weight_normalization must be 'buffer' or 'batch', got {weight_normalization!r}")
@@ -134,9 +146,9 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         self.reduction = reduction
         self.dtype = dtype
         self.stratified = stratified
-        self.shuffle_strata = bool(shuffle_strata)
+        self.shuffle_strata = shuffle_strata
         self.weight_normalization = weight_normalization
-        self._max_priority_within_buffer = bool(max_priority_within_buffer)
+        self._max_priority_within_buffer = max_priority_within_buffer
         self._device = resolve_device(device)
         self._backend = backend
         self._ops = select_backend(self._device, backend)
@@ -190,15 +202,21 @@ class GPUPrioritizedSampler(PriorityDraws, FusedGather, PrioritizedCheckpoint, P
         self._init()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle / ``copy.deepcopy`` state: everything but the backend module and the cached CUDA graphs, which
-        :meth:`__setstate__` selects and starts afresh (also when handed to a spawned process)."""
-        state = self.__dict__.copy()
+        """Pickle / ``copy.deepcopy`` state (also what a ``spawn``ed process receives): the generators as bytes
+        (:meth:`DeviceRNGMixin.__getstate__ <lightning_per.replay._rng.DeviceRNGMixin.__getstate__>`), the
+        compiled draws' device counters as a copy of their own (a draw advances them: a copy that shared them
+        with the original would move the original's draws), and neither the backend module nor the cached CUDA
+        graphs, which :meth:`__setstate__` selects and starts afresh. The priority tensors travel as tensors do
+        (a ``spawn``ed process shares them, torch.multiprocessing's rule)."""
+        state = super().__getstate__()
+        if self._state.rng is not None:
+            state["_state"] = dataclasses.replace(self._state, rng=self._state.rng.clone())
         state["_ops"] = None
         state["_graphs"] = self._graphs is not None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._ops = select_backend(self._device, self.__dict__.get("_backend", "auto"))
         self._graphs = EagerGraphs() if state["_graphs"] else None
 

@@ -27,13 +27,12 @@ Example::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from lightning_per.replay.errors import FLOAT32_MAX
+from lightning_per.replay.errors import FLOAT32_MAX, stored_fits
 
 __all__ = ["PriorityState", "bounded", "default_priority", "mask", "max_within_buffer", "probabilities",
            "raw_limit", "rebuild", "sample", "sample_gather", "write"]
@@ -108,15 +107,33 @@ class PriorityState:
 
 
 def raw_limit(alpha: float, eps: float) -> float:
-    """The largest raw priority ``p`` whose stored value ``(p + eps)^alpha`` is a finite float32 (with a margin of
-    1e-5 relative for the devices' ``pow`` rounding), or the largest float32 when alpha <= 1 (no finite ``p``
-    overflows then). Host arithmetic at construction and when alpha changes."""
-    if alpha <= 1.0:
+    """The largest float32 raw priority ``p`` whose stored value ``(p + eps)^alpha``, computed as the ops compute it,
+    stays finite (:func:`lightning_per.replay.errors.stored_fits`): ``FLOAT32_MAX`` when that one fits (any alpha
+    below 1 with an ``eps`` below float32's max; alpha 1 with a small ``eps``), else found by bisection over the
+    float32 bit patterns (31 host steps; about ``FLOAT32_MAX**(1/alpha) - eps``). At least 1 for every ``eps`` the
+    samplers accept (:func:`~lightning_per.replay.errors.check_eps`); 0 when not even ``p = 0`` fits. Host
+    arithmetic at construction and when alpha changes."""
+    if stored_fits(FLOAT32_MAX, alpha, eps):
         return FLOAT32_MAX
-    limit = float(torch.tensor(FLOAT32_MAX ** (1.0 / alpha) * (1 - 1e-5) - eps, dtype=torch.float32))
-    while not math.isfinite(float(torch.tensor(limit + eps, dtype=torch.float32) ** alpha)):  # host tensors
-        limit *= 1 - 1e-5
-    return limit
+    lo, hi = 0, _F32_MAX_BITS  # bit patterns of non-negative float32s order as their values
+    if not stored_fits(0.0, alpha, eps):
+        return 0.0
+    while hi - lo > 1:  # stored_fits(bits lo) and not stored_fits(bits hi)
+        mid = (lo + hi) // 2
+        if stored_fits(_f32_of_bits(mid), alpha, eps):
+            lo = mid
+        else:
+            hi = mid
+    return _f32_of_bits(lo)
+
+
+#: The bit pattern of the largest float32.
+_F32_MAX_BITS = int(torch.tensor(FLOAT32_MAX, dtype=torch.float32).view(torch.int32))  # host tensor
+
+
+def _f32_of_bits(bits: int) -> float:
+    """The non-negative float32 of bit pattern ``bits``."""
+    return float(torch.tensor(bits, dtype=torch.int32).view(torch.float32))  # host tensor
 
 
 def default_priority(max_raw: Tensor) -> Tensor:
@@ -146,7 +163,8 @@ def reduce(ops, state: PriorityState) -> None:
 
 def bounded(state: PriorityState, raw: Tensor) -> Tensor:
     """``raw`` with every finite value above :attr:`PriorityState.raw_limit` lowered to it, counted in
-    ``n_clamped`` (device ops, no sync); ``raw`` itself while alpha <= 1 (nothing can overflow). NaN, +/-inf and
+    ``n_clamped`` (device ops, no sync); ``raw`` itself while that limit is ``FLOAT32_MAX`` (nothing can overflow:
+    alpha < 1, or alpha 1 with a small eps). NaN, +/-inf and
     negatives pass unchanged to the write's own sanitizing rule."""
     limit = state.raw_limit
     if limit >= FLOAT32_MAX:

@@ -119,7 +119,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
 
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
                  sort_every: int = 1, **kwargs) -> None:
-        if not isinstance(sort_every, int) or sort_every < 1:
+        if isinstance(sort_every, bool) or not isinstance(sort_every, int) or sort_every < 1:
             raise ValueError(f"sort_every must be an int >= 1, got {sort_every!r}")
         self.sort_every = sort_every
         super().__init__(max_capacity, alpha, beta, eps, **kwargs)

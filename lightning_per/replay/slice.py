@@ -45,7 +45,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceS
 
 from lightning_per.ops import select_backend
 from lightning_per.replay._rng import DeviceRNGMixin
-from lightning_per.replay.errors import check_index, check_kind
+from lightning_per.replay.errors import check_capacity, check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
 from lightning_per.replay.slice_ops import reduce_touched
@@ -111,16 +111,28 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
                  truncated_key=("next", "truncated"), init_key="is_init", span=False,
                  device: torch.device | str | None = None, seed: int | None = None,
                  backend: str = "auto") -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        check_capacity("capacity", capacity)
         self._device = resolve_device(device)
         self._init_slices(capacity, num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
                           traj_key=traj_key, strict_length=strict_length, truncated_key=truncated_key,
                           init_key=init_key, span=span)
+        self._backend = backend
         self._ops = select_backend(self._device, backend)
         self._init_fns()
         self._init_rng(seed)
         self._init_starts()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state (also what a ``spawn``ed process receives): the generators as bytes,
+        without the backend module, which :meth:`__setstate__` selects afresh."""
+        state = super().__getstate__()
+        state["_ops"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        state["_ops"] = select_backend(state["_device"], state["_backend"])
+        super().__setstate__(state)
 
     def _init_starts(self) -> None:
         nb, blk, d = self.slice_blocks, self.slice_block, self._device
@@ -287,8 +299,7 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
             raise ValueError(f"slice_priority must be one of {SLICE_PRIORITY_RULES}, got {slice_priority!r}")
         self.slice_priority = slice_priority
         self._device = resolve_device(device)
-        if isinstance(max_capacity, bool) or not isinstance(max_capacity, int) or max_capacity < 1:
-            raise ValueError(f"max_capacity must be an int >= 1, got {max_capacity!r}")
+        check_capacity("max_capacity", max_capacity)
         self._init_slices(max_capacity, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
                           end_keys=end_keys, traj_key=traj_key, strict_length=strict_length,
                           truncated_key=truncated_key, init_key=init_key, span=span)

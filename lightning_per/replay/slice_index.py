@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lightning_per.ops import block_size_for, reference
 from lightning_per.replay.compat import stored_data
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_index
+from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_bool, check_index, check_key
 from lightning_per.replay.rows import set_all
 from lightning_per.replay.slice_ops import device_fn, reduce_touched, slice_steps, uniform_starts
 from lightning_per.replay.storage import GPUTensorStorage
@@ -88,8 +88,15 @@ class SliceIndex:
         if end_key is not None and end_keys is not None:
             raise ValueError("end_key and end_keys are exclusive: give the single end flag as end_key, or the "
                              "flags to OR together as end_keys")
+        if end_keys is not None and not isinstance(end_keys, (list, tuple)):
+            raise TypeError(f"end_keys must be a list or tuple of keys of the stored TensorDict, got "
+                            f"{type(end_keys).__name__} {end_keys!r}")
         if end_keys is not None and not len(end_keys):
             raise ValueError("end_keys must name at least one key")
+        for name, key in (("end_key", end_key), ("traj_key", traj_key), ("truncated_key", truncated_key),
+                          ("init_key", init_key), *((f"end_keys[{i}]", k) for i, k in enumerate(end_keys or ()))):
+            check_key(name, key, allow_none=not name.startswith("end_keys"))
+        check_bool("strict_length", strict_length)
         if span not in (False, 0, (False, False), (0, 0), (False, 0), (0, False)):
             raise NotImplementedError(f"span={span!r}: slices that run past a trajectory's ends are not supported "
                                       f"by the GPU slice samplers (span=False only)")
@@ -99,7 +106,7 @@ class SliceIndex:
         self.end_keys = tuple(end_keys) if end_keys is not None else None
         self.traj_key = traj_key
         self.truncated_key, self.init_key = truncated_key, init_key
-        self.strict_length = bool(strict_length)
+        self.strict_length = strict_length
         self.span = (False, False)
         self.step_key, self.fragmented, self._fragmented_index = None, False, None
         self.cache_values, self._cache, self.pad_output, self.compile = False, {}, not strict_length, False
@@ -324,6 +331,18 @@ class SliceIndex:
                              f"(slice_len / batch_size // num_slices) and strict_length=True; store longer "
                              f"trajectories or pass strict_length=False")
         self._checked = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: the sampler's, without the draw's step functions (compiled ones do not
+        pickle), which :meth:`__setstate__` takes afresh."""
+        state = super().__getstate__()
+        state.pop("_slice_steps", None)
+        state.pop("_uniform_starts", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._init_fns()
 
     def _init_fns(self) -> None:
         """The draw's steps: compiled on CUDA when the compiled kernels serve the draws (``torch.compile``, once per

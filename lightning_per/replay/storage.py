@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage
 
 from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len
+from lightning_per.replay.errors import check_bool, check_capacity
 from lightning_per.replay.ring import RingState, match_pairs, read_slots, ring_field, rows_batch, write_pairs
 from lightning_per.replay.rows import (
     field_views,
@@ -50,8 +51,8 @@ def resolve_device(device: torch.device | str | None, name: str = "device") -> t
     """``device`` as a ``torch.device`` (:func:`default_device` for None).
 
     Raises:
-        ValueError: ``device`` is not a device torch knows, or names a CUDA device while CUDA is not available
-            (the message names ``name``).
+        ValueError: ``device`` is not a device torch knows, is neither the CPU nor a CUDA device (``"meta"``), or
+            names a CUDA device this machine does not have (the message names ``name``).
     """
     if device is None:
         return default_device()
@@ -60,9 +61,15 @@ def resolve_device(device: torch.device | str | None, name: str = "device") -> t
     except (RuntimeError, TypeError):
         raise ValueError(f"{name} must be a torch.device, a device string such as 'cuda', 'cuda:1' or 'cpu', or "
                          f"None; got {device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), or None; got {str(device)!r} "
+                         f"(the replay keeps its tensors and draws on the CPU or a CUDA device)")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={str(device)!r} but CUDA is not available on this machine; use {name}='cpu' "
                          f"or leave it None (CUDA when available, else CPU)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{name}={str(device)!r} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                         f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     return device
 
 
@@ -125,8 +132,9 @@ class GPUTensorStorage(LazyTensorStorage):
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, fallback: bool = True,
                  ndim: int = 1, packed: bool = False, compilable: bool = False, consolidated: bool = False,
                  shared_init: bool = False, cleanup_memmap: bool = True) -> None:
-        if not isinstance(max_size, int) or max_size < 1:
-            raise ValueError(f"max_size must be an int >= 1, got {max_size!r}")
+        check_capacity("max_size", max_size)
+        check_bool("fallback", fallback)
+        check_bool("packed", packed)
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
             raise ValueError(f"ndim must be an int >= 1, got {ndim!r}")
         device = resolve_device(device)
@@ -136,7 +144,7 @@ class GPUTensorStorage(LazyTensorStorage):
             options["cleanup_memmap"] = False
         super().__init__(max_size, device=device, ndim=ndim, **options)
         self.fallback = fallback
-        self.packed = bool(packed)
+        self.packed = packed
         #: TorchRL's layout and code paths (True: see Layout), decided at the first write or load
         self._generic = ndim > 1 or bool(consolidated) or bool(shared_init)
         self._spec: dict | None = None
