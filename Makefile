@@ -8,7 +8,7 @@ ARGS ?=
 OLDEST_TESTS ?= tests/test_replay_*.py tests/test_buffer_refusals.py tests/test_safe_inputs.py tests/test_integrity.py \
 	tests/test_schema.py tests/test_graphs_capture.py
 
-.PHONY: train test test-oldest test-gpu bench lint clean-venv
+.PHONY: train test test-oldest test-newest test-gpu bench lint clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,26 @@ $(OLDEST)/.installed: $(STAMP)
 test-oldest: $(OLDEST)/.installed
 	PYTHONPATH=$(OLDEST) $(BIN)/python -m pytest -q $(ARGS) $(OLDEST_TESTS)
 
+# The kernel, replay, capture and config tests under the newest torch, Triton and tensordict the package index serves,
+# in a venv of their own (.venv-newest; the main venv keeps what pyproject.toml resolves to). PIP_CONSTRAINT=/dev/null
+# overrides any constraint file the environment sets (pins for the main venv), in this target only; tensordict is
+# upgraded last, past torchrl's pin of it (pip warns of the conflict and installs it: that is the point).
+NEWEST := .venv-newest
+NEWEST_TESTS ?= tests/test_ext_*.py tests/test_ops_reference.py tests/test_replay_*.py tests/test_buffer_refusals.py \
+	tests/test_graphs_*.py tests/test_ga3c_config.py tests/test_cli_dqn.py
+$(NEWEST)/.installed: pyproject.toml
+	test -x $(NEWEST)/bin/python || $(PY) -m venv $(NEWEST)
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install -q --upgrade torch triton
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install -q --upgrade -e ".[test]"
+	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install -q --upgrade tensordict
+	$(NEWEST)/bin/python -c "import torch, triton, tensordict, torchrl; print('newest:', torch.__version__, \
+		'triton', triton.__version__, 'tensordict', tensordict.__version__, 'torchrl', torchrl.__version__)"
+	touch $@
+
+test-newest: $(NEWEST)/.installed
+	$(NEWEST)/bin/python -m pytest -q $(ARGS) $(NEWEST_TESTS)
+
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu $(ARGS)
 
@@ -47,4 +67,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports  # the layering contracts of pyproject.toml ([tool.importlinter])
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(NEWEST)

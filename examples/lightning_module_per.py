@@ -31,7 +31,8 @@ from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, SoftUpdate
 
 from lightning_per import graphs, make_replay_buffer
-from lightning_per.callbacks import AsyncMetricsCallback, MetricAccumulator, make_wandb_logger
+from lightning_per.callbacks import AsyncMetricsCallback, make_wandb_logger
+from lightning_per.metrics import MetricAccumulator
 
 try:  # torchrl >= 0.12 names the single-process collector `Collector`
     from torchrl.collectors import Collector
@@ -72,7 +73,7 @@ class CartPoleDQN(pl.LightningModule):
         self.update = None
 
     def configure_optimizers(self):
-        capturable = self.hparams.capture and self.device.type == "cuda"
+        capturable = self.hparams.capture  # on a CPU the capture's eager calls step it as capturable=False
         return torch.optim.Adam(self.loss_module.parameters(), lr=self.hparams.lr, capturable=capturable)
 
     def setup(self, stage: str) -> None:

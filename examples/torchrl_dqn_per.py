@@ -59,8 +59,9 @@ def make_learner(obs_dim: int, action_spec, *, device, capacity: int = 50_000, b
     loss.make_value_estimator(gamma=gamma)
     target = (graphs.HardUpdate(loss, value_network_update_interval=hard_update) if hard_update is not None
               else SoftUpdate(loss, tau=tau))
-    # capturable=True: Adam's step count lives on the device, so the graph advances it (CUDA only)
-    optimizer = torch.optim.Adam(loss.parameters(), lr=lr, capturable=capture and device.type == "cuda")
+    # capturable=True: Adam's step count lives on the device, so the graph advances it (on a CPU, where torch has
+    # no capturable step, the capture's eager calls step it as capturable=False)
+    optimizer = torch.optim.Adam(loss.parameters(), lr=lr, capturable=capture)
     # the one line that differs from TorchRL's DQN recipe: our buffer, on the learner's device
     rb = make_replay_buffer(capacity, batch_size, sampler="proportional", device=device, alpha=0.6, beta=0.4,
                             priority_key="td_error", generator=torch.Generator().manual_seed(seed))

@@ -320,7 +320,7 @@ def _sample_gather_kernel(leaves_ptr, bsum_ptr, bmin_ptr, u_ptr, beta_ptr, beta_
     for start in range(0, width, W_CHUNK):
         offs = start + tl.arange(0, W_CHUNK)
         m = offs < width
-        tl.store(dst + offs, tl.load(src + offs, mask=m & live, other=0), mask=m)
+        tl.store(dst + offs, tl.load(src + offs, mask=tl.where(live, m, False), other=0), mask=m)
     tl.store(index_ptr + k, index)
     neg_beta = (-exponent(beta_ptr, beta_bits, BETA_FROM_PTR)).to(tl.float32)
     tl.store(w_ptr + k, powf(tl.math.div_rn(p, p_min), neg_beta))

@@ -25,7 +25,7 @@ def _chunk(ptr, start, n, carry, live, CHUNK: tl.constexpr):
     """Chunk ``[start, start+CHUNK)`` of the masses ``ptr[0:n]``: offsets, validity, float64 values
     and their inclusive prefix sums continued from ``carry``."""
     offs = start + tl.arange(0, CHUNK)
-    valid = (offs < n) & live
+    valid = tl.where(live, offs < n, False)  # masks are bool (Triton 3.9's interpreter refuses others)
     x = tl.load(ptr + offs, mask=valid, other=0.0).to(tl.float64)
     cdf = tl.cumsum(x, 0) + carry
     return offs, valid, x, cdf

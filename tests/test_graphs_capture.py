@@ -19,15 +19,16 @@ from lightning_per import make_replay_buffer
 from lightning_per.graphs import CaptureError, HardUpdate, capture, count_optimizer_step
 
 
-def _recipe(seed: int = 0, capacity: int = 256, batch: int = 32):
-    """TorchRL's DQN pieces with our buffer (CPU), filled with random transitions of a 4-d, 3-action task."""
+def _recipe(seed: int = 0, capacity: int = 256, batch: int = 32, capturable: bool = True):
+    """TorchRL's DQN pieces with our buffer (CPU), filled with random transitions of a 4-d, 3-action task
+    (``capturable``: the Adam a capture takes; torch steps a CPU one only with False)."""
     torch.manual_seed(seed)
     spec = OneHot(3)
     actor = QValueActor(MLP(in_features=4, out_features=3, num_cells=[16]), in_keys=["observation"], spec=spec)
     loss = DQNLoss(actor, action_space=spec, delay_value=True, double_dqn=True)
     loss.make_value_estimator(gamma=0.9)
     target = SoftUpdate(loss, eps=0.9)
-    opt = torch.optim.Adam(loss.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(loss.parameters(), lr=1e-2, capturable=capturable)
     rb = make_replay_buffer(capacity, batch, sampler="proportional", device="cpu", alpha=0.6, beta=0.4,
                             priority_key="td_error", generator=torch.Generator().manual_seed(seed))
     g = torch.Generator().manual_seed(100 + seed)
@@ -53,9 +54,9 @@ def _recipe(seed: int = 0, capacity: int = 256, batch: int = 32):
 
 
 def test_eager_fallback_runs_k_updates_per_call_like_a_plain_loop():
-    step_a, loss_a, _, rb_a, _ = _recipe()
-    step_b, loss_b, _, rb_b, _ = _recipe()
-    update = capture(step_a, state=[loss_a, rb_a], updates_per_replay=4)
+    step_a, loss_a, opt_a, rb_a, target_a = _recipe()
+    step_b, loss_b, opt_b, rb_b, _ = _recipe(capturable=False)
+    update = capture(step_a, state=[loss_a, opt_a, rb_a, target_a], updates_per_replay=4)
     assert not update.graphed and update.graph is None
     for _ in range(3):
         update()
@@ -65,6 +66,11 @@ def test_eager_fallback_runs_k_updates_per_call_like_a_plain_loop():
         assert ka == kb and (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), ka
     for a, b in zip(rb_a.sampler.device_state(), rb_b.sampler.device_state()):
         assert torch.equal(a, b)
+    # the capturable Adam stepped as torch's CPU Adam: the same moments and step count, and its flag kept
+    for p_a, p_b in zip(loss_a.parameters(), loss_b.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt_a.state[p_a][key], opt_b.state[p_b][key]), key
+    assert all(group["capturable"] for group in opt_a.param_groups)
     assert update.calls == 3
 
 
@@ -146,7 +152,7 @@ def test_a_draw_from_a_generator_the_capture_did_not_register_is_named(monkeypat
     rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="kernels", seed=0)
     rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
     sampler = rb.sampler
-    monkeypatch.setattr(sampler._ops, "SHUFFLE_DRAWS", 4)
+    monkeypatch.setattr(sampler.core.ops, "SHUFFLE_DRAWS", 4)
     assert sampler.draw_generators(8) == (sampler.generator,)
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     with pytest.raises(RuntimeError) as info:
@@ -165,7 +171,7 @@ def test_shuffled_kernel_draws_use_no_generator(monkeypatch, B):
     needs none registered, and every stratum holds one draw."""
     rb = make_replay_buffer(16 * B, B, device="cpu", alpha=1.0, beta=0.4, backend="kernels", seed=0)
     rb.extend(TensorDict({"x": torch.arange(16.0 * B)}, [16 * B]))
-    assert rb.sampler.shuffle_strata and rb.sampler.draw_generators(B) == ()
+    assert rb.sampler.core.rule.shuffle_strata and rb.sampler.draw_generators(B) == ()
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     index = rb.sample()["index"]
     # equal priorities: stratum j of B covers slots [16 j, 16 j + 16), one draw in each

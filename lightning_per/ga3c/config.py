@@ -347,7 +347,7 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
             unknown = sorted(set(overrides) - set(names))
             if unknown:  # e.g. "config", which parse_object would not take as a file
                 raise UnknownOption(f"overrides: {unknown} are no fields of GA3CConfig; known fields: {names}")
-            ns = parser.parse_object(dict(overrides), cfg_base=ns)
+            ns = parser.parse_object(dict(overrides), ns)  # positional: the keyword's name differs across versions
     except ArgumentError as err:
         message = " ".join(str(err).split())
         if message.startswith("unrecognized arguments") or "is not accepted" in message:
@@ -364,7 +364,9 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
 def field_docs() -> dict[str, str]:
     """``field name -> attribute docstring`` of :class:`GA3CConfig` (what ``--help`` shows), as the
     parser read them."""
-    return {a.dest: " ".join(str(a.help).split()) for a in config_parser()._actions
+    from lightning_per.lightning_compat import parser_actions  # imports Lightning: only when asked
+
+    return {a.dest: " ".join(str(a.help).split()) for a in parser_actions(config_parser())
             if a.dest in GA3CConfig.__dataclass_fields__}
 
 

@@ -2,7 +2,8 @@
 
 - :func:`capture` / :class:`CapturedStep`: a user's whole training update (sample from our buffer, loss,
   backward, optimizer step, target update, priority update), K updates per call, as one CUDA-graph replay;
-  plain eager calls on CPU. :class:`CaptureError` names what cannot be captured.
+  plain eager calls on CPU, checked there for what a GPU capture would refuse (:mod:`.check` watches the first
+  call). :class:`CaptureError` names what cannot be captured.
 - :class:`HardUpdate`: TorchRL's hard target-network schedule on a device counter (capturable).
 - :class:`CapturedUpdate`: the capture the DQN and GA3C modules build their graph modes on;
   :func:`count_optimizer_step` reports in-graph optimizer steps to Lightning; :func:`no_recompiles`.

@@ -6,7 +6,8 @@ optimizer step, target-network update, priority update), ``updates_per_replay`` 
 ``torch.cuda.CUDAGraph``, so that each call is one graph replay: one launch on the host, no host
 synchronisation. The recipe is torch's (side-stream warm-up, then capture); what it adds is the rollback of
 the warm-up (the first replay is the first update, as if the warm-up never ran), the registration of the
-generators the step draws from, checks that name what cannot be captured, and an eager fallback on CPU.
+generators the step draws from, checks that name what cannot be captured (on a CPU too, where the step runs
+eagerly), and that eager fallback.
 ``docs/graphs.md`` describes the limits and how TorchRL's pieces fit.
 """
 
@@ -23,6 +24,7 @@ from tensordict import TensorDictBase
 from torch import Tensor, nn
 
 from lightning_per.graphs.capturing import cuda_graph_capture
+from lightning_per.graphs.check import StepWatch, describe_site
 from lightning_per.graphs.eager import eager_graphs_paused
 from lightning_per.graphs.errors import CaptureError
 from lightning_per.graphs.state import CaptureState
@@ -35,7 +37,7 @@ _SYNC_MESSAGE = "synchronizing CUDA operation"  # torch's message under set_sync
 
 def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1, warmup: int = 3,
             enabled: bool | None = None, device: torch.device | str | None = None, pool: Any = None,
-            check_syncs: bool = True, capture_error_mode: str = "global") -> CapturedStep:
+            check: bool = True, check_syncs: bool = True, capture_error_mode: str = "global") -> CapturedStep:
     """Turn ``step`` (one whole training update) into a callable that runs ``updates_per_replay`` updates
     per call as one CUDA-graph replay (on CUDA), or plainly (on CPU).
 
@@ -47,11 +49,18 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
     eager calls of ``step`` from the state it finds (on the device; see ``docs/graphs.md`` for the tests
     that check it).
 
+    On a CPU (``enabled=None``) no graph is captured and the calls run the updates eagerly, with the same checks
+    (``check``): what a GPU capture would refuse is refused here, so a step tested on a laptop captures on the GPU.
+    ``state`` is checked at construction; the first call runs its updates watched (host reads, the objects the step
+    uses) and, when it finds a problem, puts ``state`` back and raises. An optimizer built with ``capturable=True``
+    (what the GPU needs) steps as ``capturable=False`` in the eager calls on a CPU, where torch has no capturable
+    path: the same update.
+
     Args:
-        step: ``step(*inputs) -> outputs``: one update. On CUDA it must be capturable: static shapes, no
-            host reads of device values (``.item()``, ``.cpu()``, a Python ``if`` on a tensor), device tensors
-            only, capturable optimizers. ``outputs``: a tensor, a dict / tuple of tensors, a TensorDict or
-            None.
+        step: ``step(*inputs) -> outputs``: one update. It must be capturable: static shapes, no host reads of
+            device values (``.item()``, ``.cpu()``, ``.tolist()``, a Python ``if`` on a tensor), device tensors
+            only, capturable optimizers, and everything it changes listed in ``state``. ``outputs``: a tensor, a
+            dict / tuple of tensors, a TensorDict or None.
         state: everything ``step`` changes that the warm-up must leave untouched: ``nn.Module`` (parameters
             and buffers, e.g. TorchRL's ``DQNLoss`` with its target network, an ``EGreedyModule``),
             ``torch.optim.Optimizer`` (or Lightning's wrapper of one), replay buffers and samplers (ours:
@@ -61,12 +70,19 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
         warmup: eager iterations (of all K updates) before the capture, >= 1. With ``check_syncs`` the
             second and later ones run under ``torch.cuda.set_sync_debug_mode("error")``: use >= 2 to have a
             host synchronisation named before the capture.
-        enabled: capture (True), run eagerly (False) or decide from the device (None: capture on CUDA).
+        enabled: capture (True), run eagerly (False: unchecked) or decide from the device (None: capture on
+            CUDA, checked eager calls on a CPU).
         device: the CUDA device of the graph (default: that of the first tensor found in ``state``).
         pool: a memory-pool handle (``torch.cuda.graph_pool_handle()`` or another graph's ``pool()``) to
             share with other graphs; default a private pool.
-        check_syncs: name a host synchronisation found in the warm-up (``set_sync_debug_mode`` is process-wide:
-            turn it off when other threads use the device during the first call).
+        check: refuse what a graph cannot hold (False: no check, on any device): optimizers without
+            ``capturable=True`` (or of a kind that has no capturable step: Adagrad, LBFGS, SparseAdam), host samplers,
+            TorchRL's ``HardUpdate`` (in ``state`` or called by the step), a replay buffer, sampler or optimizer the
+            step uses but ``state`` does not list, and on a CPU the step's host reads (``.item()``, ``.cpu()``,
+            ``.tolist()``, ``.numpy()``, ``float(t)``, a Python ``if`` on a tensor, ``nonzero``, boolean-mask
+            indexing, ...; reads inside ``torch.optim`` and inside this package are not the step's).
+        check_syncs: name a host synchronisation found in the warm-up on CUDA (``set_sync_debug_mode`` is
+            process-wide: turn it off when other threads use the device during the first call); only with ``check``.
         capture_error_mode: ``torch.cuda.graph``'s ``capture_error_mode`` (``"thread_local"`` when other threads
             use the device during the capture).
 
@@ -77,16 +93,18 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
         TypeError: ``step`` is not callable, or an entry of ``state`` is of an unsupported kind (named).
         ValueError: ``updates_per_replay`` or ``warmup`` < 1, ``enabled=True`` without a CUDA device, or (at the
             first call) a CUDA ``device`` where CUDA is not available.
-        CaptureError: (here or at the first call) a part cannot live in a graph: an optimizer built with
-            ``capturable=False``, a sampler that draws on the host (TorchRL's ``PrioritizedSampler``, our
-            rank-based one) or from a host length, TorchRL's ``HardUpdate``; at the first call a host
-            synchronisation in the step (the line is named) or a failed capture (the cause is named).
+        CaptureError: (here or at the first call; with ``check``, on a CPU too) a part cannot live in a graph: an
+            optimizer built with ``capturable=False``, a sampler that draws on the host (TorchRL's
+            ``PrioritizedSampler``, our rank-based one) or from a host length, TorchRL's ``HardUpdate``; at the
+            first call a replay buffer, sampler or optimizer the step uses that ``state`` does not list, a host
+            read or synchronisation in the step (the line is named) or a failed capture (the cause is named).
+            ``state`` is put back as it was.
 
     Example:
         >>> import torch
         >>> from lightning_per import graphs
         >>> net = torch.nn.Linear(4, 1)
-        >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        >>> opt = torch.optim.Adam(net.parameters(), lr=0.1, capturable=True)  # a CPU steps it non-capturable
         >>> x = torch.ones(8, 4)
         >>> def step():
         ...     opt.zero_grad()
@@ -94,11 +112,18 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
         ...     loss.backward()
         ...     opt.step()
         ...     return loss.detach()
-        >>> update = graphs.capture(step, state=[net, opt], updates_per_replay=4)  # eager on CPU
+        >>> update = graphs.capture(step, state=[net, opt], updates_per_replay=4)  # eager on CPU, checked
         >>> loss = update()  # four updates
+        >>> def logging_step():
+        ...     return step().item()  # a host read: a graph cannot hold it
+        >>> graphs.capture(logging_step, state=[net, opt])()
+        Traceback (most recent call last):
+        ...
+        lightning_per.graphs.errors.CaptureError: the step cannot be captured in a CUDA graph: ...
     """
     return CapturedStep(step, state=state, updates_per_replay=updates_per_replay, warmup=warmup, enabled=enabled,
-                        device=device, pool=pool, check_syncs=check_syncs, capture_error_mode=capture_error_mode)
+                        device=device, pool=pool, check=check, check_syncs=check_syncs,
+                        capture_error_mode=capture_error_mode)
 
 
 class CapturedStep:
@@ -106,13 +131,15 @@ class CapturedStep:
 
     Attributes:
         graphed: whether calls replay a graph (False: eager fallback).
+        checked: whether the step is checked (a graph, or the eager calls that stand in for one on a CPU).
         graph: the ``torch.cuda.CUDAGraph`` once captured (first call), else None.
         calls: calls so far (host int); ``calls * updates_per_replay`` updates ran.
     """
 
     def __init__(self, step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1,
                  warmup: int = 3, enabled: bool | None = None, device: torch.device | str | None = None,
-                 pool: Any = None, check_syncs: bool = True, capture_error_mode: str = "global") -> None:
+                 pool: Any = None, check: bool = True, check_syncs: bool = True,
+                 capture_error_mode: str = "global") -> None:
         if not callable(step):
             raise TypeError(f"step must be a callable (one update), got {type(step).__name__}")
         for name, value in (("updates_per_replay", updates_per_replay), ("warmup", warmup)):
@@ -126,9 +153,10 @@ class CapturedStep:
         if enabled and self.device.type != "cuda":
             raise ValueError(f"enabled=True needs a CUDA device, got {self.device} (pass device= or CUDA state)")
         self.graphed = self.device.type == "cuda" if enabled is None else bool(enabled)
-        if self.graphed:
+        self.checked = bool(check) and (self.graphed or enabled is None)
+        if self.checked:
             self._parts.check_capturable()
-        self._pool, self._check_syncs, self._error_mode = pool, check_syncs, capture_error_mode
+        self._pool, self._check_syncs, self._error_mode = pool, self.checked and check_syncs, capture_error_mode
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: tuple[Any, ...] = ()
         self.static_outputs: Any = None
@@ -146,8 +174,9 @@ class CapturedStep:
             CaptureError: the first call could not capture the step (see :func:`capture`).
         """
         if not self.graphed:
+            out = self._checked_updates(inputs) if self.checked and self.calls == 0 else self._eager_updates(inputs)
             self.calls += 1
-            return self._updates(inputs)
+            return out
         if self.graph is None:
             if not torch.cuda.is_available():
                 raise ValueError(f"device={self.device}: CUDA is not available here (build the capture with "
@@ -163,6 +192,30 @@ class CapturedStep:
         out = None
         for _ in range(self.updates_per_replay):
             out = self.step(*inputs)
+        return out
+
+    def _eager_updates(self, inputs: tuple[Any, ...]) -> Any:
+        with self._parts.host_optimizers():
+            return self._updates(inputs)
+
+    def _checked_updates(self, inputs: tuple[Any, ...]) -> Any:
+        """The first eager call, watched: CaptureError (``state`` put back) for what a graph would refuse."""
+        self._parts.check_ready()
+        saved = self._parts.snapshot(self.device)
+        watch = StepWatch()
+        try:
+            with watch:
+                out = self._eager_updates(inputs)
+        except Exception as exc:  # e.g. torch refusing a capturable optimizer on a CPU that state does not list
+            problem = self._parts.use_problem(watch.used.values(), self.step)
+            if problem is None:
+                raise
+            self._parts.restore(saved)
+            raise CaptureError(problem) from exc
+        problem = _read_problem(watch) or self._parts.use_problem(watch.used.values(), self.step)
+        if problem is not None:
+            self._parts.restore(saved)
+            raise CaptureError(problem)
         return out
 
     def _copy_inputs(self, inputs: tuple[Any, ...]) -> None:
@@ -208,13 +261,18 @@ class CapturedStep:
         try:
             with torch.cuda.stream(stream), eager_graphs_paused():
                 for i in range(self.warmup):
-                    with _syncs_are_errors(self._check_syncs and i > 0):
+                    # the objects the step uses, watched in the last run (compiled by then: fewer calls to watch)
+                    watch = StepWatch(reads=False) if self.checked and i == self.warmup - 1 else None
+                    with _syncs_are_errors(self._check_syncs and i > 0), watch or contextlib.nullcontext():
                         try:
                             self._updates(self.static_inputs)
                         except RuntimeError as exc:
                             if _SYNC_MESSAGE not in str(exc):
                                 raise
                             raise CaptureError(_sync_failure(exc)) from exc
+                    problem = None if watch is None else self._parts.use_problem(watch.used.values(), self.step)
+                    if problem is not None:
+                        raise CaptureError(problem)
         finally:  # also on failure: the rollback that follows runs after the warm-up's work
             torch.cuda.current_stream(device).wait_stream(stream)
 
@@ -264,19 +322,23 @@ def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
             if not f.filename.startswith(torch_dir) and os.path.abspath(f.filename) != os.path.abspath(__file__)]
 
 
+_NO_HOST_READS = ("A graph cannot read device values on the host: .item(), .cpu(), .tolist(), float(t), print(t), a "
+                  "Python if/while on a tensor, torch.nonzero or boolean-mask indexing. Keep the value on the device "
+                  "(torch.where, masks, device counters) or move the read out of the step.")
+
+
 def _sync_failure(exc: BaseException) -> str:
-    frames = _frames(exc)
-    where = "an operation of the step"
-    if frames:
-        inner = frames[-1]
-        where = f"`{inner.line}` ({inner.filename}:{inner.lineno})"
-        outer = [f for f in frames if "site-packages" not in f.filename and f is not inner]
-        if "site-packages" in inner.filename and outer:
-            where += f", called from `{outer[-1].line}` ({outer[-1].filename}:{outer[-1].lineno})"
-    return (f"the step cannot be captured in a CUDA graph: {where} synchronises with the host. A graph cannot "
-            f"read device values on the host: .item(), .cpu(), .tolist(), float(t), print(t), a Python if/while on "
-            f"a tensor, torch.nonzero or boolean-mask indexing. Keep the value on the device (torch.where, masks, "
-            f"device counters) or move the read out of the step.")
+    return (f"the step cannot be captured in a CUDA graph: {describe_site(_frames(exc))} synchronises with the host. "
+            f"{_NO_HOST_READS}")
+
+
+def _read_problem(watch: StepWatch) -> str | None:
+    """The CaptureError message for the first host read a CPU run of the step made, or None."""
+    if watch.read is None:
+        return None
+    what, frames = watch.read
+    return (f"the step cannot be captured in a CUDA graph: {describe_site(frames)} reads on the host: {what}. "
+            f"{_NO_HOST_READS} (check=False turns the check off.)")
 
 
 def _capture_failure(exc: BaseException) -> str:

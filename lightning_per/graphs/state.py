@@ -9,13 +9,15 @@ layer imports nothing of :mod:`lightning_per.replay`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor, nn
 
+from lightning_per.graphs.check import HARD_UPDATE_PROBLEM
 from lightning_per.graphs.errors import CaptureError
 from lightning_per.graphs.update import _restore, _snapshot
 
@@ -104,25 +106,60 @@ class CaptureState:
         return torch.device("cpu")
 
     def check_capturable(self) -> None:
-        """CaptureError for a part that cannot live in a graph, whatever the step does with it."""
+        """CaptureError for a part that cannot live in a graph, whatever the step does with it (read from the
+        objects, nothing run: the same verdict on a CPU as on CUDA)."""
         from torchrl.objectives.utils import HardUpdate as TorchRLHardUpdate
 
         for opt in self.optimizers:
-            for group in opt.param_groups:
-                if group.get("capturable") is False:
-                    name = type(opt).__name__
-                    raise CaptureError(f"optimizer {name} was built with capturable=False: its step count lives on "
-                                       f"the host, which a CUDA graph cannot advance; build it with "
-                                       f"{name}(..., capturable=True)")
+            problem = _optimizer_problem(opt)
+            if problem is not None:
+                raise CaptureError(problem)
         for sampler, _ in self.samplers:
             problem = _sampler_problem(sampler, None)
             if problem is not None:
                 raise CaptureError(problem)
         for updater in self.updaters:
             if isinstance(updater, TorchRLHardUpdate):
-                raise CaptureError("TorchRL's HardUpdate counts steps in a Python int, which a CUDA graph freezes "
-                                   "(it would copy at every replay or never); use lightning_per.graphs.HardUpdate, "
-                                   "the same schedule on a device counter")
+                raise CaptureError(HARD_UPDATE_PROBLEM)
+
+    def use_problem(self, used: Iterable[Any], step: Callable[..., Any]) -> str | None:
+        """Why the objects a run of ``step`` used (:class:`~lightning_per.graphs.check.StepWatch`) cannot be
+        captured with this state, or None: TorchRL's ``HardUpdate``, or a replay buffer, sampler or optimizer
+        that ``state`` does not list (the warm-up would not be rolled back on it, and a sampler's generator
+        would not be registered)."""
+        from torchrl.data import ReplayBuffer
+        from torchrl.data.replay_buffers.samplers import Sampler
+        from torchrl.objectives.utils import HardUpdate as TorchRLHardUpdate
+
+        samplers = {id(s) for s, _ in self.samplers}
+        optimizers = {id(opt) for opt in self.optimizers}
+        for obj in used:
+            if isinstance(obj, TorchRLHardUpdate):
+                return f"the step calls {_named(obj, step)}: {HARD_UPDATE_PROBLEM}"
+            if isinstance(obj, (ReplayBuffer, Sampler)):
+                if id(obj.sampler if isinstance(obj, ReplayBuffer) else obj) not in samplers:
+                    return (f"the step uses {_named(obj, step)}, which state does not list: the capture would not "
+                            f"roll the warm-up's draws and priority updates back, nor check and register its "
+                            f"sampler's random generators; add it to state=[...]")
+            elif isinstance(obj, torch.optim.Optimizer) and id(obj) not in optimizers:
+                return (f"the step steps {_named(obj, step)}, which state does not list: the capture would not roll "
+                        f"the warm-up's steps back (moments, step count), nor check that it is capturable; add it "
+                        f"to state=[...]")
+        return None
+
+    @contextlib.contextmanager
+    def host_optimizers(self) -> Iterator[None]:
+        """Inside: the param groups built with ``capturable=True`` whose parameters are on the CPU step as
+        ``capturable=False`` (torch has capturable steps on accelerators only; the update is the same)."""
+        groups = [g for opt in self.optimizers for g in opt.param_groups
+                  if g.get("capturable") and any(p.device.type == "cpu" for p in g["params"])]
+        for group in groups:
+            group["capturable"] = False
+        try:
+            yield
+        finally:
+            for group in groups:
+                group["capturable"] = True
 
     def check_ready(self) -> None:
         """CaptureError for a buffer that cannot be captured yet (empty; a sampler not ready for its fill level)."""
@@ -196,6 +233,41 @@ def default_cuda_generator(device: torch.device) -> torch.Generator:
     return torch.cuda.default_generators[index]
 
 
+
+
+#: torch's optimizers without a capturable step (they read their step count or a closure's loss on the host)
+_NEVER_CAPTURABLE = (torch.optim.Adagrad, torch.optim.LBFGS, torch.optim.SparseAdam)
+
+
+def _optimizer_problem(opt: torch.optim.Optimizer) -> str | None:
+    """Why ``opt`` cannot step in a CUDA graph, from its kind and its ``capturable`` flags, or None."""
+    name = type(opt).__name__
+    if isinstance(opt, _NEVER_CAPTURABLE):
+        return (f"optimizer {name} has no capturable step (it reads its state on the host), so a CUDA graph cannot "
+                f"run it; use one with capturable=True (Adam, AdamW, RMSprop, ...) or SGD")
+    if any(group.get("capturable") is False for group in opt.param_groups):
+        return (f"optimizer {name} was built with capturable=False: its step count lives on the host, which a CUDA "
+                f"graph cannot advance; build it with {name}(..., capturable=True) (on a CPU too: capture steps it "
+                f"there as capturable=False)")
+    return None
+
+
+def _named(obj: Any, step: Callable[..., Any]) -> str:
+    """``obj`` as the step's code names it (a closure variable or a global of the step), with its type."""
+    code = getattr(step, "__code__", None)
+    names: dict[str, Any] = {}
+    if code is not None:
+        names.update({n: getattr(step, "__globals__", {}).get(n) for n in code.co_names})
+        cells = getattr(step, "__closure__", None) or ()
+        for n, cell in zip(code.co_freevars, cells):
+            with contextlib.suppress(ValueError):  # an empty cell
+                names[n] = cell.cell_contents
+    for n, value in names.items():
+        if value is obj:
+            return f"`{n}` ({type(obj).__name__})"
+        if getattr(value, "sampler", None) is obj:
+            return f"`{n}.sampler` ({type(obj).__name__})"
+    return type(obj).__name__
 
 
 def _sampler_problem(sampler: Any, storage: Any | None) -> str | None:
