@@ -52,30 +52,33 @@ def main(argv=None) -> int:
                        for graphs in (True, False))
     fill(rb, N, device)
     fill(rb_launches, N, device)
-    sampler, storage, ops = rb.sampler, rb.storage, rb.sampler._ops
+    sampler, storage, ops = rb.sampler, rb.storage, rb.sampler.core.ops
     rows = storage.gather_rows
     u = torch.rand(B, device=device, dtype=torch.float64)
-    index, w, block = ops.sample_proportional_gather(sampler._leaves, sampler._block_sum, sampler._block_min, u,
-                                                     sampler._beta_t, rows)
+    index, w, block = ops.sample_proportional_gather(
+        sampler.core.state.leaves, sampler.core.state.block_sum, sampler.core.state.block_min, u,
+                                                     sampler.core.state.beta, rows)
     data = rb.sample(B)
     prio = data["reward"].abs() + 0.01
     gen = sampler.generator
 
     def sample_kernel():
-        return ops.sample_proportional_gather(sampler._leaves, sampler._block_sum, sampler._block_min, u,
-                                              sampler._beta_t, rows)
+        return ops.sample_proportional_gather(
+        sampler.core.state.leaves, sampler.core.state.block_sum, sampler.core.state.block_min, u,
+                                              sampler.core.state.beta, rows)
 
     def step(rb=rb):
         d = rb.sample(B)
         rb.update_priority(d["index"], d["reward"].abs() + 0.01)
 
-    replay = capture(lambda: sampler._draw_gather(B, rows), [gen])  # what a cached "gather" graph records
+    # what a cached "gather" graph records
+    replay = capture(lambda: sampler.core.rule.draw(sampler.core, B, N, (), rows), [gen])
     pieces = {
         "rand": lambda: torch.rand(B, generator=gen, device=device, dtype=torch.float64),
         "sample-kernel": sample_kernel,
         "rows-to-batch": lambda: storage.rows_to_batch(block, {"index": index, "priority_weight": w}),
         "priority-op": lambda: data["reward"].abs() + 0.01,
-        "write-kernel": lambda: sampler._write_full(index, prio),  # the op a cached "write" graph records
+        "write-kernel": lambda: sampler.core.write_eager(index, prio, N),  # the op a cached "write" graph records
         "sample": lambda: rb.sample(B),
         "update": lambda: rb.update_priority(index, prio),
         "step": step,

@@ -74,27 +74,30 @@ def _filled_sampler(cls, N: int, device: torch.device, backend: str):
     ``write_priorities`` (its O(B) large-batch path: no ``(B, block)`` gather)."""
     sampler = cls(N, 0.6, 0.4, device=device, backend=backend, seed=0)
     s, chunk = sampler, 1 << 22
-    state = (s._raw, s._leaves, s._block_sum, s._block_min, s._max_raw, s._n_clamped, s._n_dropped)
+    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
+             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
     for start in range(0, N, chunk):
         index = torch.arange(start, min(N, start + chunk), device=device)
-        s._ops.write_priorities(*state, index, torch.rand(index.numel(), device=device) * 10, N,
-                                s._max_capacity, s._alpha_t, s._eps)
+        s.core.ops.write_priorities(*state, index, torch.rand(index.numel(), device=device) * 10, N,
+                                s.core.capacity, s.core.state.alpha, s.core.state.eps)
     return sampler, _Len(N)
 
 
 def _fused_steps(sampler, N: int, B: int, ops):
     """Closures for one fused sample, one fused update and both, over ``sampler``'s tensors."""
     s, dev = sampler, sampler.device
-    state = (s._raw, s._leaves, s._block_sum, s._block_min, s._max_raw, s._n_clamped, s._n_dropped)
+    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
+             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
     last = {"index": torch.zeros(B, dtype=torch.int64, device=dev), "w": torch.ones(B, device=dev)}
 
     def sample():
         u = torch.rand(B, generator=s.generator, device=dev, dtype=torch.float64)
-        last["index"], last["w"] = ops.sample_proportional(s._leaves, s._block_sum, s._block_min, u,
-                                                           s._beta_t)
+        last["index"], last["w"] = ops.sample_proportional(
+            s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min, u,
+                                                           s.core.state.beta)
 
     def update():
-        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s._alpha_t, s._eps)
+        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s.core.state.alpha, s.core.state.eps)
 
     def step():
         sample()
@@ -133,7 +136,7 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
                      "roofline": gbps / peak})
 
     sampler, storage = _filled_sampler(GPUPrioritizedSampler, N, device, "kernels")
-    model = bytes_per_step(N, B, sampler.block, sampler.n_blocks)
+    model = bytes_per_step(N, B, sampler.core.block, sampler.core.n_blocks)
     sample, update, step = _fused_steps(sampler, N, B, ops)
     gens = (sampler.generator,)
     add("kernels-fused-eager", step, model["step"])

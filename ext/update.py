@@ -16,9 +16,8 @@ Deterministic (no value depends on the order of the programs) and graph-safe (th
 between calls); the counters live beside the sampler state (:func:`_tickets`, one int32 per block plus one).
 
 Larger batches take an O(B) path (below). A two-launch pairwise path, for batches up to ``max_quadratic``
-entries of :func:`_launch_write` (0 by default: on an H200 at N = 1e6 a write of 4,096 slots took 109 us on it,
-58 us as four one-launch writes of 1,024 and 15.8 us on the O(B) path), is kept as the ticket-free reference
-of the one-launch kernel:
+entries of :func:`_launch_write` (0 by default: slower than the O(B) path for the slice sampler's 4,096 slots,
+docs/kernels.md, "Tried and reverted"), is kept as the ticket-free reference of the one-launch kernel:
 
 * ``_scatter_kernel`` (grid ``ceil(B / 64)``), per entry ``k``: ``clean, bad = sanitize(p_k, default)``
   with ``default = max_raw`` (1 while no priority was seen), ``ok = 0 <= index_k < n_valid``, rejected
@@ -72,8 +71,8 @@ __all__ = ["write_priorities", "prepare_write", "MAX_ONE_LAUNCH"]
 MAX_ONE_LAUNCH = 1024
 
 #: Entries per program of the O(B) path's scattered atomics and stores (the last-writer claim, the scratch
-#: reset): 128 spreads a 4,096-slot write over 32 programs. At 1,024 per program (4 programs) the claim took
-#: 6.3-7.0 us of the slice sampler's step on an H200 (N = 1e6 / 1e7).
+#: reset): 128 spreads a 4,096-slot write over 32 programs; 1,024 per program (4 programs) made the claim a
+#: visible share of the slice sampler's step (docs/kernels.md, "Tried and reverted"; benchmarks/results/slice-*.md).
 SPREAD = 128
 
 #: Persistent write state per ``leaves`` tensor: ``id -> (weak ref, (tickets, scratch, flags))``.

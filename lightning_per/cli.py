@@ -40,11 +40,14 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
 from lightning_per.callbacks.checkpoint_io import CHECKPOINT_KIND, AtomicCheckpointIO
+from lightning_per.callbacks.wandb_utils import AutoModeWandbLogger, run_metadata
 from lightning_per.dqn import DQN
 from lightning_per.dqn.state import describe
 from lightning_per.envs import check_checkpoint_env_id
 from lightning_per.integrity import IntegrityError, verify_file
+from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, subcommand_parser
 
 __all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS",
            "check_lightning_checkpoint"]
@@ -301,7 +304,7 @@ class _ShortUsageParser(LightningArgumentParser):
         (file or sys.stderr).write(f"usage: {prog} [-c CONFIG] [options]\n")
 
     def error(self, message: str, ex: Exception | None = None):
-        return super().error(_suggest_options(_short_message(message), list(self._option_string_actions)), ex)
+        return super().error(_suggest_options(_short_message(message), option_strings(self)), ex)
 
 
 def _suggest_options(message: str, options: Sequence[str]) -> str:
@@ -373,14 +376,14 @@ class LightningPerCLI(LightningCLI):
         """Raise ``err``; with ``friendly_errors`` (the console command) a short command-line error (exit 2)."""
         if not self.friendly_errors or os.environ.get("LIGHTNING_PER_TRACEBACK"):
             raise err
-        action = getattr(self.parser, "_subcommands_action", None)  # the subcommand's own usage and tip
         subcommand = getattr(self, "subcommand", None) or self.config.get("subcommand")  # (unset before instantiation)
-        parser = getattr(action, "_name_parser_map", {}).get(subcommand, self.parser)
+        parser = subcommand_parser(self.parser, subcommand)  # the subcommand's own usage and tip
         parser.error(f"{err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)")
 
     def _parse_ckpt_path(self) -> None:
         """Lightning's step (``--ckpt_path``: the checkpoint's hyperparameters replace the model settings, so a
-        resumed run builds the model it saved), made explicit:
+        resumed run builds the model it saved; a private hook, listed in
+        :data:`lightning_per.lightning_compat.OVERRIDDEN_HOOKS`), made explicit:
 
         * a ``ckpt_path`` that is a directory or not a checkpoint ``torch.load`` reads is a one-line error;
         * a model option given on the command line (``--model.X``) that differs from the checkpoint's value
@@ -396,7 +399,7 @@ class LightningPerCLI(LightningCLI):
         cfg = self.config.get(sub) if sub else None
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
         if not ckpt or not os.path.exists(str(ckpt)):  # a missing path: _preflight's error
-            return super()._parse_ckpt_path()
+            return apply_checkpoint_hparams(self)
         if os.path.isdir(ckpt):
             inside = "last.ckpt" if os.path.basename(os.path.normpath(ckpt)) == "checkpoints" else \
                 os.path.join("checkpoints", "last.ckpt")
@@ -408,7 +411,7 @@ class LightningPerCLI(LightningCLI):
             self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint that can be resumed: {err}"))
         before = _flat(cfg.get("model"))
         try:
-            super()._parse_ckpt_path()
+            apply_checkpoint_hparams(self)
         except pickle.UnpicklingError:  # torch's message suggests turning the safe load off: not repeated
             self._report(ValueError(f"ckpt_path {ckpt!r} is not a checkpoint of plain data (it holds objects other "
                                     f"than tensors, numbers, strings and containers; refused without running them)"))
@@ -440,11 +443,13 @@ class LightningPerCLI(LightningCLI):
                           + ", ".join(f"model.{k}={b!r} (config: {a!r})" for k, (a, b) in kept.items()),
                           UserWarning, stacklevel=2)
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        """Lightning's, with a ``ValueError``/``TypeError`` raised before training started (``setup``: e.g. a replay
-        capacity no memory holds) reported as a one-line error (exit status 2) with ``friendly_errors``."""
+    def fit(self, model, **kwargs: Any) -> None:
+        """The ``fit`` subcommand (LightningCLI runs a method of the CLI named after the subcommand in place of the
+        Trainer's): ``trainer.fit``, with a ``ValueError``/``TypeError`` raised before training started (``setup``:
+        e.g. a replay capacity no memory holds) reported as a one-line error (exit status 2) with
+        ``friendly_errors``."""
         try:
-            super()._run_subcommand(subcommand)
+            self.trainer.fit(model, **kwargs)
         except (ValueError, TypeError) as err:
             if not self.friendly_errors or getattr(getattr(self, "model", None), "fit_started", True):
                 raise
@@ -456,10 +461,14 @@ class LightningPerCLI(LightningCLI):
         (:meth:`AtomicCheckpointIO.load_checkpoint`), what Lightning restores from it
         (:func:`check_lightning_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
         version and the type of each of its values, the replay state). A refusal is a one-line error naming the
-        file and the key, exit status 2, with ``friendly_errors``."""
+        file and the key, exit status 2, with ``friendly_errors``.
+
+        Then the run's settings go to every logger (:meth:`_log_run_config`); a resume first makes the W&B logger
+        continue the run the checkpoint names (:meth:`_continue_wandb_run`)."""
         cfg = self.config.get(self.subcommand) if self.subcommand else None
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
         if not ckpt or "://" in str(ckpt) or not os.path.isfile(str(ckpt)):
+            self._log_run_config(cfg)
             return
         try:
             checkpoint = AtomicCheckpointIO().load_checkpoint(ckpt, map_location="cpu")
@@ -475,8 +484,51 @@ class LightningPerCLI(LightningCLI):
             rng_bytes = torch.Generator().get_state().numel() if device.type == "cpu" else None
             self.model.check_resume(checkpoint, ckpt, trainer.world_size, trainer.global_rank, node_ranks,
                                     collector_rng_bytes=rng_bytes, env_device=device)
+            self._continue_wandb_run(checkpoint, ckpt)
         except (ValueError, TypeError, OSError) as err:
             self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
+        self._log_run_config(cfg)
+
+    def _continue_wandb_run(self, checkpoint: Mapping[str, Any], ckpt: str) -> None:
+        """Make each :class:`AutoModeWandbLogger` continue the W&B run that the checkpoint's
+        :class:`AsyncMetricsCallback` state names (:meth:`AutoModeWandbLogger.continue_run`), so the resumed run's
+        history continues the same run. A logger given an id of its own (``init_args.version``/``id``) keeps it,
+        with one warning; a checkpoint naming no run (written without W&B or before the id was recorded) starts
+        a new one.
+
+        Raises:
+            ValueError: the checkpoint's run id is not a W&B run id.
+        """
+        callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, AsyncMetricsCallback)]
+        run_id = next((r for r in (cb.wandb_run_id_in(checkpoint) for cb in callbacks) if r is not None), None)
+        if run_id is None:
+            return
+        for logger in self.trainer.loggers:
+            if not isinstance(logger, AutoModeWandbLogger):
+                continue
+            if logger.version is None:
+                logger.continue_run(run_id)
+            elif logger.version != run_id:
+                warnings.warn(f"resuming from {ckpt!r}: the W&B logger's own run id {logger.version!r} is kept; the "
+                              f"checkpoint's run {run_id!r} is not continued", UserWarning, stacklevel=2)
+
+    def _log_run_config(self, cfg: Any) -> None:
+        """Send the run's settings besides the model's (Lightning logs those, ``hparams_initial``) to every logger:
+        ``trainer`` (the Trainer's config), ``seed_everything``, ``torch_num_threads``,
+        ``float32_matmul_precision``, ``ckpt_path``, and :func:`~lightning_per.callbacks.run_metadata`'s
+        ``versions`` and ``machine``; the GPU names are read unless a launcher forks processes after this."""
+        trainer = self.trainer
+        if cfg is None or not trainer.loggers:
+            return
+        settings = cfg.get("trainer")
+        config: dict[str, Any] = {"trainer": settings.as_dict() if hasattr(settings, "as_dict") else settings}
+        for key in ("seed_everything", "torch_num_threads", "float32_matmul_precision", "ckpt_path"):
+            value = cfg.get(key)
+            config[key] = os.fspath(value) if isinstance(value, os.PathLike) else value
+        launcher = trainer.strategy.launcher
+        config.update(run_metadata(query_gpus=launcher is None or not launcher.is_interactive_compatible))
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """The parser of the command and of each subcommand; short usage lines with ``friendly_errors``."""

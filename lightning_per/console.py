@@ -1,7 +1,7 @@
 """``lightning-per``, the console command: the one place that dispatches its commands.
 
-Answers ``--help`` and unknown commands at once, without importing torch, TorchRL or Lightning (which take
-~10 s on a small machine); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`
+Answers ``--help`` and unknown commands at once, without importing torch, TorchRL or Lightning (seconds of
+imports); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`
 (the DQN's LightningCLI), ``ga3c ...`` to GA3C's command line (``lightning_per.ga3c.cli``). Run it as
 ``lightning-per ...`` or ``python -m lightning_per.console ...``.
 """

@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_per.callbacks import MetricAccumulator, new_episode_ring, push_episode_returns
+from lightning_per.metrics import MetricAccumulator, new_episode_ring, push_episode_returns
 
 N_DATA, BATCH = 8, 2
 STEPS = N_DATA // BATCH

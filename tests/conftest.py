@@ -20,10 +20,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # `lightning_per.ext` is the top-level ext/ folder, mapped by the install (pyproject's package-dir; `make test`
-# installs the checkout in editable mode): the tests need the package installed.
-from lightning_per.ops.dispatch import load_ext  # noqa: E402
-
-load_ext()
+# installs the checkout in editable mode): the tests need the package installed, and the kernel tests import it
+# by that name.
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

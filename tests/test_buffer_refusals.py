@@ -302,7 +302,7 @@ def test_make_replay_buffer_takes_reduction(sampler):
     td_error = torch.tensor([[1.0, 2.0, 6.0], [0.5, 0.5, 2.0], [3.0, 3.0, 3.0], [9.0, 0.0, 0.0]])
     rb.update_tensordict_priority(TensorDict({"index": torch.tensor([0, 2, 4, 6]), "td_error": td_error}, [4]))
     assert rb._sampler.reduction == "mean"
-    assert rb._sampler._raw[[0, 2, 4, 6]].tolist() == [3.0, 1.0, 3.0, 3.0]  # the row means
+    assert rb._sampler.core.state.raw[[0, 2, 4, 6]].tolist() == [3.0, 1.0, 3.0, 3.0]  # the row means
 
 
 def test_make_replay_buffer_unknown_uniform_option_is_a_type_error_listing_the_options():

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_per.callbacks import (
+from lightning_per.metrics import (
     MetricAccumulator,
     new_episode_ring,
     push_episode_returns,

@@ -13,7 +13,8 @@ import torch
 from _callbacks_toy import KINDS, STEPS, ToyModule, expected_epoch, trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_per.callbacks import AsyncMetricsCallback, AutoModeWandbLogger, reduce_across_ranks
+from lightning_per.callbacks import AsyncMetricsCallback, AutoModeWandbLogger
+from lightning_per.metrics import reduce_across_ranks
 
 
 def same(a: float, b: float) -> bool:

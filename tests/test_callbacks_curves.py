@@ -17,15 +17,12 @@ from torch.utils.data import DataLoader
 from lightning_per.callbacks import (
     AsyncMetricsCallback,
     AutoModeWandbLogger,
-    MetricAccumulator,
     RunArtifactsCallback,
-    episode_log_rows,
-    new_episode_log,
-    push_episode_log,
     read_wandb_history,
     read_wandb_step_metrics,
 )
 from lightning_per.callbacks.run_artifacts import learning_curve_figure
+from lightning_per.metrics import MetricAccumulator, episode_log_rows, new_episode_log, push_episode_log
 
 N_ENVS, STEPS_PER_EPOCH, EPOCHS, ENV_STEPS_PER_STEP = 3, 4, 3, 5
 

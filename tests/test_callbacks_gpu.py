@@ -13,7 +13,8 @@ import torch
 from _callbacks_toy import KINDS, ToyModule, expected_epoch, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 
-from lightning_per.callbacks import AsyncMetricsCallback, MetricAccumulator, RunArtifactsCallback
+from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback
+from lightning_per.metrics import MetricAccumulator
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -129,3 +129,33 @@ def test_an_offline_run_starts_without_wandbs_anonymous_warning(clean_env, monke
     run.finish()
     captured = capfd.readouterr()
     assert "anonymous" not in captured.out + captured.err
+
+
+def test_continue_run_sets_the_id_and_refuses_a_bad_one_or_a_started_run(clean_env, tmp_path):
+    logger = AutoModeWandbLogger(save_dir=str(tmp_path / "run"), mode="offline", finish_on_end=True)
+    for bad in ("", "a/b", "x:y", 3, None):
+        with pytest.raises(ValueError, match="run_id"):
+            logger.continue_run(bad)
+    assert logger.version is None  # a refused id changes nothing
+    logger.continue_run("abc123")
+    run = logger.experiment
+    try:
+        assert run.id == "abc123"
+        with pytest.raises(ValueError, match="already started as 'abc123'"):
+            logger.continue_run("other")
+        logger.continue_run("abc123")  # the same run: nothing to do
+    finally:
+        run.finish()
+    assert not list((tmp_path / "run" / "wandb").glob("offline-run-*-other"))
+
+
+def test_the_callback_state_refuses_a_run_id_that_is_no_string():
+    cb = AsyncMetricsCallback()
+    state = cb.state_dict()
+    assert state["wandb_run_id"] is None
+    with pytest.raises(ValueError, match="wandb_run_id"):
+        cb.load_state_dict({**state, "wandb_run_id": 7})
+    with pytest.raises(ValueError, match="wandb_run_id"):
+        cb.wandb_run_id_in({"callbacks": {cb.state_key: {**state, "wandb_run_id": ["x"]}}})
+    assert cb.wandb_run_id_in({"callbacks": {cb.state_key: {**state, "wandb_run_id": "r1"}}}) == "r1"
+    assert cb.wandb_run_id_in({"callbacks": {}}) is None and cb.wandb_run_id_in({}) is None

@@ -16,9 +16,10 @@ import pytest
 import torch
 from test_dqn_module import _module
 
-from lightning_per.dqn import ReplayConfig, make_q_network
+from lightning_per.dqn import ReplayConfig
 from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
 from lightning_per.dqn.learner import MetricSlots, learner_step, record_update_metrics_
+from lightning_per.dqn.networks import make_q_network
 from lightning_per.envs import EnvConfig
 from lightning_per.metrics.accumulator import MetricAccumulator
 

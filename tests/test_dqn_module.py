@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from lightning_per.dqn import DQN, ReplayConfig, make_q_network
+from lightning_per.dqn import DQN, ReplayConfig
+from lightning_per.dqn.networks import make_q_network
 from lightning_per.envs import EnvConfig
 
 
@@ -214,26 +215,25 @@ def test_one_graph_of_four_updates_equals_four_one_update_graphs(target):
         assert int(s1["step"]) == int(s4["step"]) == 12
         torch.testing.assert_close(s4["exp_avg"], s1["exp_avg"], rtol=1e-4, atol=1e-9)
         torch.testing.assert_close(s4["exp_avg_sq"], s1["exp_avg_sq"], rtol=1e-4, atol=1e-12)
-    torch.testing.assert_close(four.rb.sampler._raw, one.rb.sampler._raw, rtol=1e-5, atol=1e-7)  # raw priorities
+    # raw priorities
+    torch.testing.assert_close(four.rb.sampler.core.state.raw, one.rb.sampler.core.state.raw, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(four.metrics.values, one.metrics.values, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(four.metrics.counts, one.metrics.counts)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap_replay", [True, False])
-def test_full_scope_graph_updates_equal_eager_updates(overlap_replay):
+def test_full_scope_graph_updates_equal_eager_updates():
     """Graph mode (scope "full": sample, learner step and the priority update in one CUDA graph; the priority
-    update forked onto a second stream after the forward, or with ``overlap_replay=False`` after the step on
-    one stream) draws the same slots and leaves the same priorities, Adam moments and metrics as the eager
-    updates (one stream, the priority update after the step). lr = 1e-12 as in the test above, so float
-    rounding differences between the graph's kernels and the eager ones are not amplified."""
+    update forked onto a second stream after the forward) draws the same slots and leaves the same priorities,
+    Adam moments and metrics as the eager updates (one stream, the priority update after the step). lr = 1e-12 as
+    in the test above, so float rounding differences between the graph's kernels and the eager ones are not
+    amplified."""
     runs = []
     for compile_ in (False, True):
         torch.manual_seed(0)
         m = DQN(env=EnvConfig(backend="torch", num_envs=8), hidden_sizes=(64, 64), warmup_steps=256,
                 replay=ReplayConfig(capacity=4096, batch_size=64, beta=0.5, beta_end=0.5), compile=compile_,
-                lr=1e-12, replay_ratio=1e6, updates_per_epoch=12, updates_per_step=4, target_tau=0.01,
-                overlap_replay=overlap_replay)
+                lr=1e-12, replay_ratio=1e6, updates_per_epoch=12, updates_per_step=4, target_tau=0.01)
         m.to("cuda")
         m.build_runtime("cuda")
         opt = m.configure_optimizers()
@@ -247,7 +247,7 @@ def test_full_scope_graph_updates_equal_eager_updates(overlap_replay):
         runs.append((m, opt))
     (eager, opt_e), (graph, opt_g) = runs
     assert graph.graph_captures == 1
-    torch.testing.assert_close(graph.rb.sampler._raw, eager.rb.sampler._raw, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(graph.rb.sampler.core.state.raw, eager.rb.sampler.core.state.raw, rtol=1e-5, atol=1e-7)
     for pe, pg in zip(eager.q_net.parameters(), graph.q_net.parameters()):
         torch.testing.assert_close(opt_g.state[pg]["exp_avg_sq"], opt_e.state[pe]["exp_avg_sq"], rtol=1e-4,
                                    atol=1e-12)

@@ -65,7 +65,8 @@ def test_pipelined_updates_equal_the_serial_loop():
                 sample = draw()
                 out = learn(i, sample)
                 write(sample, out["td_abs"])
-        runs.append((draws, rb.sampler._raw.clone(), [p.detach().clone() for p in q.parameters()], out["loss"]))
+        runs.append((draws, rb.sampler.core.state.raw.clone(), [p.detach().clone() for p in q.parameters()],
+                     out["loss"]))
     (d0, raw0, p0, loss0), (d1, raw1, p1, loss1) = runs
     assert len(d0) == len(d1) == n_updates  # no draw beyond the last update
     for a, b in zip(d0, d1):

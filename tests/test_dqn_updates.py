@@ -1,12 +1,11 @@
-"""The DQN's update strategies (lightning_per.dqn.updates): which one the settings choose, on the CPU, and the
-deprecated ``overlap_replay=False``."""
+"""The DQN's update strategies (lightning_per.dqn.updates): which one the settings choose, on the CPU; the removed
+``overlap_replay`` is refused."""
 
 from __future__ import annotations
 
 import pytest
 
 from lightning_per.dqn import DQN, ReplayConfig
-from lightning_per.dqn.module import OVERLAP_REPLAY_DEPRECATED
 from lightning_per.dqn.updates import EagerUpdate, LearnerGraphUpdate, ReplayGraphUpdate
 from lightning_per.envs import EnvConfig
 
@@ -35,9 +34,9 @@ def test_inductor_builds_the_compiled_pieces_lazily():
     assert m.learner.inductor is not None and m.learner.capture_guard is not None
 
 
-def test_overlap_replay_false_is_deprecated_and_runs_the_default():
-    with pytest.warns(FutureWarning, match="overlap_replay=False is deprecated"):
-        m = DQN(overlap_replay=False, **_KW)
-    assert "remove the argument" in OVERLAP_REPLAY_DEPRECATED
+def test_overlap_replay_is_removed_and_the_default_runs():
+    with pytest.raises(TypeError, match="overlap_replay"):
+        DQN(overlap_replay=False, **_KW)
+    m = DQN(**_KW)
     m.build_runtime("cpu")
     assert type(m.updater) is EagerUpdate

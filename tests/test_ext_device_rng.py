@@ -171,9 +171,10 @@ class _Len:
 def test_sampler_device_rng_follows_seeding_and_checkpoints(device):
     storage = _Len(40)
     s = _sampler(device, 5)
-    assert s._device_rng is not None and int(s._device_rng[0]) == 5 and int(s._device_rng[1:].count_nonzero()) == 0
+    assert s.core.state.rng is not None and int(s.core.state.rng[0]) == 5 and int(
+        s.core.state.rng[1:].count_nonzero()) == 0
     first = [s.sample(storage, 8)[0] for _ in range(2)]
-    assert s._device_rng[1:9].tolist() == [2] * 8  # two draws counted at positions 0..7
+    assert s.core.state.rng[1:9].tolist() == [2] * 8  # two draws counted at positions 0..7
     ckpt = s.state_dict()
     cont = [s.sample(storage, 8)[0] for _ in range(2)]
     other = _sampler(device, 99)
@@ -181,20 +182,20 @@ def test_sampler_device_rng_follows_seeding_and_checkpoints(device):
     for a, b in zip(cont, [other.sample(storage, 8)[0] for _ in range(2)]):
         assert torch.equal(a, b)
     s.manual_seed(5)  # reseeding restarts the stream: the first draws again
-    assert s._device_rng[1:].count_nonzero() == 0
+    assert s.core.state.rng[1:].count_nonzero() == 0
     for a, b in zip(first, [s.sample(storage, 8)[0] for _ in range(2)]):
         assert torch.equal(a, b)
     s._rng = torch.Generator().manual_seed(1)  # a buffer generator (TorchRL's set_rng): a new derived seed
-    assert int(s._device_rng[0]) == s.generator.initial_seed() % (1 << 63) != 5
+    assert int(s.core.state.rng[0]) == s.generator.initial_seed() % (1 << 63) != 5
 
 
 @pytest.mark.parametrize("device", KDEVS)
 def test_batches_beyond_the_device_rng_draw_with_the_generator(device, monkeypatch):
     s = _sampler(device, 5)
-    monkeypatch.setattr(s._ops, "DEVICE_RNG_DRAWS", 4)
+    monkeypatch.setattr(s.core.ops, "DEVICE_RNG_DRAWS", 4)
     state = s.generator.get_state()
     index, _ = s.sample(_Len(40), 8)
-    assert int(s._device_rng[1:].count_nonzero()) == 0  # not counted: the generator drew
+    assert int(s.core.state.rng[1:].count_nonzero()) == 0  # not counted: the generator drew
     assert not torch.equal(s.generator.get_state(), state)
 
 
@@ -231,7 +232,7 @@ def test_checkpoint_without_device_rng_warns_and_does_not_restart_the_stream(dev
     other = _sampler(device, 5)
     with pytest.warns(RuntimeWarning, match="no 'device_rng'"):
         other.load_state_dict(ckpt)
-    assert int(other._device_rng[1:].count_nonzero()) == 0 and int(other._device_rng[0]) != 5
+    assert int(other.core.state.rng[1:].count_nonzero()) == 0 and int(other.core.state.rng[0]) != 5
     assert not torch.equal(other.sample(storage, 8)[0], first)  # not the original run's first draw again
 
 

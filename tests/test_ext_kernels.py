@@ -183,12 +183,12 @@ def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
     from lightning_per import GPUPrioritizedSampler
 
     s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
-    assert "write_priorities" in s._ops.COMPILED
-    counters, scratch, flags = update._TICKETS[id(s._leaves)][1]
-    assert counters.shape == (s.n_blocks + 1,) and not counters.any()
-    assert scratch.shape == (s._leaves.numel(),) and bool((scratch == -1).all()) and not flags.any()
-    s._init()  # a reallocation (e.g. empty())
-    assert id(s._leaves) in update._TICKETS
+    assert "write_priorities" in s.core.ops.COMPILED
+    counters, scratch, flags = update._TICKETS[id(s.core.state.leaves)][1]
+    assert counters.shape == (s.core.n_blocks + 1,) and not counters.any()
+    assert scratch.shape == (s.core.state.leaves.numel(),) and bool((scratch == -1).all()) and not flags.any()
+    s.core.reset()  # a reallocation (e.g. empty())
+    assert id(s.core.state.leaves) in update._TICKETS
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):
@@ -299,16 +299,16 @@ def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls, monkeypatch
         fast = cls(45, 0.6, 0.4, device=kdev, backend="kernels", seed=3, shuffle_strata=False)  # device RNG
     slow = cls(45, 0.6, 0.4, device=kdev, backend="reference", seed=3, eager_graphs=False,
                shuffle_strata=False)  # (host uniforms)
-    assert fast._ops is not reference and "two_level_search_with_values" in fast._ops.COMPILED
-    assert (fast._device_rng is not None) == (cls is GPUPrioritizedSampler)
-    if fast._device_rng is not None:
-        assert int(fast._device_rng[0]) == 3  # seeded from the generator's seed
+    assert fast.core.ops is not reference and "two_level_search_with_values" in fast.core.ops.COMPILED
+    assert (fast.core.state.rng is not None) == (cls is GPUPrioritizedSampler)
+    if fast.core.state.rng is not None:
+        assert int(fast.core.state.rng[0]) == 3  # seeded from the generator's seed
 
         def philox_uniforms(batch_size):
-            counts = fast._device_rng[1:1 + batch_size].cpu().numpy().copy()
+            counts = fast.core.state.rng[1:1 + batch_size].cpu().numpy().copy()
             return torch.from_numpy(expected_uniforms(3, counts)).to(kdev)
 
-        monkeypatch.setattr(slow, "_uniforms", philox_uniforms)
+        monkeypatch.setattr(slow.core, "rand", lambda shape: philox_uniforms(shape[0]))
     storage = _Len(40)
     for s in (fast, slow):
         s.mark_update(torch.arange(40), storage=storage)
@@ -321,8 +321,8 @@ def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls, monkeypatch
         td = torch.rand(8, generator=torch.Generator().manual_seed(int(i_fast[0]))).to(kdev) * 3
         fast.update_priority(i_fast, td, storage=storage)
         slow.update_priority(i_slow, td, storage=storage)
-    torch.testing.assert_close(fast._leaves, slow._leaves, rtol=1e-6, atol=0)
-    torch.testing.assert_close(fast._block_sum, slow._block_sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(fast.core.state.leaves, slow.core.state.leaves, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast.core.state.block_sum, slow.core.state.block_sum, rtol=1e-12, atol=0)
 
 
 # ------------------------------------------------------------------------------------- fallback

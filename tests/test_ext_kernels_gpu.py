@@ -80,10 +80,10 @@ def test_sampler_kernels_backend_tracks_reference_backend(capacity, monkeypatch)
                                  shuffle_strata=False)  # strata in order: the kernel draws its uniforms
     slow = GPUPrioritizedSampler(capacity, 0.6, 0.4, device="cuda", backend="reference", seed=7,
                                  eager_graphs=False, shuffle_strata=False)  # its uniforms come from the host below
-    assert "two_level_search_with_values" in fast._ops.COMPILED and int(fast._device_rng[0]) == 7
+    assert "two_level_search_with_values" in fast.core.ops.COMPILED and int(fast.core.state.rng[0]) == 7
 
     def philox_uniforms(batch_size):
-        counts = fast._device_rng[1:1 + batch_size].cpu().numpy()
+        counts = fast.core.state.rng[1:1 + batch_size].cpu().numpy()
         return torch.from_numpy(expected_uniforms(7, counts)).cuda()
 
     monkeypatch.setattr(slow, "_uniforms", philox_uniforms)
@@ -97,8 +97,8 @@ def test_sampler_kernels_backend_tracks_reference_backend(capacity, monkeypatch)
         torch.testing.assert_close(info_f["priority_weight"], info_s["priority_weight"], rtol=1e-6, atol=0)
         fast.update_priority(i_f, td[i_f], storage=storage)
         slow.update_priority(i_s, td[i_s], storage=storage)
-    torch.testing.assert_close(fast._leaves, slow._leaves, rtol=1e-6, atol=0)
-    torch.testing.assert_close(fast._block_sum, slow._block_sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(fast.core.state.leaves, slow.core.state.leaves, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast.core.state.block_sum, slow.core.state.block_sum, rtol=1e-12, atol=0)
 
 
 ALPHA, EPS = 0.6, 1e-6
@@ -232,9 +232,9 @@ def test_sampler_with_kernels_captured_in_cuda_graph():
         graph.replay()
         seen.update(static["index"].cpu().tolist())
     idx = torch.tensor(sorted(seen), device="cuda")
-    torch.testing.assert_close(sampler._raw[idx], td[idx] + 0.01)
-    exact = sampler._leaves.double().sum(1)
-    torch.testing.assert_close(sampler._block_sum, exact, rtol=1e-12, atol=0)
+    torch.testing.assert_close(sampler.core.state.raw[idx], td[idx] + 0.01)
+    exact = sampler.core.state.leaves.double().sum(1)
+    torch.testing.assert_close(sampler.core.state.block_sum, exact, rtol=1e-12, atol=0)
 
 
 def test_no_host_sync_over_1000_steps():
@@ -327,7 +327,7 @@ def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
         warnings.simplefilter("always")
         chosen = [dispatch.select_backend(torch.device("cuda"), "kernels") for _ in range(2)]
         sampler = GPUPrioritizedSampler(64, 0.6, 0.4, device="cuda", backend="kernels")
-    assert chosen == [reference, reference] and sampler._ops is reference
+    assert chosen == [reference, reference] and sampler.core.ops is reference
     runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(runtime) == 1 and "forced self-check failure" in str(runtime[0].message)
 
@@ -395,14 +395,14 @@ def test_buffer_sample_gather_captured_in_cuda_graph():
     rb.extend(TensorDict({"observation": (i % 251)[:, None, None].to(torch.uint8).expand(capacity, 4, 84).clone(),
                           "reward": i.float(), "action": i.clone()}, [capacity]))
     sampler, storage = rb.sampler, rb.storage
-    assert sampler._fusable_rows(storage) is not None
+    assert sampler.core.gather_rows(storage) is not None
     static = {}
 
     def step():
         index, info, data = sampler.sample_gather(storage, batch)
         static.update(index=index, w=info["priority_weight"], reward=data["reward"], action=data["action"],
-                      obs=data["observation"], leaves=sampler._leaves.view(-1)[index].clone(),
-                      p_min=sampler._block_min.amin())
+                      obs=data["observation"], leaves=sampler.core.state.leaves.view(-1)[index].clone(),
+                      p_min=sampler.core.state.block_min.amin())
         sampler.update_priority(index, data["reward"] / capacity + 0.01, storage=storage)
 
     graph = capture(step, [sampler.generator])

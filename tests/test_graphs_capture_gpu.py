@@ -85,7 +85,7 @@ def _compare(a, b, rtol=1e-5, atol=1e-7):
         torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-4, atol=1e-9)
         torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-4, atol=1e-12)
     s, t = rb_a.sampler, rb_b.sampler
-    torch.testing.assert_close(s._raw, t._raw, rtol=rtol, atol=atol)  # raw priorities, every slot
+    torch.testing.assert_close(s.core.state.raw, t.core.state.raw, rtol=rtol, atol=atol)  # raw priorities, every slot
     ra, rb_ = s.get_rng_state(), t.get_rng_state()
     assert torch.equal(ra["generator"], rb_["generator"])
     if ra["device_rng"] is not None:
@@ -254,13 +254,13 @@ def test_a_host_sync_in_the_step_is_named_and_changes_nothing():
         return out
 
     before = [p.clone() for p in loss.parameters()]
-    raw = rb.sampler._raw.clone()
+    raw = rb.sampler.core.state.raw.clone()
     update = capture(synced, state=[loss, opt, rb, target])
     with pytest.raises(CaptureError, match=r"`if out\[\"loss\"\]\.item\(\) > 1e9:.*synchronises with the host"):
         update()
     for a, b in zip(before, loss.parameters()):
         assert torch.equal(a, b)
-    assert torch.equal(raw, rb.sampler._raw)
+    assert torch.equal(raw, rb.sampler.core.state.raw)
 
 
 def test_a_python_branch_on_a_tensor_is_named():
@@ -336,12 +336,12 @@ from benchmarks.user_loop import cudagraphmodule_update
 
 update, rb = cudagraphmodule_update(4096, 64, "cuda")  # the row's configuration (the default sampler), small N
 losses = [update().clone() for _ in range(2)]  # the first call warms up, the second runs eagerly and captures
-before = rb.sampler._raw.clone()
+before = rb.sampler.core.state.raw.clone()
 losses += [update().clone() for _ in range(4)]  # replays
 torch.cuda.synchronize()
 out = {"finite": bool(torch.isfinite(torch.stack(losses)).all()),
        "distinct_replays": len({round(float(x), 7) for x in losses[2:]}),
-       "priorities_changed": int((rb.sampler._raw != before).sum())}
+       "priorities_changed": int((rb.sampler.core.state.raw != before).sum())}
 # the reference ops draw from the sampler's own generator, which CudaGraphModule does not register
 update, rb = cudagraphmodule_update(4096, 64, "cuda", sampler_kwargs={"backend": "reference"})
 try:

@@ -53,8 +53,8 @@ def test_graph_served_steps_equal_launches(packed, backend):
     s, t = with_g.sampler, without.sampler
     for x, y in zip(s.device_state(), t.device_state()):
         assert torch.equal(x, y)
-    assert len(s._graphs) >= 2  # the draw and the write were served by graphs
-    assert t._graphs is None
+    assert len(s.core.graphs) >= 2  # the draw and the write were served by graphs
+    assert t.core.graphs is None
 
 
 @pytest.mark.parametrize("sort_every", [1, 3])
@@ -78,8 +78,8 @@ def test_rank_sampler_graph_served_refresh_and_draw_equal_launches(backend, sort
             without.extend(_batch(64, "cuda", 20 + step))
         if step == 6:
             with_g.sampler.alpha = without.sampler.alpha = 0.4
-    assert torch.equal(with_g.sampler._order, without.sampler._order)
-    keys = [key for key in with_g.sampler._graphs._entries if key[0] == "rank"]
+    assert torch.equal(with_g.sampler.core.rule.order, without.sampler.core.rule.order)
+    keys = [key for key in with_g.sampler.core.graphs._entries if key[0] == "rank"]
     assert any(key[2] for key in keys)  # a re-sort + draw graph
     if sort_every > 1:
         assert any(not key[2] for key in keys)  # a draw-only graph
@@ -110,9 +110,9 @@ def test_replaced_state_is_never_replayed():
         d = rb.sample()
         rb.update_priority(d["index"], d["reward"].abs() + 0.01)
     sampler = rb.sampler
-    assert len(sampler._graphs) == 2
+    assert len(sampler.core.graphs) == 2
     rb.empty()  # reallocates the sampler's state: the graphs pointed at the old tensors
-    assert len(sampler._graphs) == 0
+    assert len(sampler.core.graphs) == 0
     rb.extend(_batch(N, "cuda", 2))
     fresh = make_replay_buffer(N, B, device="cuda", packed=True, backend="kernels",
                                eager_graphs=False, generator=torch.Generator().manual_seed(0))
@@ -123,4 +123,4 @@ def test_replaced_state_is_never_replayed():
         assert torch.equal(a["index"], b["index"])
         rb.update_priority(a["index"], a["reward"].abs() + 0.01)
         fresh.update_priority(b["index"], b["reward"].abs() + 0.01)
-    assert torch.equal(sampler._leaves, fresh.sampler._leaves)
+    assert torch.equal(sampler.core.state.leaves, fresh.sampler.core.state.leaves)

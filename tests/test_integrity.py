@@ -55,8 +55,8 @@ def _generation_of(rb) -> int:
     assert bool((rewards == gen).all()), "rows of different dumps"
     assert rb._writer._cursor == n % CAPACITY
     if hasattr(rb.sampler, "_raw"):
-        assert bool((rb.sampler._raw[:n] == gen).all()), "priorities of another dump"
-        assert int((rb.sampler._leaves.view(-1) > 0).sum()) == n
+        assert bool((rb.sampler.core.state.raw[:n] == gen).all()), "priorities of another dump"
+        assert int((rb.sampler.core.state.leaves.view(-1) > 0).sum()) == n
     return gen
 
 

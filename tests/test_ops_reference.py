@@ -49,13 +49,13 @@ def test_block_sums_equal_numpy_model_after_any_updates(capacity, updates, alpha
         s.update_priority(torch.tensor(idx), torch.tensor([p for _, p in batch]), storage=_Len(capacity))
         for i, (_, p) in zip(idx, batch):
             model[i] = (np.float64(np.float32(p)) + eps) ** alpha
-    leaves = s._leaves.view(-1).double().numpy()
+    leaves = s.core.state.leaves.view(-1).double().numpy()
     np.testing.assert_allclose(leaves[:capacity], model, rtol=1e-6)
     assert (leaves[capacity:] == 0).all()  # padding and trash stay empty
-    block = s.block
-    for b in range(s.n_blocks):
+    block = s.core.block
+    for b in range(s.core.n_blocks):
         row = leaves[b * block:(b + 1) * block]
-        assert s._block_sum[b].item() == pytest.approx(row.sum(), rel=1e-12)
+        assert s.core.state.block_sum[b].item() == pytest.approx(row.sum(), rel=1e-12)
     np.testing.assert_allclose(s.probabilities().numpy(), model / model.sum(), rtol=1e-6)
 
 
@@ -70,11 +70,11 @@ def test_no_drift_after_a_million_updates():
     for _ in range(250):  # 250 x 4000 = 10^6 writes
         idx = torch.randint(0, n, (4000,), generator=g)
         s.update_priority(idx, torch.rand(4000, generator=g) * 10, storage=store)
-    exact = s._leaves.double().sum(dim=1)
-    rel = ((s._block_sum - exact).abs().max() / exact.abs().max()).item()
+    exact = s.core.state.leaves.double().sum(dim=1)
+    rel = ((s.core.state.block_sum - exact).abs().max() / exact.abs().max()).item()
     assert rel < 1e-12
-    total_exact = s._leaves.view(-1).double().numpy().sum()
-    assert abs(s._block_sum.sum().item() - total_exact) / total_exact < 1e-6
+    total_exact = s.core.state.leaves.view(-1).double().numpy().sum()
+    assert abs(s.core.state.block_sum.sum().item() - total_exact) / total_exact < 1e-6
 
 
 @given(st.lists(st.floats(0, 10), min_size=1, max_size=50), st.lists(st.floats(0, 0.999), min_size=1, max_size=20))

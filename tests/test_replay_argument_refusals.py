@@ -61,7 +61,7 @@ def test_eps_is_accepted_exactly_while_numpy_stores_the_default_priority_finite(
     for sampler in ("proportional", "rank"):
         rb = make_replay_buffer(8, 4, sampler=sampler, alpha=alpha, eps=inside, device="cpu")
         rb.extend(_rows(8))  # every new item gets the default priority 1
-        stored = rb.sampler._leaves.view(-1)[:8].numpy()
+        stored = rb.sampler.core.state.leaves.view(-1)[:8].numpy()
         np.testing.assert_allclose(stored, _stored(1.0, alpha, inside), rtol=1e-6)
         assert int(rb.sampler.clamped_priority_count) == 0
         with pytest.raises(ValueError, match=r"^eps must be in \(0, "):
@@ -88,8 +88,8 @@ def test_huge_priorities_are_clamped_counted_and_stored_as_numpy_computes(sample
     rb.extend(_rows(16))
     raw = [0.0, 1.0, 3.0, 1e5, 1e10, 1e19, 1e30, 3e38, FMAX, float("inf"), float("nan"), -1.0, 2.0, 0.5, 7.0, 1e3]
     rb.update_priority(torch.arange(16), torch.tensor(raw))
-    stored = rb.sampler._leaves.view(-1)[:16].numpy()
-    assert np.isfinite(stored).all() and np.isfinite(rb.sampler._block_sum.numpy()).all()
+    stored = rb.sampler.core.state.leaves.view(-1)[:16].numpy()
+    assert np.isfinite(stored).all() and np.isfinite(rb.sampler.core.state.block_sum.numpy()).all()
     finite = [i for i, p in enumerate(raw) if np.isfinite(p) and p >= 0]
     overflow = [i for i in finite if not np.isfinite(_stored(raw[i], alpha, eps))]
     fits = [i for i in finite if i not in overflow]
@@ -107,14 +107,14 @@ def test_huge_priorities_are_clamped_counted_and_stored_as_numpy_computes(sample
 def test_alpha_that_overflows_the_default_priority_is_refused_naming_alpha_and_changes_nothing():
     rb = make_replay_buffer(8, 4, alpha=0.5, eps=1.0, device="cpu")
     rb.extend(_rows(8))
-    before = rb.sampler._leaves.clone()
+    before = rb.sampler.core.state.leaves.clone()
     assert not np.isfinite(_stored(1.0, 200.0, 1.0)) and np.isfinite(_stored(1.0, 100.0, 1.0))
     with pytest.raises(ValueError, match=r"^alpha must be <= 128 with eps=1\.0, got alpha=200\.0"):
         rb.sampler.alpha = 200.0
     assert rb.sampler.alpha == 0.5
-    torch.testing.assert_close(rb.sampler._leaves, before, rtol=0, atol=0)
+    torch.testing.assert_close(rb.sampler.core.state.leaves, before, rtol=0, atol=0)
     rb.sampler.alpha = 100.0  # (1 + 1)^100 = 1.3e30: finite
-    np.testing.assert_allclose(rb.sampler._leaves.view(-1)[:8].numpy(), _stored(1.0, 100.0, 1.0), rtol=1e-6)
+    np.testing.assert_allclose(rb.sampler.core.state.leaves.view(-1)[:8].numpy(), _stored(1.0, 100.0, 1.0), rtol=1e-6)
     # at construction the pair is refused naming eps, with its limit FLOAT32_MAX**(1/200) - 1
     limit = np.exp(np.log(FMAX) / 200) - 1
     with pytest.raises(ValueError, match=rf"^eps must be in \(0, {limit:.6g}\] with alpha=200\.0, got eps=1\.0"):
@@ -220,7 +220,7 @@ def test_manual_seed_out_of_range_is_refused_and_changes_nothing(seed):
 def test_real_bools_and_keys_are_still_accepted():
     rb = make_replay_buffer(16, 4, device="cpu", packed=True, fallback=False, stratified=False,
                             shuffle_strata=False, eager_graphs=False, seed=2**64 - 1)
-    assert rb.storage.packed is True and rb.sampler.stratified is False
+    assert rb.storage.packed is True and rb.sampler.core.rule.stratified is False
     rb = make_replay_buffer(16, 4, sampler="slice", slice_len=2, strict_length=False, end_key=("next", "done"),
                             traj_key="episode", device="cpu", seed=-2**63)
     assert rb.sampler.strict_length is False

@@ -106,3 +106,36 @@ def test_register_without_replacement_uses_torchrls_dispatch_table_where_it_exis
         assert _REPLACEMENT_DISPATCH[GPURandomSampler] is GPUSamplerWithoutReplacement
     assert type(GPURandomSampler(replacement=False, device="cpu")) is GPUSamplerWithoutReplacement
     assert type(GPURandomSampler(replacement=True, device="cpu")) is GPURandomSampler
+
+
+def test_buffer_parts_locks_plain_extend_and_generator_read_torchrls_private_state():
+    """compat.buffer_parts / buffer_locks / plain_extend / buffer_generator: the buffer's parts (the constructor
+    arguments before a delayed init), its two locks, what makes its extend more than a write, its generator."""
+    import threading
+
+    from torchrl.data import RandomSampler
+    from torchrl.envs.transforms import Compose, RenameTransform
+
+    storage, sampler, writer = LazyTensorStorage(4), RandomSampler(), TensorDictRoundRobinWriter()
+    gen = torch.Generator().manual_seed(0)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, writer=writer, generator=gen)
+    assert compat.buffer_parts(rb) == (storage, sampler, writer)
+    assert compat.buffer_parts(rb) == (rb.storage, rb.sampler, rb.writer)  # the public reads, once initialised
+    replay_lock, write_lock = compat.buffer_locks(rb)
+    assert type(replay_lock) is type(threading.RLock())
+    with replay_lock, write_lock:
+        pass
+    assert compat.plain_extend(rb)
+    assert compat.buffer_generator(rb) is gen
+    assert compat.buffer_generator(TensorDictReplayBuffer(storage=LazyTensorStorage(4))) is None
+
+    delayed = TensorDictReplayBuffer(storage=LazyTensorStorage(4), sampler=RandomSampler(), delayed_init=True)
+    assert not delayed.initialized and not compat.plain_extend(delayed)
+    parts = compat.buffer_parts(delayed)
+    assert isinstance(parts.storage, LazyTensorStorage) and isinstance(parts.sampler, RandomSampler)
+    assert not delayed.initialized  # reading the parts does not initialise the buffer
+
+    transformed = TensorDictReplayBuffer(storage=LazyTensorStorage(4),
+                                         transform=Compose(RenameTransform(["a"], ["b"])))
+    assert not compat.plain_extend(transformed)
+    assert not compat.plain_extend(TensorDictReplayBuffer(storage=LazyTensorStorage(4, ndim=2), dim_extend=1))

@@ -141,7 +141,7 @@ def test_repeated_index_last_write_wins(kind, device):
     rb = make(kind, device, alpha=1.0, eps=1e-8)
     rb.extend(transitions(4))
     rb.update_priority(torch.tensor([2, 0, 2, 1, 2, 3]), torch.tensor([9.0, 1.0, 7.0, 1.0, 3.0, 1.0]))
-    raw = rb.sampler._raw[:4].cpu().numpy()
+    raw = rb.sampler.core.state.raw[:4].cpu().numpy()
     np.testing.assert_allclose(raw, [1.0, 1.0, 3.0, 1.0])
 
 
@@ -151,7 +151,7 @@ def test_invalid_priorities_are_clamped_and_counted(kind, device):
     rb.extend(transitions(5))
     rb.update_priority(torch.arange(5), torch.tensor([2.0, 5.0, 1.0, 1.0, 1.0]))
     rb.update_priority(torch.tensor([0, 1, 2]), torch.tensor([float("nan"), float("inf"), -3.0]))
-    raw = rb.sampler._raw[:5].cpu().numpy()
+    raw = rb.sampler.core.state.raw[:5].cpu().numpy()
     np.testing.assert_allclose(raw, [5.0, 5.0, 0.0, 1.0, 1.0])  # NaN, +inf -> max (5); negative -> 0
     assert int(rb.sampler.clamped_priority_count) == 3
     assert torch.isfinite(rb.sampler.probabilities()).all()
@@ -164,7 +164,7 @@ def test_device_index_out_of_range_is_dropped_and_counted(kind, device):
     rb.update_priority(torch.arange(4), torch.ones(4))
     probs = rb.sampler.probabilities().clone()
     # a device tensor is not read on the host (no sync): bad values are ignored and counted
-    rb.sampler._write(torch.tensor([7, -2], device=device), torch.tensor([9.0, 9.0], device=device), 4)
+    rb.sampler.core.write(torch.tensor([7, -2], device=device), torch.tensor([9.0, 9.0], device=device), 4)
     torch.testing.assert_close(rb.sampler.probabilities(), probs)
     assert int(rb.sampler.dropped_index_count) == 2
 
@@ -236,7 +236,7 @@ def test_is_instance_of_torchrl_classes_and_update_tensordict_priority(device):
     batch["td_error"] = torch.full((8,), 3.0, device=device)
     rb.update_tensordict_priority(batch)
     touched = batch["index"].unique().cpu()
-    np.testing.assert_allclose(rb.sampler._raw[touched].cpu().numpy(), 3.0)
+    np.testing.assert_allclose(rb.sampler.core.state.raw[touched].cpu().numpy(), 3.0)
 
 
 def test_drop_in_buffer_accepts_torchrl_lazy_storage(device):
@@ -302,11 +302,13 @@ def test_alpha_change_updates_state_in_place(kind, device):
     rb = make(kind, device, alpha=0.5)
     rb.extend(transitions(6))
     s = rb.sampler
-    tensors = [s._leaves, s._block_sum, s._block_min, s._raw] + ([s._rank_cdf] if kind == "rank" else [])
+    tensors = [s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min, s.core.state.raw] + (
+        [s.core.rule.cdf] if kind == "rank" else [])
     before = [t.data_ptr() for t in tensors]
     s.alpha = 0.9
     assert [t.data_ptr() for t in tensors] == before
-    fresh = [s._leaves, s._block_sum, s._block_min, s._raw] + ([s._rank_cdf] if kind == "rank" else [])
+    fresh = [s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min, s.core.state.raw] + (
+        [s.core.rule.cdf] if kind == "rank" else [])
     assert all(a is b for a, b in zip(tensors, fresh))
 
 
@@ -321,7 +323,7 @@ def test_factory_passes_inherited_sampler_options_to_the_rank_sampler():
     rb = make_replay_buffer(16, 4, sampler="rank", device="cpu", backend="reference", seed=3, sort_every=2)
     from lightning_per.ops import reference
 
-    assert rb.sampler.sort_every == 2 and rb.sampler._ops is reference
+    assert rb.sampler.core.rule.sort_every == 2 and rb.sampler.core.ops is reference
 
 
 def test_uniform_update_priority_is_a_silent_no_op():
@@ -351,15 +353,15 @@ def _mixed(n: int, start: int = 0) -> TensorDict:
 def test_packed_rows_hold_every_field_at_an_aligned_offset():
     s = GPUTensorStorage(8, device="cpu", packed=True)
     s.set(torch.arange(3), _mixed(3))
-    layout = s._layout
+    layout = s.ring.layout
     fields = [(off, nbytes, torch.empty((), dtype=dtype).element_size()) for off, nbytes, dtype, _ in layout.values()]
     raw = sum(nbytes for _, nbytes, _ in fields)  # 105 + 1 + 8 + 8 + 6 + 20 + 20 = 168 bytes per transition
-    assert raw == 168 and s.rows.shape == (8, 168 // 8) and s.nbytes == 8 * 168
+    assert raw == 168 and s.ring.rows.shape == (8, 168 // 8) and s.nbytes == 8 * 168
     spans = sorted((off, off + nbytes) for off, nbytes, _ in fields)
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no overlap
     assert all(off % es == 0 for off, _, es in fields)
     for v in s._storage.values(include_nested=True, leaves_only=True):  # every key is a view into the ring
-        assert v.untyped_storage().data_ptr() == s.rows.untyped_storage().data_ptr()
+        assert v.untyped_storage().data_ptr() == s.ring.rows.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("packed", [True, False])
@@ -375,7 +377,7 @@ def test_reads_return_the_written_transitions(device, packed):
     for key in want.keys(include_nested=True, leaves_only=True):
         assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
         assert torch.equal(got[key], want[key]), key
-    assert (s.rows is not None) == packed
+    assert (s.ring.rows is not None) == packed
 
 
 @pytest.mark.parametrize("src_packed, dst_packed", [(True, True), (True, False), (False, True)])
@@ -387,7 +389,7 @@ def test_packed_and_per_key_states_load_into_each_other(tmp_path, src_packed, ds
     src.dumps(path)
     dst = GPUTensorStorage(6, device="cpu", packed=dst_packed)
     dst.loads(path)
-    assert len(dst) == 6 and (dst.rows is not None) == dst_packed
+    assert len(dst) == 6 and (dst.ring.rows is not None) == dst_packed
     got = dst.get(torch.arange(6))
     for key in data.keys(include_nested=True, leaves_only=True):
         assert torch.equal(got[key], data[key]), key
@@ -405,7 +407,7 @@ def test_default_batches_are_plain_tensors_that_torch_save_accepts(tmp_path):
     assert batch["observation"].view(-1).numel() == 8 * 5
     packed = make("proportional", "cpu", packed=True)
     packed.extend(transitions(16))  # flat keys: one gather, fields are views into the gathered rows
-    assert packed.storage.rows is not None and not packed.sample()["observation"].is_contiguous()
+    assert packed.storage.ring.rows is not None and not packed.sample()["observation"].is_contiguous()
 
 
 @pytest.mark.parametrize("src_packed", [False, True])

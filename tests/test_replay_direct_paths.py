@@ -56,8 +56,8 @@ def _assert_same_state(fast, slow):
     assert fast._writer._cursor == slow._writer._cursor
     assert fast._writer._write_count == slow._writer._write_count
     s_fast, s_slow = fast.storage, slow.storage
-    if s_fast.rows is not None:  # every byte of the packed ring, padding included
-        assert torch.equal(s_fast.rows.cpu(), s_slow.rows.cpu())
+    if s_fast.ring.rows is not None:  # every byte of the packed ring, padding included
+        assert torch.equal(s_fast.ring.rows.cpu(), s_slow.ring.rows.cpu())
     for key, value in s_slow._storage.items(include_nested=True, leaves_only=True):
         assert torch.equal(s_fast._storage.get(key).cpu(), value.cpu()), key
     if hasattr(fast.sampler, "device_state"):
@@ -224,12 +224,12 @@ def test_packed_write_leaves_every_byte_as_per_key_writes(device):
     slow = _generic(make_replay_buffer(16, 2, device=device, packed=True))
     for rb in (fast, slow):
         rb.extend(batch(3, 0))
-        rb.storage.rows.view(torch.uint8).fill_(0xAB)  # padding bytes must keep whatever they hold
+        rb.storage.ring.rows.view(torch.uint8).fill_(0xAB)  # padding bytes must keep whatever they hold
     for n in (4, 5, 6, 16):  # slots 3-6, 7-11, then two wrapping writes (per-key path)
         td = batch(n, 10 * n)
         fast.extend(td)
         slow.extend(td.clone())
-        assert torch.equal(fast.storage.rows.cpu(), slow.storage.rows.cpu())
+        assert torch.equal(fast.storage.ring.rows.cpu(), slow.storage.ring.rows.cpu())
 
 
 def test_update_priority_shortcuts_equal_the_general_path(device):
@@ -249,8 +249,8 @@ def test_update_priority_shortcuts_equal_the_general_path(device):
 def test_default_priority_is_the_running_max_or_one(device):
     sampler = make_replay_buffer(8, 2, device=device).sampler
     for value in (float("-inf"), float("inf"), float("nan"), 0.0, 2.5):
-        sampler._max_raw.fill_(value)
-        m = sampler._max_raw
+        sampler.core.state.max_raw.fill_(value)
+        m = sampler.core.state.max_raw
         want = torch.where(torch.isinf(m), torch.ones_like(m), m)
         got = sampler.default_priority
         assert got.shape == () and got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan())

@@ -194,7 +194,7 @@ def test_alpha_and_beta_as_tensors_follow_a_scheduler():
     assert out[0] != pytest.approx((0.6, 0.4))  # the schedulers moved both
     sampler = GPUPrioritizedSampler(4, 0.5, 0.5, device="cpu")
     sampler.beta = torch.tensor(0.9)
-    assert float(sampler._beta_t) == pytest.approx(0.9)
+    assert float(sampler.core.state.beta) == pytest.approx(0.9)
     with pytest.raises(TypeError, match="beta"):
         sampler.beta = torch.ones(2)
     with pytest.raises(ValueError, match="alpha"):

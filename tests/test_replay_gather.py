@@ -93,11 +93,11 @@ def _stored(index: torch.Tensor) -> TensorDict:
 def test_sample_gather_equals_sample_then_get(device, backend, packed, normalization, stratified):
     rb = _buffer(device, backend, packed, weight_normalization=normalization, stratified=stratified)
     sampler, storage = rb.sampler, rb.storage
-    assert (sampler._fusable_rows(storage) is not None) == packed
+    assert (sampler.core.gather_rows(storage) is not None) == packed
     if backend == "kernels" and _kernels_on(device):
-        assert "sample_proportional_gather" in sampler._ops.COMPILED
+        assert "sample_proportional_gather" in sampler.core.ops.COMPILED
     elif backend == "kernels":  # the documented fallback: the plain-torch reference ops, checked all the same
-        assert sampler._ops is reference
+        assert sampler.core.ops is reference
     for _ in range(2):
         state = sampler.get_rng_state()
         index, info, batch = sampler.sample_gather(storage, 8)
@@ -137,7 +137,7 @@ def test_with_info_adds_the_buffer_keys(device):
 def test_rank_sampler_never_takes_the_proportional_fused_op(device):
     """The rank-based sampler inherits sample_gather: it must draw by rank (its own sample), not fuse."""
     rb = _buffer(device, "reference", sampler="rank")
-    assert rb.sampler._fusable_rows(rb.storage) is None
+    assert rb.sampler.core.gather_rows(rb.storage) is None
     state = rb.sampler.get_rng_state()
     data = rb.sample()
     rb.sampler.set_rng_state(state)
@@ -152,7 +152,7 @@ def test_nested_keys_take_the_fused_path_and_equal_sample_then_get(device):
     data = TensorDict({"obs": torch.arange(10.0)[:, None], "next": {"obs": torch.arange(10.0)[:, None] + 1}}, [10])
     storage.set(torch.arange(10), data)
     sampler.mark_update(torch.arange(10), storage=storage)
-    assert storage.gather_rows is not None and sampler._fusable_rows(storage) is not None  # nested keys pack too
+    assert storage.gather_rows is not None and sampler.core.gather_rows(storage) is not None  # nested keys pack too
     state = sampler.get_rng_state()
     index, _, batch = sampler.sample_gather(storage, 4)
     sampler.set_rng_state(state)
@@ -167,7 +167,7 @@ def test_sample_gather_raises_like_sample(device):
     with pytest.raises(EmptyBufferError):
         rb.sampler.sample_gather(rb.storage, 4)  # nothing written: no ring yet
     rb.extend(transitions(4))
-    assert rb.sampler._fusable_rows(rb.storage) is not None
+    assert rb.sampler.core.gather_rows(rb.storage) is not None
     for bad in (0, -1, 2.0):
         with pytest.raises(ValueError):
             rb.sampler.sample_gather(rb.storage, bad)
@@ -180,7 +180,7 @@ def test_rows_to_batch_equals_get(device):
     storage = GPUTensorStorage(20, device=device, packed=True)
     storage.set(torch.arange(20), transitions(20))
     for index in (torch.tensor([3, 0, 19, 3, 7], device=device), torch.tensor([5], device=device)):
-        batch = storage.rows_to_batch(storage.rows[index], {"index": index})
+        batch = storage.rows_to_batch(storage.ring.rows[index], {"index": index})
         want = storage.get(index)
         for key in want.keys():  # the same views: values, dtypes, shapes and strides
             assert torch.equal(batch[key], want[key]) and batch[key].stride() == want[key].stride(), key
@@ -205,7 +205,7 @@ def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
     opt = m.configure_optimizers()
     m.optimizers = lambda: types.SimpleNamespace(optimizer=opt, zero_grad=opt.zero_grad, step=opt.step)
     m.on_train_start()
-    assert m.rb.sampler._fusable_rows(m.rb.storage) is not None  # the DQN's replay is packed by default
+    assert m.rb.sampler.core.gather_rows(m.rb.storage) is not None  # the DQN's replay is packed by default
     seen = []
     original = m.rb.sampler.sample_gather
 
@@ -225,15 +225,15 @@ def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
 def test_wide_rows_take_the_separate_gather(monkeypatch):
     """Rows wider than FUSED_GATHER_MAX_WORDS (e.g. Atari frame stacks) are read by storage.get, not copied
     by the sample kernel: same batch as the fused path would give, without the fused op."""
-    from lightning_per.replay import fused
+    from lightning_per.replay import core
 
     rb = _buffer("cpu", "reference")
     narrow = rb.storage.gather_rows.shape[1]
-    assert rb.sampler._fusable_rows(rb.storage) is not None
-    monkeypatch.setattr(fused, "FUSED_GATHER_MAX_WORDS", narrow - 1)
-    assert rb.sampler._fusable_rows(rb.storage) is None
+    assert rb.sampler.core.gather_rows(rb.storage) is not None
+    monkeypatch.setattr(core, "FUSED_GATHER_MAX_WORDS", narrow - 1)
+    assert rb.sampler.core.gather_rows(rb.storage) is None
     calls = []
-    monkeypatch.setattr(rb.sampler._ops, "sample_proportional_gather",
+    monkeypatch.setattr(rb.sampler.core.ops, "sample_proportional_gather",
                         lambda *a, **k: calls.append(1), raising=False)
     state = rb.sampler.get_rng_state()
     index, info, batch = rb.sampler.sample_gather(rb.storage, 8)

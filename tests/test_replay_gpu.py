@@ -61,7 +61,7 @@ def test_sample_and_update_capture_in_cuda_graph(kind):
     torch.cuda.synchronize()
     assert len(seen) > 256  # fresh draws each replay
     probs = sampler.probabilities()
-    raw = sampler._raw[:4096]
+    raw = sampler.core.state.raw[:4096]
     written = td_src[torch.tensor(sorted(seen), device=dev)] + 0.01
     torch.testing.assert_close(raw[torch.tensor(sorted(seen), device=dev)], written)
     assert torch.isfinite(probs).all()

@@ -51,12 +51,12 @@ def test_host_checkpoint_round_trip_and_bad_input(tmp_path):
     other = make_replay_buffer(64, 8, pinned_host=True, device="cpu", seed=0)
     other.loads(tmp_path / "rb")
     assert torch.equal(other.storage.get(torch.arange(50))["observation"], _batch(50, 0)["observation"])
-    before = rb.storage.rows.clone()
+    before = rb.storage.ring.rows.clone()
     bad = _batch(4, 1)
     bad.set("observation", torch.zeros(4, 50))
     with pytest.raises(ValueError, match=r"data\['observation'\] has per-item shape \(50,\)"):
         rb.extend(bad)
-    assert len(rb) == 50 and torch.equal(rb.storage.rows, before)
+    assert len(rb) == 50 and torch.equal(rb.storage.ring.rows, before)
     with pytest.raises(ValueError, match="pinned_host=True and frame_stack"):
         make_replay_buffer(8, 2, device="cpu", pinned_host=True, frame_stack=4)
 

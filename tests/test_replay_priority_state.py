@@ -83,9 +83,9 @@ def test_bounded_clamps_overflowing_priorities_and_counts_them():
 @pytest.mark.parametrize("kind", [GPUPrioritizedSampler, GPURankBasedSampler])
 def test_sampler_device_state_is_its_state_tensors(kind):
     sampler = kind(8, alpha=0.6, beta=0.4, device="cpu", seed=0)
-    assert all(a is b for a, b in zip(sampler.device_state(), sampler._state.tensors(), strict=True))
+    assert all(a is b for a, b in zip(sampler.device_state(), sampler.core.state.tensors(), strict=True))
     sampler.update_priority(torch.arange(3), torch.tensor([1.0, 2.0, 3.0]))
-    assert sampler._state.writes == 1
+    assert sampler.core.state.writes == 1
 
 
 def test_rank_index_sorts_written_slots_descending_stable():

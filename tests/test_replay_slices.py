@@ -291,7 +291,7 @@ def test_torchrl_classes_and_update_tensordict_priority():
     batch = rb.sample()
     batch["td_error"] = torch.full((8,), 5.0)
     rb.update_tensordict_priority(batch)
-    raw = rb._sampler._raw[batch["index"]]
+    raw = rb._sampler.core.state.raw[batch["index"]]
     assert torch.equal(raw, torch.full((8,), 5.0))
 
 

@@ -73,7 +73,7 @@ def test_sample_and_update_capture_in_cuda_graph(rule):
     torch.cuda.synchronize()
     assert len(seen) > 1000  # fresh draws each replay
     written = torch.tensor(sorted(seen), device=dev)
-    torch.testing.assert_close(sampler._raw[written], td_src[written])
+    torch.testing.assert_close(sampler.core.state.raw[written], td_src[written])
     probs = sampler.probabilities()
     assert torch.isfinite(probs).all() and bool((probs[:50_000][~valid] == 0).all())
 

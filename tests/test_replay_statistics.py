@@ -148,8 +148,8 @@ def test_parity_with_torchrl_prioritized_sampler():
     ours.sampler.beta = 0.5
     ref_idx, ref_info = ref.sample(storage, 4000)
     # IS weight of each index TorchRL drew, computed by our sampler's formula and state
-    leaves = ours.sampler._leaves.view(-1)
-    ours_w = (leaves[torch.as_tensor(ref_idx)] / ours.sampler._block_min.min()).double() ** -0.5
+    leaves = ours.sampler.core.state.leaves.view(-1)
+    ours_w = (leaves[torch.as_tensor(ref_idx)] / ours.sampler.core.state.block_min.min()).double() ** -0.5
     np.testing.assert_allclose(np.asarray(ref_info["priority_weight"], dtype=np.float64), ours_w.numpy(), rtol=1e-5)
     # TorchRL's empirical distribution agrees with our exact P(i)
     counts = np.bincount(np.asarray(ref_idx), minlength=16)

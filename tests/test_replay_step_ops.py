@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from lightning_per import make_replay_buffer
-from lightning_per.replay.draws import RANK_PERMUTATION_MAX, random_permutation
+from lightning_per.replay.rules import RANK_PERMUTATION_MAX, random_permutation
 
 N, B = 1 << 17, 256  # N > B * B: the permutation's (B, B) comparison is not mistaken for work over the slots
 SORTS = ("sort", "argsort", "msort", "randperm", "topk", "kthvalue")

@@ -113,4 +113,4 @@ def test_pinned_host_is_pinned_zero_copy_and_equals_device_storage():
         host.update_priority(a["index"], a["reward"].abs() + 0.1)
         dev.update_priority(b["index"], b["reward"].abs() + 0.1)
     storage = host.storage
-    assert isinstance(storage, PinnedHostStorage) and storage.rows.is_pinned() and storage._gather is gather_rows
+    assert isinstance(storage, PinnedHostStorage) and storage.ring.rows.is_pinned() and storage._gather is gather_rows

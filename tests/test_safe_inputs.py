@@ -241,7 +241,7 @@ def test_alpha_two_with_a_huge_priority_stays_finite_and_is_counted_once(kind, d
     rb.extend(_rows(8).to(device))
     rb.update_priority(torch.tensor([3], device=device), torch.tensor([1e20], device=device))  # 1e40 > max
     sampler = rb.sampler
-    stored = sampler._leaves.view(-1)[:8]
+    stored = sampler.core.state.leaves.view(-1)[:8]
     assert bool(torch.isfinite(stored).all()) and float(stored[3]) <= FMAX
     assert float(stored[3]) > 1e38  # still (by far) the largest: near float32's max
     assert int(sampler.clamped_priority_count) == 1
@@ -251,7 +251,8 @@ def test_alpha_two_with_a_huge_priority_stays_finite_and_is_counted_once(kind, d
         rb.extend(_rows(4, 12).to(device))
         rb.update_priority(torch.arange(4, device=device), torch.full((4,), 1e25, device=device))
     assert int(sampler.clamped_priority_count) == 1 + 3 * 4
-    assert bool(torch.isfinite(sampler._leaves).all()) and bool(torch.isfinite(sampler._block_sum).all())
+    assert bool(torch.isfinite(sampler.core.state.leaves).all()) and bool(
+        torch.isfinite(sampler.core.state.block_sum).all())
     for _ in range(5):
         batch = rb.sample()  # IndexError here before (an inf block sum)
         assert batch["index"].min() >= 0 and batch["index"].max() < 16
@@ -262,7 +263,7 @@ def test_raising_alpha_keeps_stored_values_finite():
     rb = _filled(alpha=1.0, eps=1e-6)
     rb.update_priority(torch.tensor([0]), torch.tensor([1e30]))
     rb.sampler.alpha = 3.0  # 1e90 would overflow
-    assert bool(torch.isfinite(rb.sampler._leaves).all())
+    assert bool(torch.isfinite(rb.sampler.core.state.leaves).all())
     assert rb.sample()["index"].shape == (8,)
 
 
@@ -274,11 +275,11 @@ def test_raising_alpha_keeps_stored_values_finite():
 ])
 def test_bad_alpha_or_beta_is_refused_naming_it_and_changes_nothing(name, value, error):
     rb = _filled()
-    before = (rb.sampler.alpha, rb.sampler.beta, rb.sampler._leaves.clone())
+    before = (rb.sampler.alpha, rb.sampler.beta, rb.sampler.core.state.leaves.clone())
     with pytest.raises(error, match=name):
         setattr(rb.sampler, name, value)
     assert (rb.sampler.alpha, rb.sampler.beta) == before[:2]
-    torch.testing.assert_close(rb.sampler._leaves, before[2], rtol=0, atol=0)
+    torch.testing.assert_close(rb.sampler.core.state.leaves, before[2], rtol=0, atol=0)
     with pytest.raises(error, match=name):
         make_replay_buffer(8, 2, device="cpu", **{name: value})
 
@@ -319,11 +320,11 @@ def test_buffer_batch_size_is_checked_at_construction():
 
 def test_bad_priorities_are_named_and_empty_updates_are_no_ops():
     rb = _filled()
-    before = rb.sampler._raw.clone()
+    before = rb.sampler.core.state.raw.clone()
     with pytest.raises(TypeError, match="priority"):
         rb.update_priority(torch.tensor([0]), ["a"])
     rb.update_priority([], [])  # TorchRL's samplers accept it: nothing to do
-    torch.testing.assert_close(rb.sampler._raw, before, rtol=0, atol=0)
+    torch.testing.assert_close(rb.sampler.core.state.raw, before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("direct", [True, False])

@@ -109,7 +109,8 @@ def test_storage_schema_0_and_1_per_key_states_load_and_a_newer_is_refused():
 
 def test_prioritized_sampler_schema_1_state_loads_and_a_newer_is_refused():
     sampler = GPUPrioritizedSampler(N, 0.6, 0.4, device="cpu")
-    raw = torch.zeros(sampler._raw.shape, dtype=sampler._raw.dtype)  # the padded slots of the tree's leaves
+    # the padded slots of the tree's leaves
+    raw = torch.zeros(sampler.core.state.raw.shape, dtype=sampler.core.state.raw.dtype)
     raw[:3] = torch.tensor([0.5, 2.0, 1.0])
     v1 = {"_schema_version": 1, "kind": "GPUPrioritizedSampler", "max_capacity": N, "alpha": 0.6, "beta": 0.4,
           "eps": 1e-8, "raw": raw, "max_raw": torch.tensor(2.0, dtype=raw.dtype),

@@ -150,6 +150,10 @@ def _env() -> dict[str, str]:
     env = dict(os.environ, WANDB_MODE="offline", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"),
                                                                             os.environ.get("PYTHONPATH", "")]))
     env.pop("WANDB_API_KEY", None)
+    # each fit starts its own W&B service (the one _run_and_kill kills with it), not this process's: wandb
+    # exports WANDB_SERVICE once it runs one, and a shared service keeps a killed fit's run open ("run ID ...
+    # is in use" for the resume that continues it)
+    env.pop("WANDB_SERVICE", None)
     return env
 
 
@@ -208,7 +212,9 @@ def test_a_resume_relogs_the_epochs_the_killed_runs_file_lost(wandb_env):
     run did before): the file lacks the run's epochs. The resumed run's first rows are those epochs and
     episodes, the values history.csv / episodes.csv hold."""
     run_dir = wandb_env / "run"
-    done = _run_and_kill(run_dir, 4, "--model.updates_per_epoch=50", "--trainer.logger.init_args.flush_interval_s=0")
+    # an epoch writes about 6.5 KiB here: the first 32 KiB block holds the start records and epochs 0-2, the
+    # second one ends near epoch 9; a kill after epoch 6 leaves epochs 3.. in the unwritten tail
+    done = _run_and_kill(run_dir, 6, "--model.updates_per_epoch=50", "--trainer.logger.init_args.flush_interval_s=0")
     old_dir = next(run_dir.glob("wandb/offline-run-*"))
     old_epochs = {int(r["epoch"]) for r in _train_rows(old_dir)}
     assert len(old_epochs) < done - 1  # the scenario: a tail of several epochs is missing

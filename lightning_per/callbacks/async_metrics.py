@@ -23,10 +23,12 @@ Episodes: when the module keeps an episode log (``episode_log`` / ``episode_log_
 that ended since the last snapshot into rows of :attr:`AsyncMetricsCallback.episodes`, one per episode,
 each sent to the loggers (W&B: keys ``episode/*`` plotted against ``episode/env_steps``).
 
-Resume and W&B: the checkpointed state names the ``.wandb`` files of the W&B runs its rows were logged to. A
-resumed run (a new W&B run) reads them and re-logs, first thing, the epochs and episodes of the restored
-history that none of them holds (what a kill cut from a file's unwritten tail), with one INFO line; when a
-file cannot be read, or the checkpoint names none, one warning says which epochs may be missing instead.
+Resume and W&B: the checkpointed state names the W&B run (:meth:`AsyncMetricsCallback.wandb_run_id_in`; the
+``lightning-per fit`` command continues it, :meth:`~lightning_per.callbacks.AutoModeWandbLogger.continue_run`) and
+the ``.wandb`` files its rows were logged to. A resumed run (the same W&B run continued, or a new one) reads those
+files and logs, first thing, the epochs and episodes of the restored history that none of them holds (what a kill
+cut from a file's unwritten tail), with one INFO line, and nothing they hold: each epoch is in the W&B run once.
+When a file cannot be read, or the checkpoint names none, one warning says which epochs may be missing instead.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -165,6 +167,7 @@ class AsyncMetricsCallback(Callback):
         # the .wandb files of the W&B runs the history was logged to, oldest first (None: a restored state that
         # does not say)
         self._wandb_files: list[str] | None = []
+        self._wandb_run_id: str | None = None  # id of the W&B run logged to last
 
     # ----------------------------------------------------------------------------------- public API
     @property
@@ -182,6 +185,36 @@ class AsyncMetricsCallback(Callback):
     def pending(self) -> int:
         """Number of snapshots copied but not yet logged."""
         return len(self._pending)
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        """Id of the W&B run this callback logged to last (restored from a checkpoint until the run starts);
+        ``None`` before any W&B run."""
+        return self._wandb_run_id
+
+    def wandb_run_id_in(self, checkpoint: Mapping[str, Any]) -> str | None:
+        """The W&B run id that this callback's state in ``checkpoint`` (a loaded Lightning checkpoint) names:
+        what a resume gives :meth:`AutoModeWandbLogger.continue_run <lightning_per.callbacks.AutoModeWandbLogger.
+        continue_run>` to continue that run. ``None`` when the checkpoint holds no state of this callback or names
+        no run (written before the run id was recorded, or without W&B).
+
+        Raises:
+            ValueError: the state's ``wandb_run_id`` is neither a string nor None.
+
+        Example::
+
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            run_id = metrics_callback.wandb_run_id_in(checkpoint)
+            if run_id is not None:
+                wandb_logger.continue_run(run_id)
+            trainer.fit(model, ckpt_path=path)
+        """
+        states = checkpoint.get("callbacks")
+        state = states.get(self.state_key) if isinstance(states, Mapping) else None
+        run_id = state.get("wandb_run_id") if isinstance(state, Mapping) else None
+        if run_id is not None and not isinstance(run_id, str):
+            raise ValueError(f"AsyncMetricsCallback state: wandb_run_id must be a string or None, got {run_id!r}")
+        return run_id or None
 
     def flush(self, trainer: pl.Trainer | None = None) -> None:
         """Wait for every snapshot in flight (one host sync) and publish it. Safe to call any time.
@@ -233,10 +266,13 @@ class AsyncMetricsCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._t0 is None:
             self._t0 = time.monotonic() - self._resumed_time_s
-        if trainer.is_global_zero and (self._history or self._episodes):
+        if trainer.is_global_zero:
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
-                    self._relog_missing(logger)
+                    if self._history or self._episodes:
+                        self._relog_missing(logger)
+                    else:
+                        self._note_wandb_file(logger)
         metrics_device = torch.device(getattr(pl_module.metrics, "device", pl_module.device))
         if metrics_device.type == "cuda":
             # Creating a stream and first launches of kernels (CUDA lazy loading) synchronize the device,
@@ -294,7 +330,8 @@ class AsyncMetricsCallback(Callback):
         """History of logged epochs (snapshots in flight are drained first, so none is lost)."""
         self.flush()
         return stamp({"history": self.history, "episodes": self.episodes, "episodes_seen": self._episodes_seen,
-                      "episodes_dropped": self.episodes_dropped, "wandb_files": self._wandb_files},
+                      "episodes_dropped": self.episodes_dropped, "wandb_files": self._wandb_files,
+                      "wandb_run_id": self._wandb_run_id},
                      "AsyncMetricsCallback", _STATE_SCHEMA_VERSION)
 
     @override
@@ -302,17 +339,22 @@ class AsyncMetricsCallback(Callback):
         """Restore :meth:`state_dict` output; later epochs continue the history and its clock.
 
         Raises:
-            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`).
+            ValueError: a newer or unknown schema version (:func:`lightning_per.schema.check`); ``wandb_files``
+                not a list of strings, ``wandb_run_id`` neither a string nor None (nothing is restored then).
         """
         state_dict = check(state_dict, "AsyncMetricsCallback", _STATE_SCHEMA_VERSION, **_STATE_SCHEMA)
+        files = state_dict.get("wandb_files")  # checked before anything is restored
+        if files is not None and not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+            raise ValueError(f"AsyncMetricsCallback state: wandb_files must be a list of paths, got {files!r}")
+        run_id = state_dict.get("wandb_run_id")  # absent from states written before it was recorded
+        if run_id is not None and not isinstance(run_id, str):
+            raise ValueError(f"AsyncMetricsCallback state: wandb_run_id must be a string or None, got {run_id!r}")
         self._history = [dict(row) for row in state_dict.get("history", [])]
         self._episodes = [dict(row) for row in state_dict.get("episodes", [])]
         self._episodes_seen = int(state_dict.get("episodes_seen", len(self._episodes)))
         self.episodes_dropped = int(state_dict.get("episodes_dropped", 0))
-        files = state_dict.get("wandb_files")
-        if files is not None and not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
-            raise ValueError(f"AsyncMetricsCallback state: wandb_files must be a list of paths, got {files!r}")
         self._wandb_files = None if files is None else list(files)
+        self._wandb_run_id = run_id
         self._resumed_time_s = float(self._history[-1].get("time_s", 0.0)) if self._history else 0.0
 
     # ------------------------------------------------------------------------------------ internals
@@ -386,13 +428,19 @@ class AsyncMetricsCallback(Callback):
         logger.save()
 
     def _note_wandb_file(self, logger: WandbLogger) -> None:
-        """Remember the ``.wandb`` file of the logger's run (what a resume reads to find what it lacks)."""
-        path = wandb_run_file(logger.experiment)
-        if path is not None and self._wandb_files is not None and path not in self._wandb_files:
+        """Remember the logger's run id and ``.wandb`` file (what a resume continues, and reads to find what it
+        lacks)."""
+        run = logger.experiment
+        path = wandb_run_file(run)
+        if path is None:
+            return
+        self._wandb_run_id = run.id
+        if self._wandb_files is not None and path not in self._wandb_files:
             self._wandb_files.append(path)
 
     def _relog_missing(self, logger: WandbLogger) -> None:
-        """Re-log to the logger's (new) run the restored epochs and episodes that no earlier W&B run holds."""
+        """Log to the logger's run (the earlier one continued, or a new one) the restored epochs and episodes that
+        no earlier ``.wandb`` file holds."""
         current = wandb_run_file(logger.experiment)
         if current is None:  # a disabled run: nothing to complete
             return
@@ -400,7 +448,8 @@ class AsyncMetricsCallback(Callback):
         if self._wandb_files is None:
             warnings.warn(f"AsyncMetricsCallback: the checkpoint does not name the W&B runs it was logged to; epochs "
                           f"{_spans(epochs)} are not re-logged to {current} and may be missing from W&B", stacklevel=2)
-            self._wandb_files = [current]
+            self._wandb_files = []
+            self._note_wandb_file(logger)
             return
         have_epochs: set[int] = set()
         have_episodes: set[int] = set()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
@@ -68,7 +67,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH,
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
                         storage_options: Any | None = None) -> None:
         """Write ``checkpoint`` to ``path``: readers see the previous file or the complete new one."""
         if "://" in os.fspath(path):
@@ -83,7 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                         else new_generation(), meta)
 
     @override
-    def load_checkpoint(self, path: _PATH, map_location: Any | None = None,
+    def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
         """The checkpoint at ``path`` once it matches its manifest, loaded with ``weights_only=True``.
 
@@ -99,7 +98,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return checkpoint
 
     @override
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Remove the checkpoint and its manifest."""
         super().remove_checkpoint(path)
         if "://" not in os.fspath(path):

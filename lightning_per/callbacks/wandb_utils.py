@@ -7,8 +7,11 @@ r"""Weights & Biases without surprises: offline unless an API key is configured,
   online run whose service cannot be reached within ``init_timeout_s`` falls back to offline with one
   warning, and the run's ``.wandb`` file is written every ``flush_interval_s`` (a kill loses at most that).
 - :func:`make_wandb_logger`: the same as a function.
+- :func:`run_metadata`: the package versions and the machine (no host name) that a run's W&B config records
+  under ``versions.*`` and ``machine.*``.
 - :func:`read_wandb_history`: the history rows of a local run, read from its ``run-<id>.wandb`` file
-  (works offline; used by the tests); :func:`read_wandb_step_metrics`: its ``define_metric`` x-axes.
+  (works offline; used by the tests); :func:`read_wandb_step_metrics`: its ``define_metric`` x-axes;
+  :func:`read_wandb_config`: its config; :func:`read_wandb_run_id`: its run id.
   Upload an offline run later with ``wandb sync <run dir>``.
 """
 
@@ -19,6 +22,7 @@ import json
 import math
 import netrc
 import os
+import platform
 import struct
 import time
 import warnings
@@ -34,8 +38,9 @@ from typing_extensions import override
 
 from lightning_per.integrity import walk_files
 
-__all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_history", "read_wandb_step_metrics",
-           "resolve_wandb_mode", "wandb_api_key_configured", "wandb_run_file"]
+__all__ = ["AutoModeWandbLogger", "make_wandb_logger", "read_wandb_config", "read_wandb_history",
+           "read_wandb_run_id", "read_wandb_step_metrics", "resolve_wandb_mode", "run_metadata",
+           "wandb_api_key_configured", "wandb_run_file"]
 
 _MODES = ("online", "offline", "disabled")
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
@@ -85,6 +90,61 @@ def resolve_wandb_mode(mode: str | None = None) -> Literal["online", "offline", 
     if resolved not in _MODES:
         raise ValueError(f"{source} must be one of {_MODES}, got {mode!r}")
     return resolved  # type: ignore[return-value]
+
+
+#: The distributions whose versions a run's config records (``versions.<name>``).
+VERSIONED_PACKAGES = ("torch", "torchrl", "tensordict", "lightning", "lightning_per", "wandb", "gymnasium")
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def run_metadata(query_gpus: bool = True) -> dict[str, dict[str, Any]]:
+    """What a run's W&B config records besides its settings: package versions and the machine, without its
+    host name.
+
+    Args:
+        query_gpus: read the GPU names (this initializes CUDA in the process); ``False`` names them only when
+            CUDA is initialized already (a process that forks workers after it must not initialize CUDA).
+
+    Returns:
+        ``{"versions": {"python": ..., "torch": ..., "torchrl": ..., "tensordict": ..., "lightning": ...,
+        "lightning_per": ..., "wandb": ..., "gymnasium": ...}, "machine": {"cpu": model name or None,
+        "cpu_count": logical cores, "gpu": name of device 0 or None, "gpu_count": int, "arch": e.g. "x86_64",
+        "os": e.g. "Linux"}}``; a package that is not installed is ``None``.
+
+    Example::
+
+        >>> from lightning_per.callbacks import run_metadata
+        >>> meta = run_metadata(query_gpus=False)
+        >>> sorted(meta), meta["versions"]["torch"] is not None
+        (['machine', 'versions'], True)
+    """
+    import torch
+
+    versions: dict[str, Any] = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(gpu_count)] \
+        if gpu_count and (query_gpus or torch.cuda.is_initialized()) else []
+    machine = {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "gpu": names[0] if names else None,
+               "gpu_count": gpu_count, "arch": platform.machine() or None, "os": platform.system() or None}
+    if len(set(names)) > 1:
+        machine["gpus"] = names
+    return {"versions": versions, "machine": machine}
 
 
 class AutoModeWandbLogger(WandbLogger):
@@ -211,6 +271,33 @@ class AutoModeWandbLogger(WandbLogger):
             return wandb.Settings(**{**ours, **(given or {})})
         return given.model_copy(update={k: v for k, v in ours.items() if k not in given.model_fields_set})
 
+    def continue_run(self, run_id: str) -> None:
+        """Log to the W&B run ``run_id`` (a resumed training run's), with wandb's resume mechanism: ``wandb.init(
+        id=run_id, resume="allow")`` (``resume="must"`` if given is kept).
+
+        Online, the run goes on where it stopped on the server (its history, config and summary). Offline (wandb
+        0.31), ``wandb.init`` reads nothing: the part writes its own ``offline-run-<time>-<run_id>`` directory,
+        its run record marked resumed, and ``wandb sync <save_dir>/wandb`` uploads the parts of one id one
+        after the other, in start order, into that one run. Call before the run starts (before ``Trainer.fit``).
+
+        Args:
+            run_id: the W&B run id (:attr:`version` of the earlier run's logger).
+
+        Raises:
+            ValueError: ``run_id`` is not a non-empty string without ``/ \\ # ? % :``; this logger's run already
+                started under another id.
+        """
+        if not isinstance(run_id, str) or not run_id or any(c in run_id for c in "/\\#?%:"):
+            raise ValueError(f"run_id must be a W&B run id (a non-empty string without / \\ # ? % :), got {run_id!r}")
+        if self._experiment is not None:
+            if self._experiment.id != run_id:
+                raise ValueError(f"run_id {run_id!r}: this logger's W&B run already started as "
+                                 f"{self._experiment.id!r}; continue a run before Trainer.fit starts it")
+            return
+        self._id = self._wandb_init["id"] = run_id
+        if self._wandb_init.get("resume") != "must":
+            self._wandb_init["resume"] = "allow"
+
     @override
     def finalize(self, status: str) -> None:
         super().finalize(status)
@@ -317,6 +404,70 @@ def read_wandb_step_metrics(path: str | os.PathLike[str]) -> dict[str, str]:
         if step:
             out[m.name or m.glob_name] = step
     return out
+
+
+def read_wandb_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config of a local W&B run (what ``run.config`` held at its last update), as plain JSON values.
+
+    Args:
+        path: as for :func:`read_wandb_history`.
+
+    Returns:
+        ``{key: value}``: nested dicts as logged (``config["replay"]["alpha"]``; W&B's panels show it as
+        ``replay.alpha``); wandb's own ``_wandb`` entry is left out.
+
+    Raises:
+        FileNotFoundError: no ``.wandb`` file under ``path``.
+        ValueError: the file is not a W&B log or is corrupt.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    config: dict[str, Any] = {}
+
+    def apply(record: Any) -> None:
+        for item in record.update:
+            keys = [item.key] if item.key else list(item.nested_key)
+            value = json.loads(item.value_json)
+            if isinstance(value, dict) and set(value) <= {"value", "desc"} and "value" in value:
+                value = value["value"]  # the {"value": ..., "desc": ...} wrapping of config.yaml
+            node = config
+            for k in keys[:-1]:
+                node = node.setdefault(k, {})
+            node[keys[-1]] = value
+        for item in record.remove:
+            config.pop(item.key, None)
+
+    for raw in _iter_wandb_records(_run_file(path)):
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            apply(rec.run.config)
+        elif kind == "config":
+            apply(rec.config)
+    config.pop("_wandb", None)
+    return config
+
+
+def read_wandb_run_id(path: str | os.PathLike[str]) -> str:
+    """The run id of a local W&B run (its run record's ``run_id``).
+
+    Args:
+        path: as for :func:`read_wandb_history`.
+
+    Raises:
+        FileNotFoundError: no ``.wandb`` file under ``path``.
+        ValueError: the file is not a W&B log, is corrupt or holds no run record.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    p = _run_file(path)
+    for raw in _iter_wandb_records(p):
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "run":
+            return rec.run.run_id
+    raise ValueError(f"{p} holds no run record")
 
 
 def read_wandb_history(path: str | os.PathLike[str], timeout_s: float = 0.0) -> list[dict[str, Any]]:

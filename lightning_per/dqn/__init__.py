@@ -1,20 +1,14 @@
-"""DQN on the device-resident prioritized replay: LightningModule, Q-networks, n-step collection."""
+"""DQN on the device-resident prioritized replay: the LightningModule and its replay configuration.
 
-from lightning_per.dqn.collector import NStepCollector, StepOutput
-from lightning_per.dqn.compiled import InductorUpdate
+The public API is :class:`DQN` and :class:`ReplayConfig` (the env is configured with
+:class:`lightning_per.envs.EnvConfig`). The building blocks stay importable from their modules: the Q-networks
+(:mod:`lightning_per.dqn.networks`), n-step collection (:mod:`lightning_per.dqn.collector`), the learner update
+(:mod:`lightning_per.dqn.learner`), the targets and losses (:mod:`lightning_per.dqn.targets`), the update strategies
+(:mod:`lightning_per.dqn.updates`), Inductor (:mod:`lightning_per.dqn.compiled`) and DDP
+(:mod:`lightning_per.dqn.ddp`).
+"""
+
 from lightning_per.dqn.config import ReplayConfig
-from lightning_per.dqn.learner import learner_step, td_loss
-from lightning_per.dqn.module import DQN, StepIndices
-from lightning_per.dqn.networks import QNetwork, make_q_network
-from lightning_per.dqn.targets import (
-    dqn_target,
-    hard_update,
-    linear_schedule,
-    n_step_return,
-    polyak_update,
-    weighted_huber_loss,
-)
+from lightning_per.dqn.module import DQN
 
-__all__ = ["DQN", "InductorUpdate", "NStepCollector", "QNetwork", "ReplayConfig", "StepIndices", "StepOutput",
-           "dqn_target", "hard_update", "learner_step", "linear_schedule", "make_q_network", "n_step_return",
-           "polyak_update", "td_loss", "weighted_huber_loss"]
+__all__ = ["DQN", "ReplayConfig"]

@@ -3,14 +3,14 @@
 Under Lightning's DDP strategy every rank keeps its own env, collector and replay buffer (seeded by global
 rank) and runs ``updates_per_epoch`` updates an epoch; the gradients are averaged over the ranks (by DDP's
 reducer in eager mode, by :func:`all_reduce_mean_grads_` inside the captured update in graph mode). This
-file holds what that needs beyond Lightning's public API. Each access to a private of Lightning or of
-torch's ``DistributedDataParallel`` is one function below, commented where it is made:
+file holds what that needs beyond Lightning's public API; the Lightning privates it touches are functions of
+:mod:`lightning_per.lightning_compat` (pinned by tests/test_lightning_compat.py):
 
-- :func:`keep_buffers_per_rank`: ``DDPStrategy._ddp_kwargs`` (the kwargs Lightning passes to DDP);
-- :func:`write_shards_with_checkpoints`: the strategy's ``save_checkpoint``/``remove_checkpoint`` wrapped
-  on the instance;
-- :func:`bound_sigterm_broadcast`: the epoch loop's ``_broadcast_sigterm_tensor``;
-- :func:`bypass_ddp_reducer`: DDP's ``require_backward_grad_sync`` flag.
+- :func:`keep_buffers_per_rank`: the kwargs Lightning passes to DDP (``lightning_compat.ddp_kwargs``);
+- :func:`write_shards_with_checkpoints`: the strategy's public ``save_checkpoint``/``remove_checkpoint``
+  wrapped on the instance;
+- :func:`bound_sigterm_broadcast`: the epoch loop's SIGTERM broadcast (``lightning_compat.wrap_sigterm_broadcast``);
+- :func:`bypass_ddp_reducer`: DDP's public ``require_backward_grad_sync`` flag.
 
 docs/ddp.md describes the behaviour; tests/test_ddp_cpu.py runs it on two gloo ranks.
 """
@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler
 
 from lightning_per.integrity import IntegrityError, load_torch_file, save_torch_file
+from lightning_per.lightning_compat import ddp_kwargs, wrap_sigterm_broadcast
 
 if TYPE_CHECKING:
     from lightning_per.dqn.module import DQN
@@ -140,8 +141,7 @@ def keep_buffers_per_rank(strategy: DDPStrategy) -> None:
     """DDP's default ``broadcast_buffers=True`` would overwrite every rank's registered buffers (the episode
     ring) with rank 0's at every step (a broadcast per step, too): turn it off, unless the strategy was
     given that argument explicitly."""
-    # private: DDPStrategy keeps the DistributedDataParallel kwargs in _ddp_kwargs and has no public setter
-    strategy._ddp_kwargs.setdefault("broadcast_buffers", False)
+    ddp_kwargs(strategy).setdefault("broadcast_buffers", False)
 
 
 def write_shards_with_checkpoints(strategy, module: DQN) -> None:
@@ -186,18 +186,20 @@ def bound_sigterm_broadcast(loop, every: int) -> None:
     every ``every`` steps of the training epoch loop ``loop`` (1: every step, Lightning's behaviour). Every
     rank calls it once per step, so all ranks broadcast on the same steps; a SIGTERM is acted on up to
     ``every`` steps late. Skipped when Lightning has no such method (then its own behaviour stays)."""
-    # private: _broadcast_sigterm_tensor of Lightning's _TrainingEpochLoop (>= 2.6), wrapped on the instance
-    original = getattr(type(loop), "_broadcast_sigterm_tensor", None)
-    if every == 1 or original is None or "_broadcast_sigterm_tensor" in vars(loop):
+    if every == 1:
         return
-    calls = [0]
 
-    def bounded() -> None:
-        if calls[0] % every == 0:
-            original(loop)
-        calls[0] += 1
+    def bounded_by(original: Callable[[], None]) -> Callable[[], None]:
+        calls = [0]
 
-    loop._broadcast_sigterm_tensor = bounded
+        def bounded() -> None:
+            if calls[0] % every == 0:
+                original()
+            calls[0] += 1
+
+        return bounded
+
+    wrap_sigterm_broadcast(loop, bounded_by)
 
 
 def bypass_ddp_reducer(model: nn.Module) -> None:

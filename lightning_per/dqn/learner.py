@@ -87,7 +87,7 @@ def learner_step(q_net: nn.Module, target_net: nn.Module, optimizer, b: dict[str
 
 
 class MetricSlots(NamedTuple):
-    """Where one update's metrics go in a :class:`~lightning_per.callbacks.MetricAccumulator`'s
+    """Where one update's metrics go in a :class:`~lightning_per.metrics.MetricAccumulator`'s
     ``values``/``counts`` vectors ``(M,) float64`` (see :func:`record_update_metrics_`)."""
 
     mean: Tensor

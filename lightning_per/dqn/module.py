@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, Literal
@@ -54,10 +53,6 @@ _METRICS = {"loss": "mean", "td_abs_mean": "mean", "td_abs_max": "max", "q_mean"
             "is_weight_mean": "mean", "episode_return": "mean", "episode_length": "mean",
             "env_steps": "last", "updates": "last", "clamped_priorities": "last", "epsilon": "last",
             "beta": "last"}
-OVERLAP_REPLAY_DEPRECATED = (
-    "overlap_replay=False is deprecated and has no effect: graph mode always forks each update's priority update "
-    "and the next draw onto a second stream (the same results as one stream, and no measurable difference: "
-    "docs/ddp.md, 'Scaling'); remove the argument")
 
 
 class StepIndices(Dataset):
@@ -107,10 +102,6 @@ class DQN(CheckpointHooks, LightningModule):
         updates_per_graph: graph mode with our proportional sampler on CUDA: consecutive updates captured
             in one CUDA graph (a divisor of ``updates_per_step``); beta is annealed once per block and a
             hard target copy due inside a block runs after it (docs/dqn.md, "Graph mode").
-        overlap_replay: deprecated, no effect: graph mode always runs each update's priority update and the
-            next update's draw on a second stream, concurrent with its backward and optimizer step (same
-            draws and priorities as one stream); False, which kept them on the update's stream and measured
-            the same (docs/ddp.md, "Scaling"), warns.
         max_env_steps: stop training once this many env steps were taken (None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
@@ -153,7 +144,7 @@ class DQN(CheckpointHooks, LightningModule):
                  target_tau: float | None = None, epsilon_start: float = 1.0, epsilon_end: float = 0.01,
                  epsilon_decay_steps: int = 10_000, warmup_steps: int = 1_000, replay_ratio: float = 0.25,
                  updates_per_epoch: int = 500, updates_per_step: int = 1, updates_per_graph: int = 1,
-                 overlap_replay: bool = True, max_env_steps: int | None = None,
+                 max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
                  checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
@@ -163,10 +154,10 @@ class DQN(CheckpointHooks, LightningModule):
         env.validate()
         replay.validate()
         validate_dqn_arguments(locals())
-        if not overlap_replay:
-            warnings.warn(OVERLAP_REPLAY_DEPRECATED, FutureWarning, stacklevel=2)
-        self.save_hyperparameters(ignore=["env", "replay"])
-        self.hparams["env"], self.hparams["replay"] = asdict(env), asdict(replay)
+        # the flat arguments (and LightningCLI's keys), then with the nested configs as plain dicts: the second
+        # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*` and `replay.*` included)
+        self.save_hyperparameters(ignore=["env", "replay"], logger=False)
+        self.save_hyperparameters({**self.hparams, "env": asdict(env), "replay": asdict(replay)})
         self.env_config, self.replay_config = env, replay
         self.automatic_optimization = False
 

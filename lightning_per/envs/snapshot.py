@@ -60,6 +60,7 @@ from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 from torchrl.envs import EnvBase, GymWrapper
 
 from lightning_per.envs.torch_cartpole import TorchCartPoleEnv
+from lightning_per.replay.compat import wrapped_gym_env
 
 __all__ = ["check_env_state", "restore_env", "snapshot_env"]
 
@@ -184,7 +185,7 @@ def _plan(env: EnvBase, snapshot: Any):
 def _members(env: EnvBase) -> list[Any] | None:
     """The member envs of a Gymnasium ``SyncVectorEnv`` under TorchRL's ``GymWrapper`` whose layers are all
     allow-listed, else None."""
-    venv = getattr(env, "_env", None) if isinstance(env, GymWrapper) else None
+    venv = wrapped_gym_env(env) if isinstance(env, GymWrapper) else None
     if not isinstance(venv, SyncVectorEnv):
         return None
     members = list(venv.envs)

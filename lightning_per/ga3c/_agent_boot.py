@@ -2,7 +2,7 @@
 
 Why not a plain ``Process(target=agent_main)``: unpickling that target in the spawned child
 imports ``lightning_per`` first, whose ``__init__`` imports torch, TorchRL and the replay code
-(~10 s of CPU per agent on a loaded 2-core machine, ~0.5 GB each). Agents need none of it, so the
+(seconds of CPU and hundreds of MB per agent). Agents need none of it, so the
 learner starts each one with ``runpy.run_path`` (a stdlib target) on this file, which registers a
 bare package object for ``lightning_per`` and then imports only the NumPy-only agent modules. A
 side effect we want: an agent cannot touch CUDA, it never imports torch.

@@ -46,7 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer", "RunDirError"]
+__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer", "trainer_settings",
+           "RunDirError"]
 
 log = logging.getLogger("lightning_per.ga3c")
 
@@ -124,7 +125,7 @@ def run(cfg, model=None) -> dict[str, Any]:
     import torch
     import yaml
 
-    from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger
+    from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger, run_metadata
     from lightning_per.callbacks.run_artifacts import write_episodes_csv
     from lightning_per.ga3c.history import EpochCSVLogger
     from lightning_per.utils import atomic_write_text, json_safe
@@ -168,7 +169,9 @@ def run(cfg, model=None) -> dict[str, Any]:
     if cfg.wandb_mode != "disabled":
         wandb = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
                                   finish_on_end=True)
-        wandb.log_hyperparams(cfg.to_dict())
+        # every field, the Trainer's settings (`trainer.*`), the package versions and the machine
+        wandb.log_hyperparams({**cfg.to_dict(), "trainer": {**trainer_settings(cfg, cuda),
+                                                            "default_root_dir": str(run_dir)}, **run_metadata()})
         loggers.append(wandb)
     artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None,
                                      panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
@@ -220,19 +223,26 @@ class RunDirError(ValueError):
     """The run directory cannot be created or written (the message names ``run_dir`` and the path)."""
 
 
+def trainer_settings(cfg, cuda: bool) -> dict[str, Any]:
+    """The ``pl.Trainer`` arguments of a GA3C run but its loggers, callbacks and directory: ``cfg.devices`` GPUs
+    (or CPU processes) on each of ``cfg.num_nodes`` machines, DDP above one process in all, no epoch bound
+    (``max_epochs=-1``), budgets ``max_steps=max_updates`` and ``max_time`` (``max_time_s``, in seconds),
+    ``gradient_clip_val=grad_clip``. Plain values: the run's W&B config records them under ``trainer``."""
+    return {"accelerator": "gpu" if cuda else "cpu", "devices": cfg.devices, "num_nodes": cfg.num_nodes,
+            "strategy": "ddp" if cfg.devices * cfg.num_nodes > 1 else "auto", "max_epochs": -1,
+            "max_steps": cfg.max_updates, "max_time": cfg.max_time_s, "gradient_clip_val": cfg.grad_clip,
+            "enable_progress_bar": False, "enable_checkpointing": False, "enable_model_summary": False,
+            "num_sanity_val_steps": 0, "limit_val_batches": 0, "log_every_n_steps": 1}
+
+
 def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
-    """The ``pl.Trainer`` a GA3C run fits with (also the ``ga3c-learner`` benchmark suite): ``cfg.devices``
-    GPUs (or CPU processes) on each of ``cfg.num_nodes`` machines, DDP above one process in all, budgets
-    ``max_updates`` / ``max_time_s``, ``grad_clip``."""
+    """The ``pl.Trainer`` a GA3C run fits with (also the ``ga3c-learner`` benchmark suite), on
+    :func:`trainer_settings`."""
     import lightning.pytorch as pl
 
-    return pl.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=cfg.devices, num_nodes=cfg.num_nodes,
-        strategy="ddp" if cfg.devices * cfg.num_nodes > 1 else "auto",
-        max_epochs=-1, max_steps=cfg.max_updates, max_time=datetime.timedelta(seconds=cfg.max_time_s),
-        logger=logger, callbacks=callbacks, gradient_clip_val=cfg.grad_clip,
-        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(run_dir), log_every_n_steps=1)
+    settings = trainer_settings(cfg, cuda)
+    settings["max_time"] = datetime.timedelta(seconds=settings["max_time"])
+    return pl.Trainer(**settings, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
 
 def _fmt(x: Any, digits: int = 2) -> str:

@@ -444,7 +444,7 @@ class GA3CSystem:
         live = [(i, a.process) for i, a in enumerate(self._agents) if a is not None and a.process.pid is not None]
         procs = [p for _, p in live]
         # an agent still starting (importing, making and resetting its envs) sees the stop flag only once it
-        # runs its loop: on a loaded machine that can be many seconds away (16 ALE agents on 2 cores: > 25 s)
+        # runs its loop: on a loaded machine that can be many seconds away
         booting = [p for i, p in live if self.shared is not None and not self.shared.started[i]]
         for p in booting:
             p.terminate()

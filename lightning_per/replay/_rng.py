@@ -21,7 +21,7 @@ import torch
 
 from lightning_per.replay.errors import check_seed
 
-__all__ = ["DeviceRNGMixin", "GeneratorBytes"]
+__all__ = ["GeneratorBytes", "SamplerRNG", "check_rng_state", "unregistered_generator_error"]
 
 
 def _fingerprint(generator: torch.Generator | torch.Tensor) -> int:
@@ -59,16 +59,16 @@ def _capturing(device: torch.device) -> bool:
 _UNREGISTERED_GENERATOR = "not in capture mode"
 
 
-def unregistered_generator_error(sampler: object, exc: BaseException, way: str = "") -> BaseException:
+def unregistered_generator_error(owner: str, exc: BaseException, way: str = "") -> BaseException:
     """``exc`` itself, or, when it is torch's error for a draw from a CUDA generator that the graph being captured
-    did not register, a RuntimeError naming ``sampler``'s generator and the ways out (``way``: one more, specific
-    to the sampler). The caller raises the result ``from exc``."""
+    did not register, a RuntimeError naming the generator of the sampler class ``owner`` and the ways out
+    (``way``: one more, specific to the sampler). The caller raises the result ``from exc``."""
     if _UNREGISTERED_GENERATOR not in str(exc):
         return exc
     ways = ["capture the update with lightning_per.graphs.capture (it registers the generators the buffer's draws "
             "use)", "call graph.register_generator_state(sampler.generator) before your own torch.cuda.graph capture"]
     return RuntimeError(
-        f"{type(sampler).__name__}.generator (the sampler's own CUDA torch.Generator) is drawn from inside a CUDA "
+        f"{owner}.generator (the sampler's own CUDA torch.Generator) is drawn from inside a CUDA "
         f"graph capture that did not register it: torch.cuda.graph registers only the device's default generator, "
         f"so captures made by others (tensordict's CudaGraphModule, a plain torch.cuda.graph) cannot draw from it. "
         f"Either " + "; or ".join([*ways, *([way] if way else [])]) + ".")
@@ -113,149 +113,147 @@ def _bytes_state(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-class DeviceRNGMixin:
-    """Gives a sampler ``self.generator`` (a ``torch.Generator`` on ``self._device``).
+class SamplerRNG:
+    """A sampler's own ``torch.Generator`` on its device, driven by the replay buffer's generator (module
+    docstring): a component every sampler holds as ``rng``.
 
-    Pickling and ``copy.deepcopy`` (also handing the sampler to a ``spawn``ed process) carry the generators as
+    Pickling and ``copy.deepcopy`` (also handing a sampler to a ``spawn``ed process) carry the generators as
     :class:`GeneratorBytes`: the copy's next draws are the original's next draws.
+
+    Args:
+        device: where the generator lives and the draws land.
+        seed: its seed (default: drawn from torch's default CPU generator, so ``torch.manual_seed`` makes runs
+            reproducible).
+        owner: the sampler's class name, for error messages.
+
+    Raises:
+        TypeError, ValueError: ``seed`` is not an int in ``[-2**63, 2**64)`` (:func:`check_seed`).
     """
 
-    _device: torch.device
-
-    def _init_rng(self, seed: int | None = None) -> None:
-        self._rng_fingerprint: int | None = None  # of a checkpoint written before buffer_seen was saved
-        self._buffer_rng: torch.Generator | None = None
-        self._buffer_rng_seen: torch.Tensor | None = None  # the buffer generator's state after our last reseed
-        self._adopt_rng: torch.Generator | None = None  # the buffer generator attached when a checkpoint loaded
+    def __init__(self, device: torch.device, seed: int | None = None, owner: str = "sampler") -> None:
         check_seed(seed)
-        gen = torch.Generator(device=self._device)
+        self.device, self.owner = device, owner
+        self.fingerprint: int | None = None  # of a checkpoint written before buffer_seen was saved
+        self.buffer: torch.Generator | None = None  # the buffer's generator (TorchRL's ``sampler._rng``)
+        self.seen: torch.Tensor | None = None  # the buffer generator's state after our last reseed
+        self.adopt: torch.Generator | None = None  # the buffer generator attached when a checkpoint loaded
+        gen = torch.Generator(device=device)
         if seed is None:
             # follows torch.manual_seed: draws one int from the default CPU generator (host only)
             seed = int(torch.randint(0, 2**62, (1,)))
         gen.manual_seed(seed)
         self.generator = gen
 
+    def __repr__(self) -> str:
+        return f"SamplerRNG(device={self.device}, follows_buffer={self.buffer is not None})"
+
     def __getstate__(self) -> dict:
-        """Pickle / ``copy.deepcopy`` state: the attributes, with the sampler's and the buffer's generators as
-        :class:`GeneratorBytes` and the last-seen buffer state as bytes. A checkpoint's generator adopted at load
-        (module docstring) is settled as the next draw would settle it, so the copy, which gets a new buffer
-        generator of the same state, draws what the original draws next."""
+        """The attributes, with the sampler's and the buffer's generators as :class:`GeneratorBytes` and the
+        last-seen buffer state as bytes. A checkpoint's generator adopted at load (module docstring) is settled as
+        the next draw would settle it, so the copy, which gets a new buffer generator of the same state, draws
+        what the original draws next."""
         state = self.__dict__.copy()
         state.pop("_seen_cache", None)
-        buf, seen, fingerprint = self._buffer_rng, self._buffer_rng_seen, self._rng_fingerprint
-        if buf is not None and (buf is self._adopt_rng or (seen is None and fingerprint is not None
-                                                           and _fingerprint(buf) == fingerprint)):
-            seen, fingerprint = buf.get_state(), None  # what _follow_buffer_rng settles on at the next draw
+        buf, seen, fingerprint = self.buffer, self.seen, self.fingerprint
+        if buf is not None and (buf is self.adopt or (seen is None and fingerprint is not None
+                                                      and _fingerprint(buf) == fingerprint)):
+            seen, fingerprint = buf.get_state(), None  # what follow() settles on at the next draw
         state["generator"] = GeneratorBytes.of(self.generator)
-        state["_buffer_rng"] = None if buf is None else GeneratorBytes.of(buf)
-        state["_buffer_rng_seen"] = None if seen is None else _state_bytes(seen)
-        state["_rng_fingerprint"], state["_adopt_rng"] = fingerprint, None
-        state.pop("_rng", None)  # TorchRL's Sampler.__getstate__ key (the buffer generator: ``_buffer_rng`` here)
+        state["buffer"] = None if buf is None else GeneratorBytes.of(buf)
+        state["seen"] = None if seen is None else _state_bytes(seen)
+        state["fingerprint"], state["adopt"] = fingerprint, None
         return state
 
     def __setstate__(self, state: dict) -> None:
         """Restore a :meth:`__getstate__` result: new generators in the saved states."""
         state = dict(state)
         state["generator"] = state["generator"].generator()
-        buf, seen = state["_buffer_rng"], state["_buffer_rng_seen"]
-        state["_buffer_rng"] = None if buf is None else buf.generator()
-        state["_buffer_rng_seen"] = None if seen is None else _bytes_state(seen)
+        buf, seen = state["buffer"], state["seen"]
+        state["buffer"] = None if buf is None else buf.generator()
+        state["seen"] = None if seen is None else _bytes_state(seen)
         self.__dict__.update(state)
 
-    @property
-    def _rng(self) -> torch.Generator | None:
-        return self._buffer_rng
+    def attach(self, generator: torch.Generator | None) -> None:
+        """The buffer attached ``generator`` (TorchRL assigns ``sampler._rng``); the draws follow it from the next
+        :meth:`follow` on (the owner calls it at once, restarting what it derives from the generator)."""
+        self.buffer = generator
+        if generator is not self.adopt:
+            self.adopt = None
 
-    @_rng.setter
-    def _rng(self, generator: torch.Generator | None) -> None:
-        # TorchRL's Sampler declares ``_rng = None`` at class level and buffers assign it.
-        self._buffer_rng = generator
-        if generator is not getattr(self, "_adopt_rng", None):
-            self._adopt_rng = None
-        if generator is not None and hasattr(self, "generator"):
-            self._follow_buffer_rng()
-
-    def _follow_buffer_rng(self) -> None:
-        """Reseed the device stream from the buffer generator if its state is not the one last seen (module
-        docstring); every draw calls this first. Host work only (no device sync)."""
-        buf = self._buffer_rng
-        if buf is None or torch.compiler.is_compiling() or _capturing(self._device):
-            return
+    def follow(self) -> bool:
+        """Reseed the generator from the buffer generator if its state is not the one last seen (module
+        docstring); every draw calls this first. True when it reseeded (the caller restarts any stream derived
+        from the generator). Host work only (no device sync)."""
+        buf = self.buffer
+        if buf is None or torch.compiler.is_compiling() or _capturing(self.device):
+            return False
         state = buf.get_state()  # a CPU tensor
-        seen = self._buffer_rng_seen
+        seen = self.seen
         if seen is not None and _state_bytes(state) == self._seen_bytes(seen):
-            return
-        if buf is self._adopt_rng or (seen is None and self._rng_fingerprint is not None
-                                      and _fingerprint(state) == self._rng_fingerprint):
+            return False
+        if buf is self.adopt or (seen is None and self.fingerprint is not None
+                                 and _fingerprint(state) == self.fingerprint):
             # a sampler checkpoint loaded under the generator attached then (not restored with it), or an older
             # checkpoint's generator: keep the restored device stream
-            self._buffer_rng_seen, self._rng_fingerprint, self._adopt_rng = state, None, None
-            return
-        self._rng_fingerprint = self._adopt_rng = None
+            self.seen, self.fingerprint, self.adopt = state, None, None
+            return False
+        self.fingerprint = self.adopt = None
         self.generator.manual_seed(_take_seed(buf, state))
-        self._seeded()
-        self._buffer_rng_seen = buf.get_state()
+        self.seen = buf.get_state()
+        return True
 
     def _seen_bytes(self, seen: torch.Tensor) -> bytes:
-        """The bytes of ``seen`` (:attr:`_buffer_rng_seen`), kept until another state tensor is assigned: comparing
-        bytes costs the host a fraction of ``torch.equal`` (a dispatched op) on every draw."""
+        """The bytes of ``seen`` (:attr:`seen`), kept until another state tensor is assigned: comparing bytes costs
+        the host a fraction of ``torch.equal`` (a dispatched op) on every draw."""
         cached = self.__dict__.get("_seen_cache")
         if cached is None or cached[0] is not seen:
             cached = self._seen_cache = (seen, _state_bytes(seen))
         return cached[1]
 
-    def _rand(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """float64 U[0, 1) draws of ``shape`` from :attr:`generator` on the sampler's device.
+    def rand(self, shape: tuple[int, ...], way: str = "") -> torch.Tensor:
+        """float64 U[0, 1) draws of ``shape`` from :attr:`generator` on :attr:`device`.
 
         Raises:
             RuntimeError: inside a CUDA-graph capture that did not register :attr:`generator` (the message names
-                it and how to capture instead).
+                it, how to capture instead, and ``way``, one more way out specific to the sampler).
         """
         if torch.compiler.is_compiling():  # traced: no capture underway, and no try block for dynamo to trace
-            return torch.rand(shape, generator=self.generator, device=self._device, dtype=torch.float64)
+            return torch.rand(shape, generator=self.generator, device=self.device, dtype=torch.float64)
         try:
-            return torch.rand(shape, generator=self.generator, device=self._device, dtype=torch.float64)
+            return torch.rand(shape, generator=self.generator, device=self.device, dtype=torch.float64)
         except RuntimeError as exc:
-            raise unregistered_generator_error(self, exc, self._unregistered_way()) from exc
+            raise unregistered_generator_error(self.owner, exc, way) from exc
 
-    def _unregistered_way(self) -> str:
-        """One more way out for :func:`unregistered_generator_error`, specific to the sampler ("" if none)."""
-        return ""
+    def randint(self, high: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """int64 draws uniform on ``[0, high)`` of ``shape`` from :attr:`generator` on :attr:`device`.
+
+        Raises:
+            RuntimeError: as :meth:`rand`.
+        """
+        if torch.compiler.is_compiling():
+            return torch.randint(0, high, shape, generator=self.generator, device=self.device)
+        try:
+            return torch.randint(0, high, shape, generator=self.generator, device=self.device)
+        except RuntimeError as exc:  # a capture that did not register the generator: named
+            raise unregistered_generator_error(self.owner, exc) from exc
 
     def manual_seed(self, seed: int) -> None:
-        """Seed the device generator directly (reproducible runs without a buffer generator).
+        """Seed the generator directly.
 
         Raises:
             TypeError, ValueError: ``seed`` is not an int in ``[-2**63, 2**64)`` (:func:`check_seed`).
         """
         self.generator.manual_seed(check_seed(seed))
-        self._seeded()
 
-    def _seeded(self) -> None:
-        """Hook: the generator was just seeded (samplers with other random state derived from it re-derive it)."""
-
-    def get_rng_state(self) -> dict:
-        """The state of the random streams the draws use, to replay them with :meth:`set_rng_state`:
-        ``{"generator": CPU uint8 tensor, "device_rng": None}`` here (samplers with more state add it)."""
-        return {"generator": self.generator.get_state(), "device_rng": None}
-
-    def set_rng_state(self, state: dict) -> None:
-        """Restore a :meth:`get_rng_state` result.
-
-        Raises:
-            TypeError, ValueError: ``state`` is not such a dict (see :func:`check_rng_state`); nothing changes.
-        """
-        check_rng_state(state)
-        self.generator.set_state(state["generator"])
-
-    def _rng_state(self) -> dict:
-        seen = self._buffer_rng_seen
-        return {"generator": self.generator.get_state(), "fingerprint": self._rng_fingerprint,
+    def state(self) -> dict:
+        """What a sampler checkpoint saves under ``"rng"``: ``{"generator", "fingerprint", "buffer_seen"}``."""
+        seen = self.seen
+        return {"generator": self.generator.get_state(), "fingerprint": self.fingerprint,
                 "buffer_seen": None if seen is None else seen.clone()}
 
-    def _check_rng_checkpoint(self, rng) -> None:
-        """Raise unless ``rng`` is a saved :meth:`_rng_state` that this sampler's generator accepts (tried on a
-        fresh generator of its device, never on the sampler's own: nothing changes).
+    def check(self, rng) -> None:
+        """Raise unless ``rng`` is a saved :meth:`state` that this generator accepts (tried on a fresh generator of
+        its device, never on the sampler's own: nothing changes).
 
         Raises:
             ValueError: not a saved generator state, or one of another kind of device.
@@ -271,14 +269,15 @@ class DeviceRNGMixin:
             raise ValueError(f"sampler checkpoint's generator state does not fit this sampler's {device.type} "
                              f"generator (saved on another kind of device?): {err}") from err
 
-    def _load_rng_state(self, state: dict) -> None:
+    def load(self, state: dict) -> None:
+        """Restore a :meth:`state` (checked first by :meth:`check`)."""
         self.generator.set_state(state["generator"].cpu())  # sync-ok: checkpoint load, not a step
         seen = state.get("buffer_seen")
-        self._buffer_rng_seen = seen.cpu().clone() if isinstance(seen, torch.Tensor) else None  # sync-ok: load
-        self._rng_fingerprint = None if seen is not None else state["fingerprint"]
+        self.seen = seen.cpu().clone() if isinstance(seen, torch.Tensor) else None  # sync-ok: load
+        self.fingerprint = None if seen is not None else state["fingerprint"]
         # until the buffer attaches another generator (TorchRL's load restores its own), the restored device stream
         # continues under the generator attached now
-        self._adopt_rng = self._buffer_rng
+        self.adopt = self.buffer
 
 
 def check_rng_state(state) -> None:

@@ -19,7 +19,14 @@ from torchrl.data import (
 
 from lightning_per.replay._rng import GeneratorBytes
 from lightning_per.replay.buffer_checkpoint import BUFFER_SCHEMA_VERSION, VerifiedDumps, checked_state
-from lightning_per.replay.compat import attached_entities, is_compilable
+from lightning_per.replay.compat import (
+    attached_entities,
+    buffer_generator,
+    buffer_locks,
+    buffer_parts,
+    is_compilable,
+    plain_extend,
+)
 from lightning_per.replay.errors import check_batch_size, check_generator
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
@@ -99,7 +106,7 @@ def _check_before_write(rb, data) -> None:
                          f"a dict of (n, ...) tensors as tensordict.TensorDict(data, batch_size=[{n}]), or store "
                          "tensors, tensorclasses and pytrees in torchrl's ReplayBuffer(storage=GPUTensorStorage(...), "
                          "sampler=GPUPrioritizedSampler(...))")
-    sampler = rb._sampler if rb.initialized else rb._init_sampler
+    sampler = buffer_parts(rb).sampler
     check = getattr(sampler, "check_signal", None)
     if check is not None and hasattr(data, "keys"):
         check(data)
@@ -113,7 +120,7 @@ def _empty_extend(rb, data) -> torch.Tensor | None:
     its storage holds data (it raises an IndexError on a storage never written). None for a batch with items."""
     if not (isinstance(data, TensorDictBase) and data.batch_dims >= 1 and data.batch_size[0] == 0):
         return None
-    storage = rb._storage if rb.initialized else rb._init_storage
+    storage = buffer_parts(rb).storage
     check = getattr(storage, "check_spec", None)
     if check is not None:
         check(data)
@@ -134,25 +141,24 @@ def _direct_extend(rb, data, update_priority: bool | None, priority=_NOT_LOOKED_
     another spec): the caller then takes TorchRL's path, which validates and raises. ``priority``: the batch's
     ``priority_key`` entry when the caller has looked it up (:func:`_check_extend_priority`), else
     :data:`_NOT_LOOKED_UP`."""
-    if type(data) is not TensorDict or (rb._delayed_init and not rb.initialized):
+    if type(data) is not TensorDict or not plain_extend(rb):
         return None
-    writer, transform = rb._writer, rb._transform
+    storage, sampler, writer = buffer_parts(rb)
     # exactly our writer: a subclass may override extend / _mark_update_entities, which this path would skip
-    if (type(writer) is not GPURoundRobinWriter or (transform is not None and len(transform))
-            or rb._dim_extend or getattr(rb, "_is_consuming", bool)()):  # no consuming buffers before torchrl 0.12
+    if type(writer) is not GPURoundRobinWriter:
         return None
     pairs = writer._direct_pairs(data)
     if pairs is None:
         return None
-    storage = rb._storage
-    with rb._replay_lock, rb._write_lock:
+    replay_lock, write_lock = buffer_locks(rb)
+    with replay_lock, write_lock:
         index = writer._write_direct(data, pairs)
         for entity in attached_entities(storage):  # the writer's _mark_update_entities
             if entity is rb and type(rb).mark_update is ReplayBuffer.mark_update:
-                rb._sampler.mark_update(index, storage=storage)  # what ReplayBuffer.mark_update does
+                sampler.mark_update(index, storage=storage)  # what ReplayBuffer.mark_update does
             else:
                 entity.mark_update(index)
-        rb._sampler.extend(index)
+        sampler.extend(index)
     if update_priority is None or update_priority:
         if priority is _NOT_LOOKED_UP:
             priority = data.get(rb.priority_key, None)
@@ -179,7 +185,8 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
     if update_priority is False or not hasattr(data, "get"):
         return _NOT_LOOKED_UP
     key = getattr(rb, "priority_key", None)
-    if key is None or not hasattr(rb._sampler, "update_priority") or isinstance(rb._sampler, GPURandomSampler):
+    sampler = buffer_parts(rb).sampler
+    if key is None or not hasattr(sampler, "update_priority") or isinstance(sampler, GPURandomSampler):
         return _NOT_LOOKED_UP
     try:
         priority = data.get(key, None)
@@ -203,7 +210,7 @@ def _pickled_generator(rb, state: dict[str, Any]) -> dict[str, Any]:
     (:class:`~lightning_per.replay._rng.GeneratorBytes`) under ``"_rng_bytes"``, ``"_rng"`` None: TorchRL pickles
     it as a temporary clone of its state tensor, which a ``spawn``ed process then cannot rebuild (the clone's shared
     memory is freed before the child opens it)."""
-    rng = getattr(rb, "_rng", None)
+    rng = buffer_generator(rb)
     if rng is not None:
         state["_rng"], state["_rng_bytes"] = None, GeneratorBytes.of(rng)
     return state
@@ -307,7 +314,8 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         returns the info dict.
         """
         if not (self._direct_sample and include_info is None and not len(self._transform)
-                and getattr(self._storage, "ring", False)):  # items in our ring, not in TorchRL's layout
+                and isinstance(self._storage, GPUTensorStorage)
+                and self._storage.layout != "torchrl"):  # items in our ring, not in TorchRL's layout
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         if batch_size is None:
             batch_size = self._batch_size

@@ -13,6 +13,7 @@ import torch
 from torchrl.data import RoundRobinWriter
 
 from lightning_per.integrity import atomic_directory, refuse_pickled_files, verify_directory
+from lightning_per.replay.compat import buffer_parts
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import SCHEMA_KEY, check
 
@@ -24,14 +25,6 @@ _LEGACY_KEYS = ("_lightning_per_schema",)
 
 #: What TorchRL's ``ReplayBuffer.load_state_dict`` reads with ``state_dict[key]``.
 _BUFFER_KEYS = ("_storage", "_sampler", "_writer", "_transforms", "_batch_size")
-
-
-def _components(rb) -> tuple[Any, Any]:
-    """``(sampler, writer)`` of ``rb``, also before a ``delayed_init`` buffer is initialised (TorchRL then
-    still holds them as constructor arguments)."""
-    if rb.initialized:
-        return rb._sampler, rb._writer
-    return rb._init_sampler, rb._init_writer
 
 
 def _check_part(part, state) -> None:
@@ -63,7 +56,8 @@ def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
     the writer's count implies (``min(write_count, capacity)``, cursor ``write_count % capacity``) is the
     storage's, and a (plain) prioritized sampler knows exactly the filled slots. Parts from different saves disagree.
     Host reads of the (CPU) checkpoint only."""
-    capacity = getattr(rb._storage, "max_size", None)
+    storage = buffer_parts(rb).storage
+    capacity = getattr(storage, "max_size", None)
     length = storage_state.get("_len") if isinstance(storage_state, dict) else None
     length = int(length) if isinstance(length, int) or (isinstance(length, torch.Tensor) and length.numel() == 1) \
         else None
@@ -85,7 +79,7 @@ def _check_parts_agree(rb, storage_state, sampler_state, writer_state) -> None:
     written = sampler_state.get("written") if isinstance(sampler_state, dict) else None
     # the plain samplers give every written slot a priority (slice samplers only valid starts; frame-stack storages
     # mask slots): there the filled slots and the prioritized ones are the same set
-    plain = (type(rb._storage) is GPUTensorStorage and isinstance(sampler_state, dict)
+    plain = (type(storage) is GPUTensorStorage and isinstance(sampler_state, dict)
              and sampler_state.get("kind") in ("GPUPrioritizedSampler", "GPURankBasedSampler"))
     if plain and length is not None and isinstance(written, torch.Tensor) and written.device.type == "cpu":
         known = int(written[:capacity].sum()) if isinstance(capacity, int) else int(written.sum())  # host tensor
@@ -114,10 +108,10 @@ def checked_state(rb, state_dict) -> dict[str, Any]:
     missing = [key for key in _BUFFER_KEYS if key not in state_dict]
     if missing:
         raise ValueError(f"not a replay buffer checkpoint: it lacks {missing} (keys {sorted(map(str, state_dict))})")
-    sampler, writer = _components(rb)
-    _check_part(rb._storage, state_dict["_storage"])
+    storage, sampler, writer = buffer_parts(rb)
+    _check_part(storage, state_dict["_storage"])
     _check_part(sampler, state_dict["_sampler"])
-    _check_writer_state(writer, state_dict["_writer"], getattr(rb._storage, "max_size", None))
+    _check_writer_state(writer, state_dict["_writer"], getattr(storage, "max_size", None))
     _check_parts_agree(rb, state_dict["_storage"], state_dict["_sampler"], state_dict["_writer"])
     _check_batch_size_state(state_dict["_batch_size"])
     return {k: v for k, v in state_dict.items() if k not in (SCHEMA_KEY, *_LEGACY_KEYS)}
@@ -134,12 +128,12 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
         TypeError, ValueError: as :func:`_check_part`, or a metadata file lacks its entries.
     """
     path = Path(path).absolute()  # as TorchRL's loads
-    sampler, writer = _components(rb)
+    storage, sampler, writer = buffer_parts(rb)
     states = {}
-    for part, file in ((rb._storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
+    for part, file in ((storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
         if not hasattr(part, "check_state_dict"):
             continue
-        if part is rb._storage and not file.is_file() and (file.parent / "storage_metadata.json").is_file():
+        if part is storage and not file.is_file() and (file.parent / "storage_metadata.json").is_file():
             continue  # items in TorchRL's layout, saved by TorchRL's checkpointer: its own loads checks them
         if not file.is_file():
             raise FileNotFoundError(f"no {file.parent.name} checkpoint at {file} (a directory written by a replay "
@@ -151,7 +145,7 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
     if isinstance(writer, RoundRobinWriter):
         meta = _check_json(path / "writer" / "metadata.json", "cursor")
         states["writer"] = {"_cursor": meta["cursor"], "_write_count": meta.get("write_count")}
-        _check_writer_state(writer, states["writer"], getattr(rb._storage, "max_size", None))
+        _check_writer_state(writer, states["writer"], getattr(storage, "max_size", None))
     _check_parts_agree(rb, states.get("storage"), states.get("sampler"), states.get("writer"))
     _check_batch_size_state(_check_json(path / "buffer_metadata.json", "batch_size")["batch_size"])
 

@@ -3,19 +3,22 @@
 Each function names the third-party attribute it reads or writes; ``tests/test_replay_compat.py`` checks that
 each attribute still exists in the installed versions, so an upgrade that removes one fails there, by name,
 instead of deep in a write path. The adapters' own inherited state (``LazyTensorStorage._storage``, ``_len``,
-``_last_cursor``, the writer's ``_storage``) is theirs and stays with them.
+``_last_cursor``, the writer's ``_storage``, a buffer subclass's ``self._sampler``) is theirs and stays with them;
+a TorchRL private read on any other object (a buffer handed to a function, a writer, a storage) is a function
+here (``tests/test_layering.py`` checks that no other module reads one).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
 
-__all__ = ["advance_writer", "attached_entities", "bump_mutation_revision", "direct_writer", "is_compilable",
-           "mark_update_entities", "register_without_replacement", "stored_data", "tree_leaves", "unlocked_len",
-           "unsafe_tensordict"]
+__all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
+           "bump_mutation_revision", "direct_writer", "is_compilable", "mark_update_entities", "plain_extend",
+           "register_without_replacement", "stored_data", "tree_leaves", "unlocked_len", "unsafe_tensordict",
+           "wrapped_gym_env"]
 
 
 def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
@@ -95,3 +98,51 @@ def stored_data(storage: Any) -> Any:
     """What a TorchRL tensor storage holds (its private ``_storage``: a TensorDict of ``(max_size, ...)`` tensors
     once written), or None."""
     return getattr(storage, "_storage", None)
+
+
+class BufferParts(NamedTuple):
+    """A TorchRL replay buffer's storage, sampler and writer."""
+
+    storage: Any
+    sampler: Any
+    writer: Any
+
+
+def buffer_parts(rb: Any) -> BufferParts:
+    """``(storage, sampler, writer)`` of a TorchRL replay buffer: its private ``_storage``, ``_sampler`` and
+    ``_writer`` once initialised, else the constructor arguments a ``delayed_init`` buffer still holds
+    (``_init_storage``, ``_init_sampler``, ``_init_writer``). Reads only: TorchRL's public ``storage`` /
+    ``sampler`` / ``writer`` properties would initialise a delayed buffer."""
+    if rb.initialized:
+        return BufferParts(rb._storage, rb._sampler, rb._writer)
+    return BufferParts(rb._init_storage, rb._init_sampler, rb._init_writer)
+
+
+def buffer_locks(rb: Any) -> tuple[Any, Any]:
+    """The two context managers TorchRL's ``ReplayBuffer.extend`` / ``sample`` / ``update_priority`` hold (its
+    private ``_replay_lock``, a ``threading.RLock``, and ``_write_lock``, a lock or a null context)."""
+    return rb._replay_lock, rb._write_lock
+
+
+def plain_extend(rb: Any) -> bool:
+    """Whether TorchRL's ``extend`` of ``rb`` only writes and marks: the buffer is initialised (no pending
+    ``delayed_init``: private ``_delayed_init``), has no transform (``_transform`` empty), no ``dim_extend`` other
+    than 0 (``_dim_extend``) and no consuming sampler (``_is_consuming()``, torchrl >= 0.12; older versions have
+    no consuming buffers)."""
+    if rb._delayed_init and not rb.initialized:
+        return False
+    transform = rb._transform
+    if (transform is not None and len(transform)) or rb._dim_extend:
+        return False
+    return not getattr(rb, "_is_consuming", bool)()
+
+
+def buffer_generator(rb: Any) -> torch.Generator | None:
+    """The generator a TorchRL replay buffer draws with (its private ``_rng``, set by ``generator=`` or
+    ``set_rng``), or None."""
+    return getattr(rb, "_rng", None)
+
+
+def wrapped_gym_env(env: Any) -> Any:
+    """The Gymnasium env (or vector env) a TorchRL ``GymWrapper`` drives (its private ``_env``), or None."""
+    return getattr(env, "_env", None)

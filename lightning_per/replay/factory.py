@@ -14,6 +14,7 @@ from lightning_per.replay.buffer import (
     _GPUUniformReplayBuffer,
     build_sampler,
 )
+from lightning_per.replay.compat import buffer_parts
 from lightning_per.replay.errors import check_batch_size, check_bool, check_capacity, check_generator, check_seed
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
@@ -150,7 +151,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                                     sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
                                     generator=generator, priority_key=priority_key, reduction=reduction)
     if sampler == "prioritized_slice":
-        rb._sampler._slice_shape(batch_size)  # as for "slice": the batch must split into slices
+        buffer_parts(rb).sampler._slice_shape(batch_size)  # as for "slice": the batch must split into slices
     return rb
 
 

@@ -30,8 +30,9 @@ from tensordict import TensorDictBase
 
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.ring import make_batch
+from lightning_per.replay.ring import make_batch, match_pairs
 from lightning_per.replay.rows import batch_views, last_writes
+from lightning_per.replay.slots import cursor_slots
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
 
@@ -70,9 +71,10 @@ class FrameStackStorage(GPUTensorStorage):
         device, fallback, packed: as :class:`GPUTensorStorage` (the other keys' storage); with ``fallback``
             an out-of-memory at the first write puts frames and transitions on the CPU (one warning).
 
-    Layout: :attr:`frames` ``(frames + 1, *frame) uint8`` (the last row takes discarded writes),
-    :attr:`frame_positions` ``(max_size, 2S) int32`` (observation's frames, then next observation's),
-    :attr:`slot_valid` ``(max_size,) bool``, all on :attr:`device`; :attr:`frames_written` ``() int64``.
+    Layout (:attr:`layout` ``"frames"``): :attr:`frames` ``(frames + 1, *frame) uint8`` (the last row takes
+    discarded writes), :attr:`frame_positions` ``(max_size, 2S) int32`` (observation's frames, then next
+    observation's), :attr:`slot_valid` ``(max_size,) bool``, all on :attr:`device`; :attr:`frames_written` ``()
+    int64``; the other keys in the :class:`GPUTensorStorage` ring (``ring``).
     ``get(index)`` returns both stacks as ``(B, S, *frame) uint8`` views into one gathered
     ``(B, 2S, *frame)`` block, beside the other keys.
 
@@ -119,10 +121,9 @@ class FrameStackStorage(GPUTensorStorage):
         self.frame_positions: torch.Tensor | None = None  # (max_size, 2S) int32
         self.oldest: torch.Tensor | None = None  # (max_size,) int64 serial of each slot's oldest frame
         self.frames_written: torch.Tensor | None = None  # () int64
-        self._valid: torch.Tensor | None = None  # (max_size,) bool
         self._weights: torch.Tensor | None = None  # (P,) int64 hash weights
         self._gather = None
-        self._inner = False  # True while GPUTensorStorage writes the other keys
+        self.layout = "frames"
 
     # ------------------------------------------------------------------ checks
     def _frame_shape(self) -> tuple[int, ...] | None:
@@ -166,8 +167,6 @@ class FrameStackStorage(GPUTensorStorage):
             TypeError: ``data`` is not a TensorDict; a stacked key is not uint8; another key's dtype.
             ValueError: a stacked key missing or of another stack size or frame shape; other keys.
         """
-        if self._inner:
-            return super().check_spec(data)
         self._check_frames(data)
         super().check_spec(self._rest(data))
 
@@ -179,7 +178,7 @@ class FrameStackStorage(GPUTensorStorage):
         self.frame_positions = torch.zeros((n, 2 * self.frame_stack), dtype=torch.int32, device=device)
         self.oldest = torch.full((n,), _NEVER, dtype=torch.int64, device=device)
         self.frames_written = torch.zeros((), dtype=torch.int64, device=device)
-        self._valid = torch.zeros(n, dtype=torch.bool, device=device)
+        self.slot_valid = torch.zeros(n, dtype=torch.bool, device=device)
         pixels = 1
         for d in frame:
             pixels *= d
@@ -207,19 +206,8 @@ class FrameStackStorage(GPUTensorStorage):
         """Bytes held by the frames, their bookkeeping and the other keys (0 before the first write)."""
         if self.frames is None:
             return 0
-        own = (self.frames, self.frame_hash, self.frame_positions, self.oldest, self._valid)
+        own = (self.frames, self.frame_hash, self.frame_positions, self.oldest, self.slot_valid)
         return super().nbytes + sum(t.numel() * t.element_size() for t in own)
-
-    @property
-    def slot_valid(self) -> torch.Tensor | None:
-        """``(max_size,) bool`` on :attr:`device`: slots written whose frames are all still stored (None before
-        the first write). Updated in place by every write (samplers keep a reference)."""
-        return self._valid
-
-    @property
-    def gather_rows(self) -> None:
-        """None: a batch also needs its frames, so samplers never fuse the draw with a row gather."""
-        return None
 
     # ------------------------------------------------------------------ writes
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
@@ -252,16 +240,13 @@ class FrameStackStorage(GPUTensorStorage):
         oldest = serial.amin(1)  # [B]
 
         rest = self._rest(data)
-        pairs = self.direct_pairs(rest) if set_cursor and isinstance(cursor, torch.Tensor) else None
-        if pairs is not None:  # flat keys as stored: GPUTensorStorage's direct write (checked above)
-            self.write_direct(cursor.reshape(-1), pairs)
-        else:
-            self._inner = True
-            try:
-                GPUTensorStorage.set(self, cursor, rest, set_cursor=set_cursor)
-            finally:
-                self._inner = False
-        slots = self._slots(cursor, b, device)
+        if not self.initialized:
+            self._init(rest[0])
+        slots = cursor_slots(cursor, self.max_size, device)
+        if slots.shape[0] != b:
+            raise RuntimeError(f"cursor names {slots.shape[0]} slots for a batch of {b} transitions")
+        # the other keys (checked above) through GPUTensorStorage's write path
+        self.write_direct(slots, match_pairs(self.ring, rest), set_cursor=set_cursor)
         if slots.shape[0] > self.max_size:  # a batch longer than the ring: each slot keeps its last write
             last = last_writes(slots, self.max_size)
             slots, positions, oldest = slots[last], positions[last], oldest[last]
@@ -270,22 +255,18 @@ class FrameStackStorage(GPUTensorStorage):
         self.frames_written += new.sum()
         self._refresh_valid()
 
-    def _slots(self, cursor, n: int, device: torch.device) -> torch.Tensor:
-        if isinstance(cursor, torch.Tensor):
-            return cursor.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
-        if isinstance(cursor, slice):
-            return torch.arange(self.max_size, device=device)[cursor]
-        if isinstance(cursor, range):
-            return torch.arange(cursor.start, cursor.stop, cursor.step, device=device)
-        return torch.as_tensor(cursor, dtype=torch.int64).reshape(-1).to(device)
-
     def _refresh_valid(self) -> None:
-        torch.ge(self.oldest, self.frames_written - self.n_frames, out=self._valid)
+        torch.ge(self.oldest, self.frames_written - self.n_frames, out=self.slot_valid)
 
     # ------------------------------------------------------------------ reads
-    def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
-        """The other keys (:meth:`GPUTensorStorage._read`) and both stacks, ``(B, S, *frame) uint8`` views
-        into one gathered ``(B, 2S, *frame)`` block (one kernel on CUDA)."""
+    def read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """The read path: the transitions at slots ``index`` (a ``(B,)`` int64 tensor, or a 0-d one for one
+        transition), the other keys as :meth:`GPUTensorStorage.read` reads them and both stacks, ``(B, S, *frame)
+        uint8`` views into one gathered ``(B, 2S, *frame)`` block (one kernel on CUDA), plus ``extra``.
+
+        Raises:
+            RuntimeError: nothing was ever written.
+        """
         if self.frames is None:
             raise RuntimeError("Cannot read from an empty FrameStackStorage: extend it first")
         device = self.frames.device
@@ -298,18 +279,19 @@ class FrameStackStorage(GPUTensorStorage):
         stacks = self._gather(self.frames, self.frame_positions, index)  # [B, 2S, *frame]
         s = self.frame_stack
         obs, nxt = stacks[:, :s], stacks[:, s:]  # [B, S, *frame] views
-        if self._flat is not None and all(isinstance(k, str) for k in self.frame_keys) and all(
+        ring = self.ring
+        if ring.flat is not None and all(isinstance(k, str) for k in self.frame_keys) and all(
                 isinstance(v, torch.Tensor) and v.device == device and v.shape == index.shape
                 for v in (extra or {}).values()):
             # one TensorDict of every field (the shapes are ours): the other keys as GPUTensorStorage reads them
-            fields = (batch_views(self.rows[index], self._layout, self._plan) if self.rows is not None
-                      else {k: v[index] for k, v in self._flat.items()})
+            fields = (batch_views(ring.rows[index], ring.layout, ring.plan) if ring.rows is not None
+                      else {k: v[index] for k, v in ring.flat.items()})
             fields[self.frame_keys[0]], fields[self.frame_keys[1]] = obs, nxt
             if extra:
                 fields.update(extra)
-            batch = make_batch(self._ring_state, fields, index.shape)
+            batch = make_batch(ring, fields, index.shape)
         else:
-            batch = super()._read(index, extra)
+            batch = super().read(index, extra)
             batch.set(self.frame_keys[0], obs)
             batch.set(self.frame_keys[1], nxt)
         return batch[0] if squeeze else batch
@@ -336,8 +318,6 @@ class FrameStackStorage(GPUTensorStorage):
             ValueError: the checkpoint is refused (the message names why).
         """
         super().check_state_dict(state_dict)
-        if self._inner:  # GPUTensorStorage.load_state_dict checking the other keys' part
-            return
         if "frame_ring" not in state_dict:
             raise ValueError("storage checkpoint has no frame_ring: it was not saved by a FrameStackStorage")
         ring = state_dict["frame_ring"]
@@ -375,12 +355,7 @@ class FrameStackStorage(GPUTensorStorage):
             ValueError: as :meth:`check_state_dict`, before anything changes.
         """
         self.check_state_dict(state_dict)
-        base = {k: v for k, v in state_dict.items() if k != "frame_ring"}
-        self._inner = True
-        try:
-            super().load_state_dict(base)
-        finally:
-            self._inner = False
+        self._load({k: v for k, v in state_dict.items() if k != "frame_ring"})
         ring = state_dict["frame_ring"]
         if ring is None:
             return

@@ -18,8 +18,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from lightning_per.ops.dispatch import load_ext
-from lightning_per.replay.ring import make_batch
-from lightning_per.replay.rows import batch_views, field_views, item_spec, last_writes, pack_plan, row_layout, view_plan
+from lightning_per.replay.ring import RingState, make_batch
+from lightning_per.replay.rows import batch_views, field_views, last_writes, pack_plan, row_layout, view_plan
+from lightning_per.replay.slots import cursor_slots
 from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 
 __all__ = ["PinnedHostStorage"]
@@ -81,9 +82,9 @@ class PinnedHostStorage(GPUTensorStorage):
         device: where batches (and the sampler) live; default ``cuda`` when available, else ``cpu``.
         pin: page-lock the host ring (``cudaHostRegister``; default: when CUDA is available).
 
-    Layout: :attr:`rows` ``(max_size, row_bytes / 8) int64`` on the host (pinned), each transition one row
-    (the layout of :class:`GPUTensorStorage` ``packed=True``); ``get(index)`` returns a TensorDict ``[B]`` on
-    :attr:`device` whose fields are views into the gathered ``(B, row_bytes / 8)`` block.
+    Layout (:attr:`layout` ``"host"``): ``ring.rows`` ``(max_size, row_bytes / 8) int64`` on the host (pinned),
+    each transition one row (the layout of :class:`GPUTensorStorage` ``packed=True``); ``get(index)`` returns a
+    TensorDict ``[B]`` on :attr:`device` whose fields are views into the gathered ``(B, row_bytes / 8)`` block.
     A batch's bytes cross the bus each read: PCIe bandwidth, not device memory, bounds its cost (see the
     ``storage`` benchmark suite). Reading the host ring on the host (``state_dict``) first waits for the
     device's pending writes (one synchronisation, at checkpoints only).
@@ -106,6 +107,7 @@ class PinnedHostStorage(GPUTensorStorage):
     def __init__(self, max_size: int, *, device: torch.device | str | None = None, pin: bool | None = None) -> None:
         device = resolve_device(device)
         super().__init__(max_size, device=device, fallback=False, packed=True)
+        self.layout = "host"
         self.pin = torch.cuda.is_available() if pin is None else bool(pin)
         self._batch_device = device
         self._lock: _PageLock | None = None
@@ -113,34 +115,33 @@ class PinnedHostStorage(GPUTensorStorage):
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
+        """Preallocate the packed host ring for items like ``item`` (batch ``[]``); batches are read onto
+        :attr:`device` (``ring.device``).
+
+        Raises:
+            TypeError: a field's element size exceeds 8 bytes (it cannot be packed).
+        """
         leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
         layout, row_bytes = row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
         if layout is None:
             raise TypeError("PinnedHostStorage packs each transition into one row: element sizes above 8 bytes "
                             "(e.g. complex128) are not supported")
         self._lock = None  # the previous ring's lock goes first
-        self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64)
+        ring = self.ring = RingState(device=self._batch_device)
+        ring.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64)
         if self.pin:
-            self._lock = _PageLock(self.rows)
-        self._layout, self._plan, self._pack = layout, view_plan(layout, row_bytes // 8), pack_plan(layout)
-        self._ring_bytes = self.rows.view(torch.uint8)
-        self._storage = TensorDict(field_views(self.rows, layout), batch_size=[self.max_size], device="cpu")
-        self._spec = item_spec(self._storage)
+            self._lock = _PageLock(ring.rows)
+        ring.layout, ring.plan, ring.pack = layout, view_plan(layout, row_bytes // 8), pack_plan(layout)
+        self._storage = TensorDict(field_views(ring.rows, layout), batch_size=[self.max_size], device="cpu")
         self._index_flat()
-        self._device_cached = self._batch_device
         self.initialized = True
-
-    @property
-    def gather_rows(self) -> None:
-        """None: the ring is on the host, so samplers never fuse their draw with a device row gather."""
-        return None
 
     # ------------------------------------------------------------------ writes
     def _block(self, data: TensorDictBase) -> torch.Tensor:
         """``data``'s transitions as packed rows ``(n, row_bytes / 8) int64`` on :attr:`device`."""
         n = data.batch_size[0]
-        block = torch.zeros((n, self.rows.shape[1]), dtype=torch.int64, device=self._batch_device)
-        for key, view in field_views(block, self._layout).items():
+        block = torch.zeros((n, self.ring.rows.shape[1]), dtype=torch.int64, device=self._batch_device)
+        for key, view in field_views(block, self.ring.layout).items():
             view.copy_(data.get(key), non_blocking=True)
         return block
 
@@ -157,43 +158,40 @@ class PinnedHostStorage(GPUTensorStorage):
         self.check_spec(data)
         if not self.initialized:
             self._init(data[0])
-        device = self._batch_device
-        if isinstance(cursor, torch.Tensor):
-            slots = cursor.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
-        elif isinstance(cursor, slice):
-            slots = torch.arange(self.max_size, device=device)[cursor]
-        elif isinstance(cursor, range):
-            slots = torch.arange(cursor.start, cursor.stop, cursor.step, device=device)
-        else:
-            slots = torch.as_tensor(cursor, dtype=torch.int64).reshape(-1).to(device)
+        slots = cursor_slots(cursor, self.max_size, self._batch_device)
         if "index" in data.keys():
             data = data.exclude("index")
-        block = self._block(data.to(device, non_blocking=True))
+        block = self._block(data.to(self._batch_device, non_blocking=True))
         if slots.shape[0] > self.max_size:  # a repeated slot gets its last write
             block = block[last_writes(slots, self.max_size)]
-        self._scatter(self.rows, slots, block)
+        self._scatter(self.ring.rows, slots, block)
         if set_cursor:
             self._last_cursor = cursor
             self._len = min(self._len + data.shape[0], self.max_size)
         self._bump_revision()
 
     # ------------------------------------------------------------------ reads
-    def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
-        """Transitions at ``index``: one gather of their rows from the host ring (zero-copy on CUDA) into a
-        ``(B, row_bytes / 8)`` block on :attr:`device`, fields as views into it, plus ``extra``."""
+    def read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """The read path: the transitions at slots ``index`` (a ``(B,)`` int64 tensor, or a 0-d one for one
+        transition): one gather of their rows from the host ring (zero-copy on CUDA) into a ``(B, row_bytes /
+        8)`` block on :attr:`device`, fields as views into it, plus ``extra`` (moved to :attr:`device`).
+
+        Raises:
+            RuntimeError: nothing was ever written.
+        """
         if not self.initialized:
             raise RuntimeError("Cannot read from an empty PinnedHostStorage: extend it first")
-        device = self._batch_device
+        ring, device = self.ring, self._batch_device
         if not isinstance(index, torch.Tensor):
             index = torch.as_tensor(index, dtype=torch.int64)
         squeeze = index.dim() == 0
         index = index.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
-        block = self._gather(self.rows, index)  # [B, W] on the device
-        fields = batch_views(block, self._layout, self._plan)
+        block = self._gather(ring.rows, index)  # [B, W] on the device
+        fields = batch_views(block, ring.layout, ring.plan)
         if extra:
             for key, value in extra.items():
                 fields[key] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        batch = make_batch(self._ring_state, fields, index.shape)
+        batch = make_batch(ring, fields, index.shape)
         return batch[0] if squeeze else batch
 
     # ------------------------------------------------------------------ persistence
@@ -210,5 +208,3 @@ class PinnedHostStorage(GPUTensorStorage):
         """As :meth:`GPUTensorStorage.load_state_dict` (after the device's pending writes and reads)."""
         self._settle()
         super().load_state_dict(state_dict)
-        if self.initialized:
-            self._device_cached = self._batch_device

@@ -9,19 +9,19 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
 
-from lightning_per.replay._rng import DeviceRNGMixin, unregistered_generator_error
+from lightning_per.replay import sampler_checkpoint
+from lightning_per.replay._rng import SamplerRNG, check_rng_state
 from lightning_per.replay.compat import register_without_replacement
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
 from lightning_per.schema import check, stamp
-from lightning_per.utils import atomic_torch_save
 
 __all__ = ["GPURandomSampler", "GPUSamplerWithoutReplacement"]
 
 _SCHEMA_VERSION = 1
 
 
-class GPURandomSampler(DeviceRNGMixin, RandomSampler):
+class GPURandomSampler(RandomSampler):
     """Uniform sampling with replacement: ``P(i) = 1 / len(storage)``, drawn on ``device``.
 
     Args:
@@ -60,12 +60,45 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
                  replacement: bool = True) -> None:
         check_seed(seed)
         super().__init__()
-        self._device = resolve_device(device)
-        self._init_rng(seed)
+        #: the sampler's generator, driven by the buffer's (:class:`~lightning_per.replay._rng.SamplerRNG`)
+        self.rng = SamplerRNG(resolve_device(device), seed, type(self).__name__)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: the attributes, the generators travelling as bytes
+        (:class:`~lightning_per.replay._rng.SamplerRNG`)."""
+        return self.__dict__.copy()
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        """The buffer's generator (TorchRL assigns it); the draws follow it."""
+        return self.rng.buffer
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self.rng.attach(generator)
+        self.rng.follow()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampler's own generator on :attr:`device`."""
+        return self.rng.generator
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return self.rng.device
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator. Raises TypeError / ValueError for a seed outside ``[-2**63, 2**64)``."""
+        self.rng.manual_seed(seed)
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
+        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
+        check_rng_state(state)
+        self.rng.generator.set_state(state["generator"])
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Raises ValueError for ``batch_size`` < 1 and EmptyBufferError for an empty storage."""
@@ -74,14 +107,8 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         if n == 0:
             raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
                                    "extend it first")
-        self._follow_buffer_rng()
-        if torch.compiler.is_compiling():
-            index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
-        else:
-            try:
-                index = torch.randint(0, n, (batch_size,), generator=self.generator, device=self._device)
-            except RuntimeError as exc:  # a capture that did not register the generator: named
-                raise unregistered_generator_error(self, exc) from exc
+        self.rng.follow()
+        index = self.rng.randint(n, (batch_size,))
         if getattr(storage, "ndim", 1) > 1:
             return torch.unravel_index(index, storage.shape), {}
         return index, {}
@@ -96,7 +123,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
                 f"{storage.max_size}): capture once the buffer is full, or use the prioritized sampler")
 
     def state_dict(self) -> dict[str, Any]:
-        return stamp({"kind": type(self).__name__, "rng": self._rng_state()}, "sampler", _SCHEMA_VERSION)
+        return stamp({"kind": type(self).__name__, "rng": self.rng.state()}, "sampler", _SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
@@ -109,7 +136,7 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
         if "rng" not in state_dict:
             raise ValueError(f"not a uniform sampler checkpoint (keys {sorted(map(str, state_dict))})")
         check(state_dict, "sampler", _SCHEMA_VERSION, missing=_SCHEMA_VERSION)  # unstamped: the first layout
-        self._check_rng_checkpoint(state_dict["rng"])
+        self.rng.check(state_dict["rng"])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`.
@@ -118,22 +145,19 @@ class GPURandomSampler(DeviceRNGMixin, RandomSampler):
             ValueError: as :meth:`check_state_dict`, before anything changes.
         """
         self.check_state_dict(state_dict)
-        self._load_rng_state(state_dict["rng"])
+        self.rng.load(state_dict["rng"])
 
     def dumps(self, path) -> None:
-        from pathlib import Path
-        Path(path).mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(self.state_dict(), Path(path) / "sampler.pt")
+        sampler_checkpoint.dump(path, self.state_dict())
 
     def loads(self, path) -> None:
-        from pathlib import Path
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
+        self.load_state_dict(sampler_checkpoint.load(path, self.rng.device))
 
     def _empty(self) -> None:
         return None
 
 
-class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
+class GPUSamplerWithoutReplacement(SamplerWithoutReplacement):
     """TorchRL's :class:`~torchrl.data.SamplerWithoutReplacement` (every stored item once per epoch, in a random
     order) with its permutation drawn on ``device`` from the sampler's own generator, driven by the buffer's
     generator as :class:`GPURandomSampler` is (no host round trip per batch).
@@ -161,20 +185,54 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
     def __init__(self, drop_last: bool = False, shuffle: bool = True, *, device: torch.device | str | None = None,
                  seed: int | None = None) -> None:
         super().__init__(drop_last=drop_last, shuffle=shuffle)
-        self._device = resolve_device(device)
-        self._init_rng(seed)
+        #: the sampler's generator, driven by the buffer's (:class:`~lightning_per.replay._rng.SamplerRNG`)
+        self.rng = SamplerRNG(resolve_device(device), seed, type(self).__name__)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: the attributes, the generators travelling as bytes
+        (:class:`~lightning_per.replay._rng.SamplerRNG`)."""
+        return self.__dict__.copy()
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        """The buffer's generator (TorchRL assigns it); the draws follow it."""
+        return self.rng.buffer
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self.rng.attach(generator)
+        self.rng.follow()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampler's own generator on :attr:`device`."""
+        return self.rng.generator
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return self.rng.device
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator. Raises TypeError / ValueError for a seed outside ``[-2**63, 2**64)``."""
+        self.rng.manual_seed(seed)
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
+        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
+        check_rng_state(state)
+        self.rng.generator.set_state(state["generator"])
 
     def _get_sample_list(self, storage, len_storage: int, batch_size: int) -> None:
         if storage is not None:
-            self._follow_buffer_rng()
+            self.rng.follow()
+        device = self.rng.device
         if self.shuffle:
-            self._sample_list = torch.randperm(len_storage, device=self._device, generator=self.generator)
+            self._sample_list = torch.randperm(len_storage, device=device, generator=self.rng.generator)
         else:
-            self._sample_list = torch.arange(len_storage, device=self._device)
+            self._sample_list = torch.arange(len_storage, device=device)
         if self.drop_last:
             self._remaining_batches = self._sample_list.numel() // batch_size
         else:
@@ -182,7 +240,7 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
 
     def state_dict(self) -> dict[str, Any]:
         state = dict(super().state_dict())
-        state["rng"] = self._rng_state()
+        state["rng"] = self.rng.state()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -193,10 +251,10 @@ class GPUSamplerWithoutReplacement(DeviceRNGMixin, SamplerWithoutReplacement):
         """
         rng = state_dict.get("rng")
         if rng is not None:
-            self._check_rng_checkpoint(rng)
+            self.rng.check(rng)
         super().load_state_dict(state_dict)
         if rng is not None:
-            self._load_rng_state(rng)
+            self.rng.load(rng)
 
 
 register_without_replacement(GPURandomSampler, GPUSamplerWithoutReplacement)  # GPURandomSampler(replacement=False)

@@ -13,57 +13,104 @@ reflected at the next draw).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from lightning_per.ops import rank_weights
-from lightning_per.replay.errors import check_draw
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.priority import PriorityState
-from lightning_per.replay.slots import unravel
+from lightning_per.replay.rules import generator_uniforms
 
 __all__ = ["GPURankBasedSampler", "RankIndex", "rank_sample", "sort_ranks"]
 
 
-@dataclass(eq=False)
 class RankIndex:
-    """The ranking of a :class:`~lightning_per.replay.priority.PriorityState`'s slots by raw priority.
+    """The rank-based draw rule (module docstring): the ranking of a core's slots by raw priority, as a value.
+
+    Its tensors are allocated by :meth:`empty`, or at the first draw for the core's capacity, alpha and device.
+
+    Args:
+        sort_every: refresh the ranking after this many priority writes (1 = always exact).
+        stratified, shuffle_strata, weight_normalization: as :class:`~lightning_per.replay.rules.Proportional`.
 
     Attributes:
         cdf: ``(N,) float64`` prefix sums of ``k^-alpha`` for ``alpha`` (refreshed in place when alpha changes).
         order: ``(N,) int64`` the slot holding rank ``k + 1`` (written in place by :func:`sort_ranks`).
         sorted_keys: ``(N,) float32`` the sort's keys, in rank order (scratch kept for in-place sorts).
-        alpha: the host alpha ``cdf`` was computed for.
         writes: the state's ``writes`` counter at the last sort (host int).
         stale: new slots were written since the last sort (always re-sort).
         sorted_n: the filled length at the last sort (host int).
+        device_rng, fuses_gather, reads_filled: False, False, True (its uniforms come from the generator; it
+            never fuses the row gather; its draw bakes in the filled length).
+
+    Raises:
+        ValueError: ``sort_every`` < 1, or ``weight_normalization`` neither ``"buffer"`` nor ``"batch"``.
     """
 
-    cdf: Tensor
-    order: Tensor
-    sorted_keys: Tensor
-    alpha: float
-    writes: int = 0
-    stale: bool = False
-    sorted_n: int = 0
+    cdf: Tensor | None
+    order: Tensor | None
+    sorted_keys: Tensor | None
+
+    def __init__(self, *, sort_every: int = 1, stratified: bool = True, shuffle_strata: bool = True,
+                 weight_normalization: str = "buffer") -> None:
+        if isinstance(sort_every, bool) or not isinstance(sort_every, int) or sort_every < 1:
+            raise ValueError(f"sort_every must be an int >= 1, got {sort_every!r}")
+        if weight_normalization not in ("buffer", "batch"):
+            raise ValueError(f"weight_normalization must be 'buffer' or 'batch', got {weight_normalization!r}")
+        self.name, self.device_rng, self.fuses_gather, self.reads_filled = "rank", False, False, True
+        self.sort_every, self.stratified, self.shuffle_strata = sort_every, stratified, shuffle_strata
+        self.weight_normalization = weight_normalization
+        self.cdf = self.order = self.sorted_keys = None
+        self.alpha = float("nan")
+        self.writes, self.stale, self.sorted_n = 0, False, 0
 
     @classmethod
-    def empty(cls, capacity: int, alpha: float, device: torch.device) -> RankIndex:
-        """The identity ranking of ``capacity`` slots (nothing sorted yet)."""
-        return cls(cdf=rank_weights(capacity, alpha, device)[1], order=torch.arange(capacity, device=device),
-                   sorted_keys=torch.empty(capacity, dtype=torch.float32, device=device), alpha=float(alpha))
+    def empty(cls, capacity: int, alpha: float, device: torch.device, **kwargs) -> RankIndex:
+        """The identity ranking of ``capacity`` slots (nothing sorted yet); ``kwargs`` as the constructor's."""
+        index = cls(**kwargs)
+        index.allocate(capacity, alpha, device)
+        return index
+
+    def allocate(self, capacity: int, alpha: float, device: torch.device) -> None:
+        """The tensors of a ranking of ``capacity`` slots on ``device`` for ``alpha``: identity order."""
+        self.cdf = rank_weights(capacity, alpha, device)[1]
+        self.order = torch.arange(capacity, device=device)
+        self.sorted_keys = torch.empty(capacity, dtype=torch.float32, device=device)
+        self.alpha = float(alpha)
+
+    def __repr__(self) -> str:
+        return (f"RankIndex(sort_every={self.sort_every}, "
+                f"stratified={self.stratified}, device_rng={self.device_rng}, fuses_gather={self.fuses_gather})")
 
     def tensors(self) -> tuple[Tensor, ...]:
-        """The index's device tensors: ``order, sorted_keys, cdf``."""
-        return self.order, self.sorted_keys, self.cdf
+        """The index's device tensors: ``order, sorted_keys, cdf`` (none before they are allocated)."""
+        return () if self.order is None else (self.order, self.sorted_keys, self.cdf)
 
     def follow_alpha(self, alpha: float) -> None:
         """Recompute :attr:`cdf` in place for a new ``alpha`` (host work when it changed, nothing otherwise)."""
         if alpha != self.alpha:
             self.cdf.copy_(rank_weights(self.cdf.shape[0], alpha, self.cdf.device)[1])
             self.alpha = float(alpha)
+
+    def plan(self, core, batch_size: int, n: int) -> tuple:
+        """``(sort, stratified, shuffle_strata, weight_normalization)``: re-sort first when the ranking is stale,
+        the filled length changed or ``sort_every`` writes accumulated."""
+        if self.order is None:
+            self.allocate(core.capacity, core.alpha, core.device)
+        self.follow_alpha(core.alpha)
+        sort = self.stale or n != self.sorted_n or core.state.writes - self.writes >= self.sort_every
+        return sort, self.stratified, self.shuffle_strata, self.weight_normalization
+
+    def draw(self, core, batch_size: int, n: int, plan: tuple, rows: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(index (B,) int64, weight (B,) float32)``: the ranking refreshed first if planned, then the draw."""
+        if plan[0]:
+            sort_ranks(core.state, self)
+        u, stratified = generator_uniforms(core, batch_size, self.stratified, self.shuffle_strata)
+        return rank_sample(core.ops, core.state, self, u, n, stratified, self.weight_normalization)
+
+    def drew(self, core, n: int, plan: tuple) -> None:
+        if plan[0]:  # after the sort ran: a failed call leaves the ranking marked stale
+            self.writes, self.stale, self.sorted_n = core.state.writes, False, n
 
 
 def sort_ranks(state: PriorityState, index: RankIndex) -> None:
@@ -115,15 +162,14 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         True
     """
 
-    _uses_device_rng = False  # the rank draw takes torch.rand uniforms from the generator
-
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
-                 sort_every: int = 1, **kwargs) -> None:
-        if isinstance(sort_every, bool) or not isinstance(sort_every, int) or sort_every < 1:
-            raise ValueError(f"sort_every must be an int >= 1, got {sort_every!r}")
-        self.sort_every = sort_every
-        super().__init__(max_capacity, alpha, beta, eps, **kwargs)
-        self._ranks = RankIndex.empty(max_capacity, self._alpha, self._device)
+                 sort_every: int = 1, stratified: bool = True, shuffle_strata: bool = True,
+                 weight_normalization: str = "buffer", **kwargs) -> None:
+        rule = RankIndex(sort_every=sort_every, stratified=stratified, shuffle_strata=shuffle_strata,
+                         weight_normalization=weight_normalization)
+        super().__init__(max_capacity, alpha, beta, eps, stratified=stratified, shuffle_strata=shuffle_strata,
+                         weight_normalization=weight_normalization, rule=rule, **kwargs)
+        rule.allocate(max_capacity, self.core.alpha, self.core.device)  # its tensors exist from the start
 
     def capture_problem(self, storage) -> str | None:
         """Why a CUDA graph cannot record this sampler's draws (:class:`lightning_per.graphs.CapturableSampler`)."""
@@ -131,77 +177,32 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
                 f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
                 f"the batch as the step's input)")
 
-    def _empty(self) -> None:
-        super()._empty()
-        self._ranks = RankIndex.empty(self._max_capacity, self._alpha, self._device)
-
-    # the index's tensors under the names code written against this class reads (tests, diagnostics)
-    _order = property(lambda self: self._ranks.order)
-    _sorted_keys = property(lambda self: self._ranks.sorted_keys)
-
-    @property
-    def _rank_cdf(self) -> Tensor:
-        """``(N,) float64`` prefix sums of ``k^-alpha`` for the current alpha (:attr:`RankIndex.cdf`)."""
-        self._ranks.follow_alpha(self._alpha)
-        return self._ranks.cdf
-
     def mark_update(self, index, *, storage=None) -> None:
         super().mark_update(index, storage=storage)
-        self._ranks.stale = True
+        self.core.rule.stale = True
 
-    def _refresh(self, n: int) -> None:
-        sort_ranks(self._state, self._ranks)
-        self._ranks.writes, self._ranks.stale, self._ranks.sorted_n = self._state.writes, False, n
-
-    def _rank_draw(self, batch_size: int, n: int, sort: bool) -> tuple[Tensor, Tensor]:
-        """``(index (B,) int64, weight (B,) float32)``: the ranking refreshed first if ``sort``, then the draw."""
-        if sort:
-            sort_ranks(self._state, self._ranks)
-        u, stratified = self._draw_uniforms(batch_size)
-        return rank_sample(self._ops, self._state, self._ranks, u, n, stratified, self.weight_normalization)
-
-    def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """Draw ``batch_size`` slots by rank; returns ``(index (B,) int64, {"priority_weight": (B,) f32})``.
-
-        The ranking is refreshed first when it is stale (module docstring); on CUDA, once the ring is full,
-        the refresh and the draw of a repeated call shape are served by one cached CUDA graph
-        (``eager_graphs``; while the ring fills, the filled length changes the call shape every time).
-
-        Raises:
-            ValueError: ``batch_size`` is not an int >= 1.
-            EmptyBufferError: the storage is empty.
-        """
-        check_draw(storage, batch_size)
-        self._follow_buffer_rng()
-        ranks, writes = self._ranks, self._state.writes
-        ranks.follow_alpha(self._alpha)
-        n = len(storage)
-        sort = ranks.stale or n != ranks.sorted_n or writes - ranks.writes >= self.sort_every
-        if n < self._max_capacity:  # n is baked into a draw: only a full ring repeats its call shape
-            index, weight = self._rank_draw(batch_size, n, sort)
-        else:
-            index, weight = self._served(("rank", batch_size, sort, self.stratified, self.weight_normalization),
-                                         lambda: self._rank_draw(batch_size, n, sort), (),
-                                         (*self._state.tensors(), *ranks.tensors()), (self.generator,))
-        if sort:  # after the sort ran: a failed call leaves the ranking marked stale
-            ranks.writes, ranks.stale, ranks.sorted_n = writes, False, n
-        return unravel(index, storage), {"priority_weight": weight}
+    def _empty(self) -> None:
+        super()._empty()
+        self.core.rule.stale = True
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
+        c, ranks = self.core, self.core.rule
         if n is None:  # the written slots
-            n = int((self._leaves.view(-1)[: self._max_capacity] > 0).sum())  # sync-ok: diagnostics only
-        self._refresh(n)
-        p = torch.zeros(self._max_capacity, dtype=torch.float64, device=self._device)
-        w = torch.arange(1, n + 1, dtype=torch.float64, device=self._device).pow(-self._alpha)
-        p[self._ranks.order[:n]] = w / w.sum()
+            n = int(c.state.written()[: c.capacity].sum())  # sync-ok: diagnostics only
+        ranks.plan(c, 1, n)  # allocated, alpha followed
+        sort_ranks(c.state, ranks)
+        ranks.writes, ranks.stale, ranks.sorted_n = c.state.writes, False, n
+        p = torch.zeros(c.capacity, dtype=torch.float64, device=c.device)
+        w = torch.arange(1, n + 1, dtype=torch.float64, device=c.device).pow(-c.alpha)
+        p[ranks.order[:n]] = w / w.sum()
         return p
 
     def state_dict(self):
         state = super().state_dict()
-        state["sort_every"] = self.sort_every
+        state["sort_every"] = self.core.rule.sort_every
         return state
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
-        self._ranks.stale = True
+        self.core.rule.stale = True

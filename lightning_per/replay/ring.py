@@ -1,20 +1,20 @@
 """The storage core: an explicit :class:`RingState` (the ring's device buffers and the plans of its fast paths)
 and the functions that write and read it.
 
-:class:`~lightning_per.replay.GPUTensorStorage` is the TorchRL adapter holding one state: it allocates the
-buffers at the first write, keeps the host length and write cursor (host ints, as in TorchRL), and calls these
-functions on its fast paths (the writer's direct write, a sampler's read of a slot tensor). None of them
-synchronises with the host.
+:class:`~lightning_per.replay.GPUTensorStorage` is the TorchRL adapter holding one state (its :attr:`ring`): it
+allocates the buffers at the first write, keeps the host length and write cursor (host ints, as in TorchRL), and
+writes and reads through these functions (its one write path, :func:`match_pairs` then :func:`write_pairs`, and its
+one read path, :func:`read_slots`). None of them synchronises with the host.
 
 Example::
 
     >>> import torch
     >>> from lightning_per.replay import GPUTensorStorage
-    >>> from tensordict import TensorDict
+    >>> from tensordict import TensorDict, TensorDictBase
     >>> from lightning_per.replay.ring import match_pairs, read_slots, write_pairs
     >>> storage = GPUTensorStorage(4, device="cpu", packed=True)
     >>> storage.set(torch.arange(2), TensorDict({"reward": torch.tensor([1.0, 2.0])}, [2]))
-    >>> ring = storage._ring_state
+    >>> ring = storage.ring
     >>> pairs = match_pairs(ring, TensorDict({"reward": torch.tensor([3.0])}, [1]))
     >>> _ = write_pairs(ring, torch.tensor([2]), pairs, 2, 4)
     >>> read_slots(ring, torch.tensor([2, 0]))["reward"]
@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from lightning_per.replay.compat import unsafe_tensordict
-from lightning_per.replay.rows import batch_views
+from lightning_per.replay.rows import batch_views, last_writes
 
-__all__ = ["RingState", "make_batch", "match_pairs", "read_slots", "ring_field", "rows_batch", "write_pairs",
-           "write_rows"]
+__all__ = ["RingState", "make_batch", "match_pairs", "read_slots", "rows_batch", "write_pairs", "write_rows"]
 
 
 @dataclass(eq=False)
@@ -79,13 +78,6 @@ class RingState:
         return tuple(self.flat.values()) if self.flat else ()
 
 
-def ring_field(name: str, doc: str | None = None) -> property:
-    """A property reading and writing ``self._ring_state.<name>`` (the adapter's names for the state's fields)."""
-    return property(lambda self: getattr(self._ring_state, name),
-                    lambda self, value: setattr(self._ring_state, name, value),
-                    doc=doc or f"The ring state's ``{name}`` (:class:`RingState`).")
-
-
 def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | None:
     """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]`` (``n >=
     1``) whose leaves, but ``"index"``, are exactly the ring's keys (nested ones included) with their per-item
@@ -98,6 +90,8 @@ def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | Non
         if key == "index":
             continue
         want = spec.get(key)
+        if want is None and isinstance(value, TensorDictBase) and value.is_empty():
+            continue  # a sub-TensorDict left without leaves (e.g. by an ``exclude``) holds nothing to write
         if (want is None or not isinstance(value, Tensor) or value.dtype != want[1]
                 or value.shape[1:] != want[2]):
             return None
@@ -106,27 +100,26 @@ def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | Non
 
 
 def write_pairs(ring: RingState, cursor: Tensor, pairs, start: int | None, max_size: int) -> Tensor:
-    """Write ``pairs`` (from :func:`match_pairs`) at ring slots ``cursor`` ``(n,)`` int64: per key ``ring[cursor]
-    = value``, or, when the caller knows ``cursor`` is ``range(start, start + n)``, ``ring[start:start + n] =
-    value`` (the same writes with no index) and, for a packed ring, the bytes of all fields at once
-    (:func:`write_rows`). ``cursor`` holds slots consecutive modulo ``max_size`` (the round-robin writer's): a batch
-    longer than the ring writes only its last ``max_size`` items, each slot's last write. Returns ``cursor`` on the
-    ring's device (moved with ``non_blocking=True`` if it was elsewhere)."""
+    """Write ``pairs`` (from :func:`match_pairs`) at ring slots ``cursor`` ``(n,)`` int64 (values in ``[0,
+    max_size)``): per key ``ring[cursor] = value``, or, when the caller knows ``cursor`` is ``range(start, start +
+    n)``, ``ring[start:start + n] = value`` (the same writes with no index) and, for a packed ring, the bytes of all
+    fields at once (:func:`write_rows`). A slot that ``cursor`` names more than once keeps its last write, on every
+    device (a batch longer than the ring). ``cursor`` names one slot per value (the callers check it). Returns
+    ``cursor`` on the ring's device (moved with ``non_blocking=True`` if it was elsewhere). No host sync."""
     device = ring.device
     if cursor.device != device:
         cursor = cursor.to(device, non_blocking=True)
     n = cursor.shape[0]
-    if start is None or not write_rows(ring, start, n, pairs):
-        stop = None if start is None else start + n
-        first = max(n - max_size, 0)  # > 0: the batch wraps onto itself; its last max_size items
-        slots = cursor[first:] if first else cursor  # hold distinct slots, the ones that survive
-        for dest, value in pairs.values():
-            if value.device != device:
-                value = value.to(device, non_blocking=True)
-            if start is None:
-                dest[slots] = value[first:] if first else value
-            else:
-                dest[start:stop] = value
+    if start is not None and write_rows(ring, start, n, pairs):
+        return cursor
+    keep = last_writes(cursor, max_size) if n > max_size else None  # a repeated slot: every write its last value
+    for dest, value in pairs.values():
+        if value.device != device:
+            value = value.to(device, non_blocking=True)
+        if start is None:
+            dest[cursor] = value if keep is None else value[keep]
+        else:
+            dest[start:start + n] = value
     return cursor
 
 

@@ -43,15 +43,15 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
 
-from lightning_per.ops import select_backend
-from lightning_per.replay._rng import DeviceRNGMixin
-from lightning_per.replay.errors import check_capacity, check_index, check_kind
+from lightning_per.ops import reference, select_backend
+from lightning_per.replay import sampler_checkpoint
+from lightning_per.replay._rng import SamplerRNG, check_rng_state
+from lightning_per.replay.errors import check_capacity, check_exponent, check_index, check_kind
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
 from lightning_per.replay.slice_ops import reduce_touched
 from lightning_per.replay.storage import resolve_device
 from lightning_per.schema import stamp
-from lightning_per.utils import atomic_torch_save
 
 __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULES"]
 
@@ -59,7 +59,7 @@ __all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULE
 SLICE_PRIORITY_RULES = ("start", "max")
 
 
-class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
+class GPUSliceSampler(SliceIndex, SliceSampler):
     """Uniform slices of trajectories, drawn on ``device``: TorchRL's :class:`~torchrl.data.SliceSampler` rule.
 
     A trajectory uniformly among those with a valid start, then a start uniformly among its valid starts,
@@ -118,8 +118,10 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
                           init_key=init_key, span=span)
         self._backend = backend
         self._ops = select_backend(self._device, backend)
+        self._slice_compiled = self._ops is not reference
         self._init_fns()
-        self._init_rng(seed)
+        #: the sampler's generator, driven by the buffer's (:class:`~lightning_per.replay._rng.SamplerRNG`)
+        self.rng = SamplerRNG(self._device, seed, type(self).__name__)
         self._init_starts()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -133,6 +135,34 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
         state = dict(state)
         state["_ops"] = select_backend(state["_device"], state["_backend"])
         super().__setstate__(state)
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        """The buffer's generator (TorchRL assigns it); the draws follow it."""
+        return self.rng.buffer
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self.rng.attach(generator)
+        self.rng.follow()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampler's own generator on :attr:`device`."""
+        return self.rng.generator
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator. Raises TypeError / ValueError for a seed outside ``[-2**63, 2**64)``."""
+        self.rng.manual_seed(seed)
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
+        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
+        check_rng_state(state)
+        self.rng.generator.set_state(state["generator"])
 
     def _init_starts(self) -> None:
         nb, blk, d = self.slice_blocks, self.slice_block, self._device
@@ -167,10 +197,11 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
             EmptyBufferError: the storage is empty.
         """
         T, num = self._prepare_draw(storage, batch_size)
-        u = self._rand((num,))
+        self.rng.follow()  # a buffer generator re-seeded in place replays the same slices
+        u = self.rng.rand((num,))
         first, _ = self._ops.sample_proportional(self._start_leaves, self._start_bsum, self._start_bmin, u, 0.0,
                                                  False, "buffer")
-        pick = self._rand((num,))
+        pick = self.rng.rand((num,))
         start = self._uniform_starts(first, pick, self._end_leaves, self._end_bsum, self._slots, T)
         return self._expand(start, T, storage)
 
@@ -197,7 +228,7 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        return stamp({"kind": type(self).__name__, "capacity": self._slots, "rng": self._rng_state(),
+        return stamp({"kind": type(self).__name__, "capacity": self._slots, "rng": self.rng.state(),
                       **self._slice_state()}, "slice sampler", SLICE_SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -211,22 +242,19 @@ class GPUSliceSampler(SliceIndex, DeviceRNGMixin, SliceSampler):
             raise ValueError(f"not a {type(self).__name__} checkpoint of capacity {self._slots} (kind "
                              f"{state_dict.get('kind')!r}, capacity {state_dict.get('capacity')!r})")
         self._check_slice_state(state_dict)
-        self._check_rng_checkpoint(state_dict.get("rng"))
+        self.rng.check(state_dict.get("rng"))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (raises as :meth:`check_state_dict`, before anything changes)."""
         self.check_state_dict(state_dict)
-        self._load_rng_state(state_dict["rng"])
+        self.rng.load(state_dict["rng"])
         self._load_slice_state(state_dict)
 
     def dumps(self, path) -> None:
-        from pathlib import Path
-        Path(path).mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(self.state_dict(), Path(path) / "sampler.pt")
+        sampler_checkpoint.dump(path, self.state_dict())
 
     def loads(self, path) -> None:
-        from pathlib import Path
-        self.load_state_dict(torch.load(Path(path) / "sampler.pt", map_location=self._device, weights_only=True))
+        self.load_state_dict(sampler_checkpoint.load(path, self._device))
 
     def _empty(self) -> None:
         self._init_slice_state()
@@ -286,8 +314,6 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         True
     """
 
-    _uses_device_rng = True
-
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8,
                  dtype: torch.dtype = torch.float32, reduction: str = "max", *, num_slices: int | None = None,
                  slice_len: int | None = None, end_key=None, end_keys=None, traj_key=None, strict_length: bool = True,
@@ -306,32 +332,50 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         GPUPrioritizedSampler.__init__(self, max_capacity, alpha, beta, eps, device=device, stratified=stratified,
                                        weight_normalization=weight_normalization, backend=backend, seed=seed,
                                        dtype=dtype, reduction=reduction, eager_graphs=eager_graphs)
+        self._slice_compiled = self.core.compiled
         self._init_fns()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, beta={self._beta}, "
-                f"eps={self._eps}, num_slices={self.num_slices}, slice_len={self.slice_len}, "
+        c = self.core
+        return (f"{type(self).__name__}(max_capacity={c.capacity}, alpha={c.alpha}, beta={c.beta}, "
+                f"eps={c.state.eps}, num_slices={self.num_slices}, slice_len={self.slice_len}, "
                 f"strict_length={self.strict_length}, slice_priority={self.slice_priority!r}, device={self._device})")
 
     # ------------------------------------------------------------------ leaves = value * valid
     def _start_values(self, start: Tensor) -> Tensor:
         """Stored values ``(p + eps)^alpha`` of the starts ``start`` ``(S,)`` under :attr:`slice_priority`."""
         if self.slice_priority == "start" or self._T is None or self._T == 1:
-            raw = self._raw[start]
+            raw = self.core.state.raw[start]
         else:
             T, N = self._T, self._slots
             window = (start[:, None] + torch.arange(T, device=start.device)) % N
             ends = (self._end_leaves.view(-1)[window] > 0).to(torch.int32)
             member = (torch.cumsum(ends, 1) - ends) == 0
-            raw = self._raw[window].masked_fill(~member, 0.0).amax(1)
-        return self._ops.transform_priority(raw, self._alpha_t, self._eps)
+            raw = self.core.state.raw[window].masked_fill(~member, 0.0).amax(1)
+        state = self.core.state
+        return self.core.ops.transform_priority(raw, state.alpha, state.eps)
 
     def _starts_changed(self, start: Tensor) -> None:
-        flat = self._leaves.view(-1)
+        state = self.core.state
+        flat = state.leaves.view(-1)
         flat[start] = torch.where(self._valid[start], self._start_values(start), torch.zeros((), device=start.device))
-        reduce_touched(self._leaves, self._block_sum, self._block_min, start)
+        reduce_touched(state.leaves, state.block_sum, state.block_min, start)
 
-    def _write(self, index: Tensor, raw: Tensor, n_valid: int, valid: Tensor | None = None) -> None:
+    @property
+    def alpha(self) -> float:
+        """Priority exponent; setting it re-transforms every start's stored value exactly, O(N) on the device."""
+        return self.core.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        value = check_exponent("alpha", value, eps=self.core.state.eps)
+        if value == self.core.alpha:
+            return
+        self.core.set_alpha(value)
+        if self._T is not None:
+            self._starts_changed(torch.arange(self._slots, device=self._device))
+
+    def _store(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
         """The proportional sampler's write of raw priorities ``raw`` at slots ``index`` (both ``(B,)`` on the
         device), keeping the stored value of every slot that cannot start a slice at 0.
 
@@ -340,24 +384,15 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         ``B * T`` starts whose slices hold the slots are recomputed.
         """
         if self._T is None or index.numel() == 0:  # no start mask yet: plain values (masked when it is built)
-            return super()._write(index, raw, n_valid)
+            return self.core.write(index, raw, n_valid)
         d, N = self._device, self._slots
-        if index.device != d:
-            index = index.to(d, non_blocking=True)
         if self.slice_priority == "max" and self._T > 1:
-            super()._write(index, raw, n_valid)
+            self.core.write(index, raw, n_valid)
             slots = index.clamp(0, N - 1)  # slots the write dropped: recomputing a valid one is harmless
             starts = (slots[:, None] - torch.arange(self._T, device=d)) % N
             self._starts_changed(starts.reshape(-1))
             return
-        if raw.device != d:
-            raw = raw.to(d, non_blocking=True)
-        super()._write(index, raw, n_valid, self._valid)
-
-    def _rebuild(self) -> None:
-        if getattr(self, "_T", None) is None or not hasattr(self, "_valid"):
-            return super()._rebuild()
-        self._starts_changed(torch.arange(self._slots, device=self._device))
+        self.core.write(index, raw, n_valid, self._valid)
 
     def mark_update(self, index, *, storage=None) -> None:
         """New slots ``index`` get the default priority (the running max), then the trajectory state is updated
@@ -384,8 +419,7 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
             As :meth:`GPUSliceSampler.sample`.
         """
         T, num = self._prepare_draw(storage, batch_size)
-        start, weight = self._served(("slice", num, self.stratified, self.weight_normalization),
-                                     lambda: self._draw(num), (), self._draw_state(num), self.draw_generators(num))
+        start, weight = self.core.sample(num, len(storage))
         index, info = self._expand(start, T, storage)
         info["priority_weight"] = weight[:, None].expand(num, T).reshape(-1)
         return index, info

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_per.ops import block_size_for, reference
+from lightning_per.ops import block_size_for
 from lightning_per.replay.compat import stored_data
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_bool, check_index, check_key
 from lightning_per.replay.rows import set_all
@@ -316,7 +316,6 @@ class SliceIndex:
             self._refresh_all()
         if not self._checked:
             self._check_valid(T)
-        self._follow_buffer_rng()  # a buffer generator re-seeded in place replays the same slices
         return T, num
 
     def _check_valid(self, T: int) -> None:
@@ -335,19 +334,19 @@ class SliceIndex:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / ``copy.deepcopy`` state: the sampler's, without the draw's step functions (compiled ones do not
         pickle), which :meth:`__setstate__` takes afresh."""
-        state = super().__getstate__()
+        state = self.__dict__.copy()
         state.pop("_slice_steps", None)
         state.pop("_uniform_starts", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        self.__dict__.update(state)
         self._init_fns()
 
     def _init_fns(self) -> None:
         """The draw's steps: compiled on CUDA when the compiled kernels serve the draws (``torch.compile``, once per
         slice shape: the first draw of a shape compiles, outside any capture), else plain torch."""
-        compiled = self._ops is not reference
+        compiled = self._slice_compiled
         self._slice_steps = device_fn("slice_steps", slice_steps, self._device, compiled)
         self._uniform_starts = device_fn("uniform_starts", uniform_starts, self._device, compiled)
 

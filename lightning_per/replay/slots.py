@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["filled_slots", "flat_slots", "skip_unkept", "unravel", "written_slots"]
+__all__ = ["cursor_slots", "filled_slots", "flat_slots", "skip_unkept", "unravel", "written_slots"]
 
 
 def flat_slots(index, storage):
@@ -99,3 +99,16 @@ def filled_slots(index, n: int) -> Tensor:
         if lo < -n or hi >= n:
             raise IndexError(f"index {lo if lo < -n else hi} is out of range for a storage holding {n} items")
     return torch.where(index < 0, index + n, index)
+
+
+def cursor_slots(cursor, max_size: int, device: torch.device) -> Tensor:
+    """A write cursor as the ``(n,)`` int64 ring slots it names, on ``device`` (moved with ``non_blocking=True``):
+    a tensor (flattened), a slice or range of the ring ``[0, max_size)``, an int, or a sequence of ints. Host
+    work, or a device copy without a sync."""
+    if isinstance(cursor, Tensor):
+        return cursor.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
+    if isinstance(cursor, slice):
+        return torch.arange(max_size, device=device)[cursor]
+    if isinstance(cursor, range):
+        return torch.arange(cursor.start, cursor.stop, cursor.step, device=device)
+    return torch.as_tensor(cursor, dtype=torch.int64).reshape(-1).to(device)

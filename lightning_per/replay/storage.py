@@ -9,12 +9,16 @@ shapes or dtypes differ from the stored ones is rejected *before* anything chang
 
 Items that the ring does not hold (plain tensors, tensorclasses, pytrees, items with batch dimensions of
 their own, ragged lazy stacks, ``ndim > 1``, ``consolidated`` or ``shared_init`` storages) are stored in
-TorchRL's own layout and through TorchRL's own code, on the same device (:attr:`GPUTensorStorage.ring`
-is then False).
+TorchRL's own layout and through TorchRL's own ``LazyTensorStorage`` code, on the same device
+(:attr:`GPUTensorStorage.layout` is then ``"torchrl"``).
+
+This module holds one thing, the storage adapter (its one write path, one read path and persistence calling the
+pure functions of :mod:`lightning_per.replay.storage_checkpoint`), and passes 450 lines for it.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -25,21 +29,22 @@ from torchrl.data import LazyTensorStorage
 
 from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len
 from lightning_per.replay.errors import check_bool, check_capacity
-from lightning_per.replay.ring import RingState, match_pairs, read_slots, ring_field, rows_batch, write_pairs
-from lightning_per.replay.rows import (
-    field_views,
-    item_spec,
-    last_writes,
-    pack_plan,
-    ring_leaves,
-    row_layout,
-    set_all,
-    view_plan,
+from lightning_per.replay.ring import RingState, match_pairs, read_slots, rows_batch, write_pairs
+from lightning_per.replay.rows import field_views, item_spec, pack_plan, ring_leaves, row_layout, set_all, view_plan
+from lightning_per.replay.slots import cursor_slots, filled_slots
+from lightning_per.replay.storage_checkpoint import (
+    check_storage_state,
+    packed_parts,
+    packed_state,
+    read_saved,
+    save_state,
+    saved_leaves,
+    stamped,
+    stored_fields,
+    without_index,
 )
-from lightning_per.replay.slots import filled_slots
-from lightning_per.replay.storage_checkpoint import StorageCheckpoint
 
-__all__ = ["GPUTensorStorage", "default_device", "resolve_device"]
+__all__ = ["LAYOUTS", "GPUTensorStorage", "default_device", "resolve_device"]
 
 
 def default_device() -> torch.device:
@@ -75,6 +80,13 @@ def resolve_device(device: torch.device | str | None, name: str = "device") -> t
 
 _TORCHRL_SET = LazyTensorStorage.set  # named on its class: torch.compile cannot trace super() to it
 
+#: where a storage keeps its items (:attr:`GPUTensorStorage.layout`): ``"ring"`` this class's preallocated ring
+#: (:class:`~lightning_per.replay.ring.RingState`), ``"torchrl"`` TorchRL's own layout and code, ``"host"`` a packed
+#: ring in host memory read by the device (:class:`~lightning_per.replay.host.PinnedHostStorage`), ``"frames"`` a
+#: ring of deduplicated frames beside the ring of the other keys
+#: (:class:`~lightning_per.replay.frames.FrameStackStorage`).
+LAYOUTS = ("ring", "torchrl", "host", "frames")
+
 
 class GPUTensorStorage(LazyTensorStorage):
     """Ring storage of transitions preallocated on ``device`` at the first write.
@@ -91,9 +103,10 @@ class GPUTensorStorage(LazyTensorStorage):
         compilable, consolidated, shared_init, cleanup_memmap: as TorchRL's ``LazyTensorStorage``
             (``consolidated`` and ``shared_init`` use TorchRL's layout).
 
-    Layout (:attr:`ring` True): a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per key
-    (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`. With ``packed=True`` every key
-    is a view into one row-major ``(max_size, row_bytes / 8) int64`` ring (:attr:`rows`):
+    Layout (:attr:`layout` ``"ring"``): a :class:`~tensordict.TensorDict` of batch ``[max_size]``, one tensor per
+    key (e.g. ``observation: (max_size, 4) float32``), on :attr:`device`, its buffers and read plans held in
+    :attr:`ring` (a :class:`~lightning_per.replay.ring.RingState`). With ``packed=True`` every key is a view into
+    one row-major ``(max_size, row_bytes / 8) int64`` ring (``ring.rows``):
     each transition is one row of ``row_bytes`` bytes (its fields at offsets aligned to their element
     size, the row padded to 8 bytes), so a read of ``B`` transitions is a single gather kernel, whatever
     the number of keys, and the batch's tensors are views into that gathered ``(B, row_bytes / 8)``
@@ -103,12 +116,15 @@ class GPUTensorStorage(LazyTensorStorage):
     whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
     Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
     has no effect). Items the ring does not hold (the module docstring lists them) are stored as TorchRL's
-    ``LazyTensorStorage`` stores them, on :attr:`device` (:attr:`ring` False; ``packed`` has no effect).
+    ``LazyTensorStorage`` stores them, on :attr:`device` (:attr:`layout` ``"torchrl"``, decided at
+    construction for ``ndim > 1``, ``consolidated`` and ``shared_init``, else at the first write or load;
+    ``packed`` has no effect).
 
-    Reads: ``get(index)`` with a 1-D slot tensor (a sampler's draw) indexes the whole ring (static shapes, no
-    host length involved: the slots must lie in ``[0, len(self))``); every other read, ``storage[index]``
-    included, indexes the filled part ``[0, len(self))`` only, as TorchRL's (``storage[-1]`` is the last
-    filled slot, ``storage[len(self)]`` raises IndexError).
+    Reads: one path, :meth:`read` of slots. ``get(index)`` with a 1-D slot tensor (a sampler's draw) reads the
+    whole ring (static shapes, no host length involved: the slots must lie in ``[0, len(self))``); every other
+    read, ``storage[index]`` included, indexes the filled part ``[0, len(self))`` only, as TorchRL's
+    (``storage[-1]`` is the last filled slot, ``storage[len(self)]`` raises IndexError). Writes: one path,
+    :meth:`write_direct` of matched fields (:meth:`set` checks a batch, then writes through it).
 
     Raises:
         ValueError: ``max_size < 1`` or ``ndim < 1``.
@@ -122,8 +138,10 @@ class GPUTensorStorage(LazyTensorStorage):
         >>> storage = GPUTensorStorage(8, device="cpu", packed=True)
         >>> storage.set(torch.arange(3), TensorDict({"observation": torch.ones(3, 4),
         ...                                          "reward": torch.arange(3.0)}, [3]))
-        >>> len(storage), tuple(storage.rows.shape)  # 3 of 8 slots written; one row of 3 words each
-        (3, (8, 3))
+        >>> storage
+        GPUTensorStorage(max_size=8, device=cpu, layout='ring', packed=True, len=3)
+        >>> tuple(storage.ring.rows.shape)  # 3 of 8 slots written; one row of 3 words each
+        (8, 3)
         >>> batch = storage.get(torch.tensor([2, 0]))  # one gather of whole rows
         >>> batch["reward"], tuple(batch["observation"].shape)
         (tensor([2., 0.]), (2, 4))
@@ -145,45 +163,33 @@ class GPUTensorStorage(LazyTensorStorage):
         super().__init__(max_size, device=device, ndim=ndim, **options)
         self.fallback = fallback
         self.packed = packed
-        #: TorchRL's layout and code paths (True: see Layout), decided at the first write or load
-        self._generic = ndim > 1 or bool(consolidated) or bool(shared_init)
+        #: where the items live (one of :data:`LAYOUTS`): ``"ring"`` until a first write or load the ring cannot
+        #: hold makes it ``"torchrl"`` for good (see Layout); the subclasses hold theirs from construction
+        self.layout = "torchrl" if ndim > 1 or bool(consolidated) or bool(shared_init) else "ring"
         self._spec: dict | None = None
-        #: the ring's buffers and the plans of its fast paths (:class:`~lightning_per.replay.ring.RingState`)
-        self._ring_state = RingState()
+        #: ``(max_size,) bool`` on the device, the written slots a sampler may draw, or None: every written slot
+        #: (:class:`~lightning_per.replay.frames.FrameStackStorage` holds a mask)
+        self.slot_valid: torch.Tensor | None = None
+        #: the ring's buffers and the plans of its read and write paths (empty before the first write, and in
+        #: TorchRL's layout)
+        self.ring = RingState()
 
-    # the ring state's fields under the names the subclasses and code written against this class use
-    rows = ring_field("rows", "(max_size, row_bytes / 8) int64 packed ring, or None (not packed)")
-    _layout = ring_field("layout")
-    _plan = ring_field("plan")
-    _pack = ring_field("pack")
-    _ring_bytes = ring_field("ring_bytes")
-    _flat = ring_field("flat")
-    _flat_spec = ring_field("flat_spec")
-    _device_cached = ring_field("device")
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(max_size={self.max_size}, device={self.device}, layout={self.layout!r}, "
+                f"packed={self.packed}, len={len(self)})")
 
     # ------------------------------------------------------------------ allocation
-    @property
-    def ring(self) -> bool:
-        """True when the items live in this class's ring (flat TensorDict items: the fast paths); False when they
-        are kept in TorchRL's layout (see Layout). Before the first write: whether a ring is still possible."""
-        return not self._generic
-
-    def _uses_ring(self, data: Any, batched: bool = True) -> bool:
-        """Whether a write of ``data`` goes to the ring; before the first write, decides it for good from ``data``
-        (a TensorDict of plain tensors with one batch dimension, ``batched``, or none, not a ragged lazy stack)."""
-        if self._generic:
-            return False
-        if self.initialized or type(self).set is not GPUTensorStorage.set:  # a subclass with its own writes
-            return True                                                    # keeps its ring (and its checks)
-        ok = (isinstance(data, TensorDictBase) and data.batch_dims == int(batched)
-              and ring_leaves(data))
-        if not ok:
-            self._generic = True
-        return ok
+    def _choose_layout(self, data: Any, batched: bool = True) -> str:
+        """:attr:`layout` for a write of ``data``: the first write of a ``"ring"`` storage whose item the ring
+        cannot hold (it holds a TensorDict of dense tensors with one batch dimension, ``batched``, or none) makes
+        it ``"torchrl"`` for good."""
+        if self.layout == "ring" and not self.initialized and not (
+                isinstance(data, TensorDictBase) and data.batch_dims == int(batched) and ring_leaves(data)):
+            self.layout = "torchrl"
+        return self.layout
 
     def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
-        if self._generic or not self._uses_ring(data, batched=False):
-            self._flat = self._flat_spec = None
+        if self._choose_layout(data, batched=False) == "torchrl":
             return super()._init_standard(data)
         try:
             self._allocate(data, torch.device(self.device))
@@ -200,67 +206,48 @@ class GPUTensorStorage(LazyTensorStorage):
             self._allocate(data, self.device)
 
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
+        """Preallocate the ring for items like ``item`` (batch ``[]``) on ``device``."""
         leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
         layout, row_bytes = row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
+        ring = self.ring = RingState()
         if self.packed and layout is not None:
-            self.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, device=device)
-            self._layout = layout
-            self._plan = view_plan(layout, row_bytes // 8)
-            self._pack = pack_plan(layout)
-            self._ring_bytes = self.rows.view(torch.uint8)  # (max_size, row_bytes)
-            tensors = field_views(self.rows, layout)
+            ring.rows = torch.zeros((self.max_size, row_bytes // 8), dtype=torch.int64, device=device)
+            ring.layout, ring.plan, ring.pack = layout, view_plan(layout, row_bytes // 8), pack_plan(layout)
+            ring.ring_bytes = ring.rows.view(torch.uint8)  # (max_size, row_bytes)
+            tensors = field_views(ring.rows, layout)
         else:
-            self.rows, self._layout = None, {}
-            self._plan = self._pack = self._ring_bytes = None
             tensors = {k: torch.zeros((self.max_size, *v.shape), dtype=v.dtype, device=device)
                        for k, v in leaves.items()}
         self._storage = TensorDict(tensors, batch_size=[self.max_size], device=device)
-        self._spec = item_spec(self._storage)
         self._index_flat()
         self.initialized = True
 
-    def _repack(self) -> None:
-        """Put the packed views back after TorchRL's ``load_state_dict`` (it may install new tensors)."""
-        views = field_views(self.rows, self._layout)
-        for key, view in views.items():
-            current = self._storage.get(key)
-            if current is not view:
-                if current.data_ptr() != view.data_ptr() or current.stride() != view.stride():
-                    view.copy_(current)
-                self._storage.set(key, view)
-
     def __setstate__(self, state) -> None:
-        """TorchRL's unpickling (``pickle``, ``copy.deepcopy``, a spawned process), then the packed ring's views
-        relinked (:meth:`_relink_views`)."""
+        """TorchRL's unpickling (``pickle``, ``copy.deepcopy``, a spawned process), then the ring's views relinked
+        (:meth:`_index_flat`)."""
         super().__setstate__(state)
-        self._relink_views()
+        if self.initialized and self._storage is not None and self.layout != "torchrl":
+            self._index_flat()
 
-    def _relink_views(self) -> None:
-        """Make the fast paths' tensors the stored ones again: the ring's leaf cache the TensorDict's leaves, and
-        for a packed ring the fields and the byte view views of :attr:`rows`. Unpickling copies each tensor on
-        its own (and ``copy.deepcopy`` of a TensorDict copies its leaves), so without this a write through one
-        copy would never reach the copy that reads and samplers gather. The copies hold the same values, so no
-        data is copied here."""
-        ring = self._ring_state
-        if not self.initialized or self._storage is None or self._generic:
-            return
+    def _index_flat(self) -> None:
+        """Make the ring's read and write plans the stored tensors': the leaf cache (nested keys as tuples), the
+        write spec and, for a packed ring, the fields and the byte view as views of ``ring.rows``. Unpickling
+        copies each tensor on its own (and ``copy.deepcopy`` of a TensorDict copies its leaves), so this relinks
+        them (the copies hold the same values: nothing is copied here). The ring's device is kept once set (a
+        subclass may read batches onto another device than the fields', see the host storage)."""
+        ring = self.ring
         if ring.rows is not None:
             ring.ring_bytes, ring.pack_bytes = ring.rows.view(torch.uint8), None
             for key, view in field_views(ring.rows, ring.layout).items():
                 self._storage.set(key, view)
-        device = ring.device
-        self._index_flat()
-        ring.device = device  # a subclass may read batches onto another device than the fields' (host storage)
-
-    def _index_flat(self) -> None:
-        """Cache the leaf tensors (nested keys as tuples) for the fast read and write paths."""
         keys = list(self._storage.keys(include_nested=True, leaves_only=True))
-        self._flat = {k: self._storage.get(k) for k in keys}
-        self._ring_state.nested = any(isinstance(k, tuple) for k in keys)
-        # per flat key: (ring tensor, dtype, per-item shape), what a direct write checks a batch against
-        self._flat_spec = ({k: (v, v.dtype, v.shape[1:]) for k, v in self._flat.items()}
-                           if self._flat is not None else None)
-        self._device_cached = self._storage.device
+        ring.flat = {k: self._storage.get(k) for k in keys}
+        ring.nested = any(isinstance(k, tuple) for k in keys)
+        # per flat key: (ring tensor, dtype, per-item shape), what a write checks a batch against
+        ring.flat_spec = {k: (v, v.dtype, v.shape[1:]) for k, v in ring.flat.items()}
+        if ring.device is None:
+            ring.device = self._storage.device
+        self._spec = item_spec(self._storage)
 
     def _bump_revision(self) -> None:
         """TorchRL's mutation counter after a write (:func:`~lightning_per.replay.compat.bump_mutation_revision`)."""
@@ -277,13 +264,11 @@ class GPUTensorStorage(LazyTensorStorage):
         """Bytes held by the preallocated transitions (0 before the first write)."""
         if not self.initialized:
             return 0
-        if self._generic:
+        if self.layout == "torchrl":
             return sum(v.numel() * v.element_size() for v in tree_leaves(
                 self._storage.to_dict() if isinstance(self._storage, TensorDictBase) else self._storage)
                 if isinstance(v, torch.Tensor))
-        if self.rows is not None:
-            return self.rows.numel() * self.rows.element_size()
-        return sum(v.numel() * v.element_size() for v in self._storage.values(True, True))
+        return sum(t.numel() * t.element_size() for t in self.ring.tensors())
 
     # ------------------------------------------------------------------ writes
     def check_spec(self, data: TensorDictBase) -> None:
@@ -293,7 +278,7 @@ class GPUTensorStorage(LazyTensorStorage):
             TypeError: ``data`` is not a TensorDict, or a key has another dtype.
             ValueError: other keys, or another per-item shape, than the stored ones.
         """
-        if self._generic or (not self.initialized and not self._uses_ring(data)):
+        if self._choose_layout(data) == "torchrl":
             return  # TorchRL's layout: TorchRL's write checks
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict with a leading batch dimension, got "
@@ -312,167 +297,237 @@ class GPUTensorStorage(LazyTensorStorage):
                 raise TypeError(f"data[{key!r}] has dtype {got[key][1]}, the storage holds {dtype}")
 
     def set(self, cursor, data, *, set_cursor: bool = True) -> None:
-        """Write ``data`` (batch ``[n]``) at slots ``cursor`` (``(n,)`` int64 tensor, range or int).
+        """Write ``data`` (batch ``[n]``) at slots ``cursor`` (``(n,)`` int64 tensor, slice, range, sequence or int).
 
-        A device-to-device copy (``data`` is moved with ``non_blocking=True`` if it is elsewhere).
-        With ``set_cursor`` the host length grows by ``n`` up to ``max_size`` (ring writes). A cursor longer
-        than the ring (a batch of more than ``max_size`` items) repeats slots: each keeps its last write, on
-        every device (plain indexed assignment leaves that undefined on CUDA).
+        Checked (:meth:`check_spec`), then written through :meth:`write_direct`: a device-to-device copy (``data``
+        is moved with ``non_blocking=True`` if it is elsewhere). With ``set_cursor`` the host length grows by
+        ``n`` up to ``max_size`` (ring writes). A cursor longer than the ring (a batch of more than ``max_size``
+        items) repeats slots: each keeps its last write, on every device. TorchRL's layout: TorchRL's ``set``.
+
+        Raises:
+            TypeError/ValueError: as :meth:`check_spec`, before anything changes.
+            RuntimeError: ``cursor`` names another number of slots than ``data`` holds (nothing changes).
         """
-        if not self._uses_ring(data, batched=not (isinstance(data, TensorDictBase) and data.batch_dims == 0)):
+        single = isinstance(data, TensorDictBase) and data.batch_dims == 0
+        if self._choose_layout(data, batched=not single) == "torchrl":
             # TorchRL's set, named on its class: torch.compile(fullgraph=True) cannot trace super() to it
             return _TORCHRL_SET(self, cursor, data, set_cursor=set_cursor)
-        if isinstance(data, TensorDictBase) and data.batch_dims == 0:
+        if single:
             data = data.unsqueeze(0)
             cursor = torch.as_tensor([cursor]) if isinstance(cursor, int) else cursor
         self.check_spec(data)
+        if not data.batch_size[0]:
+            return  # nothing to write (an empty batch)
         if not self.initialized:
             self._init(data[0])
-        device = torch.device(self.device)
-        if isinstance(cursor, torch.Tensor):
-            cursor = cursor.to(device, non_blocking=True)
-        data = data.to(device, non_blocking=True)
-        if "index" in data.keys():  # the writer tags batches with their slots; the sampler returns it
-            data = data.exclude("index")
-        if (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.shape[0] > self.max_size
-                and data.shape[:1] == cursor.shape):
-            data = data[last_writes(cursor, self.max_size)]  # a repeated slot keeps its last write
-        self._storage[cursor] = data
-        if set_cursor:  # after the write: a cursor that does not fit ``data`` raises with the length unchanged
-            self._last_cursor = cursor
-            self._len = min(self._len + data.shape[0], self.max_size)
-        self._bump_revision()
+        pairs = match_pairs(self.ring, data)
+        if pairs is None:
+            raise ValueError(f"data must be a TensorDict of batch [n] holding the stored keys, got batch "
+                             f"{tuple(data.batch_size)}")
+        slots = cursor_slots(cursor, self.max_size, self.ring.device)
+        if slots.shape[0] != data.batch_size[0]:
+            raise RuntimeError(f"cursor names {slots.shape[0]} slots for a batch of {data.batch_size[0]} items")
+        self.write_direct(slots, pairs, set_cursor=set_cursor)
 
     def direct_pairs(self, data) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
         """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]``
         (``n >= 1``) whose top-level tensors, but ``"index"``, are exactly the stored keys with the stored
         per-item shapes and dtypes (what :meth:`check_spec` accepts, for flat storages); else None (the
-        caller takes the generic path, which raises the documented errors). Changes nothing
+        caller takes the checked path, :meth:`set`, which raises the documented errors). Changes nothing
         (:func:`lightning_per.replay.ring.match_pairs`)."""
         if not self.initialized:
             return None
-        return match_pairs(self._ring_state, data)
+        return match_pairs(self.ring, data)
 
-    def write_direct(self, cursor: torch.Tensor, pairs, start: int | None = None) -> None:
-        """:meth:`set` ``(cursor, data)`` for ``pairs`` from :meth:`direct_pairs` (already validated), through
-        :func:`lightning_per.replay.ring.write_pairs` (``start``: ``cursor`` is ``range(start, start + n)``), then
-        the host length and TorchRL's mutation counter."""
-        cursor = write_pairs(self._ring_state, cursor, pairs, start, self.max_size)
-        self._last_cursor = cursor
-        self._len = min(self._len + cursor.shape[0], self.max_size)
+    def write_direct(self, cursor: torch.Tensor, pairs, start: int | None = None, *, set_cursor: bool = True) -> None:
+        """The write path: ``pairs`` from :meth:`direct_pairs` (already checked) at slots ``cursor`` ``(n,)`` int64,
+        through :func:`lightning_per.replay.ring.write_pairs` (``start``: ``cursor`` is ``range(start, start +
+        n)``, one slot per value), then, with ``set_cursor``, the host length; then TorchRL's mutation counter."""
+        cursor = write_pairs(self.ring, cursor, pairs, start, self.max_size)
+        if set_cursor:
+            self._last_cursor = cursor
+            self._len = min(self._len + cursor.shape[0], self.max_size)
         self._bump_revision()
 
     # ------------------------------------------------------------------ reads
     def get(self, index):
         """Transitions at ``index``: for a ``(B,)`` int64 slot tensor (a sampler's draw) a TensorDict ``[B]`` on the
-        device read from the whole preallocated ring (no slicing by the host length: static shapes; the slots lie
-        in ``[0, len(self))``); for any other index (int, slice, list, tuple) the filled part ``[0, len(self))``
-        indexed as TorchRL's storages do.
+        device read from the whole preallocated ring (:meth:`read`; no slicing by the host length: static shapes;
+        the slots lie in ``[0, len(self))``); for any other index (int, slice, list, tuple) the filled part
+        ``[0, len(self))`` indexed as TorchRL's storages do (``storage[index]``).
 
         Raises:
             RuntimeError: nothing was ever written.
             IndexError: an int or list index outside the filled part.
         """
-        if self._generic:
-            return super().get(index)
-        if isinstance(index, torch.Tensor) and index.ndim == 1 and index.dtype != torch.bool:
-            return self._read(index)
-        return self._read_filled(index)
+        if (self.layout != "torchrl" and isinstance(index, torch.Tensor) and index.ndim == 1
+                and index.dtype != torch.bool):
+            return self.read(index)
+        return self[index]
 
     def __getitem__(self, index):
         """``storage[index]`` (``rb[index]`` reads through it): the filled part ``[0, len(self))`` indexed by
         ``index`` (an int, slice, list, range, array, bool mask or tensor; negative values count from the end of
-        the filled part), as TorchRL's. A CUDA index tensor is wrapped on the device, without a bounds check
-        (that would synchronise): its values must lie in ``[-len(self), len(self))``.
+        the filled part), as TorchRL's: a slice, ``...``, a key or a tuple gives views into the stored tensors
+        (``rb[:].set_(...)`` writes through them) in the ``"ring"`` layout; every other index is mapped to its
+        slots (:func:`lightning_per.replay.slots.filled_slots`) and read (:meth:`read`). A CUDA index tensor is
+        wrapped on the device, without a bounds check (that would synchronise): its values must lie in
+        ``[-len(self), len(self))``.
 
         Raises:
             RuntimeError: nothing was ever written.
             IndexError: an index outside the filled part (host-side indices).
         """
-        if self._generic:
-            return super().get(index)
-        return self._read_filled(index)
+        if self.layout == "torchrl":
+            return LazyTensorStorage.get(self, index)
+        if not self.initialized:
+            raise RuntimeError(f"Cannot read from an empty {type(self).__name__}: extend it first")
+        n = len(self)
+        if self.layout == "ring" and not isinstance(index, (int, list, range, torch.Tensor, np.ndarray)):
+            return (self._storage if n >= self.max_size else self._storage[:n])[index]  # TorchRL's views
+        return self.read(filled_slots(index, n))
 
-    def _read_filled(self, index):
-        """A read of the filled part: a slice, ``...``, a key or a tuple gives views into the stored tensors, as
-        TorchRL's ``storage[:len]`` (``rb[:].set_(...)`` writes through them); ints, sequences and tensors gather
-        the named slots."""
-        if not isinstance(index, (int, list, range, torch.Tensor, np.ndarray)) and (
-                type(self)._read is GPUTensorStorage._read):  # slices, keys, tuples: TorchRL's views
-            if not self.initialized:
-                raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-            n = len(self)
-            return (self._storage if n >= self.max_size else self._storage[:n])[index]
-        return self._read(self._filled_slots(index))
-
-    def _filled_slots(self, index) -> torch.Tensor:
-        """The ring slots that ``index`` names within the filled part ``[0, len(self))``
-        (:func:`lightning_per.replay.slots.filled_slots`).
+    def read(self, index, extra: dict[str, torch.Tensor] | None = None):
+        """The read path: the transitions at slots ``index`` (a ``(B,)`` int64 tensor, or a 0-d one for one
+        transition), with the ``(B,)`` tensors of ``extra`` set in the batch (e.g. ``"index"`` and
+        ``"priority_weight"``: a sampler's ``sample_gather``). A TensorDict ``[B]`` on the device, read from the
+        whole ring (:func:`lightning_per.replay.ring.read_slots`: one gather of whole rows when packed) and built
+        once when ``extra``'s tensors are ``(B,)`` on the device; other values of ``extra`` are set validated
+        (moved, or rejected). TorchRL's layout: TorchRL's ``get``.
 
         Raises:
             RuntimeError: nothing was ever written.
-            IndexError: a host-side index outside the filled part.
         """
+        if self.layout == "torchrl":
+            return set_all(LazyTensorStorage.get(self, index), extra)
         if not self.initialized:
-            raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-        return filled_slots(index, len(self))
-
-    def read(self, index, extra: dict[str, torch.Tensor] | None = None):
-        """:meth:`get` of ``index`` with the ``(B,)`` tensors of ``extra`` set in the batch (e.g. ``"index"`` and
-        ``"priority_weight"``: a sampler's ``sample_gather``); built once when they are on :attr:`device`."""
-        return self._read(index, extra)
-
-    def _read(self, index, extra: dict[str, torch.Tensor] | None = None):
-        """:meth:`get`, then ``batch.set(key, value)`` for each of ``extra`` (e.g. ``"index"`` and the IS
-        weights: the buffer's direct sample path). When ``index`` is a ``(B,)`` tensor and ``extra`` holds
-        ``(B,)`` tensors on :attr:`device`, the batch is built once with them (no validated ``set``)."""
-        if not self.initialized:
-            raise RuntimeError("Cannot read from an empty GPUTensorStorage: extend it first")
-        if self._generic:
-            return set_all(super().get(index), extra)
-        ring = self._ring_state
-        device = ring.device
-        if ring.flat is None or not isinstance(index, torch.Tensor) or index.ndim != 1:
-            if isinstance(index, torch.Tensor) and index.device != device:
-                index = index.to(device, non_blocking=True)
+            raise RuntimeError(f"Cannot read from an empty {type(self).__name__}: extend it first")
+        ring = self.ring
+        if not isinstance(index, torch.Tensor) or index.ndim != 1:
+            if isinstance(index, torch.Tensor) and index.device != ring.device:
+                index = index.to(ring.device, non_blocking=True)
             return set_all(self._storage[index], extra)
         for value in (extra or {}).values():  # a loop, not all(<genexpr>): fewer Python calls on the hot path
-            if not (isinstance(value, torch.Tensor) and value.device == device and value.shape == index.shape):
-                return set_all(self._read(index), extra)  # validated sets (they move or reject such values)
+            if not (isinstance(value, torch.Tensor) and value.device == ring.device and value.shape == index.shape):
+                return set_all(read_slots(ring, index), extra)  # validated sets (they move or reject such values)
         return read_slots(ring, index, extra)
-
-    def _rows_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> TensorDict:
-        """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` plus ``extra``
-        (:func:`lightning_per.replay.ring.rows_batch`; no validation)."""
-        return rows_batch(self._ring_state, block, extra)
 
     @property
     def gather_rows(self) -> torch.Tensor | None:
-        """The packed ring :attr:`rows` ``(max_size, W) int64`` when a gathered block of its rows can become a
-        batch through :meth:`rows_to_batch` (packed storage, flat keys, initialised); else None. What a
-        sampler's fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
-        ring = self._ring_state
-        return None if ring.flat is None else ring.rows
+        """The packed ring ``ring.rows`` ``(max_size, W) int64`` when a gathered block of its rows is a whole batch
+        (:meth:`rows_to_batch`: the ``"ring"`` layout, packed, written at least once); else None. What a sampler's
+        fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
+        return self.ring.rows if self.layout == "ring" else None
 
     def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
         """The batch of gathered packed rows: ``block`` ``(B, W) int64`` on :attr:`device`, a fresh contiguous
         gather of :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the
-        TensorDict ``[B]`` that :meth:`get` ``(index)`` returns (the same field views into ``block``), plus the
-        ``(B,)`` tensors of ``extra`` on :attr:`device` (e.g. ``"index"``, ``"priority_weight"``), set
-        without validation.
+        TensorDict ``[B]`` that :meth:`read` ``(index)`` returns (the same field views into ``block``,
+        :func:`lightning_per.replay.ring.rows_batch`), plus the ``(B,)`` tensors of ``extra`` on :attr:`device`
+        (e.g. ``"index"``, ``"priority_weight"``), set without validation.
 
         Raises:
-            RuntimeError: the storage has no packed ring with flat keys (:attr:`gather_rows` is None).
+            RuntimeError: the storage has no packed ring (:attr:`gather_rows` is None).
         """
         if self.gather_rows is None:
-            raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage with flat keys, written at least once")
-        return self._rows_batch(block, extra)
+            raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage, written at least once")
+        return rows_batch(self.ring, block, extra)
 
-    # ------------------------------------------------------------------ persistence (replay/storage_checkpoint.py)
-    state_dict = StorageCheckpoint.state_dict
-    check_state_dict = StorageCheckpoint.check_state_dict
-    load_state_dict = StorageCheckpoint.load_state_dict
-    dumps = StorageCheckpoint.dumps
-    loads = StorageCheckpoint.loads
-    _fields = StorageCheckpoint._fields
-    _load_packed = StorageCheckpoint._load_packed
+    # ------------------------------------------------------------------ persistence (pure functions of
+    # replay/storage_checkpoint.py)
+    def state_dict(self) -> dict[str, Any]:
+        """TorchRL's storage state (``_storage``: one tensor per key, ``initialized``, ``_len``); a packed
+        ring saves its rows once instead (``packed_rows`` + ``packed_layout``, schema 2,
+        :func:`~lightning_per.replay.storage_checkpoint.packed_state`): ``torch.save`` cannot store views of one
+        buffer under different dtypes, and a per-key copy would double the device memory while saving."""
+        if self.ring.rows is None or self.layout == "torchrl":
+            return stamped(LazyTensorStorage.state_dict(self))
+        return packed_state(self.ring, self.initialized, self._len)
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
+        a checkpoint this way before it loads any): a newer schema, another ``max_size``, a length outside
+        ``[0, max_size]``, missing entries, a packed layout that does not fit its rows and, once this storage
+        holds transitions, other keys, dtypes or per-transition shapes than it stores
+        (:func:`~lightning_per.replay.storage_checkpoint.check_storage_state`). Shapes and metadata only (no
+        tensor data is read).
+
+        Raises:
+            ValueError: the checkpoint is refused (the message names why).
+        """
+        fields = stored_fields(self.ring, self._storage) if self.initialized and self.layout != "torchrl" else {}
+        check_storage_state(state_dict, max_size=self.max_size, ndim=self.ndim, generic=self.layout == "torchrl",
+                            fields=fields)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
+
+        Raises:
+            ValueError: as :meth:`check_state_dict`, before anything changes.
+        """
+        self.check_state_dict(state_dict)
+        self._load(state_dict)
+
+    def _load(self, state_dict: dict[str, Any]) -> None:
+        """:meth:`load_state_dict` of a checked ``state_dict``."""
+        if "packed_rows" in state_dict:
+            rows, layout = packed_parts(state_dict)
+            fields = field_views(rows, layout)
+            if not self.initialized:
+                self._allocate(TensorDict({k: v[0] for k, v in fields.items()}, batch_size=[]),
+                               torch.device(self.device))
+            if self.ring.rows is not None and self.ring.layout == layout:
+                self.ring.rows.copy_(rows)
+            else:
+                for key, value in fields.items():
+                    self._storage.get(key).copy_(value)
+            self._loaded(state_dict)
+            return
+        stored = without_index(state_dict["_storage"])
+        if not self.initialized and not isinstance(stored, dict):
+            self.layout = "torchrl"  # e.g. a storage of plain tensors
+        leaves = saved_leaves(stored) if self.layout != "torchrl" else {}
+        if not leaves:
+            LazyTensorStorage.load_state_dict(self, dict(state_dict, _storage=stored)
+                                              if self.layout != "torchrl" else state_dict)
+            if self.initialized and self.layout != "torchrl":
+                self._index_flat()
+            return
+        if not self.initialized:  # allocated from the saved leaves (nested keys from either tensordict format)
+            item = TensorDict({}, batch_size=[])
+            for key, value in leaves.items():
+                item.set(key, value[0])
+            self._allocate(item, torch.device(self.device))
+        # the values copied leaf by leaf into the ring (not through TorchRL's load_state_dict, whose tensordict
+        # state format differs across versions)
+        for key, value in leaves.items():
+            self._storage.get(key).copy_(value)
+        self._loaded(state_dict)
+
+    def _loaded(self, state_dict: dict[str, Any]) -> None:
+        """The saved length and flag after a load of the values, and TorchRL's mutation counter."""
+        self.initialized = bool(state_dict["initialized"])
+        self._len = int(state_dict["_len"])
+        self._bump_revision()
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename); items kept in
+        TorchRL's layout are saved by TorchRL's checkpointer (memory-mapped, pytrees too)."""
+        if self.layout == "torchrl" and self.initialized:
+            return LazyTensorStorage.dumps(self, path)
+        save_state(path, self.state_dict())
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Load what :meth:`dumps` wrote (onto this storage's device), either format; TorchRL's layout without
+        unpickling anything (:func:`~lightning_per.replay.storage_checkpoint.read_saved`).
+
+        Raises:
+            IntegrityError: a TorchRL-layout directory holding a link, a special file, a file that is not JSON
+                or raw memory-mapped data, or metadata naming a file outside it.
+            ValueError: as :meth:`check_state_dict`.
+        """
+        state = read_saved(path, torch.device(self.device))
+        if state is None:  # TorchRL's checkpointer wrote it (checked): TorchRL's layout
+            self.layout = "torchrl"
+            return LazyTensorStorage.loads(self, path)
+        self.load_state_dict(state)

@@ -1,6 +1,8 @@
-"""Persistence of :class:`~lightning_per.replay.GPUTensorStorage`: its ``state_dict`` (schema
+"""Persistence of :class:`~lightning_per.replay.GPUTensorStorage` as pure functions its own ``state_dict``,
+``check_state_dict``, ``load_state_dict``, ``dumps`` and ``loads`` call: the packed state (schema
 :data:`STORAGE_SCHEMA_VERSION`), what a saved state must hold before anything loads (schema, slots, length, packed
-layout, per-transition fields: host work on metadata only), the load, and ``dumps`` / ``loads`` (atomic rename)."""
+layout, per-transition fields: host work on metadata only), the saved parts as the ring holds them, and the file
+(atomic rename; TorchRL's layout checked before TorchRL reads it)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage
+from tensordict import TensorDict, TensorDictBase
 
 from lightning_per.integrity import IntegrityError, refuse_pickled_files, walk_files
-from lightning_per.replay.rows import field_views, item_spec, layout_key
+from lightning_per.replay.ring import RingState
+from lightning_per.replay.rows import layout_key
 from lightning_per.schema import check, stamp
 from lightning_per.utils import atomic_write
 
-__all__ = ["STORAGE_MIGRATIONS", "STORAGE_SCHEMA_VERSION", "StorageCheckpoint", "check_storage_state",
-           "check_torchrl_layout", "state_leaves", "without_index"]
+__all__ = ["STORAGE_MIGRATIONS", "STORAGE_SCHEMA_VERSION", "check_storage_state", "check_torchrl_layout",
+           "packed_parts", "packed_state", "read_saved", "save_state", "saved_leaves", "stamped", "state_leaves",
+           "stored_fields", "without_index"]
 
 STORAGE_SCHEMA_VERSION = 2  # 2: packed storages save their ring of rows (packed_rows)
 
@@ -136,134 +139,64 @@ def _packed_fields(state_dict: dict[str, Any]) -> tuple[int, dict[Any, tuple[tor
     return slots, saved
 
 
-class StorageCheckpoint:
-    """The persistence methods of :class:`~lightning_per.replay.GPUTensorStorage` (``state_dict``,
-    ``check_state_dict``, ``load_state_dict``, ``dumps``, ``loads``): the class takes them by assignment, so TorchRL's
-    ``LazyTensorStorage`` stays its direct base; items kept in TorchRL's layout go through its methods."""
+def stamped(state: dict[str, Any]) -> dict[str, Any]:
+    """A storage state (TorchRL's per-key one) stamped with :data:`STORAGE_SCHEMA_VERSION`."""
+    return stamp(state, "storage", STORAGE_SCHEMA_VERSION)
 
-    def state_dict(self) -> dict[str, Any]:
-        """TorchRL's storage state (``_storage``: one tensor per key, ``initialized``, ``_len``); a packed
-        storage saves its ring of rows once instead (``packed_rows`` + ``packed_layout``, schema 2):
-        ``torch.save`` cannot store views of one buffer under different dtypes, and a per-key copy would
-        double the device memory while saving."""
-        if self.rows is None or self._generic:
-            state = LazyTensorStorage.state_dict(self)
-            return stamp(state, "storage", STORAGE_SCHEMA_VERSION)
-        layout = [(key, off, nbytes, str(dtype).removeprefix("torch."), list(shape))
-                  for key, (off, nbytes, dtype, shape) in self._layout.items()]
-        return stamp({"_storage": {}, "packed_rows": self.rows, "packed_layout": layout,
-                      "initialized": self.initialized, "_len": self._len}, "storage", STORAGE_SCHEMA_VERSION)
 
-    def _fields(self) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
-        """``{key: (dtype, shape of one transition)}`` of the stored fields (empty before the first write)."""
-        if not self.initialized or self._generic:
-            return {}
-        if self.rows is not None:
-            return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in self._layout.items()}
-        return {(k if isinstance(k, str) or len(k) > 1 else k[0]): (v.dtype, tuple(v.shape[1:]))
-                for k, v in self._storage.items(include_nested=True, leaves_only=True)}
+def packed_state(ring: RingState, initialized: bool, length: int) -> dict[str, Any]:
+    """The state of a packed ring (schema 2): its rows once (``packed_rows``, ``(max_size, W) int64``, not
+    copied), their layout (``packed_layout``: ``[key, byte offset, bytes, dtype name, shape]`` per field), with
+    ``initialized`` and the host length ``_len`` (``_storage`` empty)."""
+    layout = [(key, off, nbytes, str(dtype).removeprefix("torch."), list(shape))
+              for key, (off, nbytes, dtype, shape) in ring.layout.items()]
+    return stamped({"_storage": {}, "packed_rows": ring.rows, "packed_layout": layout, "initialized": initialized,
+                    "_len": length})
 
-    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Raise what :meth:`load_state_dict` refuses, changing nothing (the replay buffer checks every part of
-        a checkpoint this way before it loads any): a newer schema, another ``max_size``, a length outside
-        ``[0, max_size]``, missing entries, a packed layout that does not fit its rows and, once this storage
-        holds transitions, other keys, dtypes or per-transition shapes than it stores. Shapes and metadata
-        only (no tensor data is read).
 
-        Raises:
-            ValueError: the checkpoint is refused (the message names why).
-        """
-        check_storage_state(state_dict, max_size=self.max_size, ndim=self.ndim, generic=self._generic,
-                            fields=self._fields())
+def packed_parts(state_dict: dict[str, Any]) -> tuple[torch.Tensor, dict[Any, tuple[int, int, torch.dtype,
+                                                                                   tuple[int, ...]]]]:
+    """``(rows, layout)`` of a checked packed state (:func:`packed_state`): the ``(slots, W) int64`` rows and the
+    layout as :class:`RingState` holds it (``{key: (offset, bytes, dtype, shape)}``)."""
+    layout = {layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
+              for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
+    return state_dict["packed_rows"], layout
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state from :meth:`state_dict` (packed or per-key, into a packed or per-key storage).
 
-        Raises:
-            ValueError: as :meth:`check_state_dict`, before anything changes.
-        """
-        self.check_state_dict(state_dict)
-        if "packed_rows" in state_dict:
-            self._load_packed(state_dict)
-            return
-        stored = without_index(state_dict["_storage"])
-        if not self.initialized and not isinstance(stored, dict):
-            self._generic = True  # e.g. a storage of plain tensors
-        if self._generic:
-            LazyTensorStorage.load_state_dict(self, state_dict)
-            return
-        state_dict = dict(state_dict, _storage=stored)
-        leaves = state_leaves(stored) if isinstance(stored, dict) else {}
-        for value in leaves.values():  # checked before anything changes (TorchRL's message names a batch size)
-            if value.shape[0] != self.max_size:
-                raise ValueError(f"the saved storage holds {value.shape[0]} slots, this one max_size={self.max_size}")
-            break
-        if leaves and not self.initialized:
-            # allocate from the saved leaves (nested keys rebuilt from either tensordict format, see
-            # _state_leaves)
-            item = TensorDict({}, batch_size=[])
-            for key, value in leaves.items():
-                item.set(key, value[0])
-            self._allocate(item, torch.device(self.device))
-        if leaves:
-            # the values copied leaf by leaf into the ring (not through TorchRL's load_state_dict, whose
-            # tensordict state format differs across versions)
-            for key, value in leaves.items():
-                self._storage.get(key).copy_(value)
-            self.initialized = bool(state_dict["initialized"])
-            self._len = int(state_dict["_len"])
-            self._bump_revision()
-        else:
-            LazyTensorStorage.load_state_dict(self, state_dict)
-        if self.initialized:
-            if self.rows is not None:
-                self._repack()
-            self._spec = item_spec(self._storage)
-            self._index_flat()
+def saved_leaves(stored: Any) -> dict[Any, torch.Tensor]:
+    """``{key: (slots, *shape) tensor}`` of a saved per-key ``_storage`` (:func:`state_leaves`), or ``{}`` when it
+    is not a TensorDict state (a tensor, a pytree: TorchRL's layout)."""
+    return state_leaves(stored) if isinstance(stored, dict) else {}
 
-    def _load_packed(self, state_dict: dict[str, Any]) -> None:
-        rows = state_dict["packed_rows"]
-        layout = {layout_key(k): (off, nbytes, getattr(torch, dtype), tuple(shape))
-                  for k, off, nbytes, dtype, shape in state_dict["packed_layout"]}
-        if rows.shape[0] != self.max_size:
-            raise ValueError(f"the saved storage holds {rows.shape[0]} slots, this one max_size={self.max_size}")
-        fields = field_views(rows, layout)
-        if not self.initialized:
-            self._allocate(TensorDict({k: v[0] for k, v in fields.items()}, batch_size=[]),
-                           torch.device(self.device))
-        if self.rows is not None and self._layout == layout:
-            self.rows.copy_(rows)
-        else:
-            for key, value in fields.items():
-                self._storage.get(key).copy_(value)
-        self.initialized = bool(state_dict["initialized"])
-        self._len = int(state_dict["_len"])
-        self._bump_revision()
 
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Save the whole ring to ``path/storage.pt`` in one ``torch.save`` (atomic: temp + rename); items kept in
-        TorchRL's layout (:attr:`ring` False) are saved by TorchRL's checkpointer (memory-mapped, pytrees too)."""
-        if self._generic and self.initialized:
-            return LazyTensorStorage.dumps(self, path)
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict()
-        atomic_write(path / "storage.pt", lambda f: torch.save(state, f))
+def stored_fields(ring: RingState, stored: TensorDictBase) -> dict[Any, tuple[torch.dtype, tuple[int, ...]]]:
+    """``{key: (dtype, shape of one transition)}`` of what a ring holds (a packed ring's layout, else the leaves
+    of ``stored``, the ``(max_size, ...)`` TensorDict): what a checkpoint's fields are checked against."""
+    if ring.rows is not None:
+        return {k: (dtype, tuple(shape)) for k, (_, _, dtype, shape) in ring.layout.items()}
+    return {(k if isinstance(k, str) or len(k) > 1 else k[0]): (v.dtype, tuple(v.shape[1:]))
+            for k, v in stored.items(include_nested=True, leaves_only=True)}
 
-    def loads(self, path: str | os.PathLike) -> None:
-        """Load what :meth:`dumps` wrote (onto this storage's device), either format; TorchRL's layout without
-        unpickling anything (see :func:`check_torchrl_layout`).
 
-        Raises:
-            IntegrityError: a TorchRL-layout directory holding a link, a special file, a file that is not JSON
-                or raw memory-mapped data, or metadata naming a file outside it.
-        """
-        if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
-            check_torchrl_layout(path)
-            self._generic = True  # TorchRL's checkpointer wrote it: TorchRL's layout
-            return LazyTensorStorage.loads(self, path)
-        state = torch.load(Path(path) / "storage.pt", map_location=torch.device(self.device), weights_only=True)
-        self.load_state_dict(state)
+def save_state(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    """``torch.save`` of a storage ``state`` to ``path/storage.pt``, atomically (temp + rename)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write(path / "storage.pt", lambda f: torch.save(state, f))
+
+
+def read_saved(path: str | os.PathLike, device: torch.device) -> dict[str, Any] | None:
+    """The state :func:`save_state` wrote under ``path`` (tensors onto ``device``, ``weights_only``), or None when
+    ``path`` holds TorchRL's checkpointer layout instead (``storage_metadata.json``), checked by
+    :func:`check_torchrl_layout` (load it with TorchRL's ``loads``).
+
+    Raises:
+        IntegrityError: a TorchRL-layout directory that :func:`check_torchrl_layout` refuses.
+    """
+    if not (Path(path) / "storage.pt").is_file() and (Path(path) / "storage_metadata.json").is_file():
+        check_torchrl_layout(path)
+        return None
+    return torch.load(Path(path) / "storage.pt", map_location=device, weights_only=True)
 
 
 #: tensordict's ``load_memmap`` takes a pickle policy (``allow_pickle``) from 0.14 on; older releases unpickle any
