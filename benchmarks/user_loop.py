@@ -91,10 +91,11 @@ def make_buffer(cls, N: int, B: int, device, **kwargs):
     return rb
 
 
-def make_learner(device, seed: int = 0, fused_adam: bool = False):
+def make_learner(device, seed: int = 0, fused_adam: bool = False, captured: bool = False):
     """TorchRL's DQN learner: QValueActor (MLP 256-256), DQNLoss(double_dqn=True), SoftUpdate, Adam(capturable);
     ``fused_adam``: ``Adam(capturable=True, fused=True)`` (one multi-tensor kernel per step instead of foreach's
-    dozen, CUDA)."""
+    dozen, CUDA). ``captured``: for ``graphs.capture``, which needs ``capturable=True`` on every device (on a CPU
+    its eager calls step it as ``capturable=False``); plain eager loops on a CPU cannot step a capturable Adam."""
     from torchrl.data import OneHot
     from torchrl.modules import MLP, QValueActor
     from torchrl.objectives import DQNLoss, SoftUpdate
@@ -107,7 +108,8 @@ def make_learner(device, seed: int = 0, fused_adam: bool = False):
     loss.make_value_estimator(gamma=0.99)
     target = SoftUpdate(loss, tau=0.005)
     cuda = torch.device(device).type == "cuda"
-    opt = torch.optim.Adam(loss.parameters(), lr=1e-4, capturable=cuda, **({"fused": True} if fused_adam else {}))
+    opt = torch.optim.Adam(loss.parameters(), lr=1e-4, capturable=cuda or captured,
+                           **({"fused": True} if fused_adam else {}))
     return loss, target, opt
 
 
@@ -267,7 +269,7 @@ def ours_rows(N: int, B: int, device, seconds: float, repeats: int) -> list[dict
     for compiled, k in variants:  # on CPU, Inductor's C++ path is not what this measures
         def captured(compiled=compiled, k=k):
             torch._dynamo.reset()
-            loss, target, opt = make_learner(device, fused_adam=compiled.endswith(FUSED))
+            loss, target, opt = make_learner(device, fused_adam=compiled.endswith(FUSED), captured=True)
             compiled = compiled.removesuffix(FUSED)
             if compiled == "-compiled-learner":
                 step = compiled_learner_update(rb, loss, opt, target)

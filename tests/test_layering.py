@@ -38,8 +38,8 @@ THIRD_PARTY = ("torchrl", "tensordict", "lightning", "jsonargparse", "argparse")
 #: THIRD_PARTY: the DQN module's run id, a graph owner's target networks, a slice sampler's slice length,
 #: a NamedTuple's ``_fields`` (public API despite the underscore).
 OWN_NAMES = {"_run_id", "_targets", "_T", "_fields"}
-#: Reads in modules that other parts of issue 37 are rebuilding (graphs/), moved to the compat modules with them.
-PENDING = {("lightning_per/graphs/state.py", "getattr(owner, '_batch_size', None)")}
+#: Reads allowed outside the compat modules for now (none).
+PENDING: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

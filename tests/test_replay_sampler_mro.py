@@ -22,6 +22,6 @@ def test_a_public_sampler_is_one_class_of_ours_on_one_torchrl_base(name):
 
 
 @pytest.mark.parametrize("name", NOT_YET)
-@pytest.mark.xfail(strict=True, reason="issue 37: the rank and slice samplers still subclass a class of ours")
+@pytest.mark.xfail(strict=True, reason="the rank and slice samplers still subclass a class of ours")
 def test_the_remaining_samplers_are_one_class_of_ours_too(name):
     assert _ours(getattr(replay, name)) == [getattr(replay, name)]

@@ -175,7 +175,7 @@ class CaptureState:
 
     def _batch_sizes(self) -> list[tuple[Any, int | None]]:
         """Each sampler with its buffer's batch size (None: a bare sampler, or a buffer without one)."""
-        return [(s, getattr(owner, "_batch_size", None)) for s, owner in zip(
+        return [(s, None if owner is None else owner.batch_size) for s, owner in zip(
             (s for s, _ in self.samplers), self._owners)]
 
     def generators(self) -> list[torch.Generator]:
