@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUSamplerWithoutReplacement,
         GPUSliceSampler,
         GPUTensorStorage,
+        IngressStats,
         PinnedHostStorage,
+        WriterHandle,
         make_replay_buffer,
     )
 
@@ -38,6 +40,8 @@ __all__ = [
     "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
     "make_replay_buffer",
+    "WriterHandle",
+    "IngressStats",
 ]
 __version__ = "0.1.0"
 

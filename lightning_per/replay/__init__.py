@@ -5,6 +5,7 @@ from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.factory import make_replay_buffer
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
+from lightning_per.replay.ingress import IngressStats, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -26,4 +27,6 @@ __all__ = [
     "GPUPrioritizedReplayBuffer",
     "EmptyBufferError",
     "make_replay_buffer",
+    "WriterHandle",
+    "IngressStats",
 ]

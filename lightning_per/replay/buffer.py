@@ -28,6 +28,7 @@ from lightning_per.replay.compat import (
     plain_extend,
 )
 from lightning_per.replay.errors import check_batch_size, check_generator
+from lightning_per.replay.ingress import IngressLayout, IngressStats, SharedIngress, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -205,6 +206,56 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
     return priority
 
 
+# ---------------------------------------------------------------------------- writers of other processes
+# Both buffers hold a SharedIngress (lightning_per/replay/ingress.py) and delegate their writer methods to the
+# functions below.
+
+def _writer_handle(rb, example, slots: int, rows: int) -> WriterHandle:
+    """``rb.writer_handle``: a new ingress ring of the buffer's layout (``example``'s, or the stored one) and its
+    handle.
+
+    Raises:
+        ValueError: no ``example`` and an empty buffer; ``example`` of another layout than the stored one;
+            ``slots`` / ``rows`` out of range (see :meth:`SharedIngress.handle`).
+        TypeError: ``example`` is not a TensorDict or mapping of tensors.
+    """
+    stored = IngressLayout.of(buffer_parts(rb).storage[:1]) if len(rb) else None
+    if example is None:
+        if stored is None:
+            raise ValueError("writer_handle: the buffer holds no transition yet, so its layout is unknown; pass "
+                             "example= (a TensorDict [n] of the transitions the writers will send)")
+        layout = stored
+    else:
+        layout = IngressLayout.of(example)
+        if stored is not None and layout != stored:
+            raise ValueError(f"writer_handle: example's layout {layout.fields} differs from the stored "
+                             f"transitions' {stored.fields}")
+    return rb._ingress.handle(layout, slots, rows)
+
+
+def _ingest(rb) -> int:
+    """``rb.ingest``: every ready batch of every writer into ``rb`` (one ``extend``, then one priority update of
+    the rows whose writer gave priorities); returns the rows ingested. Host work over host staging."""
+    drained = rb._ingress.drain()
+    if drained is None:
+        return 0
+    batch, priority, given = drained
+    index = rb.extend(batch, update_priority=False)
+    if bool(given.any()):  # sync-ok: host staging flags
+        if bool(given.all()):  # sync-ok: host staging flags
+            rb.update_priority(index, priority.to(index.device))
+        else:
+            rb.update_priority(index[given.to(index.device)], priority[given].to(index.device))
+    return batch.batch_size[0]
+
+
+def _with_ingress(rb, text: str) -> str:
+    """``text`` (TorchRL's repr, ending in ``)``) with the ingress counters when the buffer has writers."""
+    if not rb._ingress.active:
+        return text
+    return f"{text[:-1].rstrip()}, \n    ingress={rb._ingress!r})"
+
+
 def _pickled_generator(rb, state: dict[str, Any]) -> dict[str, Any]:
     """TorchRL's pickle state ``state`` of ``rb`` with the buffer's generator as bytes
     (:class:`~lightning_per.replay._rng.GeneratorBytes`) under ``"_rng_bytes"``, ``"_rng"`` None: TorchRL pickles
@@ -253,8 +304,14 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     TorchRL. ``state_dict`` carries a schema version; a checkpoint that :meth:`load_state_dict` or
     :meth:`loads` refuses leaves the buffer unchanged.
 
+        backpressure: what a writer of another process (:meth:`writer_handle`) does when its ring is full:
+            ``"block"`` (default: wait up to ``backpressure_timeout`` seconds, then TimeoutError) or
+            ``"drop_oldest"`` (reclaim its oldest batch not yet ingested; counted in :attr:`ingress_stats`).
+        backpressure_timeout: seconds, > 0 (default 30).
+
     Raises:
-        ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler).
+        ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler); an unknown
+            ``backpressure`` or a ``backpressure_timeout`` <= 0.
         TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``).
 
     Example::
@@ -278,9 +335,11 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
                  storage=None, device: torch.device | str | None = None, sampler: str = "proportional",
                  sampler_kwargs: dict[str, Any] | None = None, sampler_device=None, sync: bool = True,
-                 reduction: str = "max", **kwargs) -> None:
+                 reduction: str = "max", backpressure: str = "block", backpressure_timeout: float = 30.0,
+                 **kwargs) -> None:
         if not sync:
             raise ValueError("sync=False is not supported by GPUPrioritizedReplayBuffer")
+        ingress = SharedIngress(backpressure, backpressure_timeout)
         if kwargs.get("batch_size") is not None:
             check_batch_size(kwargs["batch_size"])
         check_generator(kwargs.get("generator"))
@@ -303,6 +362,43 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
                                    or kwargs.get("prefetch") or kwargs.get("sample_unit") is not None
                                    or kwargs.get("delayed_init") or kwargs.get("transform_factory") is not None
                                    or getattr(self._writer, "tracks_generations", False))  # (torchrl >= 0.14)
+        self._ingress = ingress
+
+    def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
+        """A picklable handle through which another process of this host writes transitions into this buffer.
+
+        Each call makes a new shared-memory ring of ``slots`` x ``rows`` transitions: one handle per writer
+        process (see :mod:`lightning_per.replay.ingress`). The writers' batches enter the buffer at
+        :meth:`ingest` (also run by :meth:`sample`).
+
+        Args:
+            example: a TensorDict ``[n]`` (or mapping of ``(n, ...)`` tensors) with the keys, per-item shapes and
+                dtypes the writers send; optional once the buffer holds transitions (their layout is used).
+            slots, rows: slots of the ring and transitions a slot (>= 1).
+
+        Raises:
+            ValueError, TypeError: see :func:`_writer_handle`.
+        """
+        return _writer_handle(self, example, slots, rows)
+
+    def ingest(self) -> int:
+        """Move every batch the writers have made ready into the buffer (one ``extend``; their priorities, when
+        given, set after it); returns the transitions ingested. Run by :meth:`sample` too."""
+        return _ingest(self)
+
+    @property
+    def ingress_stats(self) -> IngressStats:
+        """The writers' counters (:class:`~lightning_per.replay.ingress.IngressStats`: rows written, ingested,
+        dropped, pending; seconds blocked)."""
+        return self._ingress.stats()
+
+    def close_writers(self) -> None:
+        """Close every writer handle (their next write raises ValueError) and free their rings; batches not
+        ingested yet are lost (call :meth:`ingest` first)."""
+        self._ingress.close()
+
+    def __repr__(self) -> str:
+        return _with_ingress(self, super().__repr__())
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
         """A batch ``[B]`` on the device with ``"index"`` and ``"priority_weight"`` (TorchRL's keys).
@@ -311,8 +407,10 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         tracking this takes a direct path (:meth:`GPUPrioritizedSampler.sample_gather`: one fused sample +
         gather with a packed storage), which skips TorchRL's generic machinery (its locks, collate, info
         re-packing) on the hot path; otherwise it defers to TorchRL's ``sample``. ``return_info=True`` also
-        returns the info dict.
+        returns the info dict. Batches of writer handles that are ready are ingested first (:meth:`ingest`).
         """
+        if self._ingress.active:
+            _ingest(self)
         if not (self._direct_sample and include_info is None and not len(self._transform)
                 and isinstance(self._storage, GPUTensorStorage)
                 and self._storage.layout != "torchrl"):  # items in our ring, not in TorchRL's layout
@@ -395,7 +493,33 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
 
 class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
-    """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling)."""
+    """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling) and writers of other
+    processes (``backpressure``, ``backpressure_timeout``: as :class:`GPUPrioritizedReplayBuffer`'s)."""
+
+    def __init__(self, *, backpressure: str = "block", backpressure_timeout: float = 30.0, **kwargs) -> None:
+        ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
+        super().__init__(**kwargs)
+        self._ingress = ingress
+
+    def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
+        """As :meth:`GPUPrioritizedReplayBuffer.writer_handle` (priorities given by writers are ignored)."""
+        return _writer_handle(self, example, slots, rows)
+
+    def ingest(self) -> int:
+        """As :meth:`GPUPrioritizedReplayBuffer.ingest`."""
+        return _ingest(self)
+
+    @property
+    def ingress_stats(self) -> IngressStats:
+        """As :attr:`GPUPrioritizedReplayBuffer.ingress_stats`."""
+        return self._ingress.stats()
+
+    def close_writers(self) -> None:
+        """As :meth:`GPUPrioritizedReplayBuffer.close_writers`."""
+        self._ingress.close()
+
+    def __repr__(self) -> str:
+        return _with_ingress(self, super().__repr__())
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
@@ -411,9 +535,12 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
         """TorchRL's ``sample``; a given ``batch_size`` is checked first (an int >= 1: ValueError otherwise,
-        before TorchRL's warning about a batch size differing from the buffer's)."""
+        before TorchRL's warning about a batch size differing from the buffer's), after ingesting the writers' ready
+        batches (:meth:`ingest`)."""
         if batch_size is not None:
             check_batch_size(batch_size)
+        if self._ingress.active:
+            _ingest(self)
         return super().sample(batch_size, return_info=return_info, include_info=include_info)
 
     def update_priority(self, index, priority) -> None:

@@ -37,8 +37,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        eps: float = 1e-6, generator: torch.Generator | None = None,
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
                        frame_stack: int | None = None, frames: int | None = None, pinned_host: bool = False,
-                       frame_keys: tuple[Any, Any] = _FRAME_KEYS,
-                       **sampler_kwargs) -> TensorDictReplayBuffer:
+                       frame_keys: tuple[Any, Any] = _FRAME_KEYS, backpressure: str = "block",
+                       backpressure_timeout: float = 30.0, **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
     Args:
@@ -62,6 +62,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         pinned_host: keep the transitions in page-locked host memory
             (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
             ``device``): for buffers larger than the GPU.
+        backpressure, backpressure_timeout: what a writer of another process (``rb.writer_handle()``) does when
+            its ring is full: ``"block"`` up to the timeout (seconds), or ``"drop_oldest"``.
         **sampler_kwargs: ``stratified``, ``shuffle_strata``, ``weight_normalization``, ``sort_every``,
             ``backend``, ``seed``, ``eager_graphs``, ``reduction`` (TorchRL's, over a stored item's extra dims;
             default ``"max"``); ``"uniform"`` takes ``seed`` and ``eager_graphs`` only; for the slice samplers
@@ -122,9 +124,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler='slice'; "
                             f"its options are {options}")
         slicer = build_sampler(GPUSliceSampler, capacity, device, **sampler_kwargs)
-        slicer._slice_shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
+        slicer.index.slice_shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
         return _GPUUniformReplayBuffer(storage=storage, sampler=slicer, writer=GPURoundRobinWriter(),
-                                       batch_size=batch_size, generator=generator, priority_key=priority_key)
+                                       batch_size=batch_size, generator=generator, priority_key=priority_key,
+                                       backpressure=backpressure, backpressure_timeout=backpressure_timeout)
     if sampler == "uniform":
         unknown = sorted(set(sampler_kwargs) - {"seed", "eager_graphs"})
         if unknown:
@@ -136,7 +139,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         rb = _GPUUniformReplayBuffer(storage=storage, sampler=build_sampler(GPURandomSampler, capacity, device,
                                                                             seed=seed),
                                      writer=GPURoundRobinWriter(), batch_size=batch_size,
-                                     generator=generator, priority_key=priority_key)
+                                     generator=generator, priority_key=priority_key,
+                                     backpressure=backpressure, backpressure_timeout=backpressure_timeout)
         return rb
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be 'proportional', 'rank', 'uniform', 'slice' or 'prioritized_slice', "
@@ -149,9 +153,10 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     reduction = sampler_kwargs.pop("reduction", "max")  # the buffer's own argument (it reduces before the sampler)
     rb = GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
                                     sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
-                                    generator=generator, priority_key=priority_key, reduction=reduction)
+                                    generator=generator, priority_key=priority_key, reduction=reduction,
+                                    backpressure=backpressure, backpressure_timeout=backpressure_timeout)
     if sampler == "prioritized_slice":
-        buffer_parts(rb).sampler._slice_shape(batch_size)  # as for "slice": the batch must split into slices
+        buffer_parts(rb).sampler.index.slice_shape(batch_size)  # as for "slice": the batch must split into slices
     return rb
 
 

@@ -1,0 +1,588 @@
+"""Many writers, one owner: shared-memory ingress rings that other processes of the host write transitions into.
+
+Topology. The process that owns a replay buffer keeps its storage, priorities and write cursor. It hands out
+:class:`WriterHandle` s (``rb.writer_handle(...)``): small picklable objects that name one ingress ring in shared
+memory (``multiprocessing.shared_memory``) and the buffer's fixed layout (keys, per-item shapes, dtypes). A writer
+process calls :meth:`WriterHandle.write` with a batch; the owner moves every ready batch of every ring into the
+buffer with ``rb.ingest()`` (also run by ``rb.sample()``), one ``extend`` of all of them together.
+
+One ring per handle (per-writer sub-rings): each ring has one producer (the process writing through its handle)
+and one consumer (the owner), so no slot is ever claimed by two processes and no cross-process atomic is needed.
+A handle is written by one process (one thread) at a time; a second live process writing through the same ring
+is refused (:class:`ValueError` naming its pid). Make one handle per writer process.
+
+A ring holds ``slots`` slots of up to ``rows`` transitions each; a batch larger than ``rows`` takes several slots.
+Each slot has a sequence word ``seq``; for the writer's ticket ``t`` (its ``t``-th slot write, slot ``t % slots``)::
+
+    4 t        free for ticket t            (the owner consumed ticket t - slots, or never used)
+    4 t + 1    ticket t being written       (a writer killed here leaves this: never visible)
+    4 t + 2    ticket t ready               (written LAST, after the rows, priorities, count)
+
+The owner consumes ticket ``r`` only when its word reads ``4 r + 2``, copies the rows, reads the word again (a
+seqlock: a word that changed meanwhile means the writer reclaimed the slot, and the copy is discarded), then
+frees the slot (``4 (r + slots)``). A writer killed mid-write leaves ``4 t + 1``: nothing torn becomes visible,
+and the next process writing through the same handle reclaims the slot (it resumes at ticket ``t``, whose word it
+owns). Ordering assumption: the aligned 8-byte stores of the words are ordered after the row stores, and the
+owner's loads in program order, as on x86-64 (TSO); weakly ordered hosts (aarch64) need explicit fences, not
+built yet.
+
+Backpressure (the buffer's ``backpressure`` argument): ``"block"`` (a writer facing a full ring waits, up to
+``backpressure_timeout`` seconds, then raises :class:`TimeoutError`) or ``"drop_oldest"`` (it reclaims the oldest
+pending slot of its ring; the owner counts those rows as dropped). Counters (:class:`IngressStats`): rows
+written, ingested, dropped, pending, and seconds writers spent blocked.
+
+Page-locked rings and an asynchronous copy on a side stream for owners on CUDA are a later step: here the owner
+copies ready rows into a host staging batch and extends the buffer with it (one host-to-device copy per ingest on
+CUDA). A writer never touches ``torch.cuda``: unpickling a handle and writing through it create no CUDA context.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["BACKPRESSURE", "IngressLayout", "IngressStats", "SharedIngress", "WriterHandle"]
+
+#: the backpressure policies of a buffer's ingress (see the module docstring)
+BACKPRESSURE = ("block", "drop_oldest")
+
+_MAGIC = 0x4C50_4552_494E_4731  # "LPERING1": a ring of this module's format
+# header words (int64), who writes them
+_H_MAGIC, _H_CLOSED, _H_TICKET, _H_WRITTEN, _H_BLOCKED_NS, _H_PID = range(6)  # -, owner, writer x4
+_HEADER_WORDS = 8
+_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class IngressLayout:
+    """The fixed layout of the transitions a buffer's writers send: flat keys with per-item shapes and dtypes.
+
+    Attributes:
+        fields: ``((key, per-item shape, dtype), ...)`` in the example's key order.
+    """
+
+    fields: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+    @classmethod
+    def of(cls, example: TensorDictBase | Mapping[str, Any]) -> IngressLayout:
+        """The layout of ``example``: a TensorDict ``[n]`` or a mapping of ``(n, ...)`` tensors (flat string keys).
+
+        Raises:
+            TypeError: ``example`` is not a TensorDict or mapping, or holds a value that is not a tensor.
+            ValueError: nested or non-string keys, no key, or a TensorDict with other than one batch dimension.
+        """
+        if isinstance(example, TensorDictBase):
+            if example.batch_dims != 1:
+                raise ValueError(f"example must be a TensorDict with one batch dimension [n], got batch_size "
+                                 f"{tuple(example.batch_size)}")
+            items = list(example.items(include_nested=True, leaves_only=True))
+        elif isinstance(example, Mapping):
+            items = list(example.items())
+        else:
+            raise TypeError(f"example must be a TensorDict [n] or a mapping of (n, ...) tensors, got "
+                            f"{type(example).__name__}")
+        if not items:
+            raise ValueError("example holds no key: the writers' layout needs at least one field")
+        fields = []
+        for key, value in items:
+            if not isinstance(key, str):
+                raise ValueError(f"example key {key!r}: writers send flat string keys only (nested keys are not "
+                                 f"supported by the ingress)")
+            if not isinstance(value, torch.Tensor) or value.ndim < 1:
+                raise TypeError(f"example[{key!r}] must be a tensor (n, ...), got {type(value).__name__}")
+            fields.append((key, tuple(value.shape[1:]), value.dtype))
+        return cls(tuple(fields))
+
+    def row_bytes(self) -> int:
+        """Bytes of one transition (all fields), excluding its priority."""
+        return sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self.fields)
+
+
+@dataclass(frozen=True)
+class IngressStats:
+    """Counters of a buffer's ingress, in transitions (rows) except ``blocked_s``.
+
+    ``written == ingested + dropped + pending`` at every read. ``written`` counts rows whose ready flag was set;
+    ``dropped`` rows a ``"drop_oldest"`` writer reclaimed before the owner ingested them (counted when the owner
+    passes them); ``blocked_s`` the seconds ``"block"`` writers spent waiting for a free slot.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from lightning_per import make_replay_buffer
+        >>> rb = make_replay_buffer(100, 4, device="cpu", backpressure="drop_oldest")
+        >>> handle = rb.writer_handle(TensorDict({"obs": torch.zeros(1, 2)}, [1]), slots=1, rows=4)
+        >>> for _ in range(3):  # one slot, nothing ingested in between: the first two batches are dropped
+        ...     _ = handle.write({"obs": torch.ones(4, 2)})
+        >>> rb.ingest()
+        4
+        >>> rb.ingress_stats
+        IngressStats(writers=1, written=12, ingested=4, dropped=8, pending=0, blocked_s=0.0)
+        >>> rb.close_writers()
+    """
+
+    writers: int
+    written: int
+    ingested: int
+    dropped: int
+    pending: int
+    blocked_s: float
+
+
+class _RingViews:
+    """Views of one ring's shared memory: header and per-slot words (NumPy int64) and the rows (torch)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, layout: IngressLayout, slots: int, rows: int) -> None:
+        buf = shm.buf
+        off = 0
+
+        def words(count: int) -> np.ndarray:
+            nonlocal off
+            view = np.ndarray((count,), dtype=np.int64, buffer=buf, offset=off)
+            off = _aligned(off + 8 * count)
+            return view
+
+        self.header = words(_HEADER_WORDS)
+        self.seq, self.count, self.cumulative, self.has_priority = (words(slots) for _ in range(4))
+        raw = torch.frombuffer(buf, dtype=torch.uint8)
+
+        def block(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            nonlocal off
+            nbytes = slots * rows * math.prod(shape) * dtype.itemsize
+            view = raw[off:off + nbytes].view(dtype).view(slots, rows, *shape)
+            off = _aligned(off + nbytes)
+            return view
+
+        self.priority = block((), torch.float32)  # (slots, rows) float32
+        self.fields = {key: block(shape, dtype) for key, shape, dtype in layout.fields}  # (slots, rows, *shape)
+
+    @staticmethod
+    def nbytes(layout: IngressLayout, slots: int, rows: int) -> int:
+        total = _aligned(8 * _HEADER_WORDS) + 4 * _aligned(8 * slots) + _aligned(4 * slots * rows)
+        return total + sum(_aligned(slots * rows * math.prod(s) * d.itemsize) for _, s, d in layout.fields)
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """The ring ``name`` mapped into this process. Attaching registers the name with the resource tracker that a
+    process started by the owner shares with it; the owner alone unlinks it (:meth:`SharedIngress.close`)."""
+    try:
+        return shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        raise ValueError(f"writer handle: its ingress ring {name!r} is gone: the buffer that made this handle is "
+                         f"closed (close_writers() or the owner process ended); nothing was written") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WriterHandle:
+    """A picklable handle through which one process of the owner's host writes transitions into its buffer.
+
+    Made by ``rb.writer_handle(...)``; pass it to a writer process (a ``Process`` argument, a queue item). It holds
+    the ring's name, the layout and the backpressure settings, and maps the ring on its first write.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from lightning_per import make_replay_buffer
+        >>> rb = make_replay_buffer(100, 4, device="cpu")
+        >>> handle = rb.writer_handle(TensorDict({"obs": torch.zeros(1, 3)}, [1]), slots=2, rows=8)
+        >>> handle.write(TensorDict({"obs": torch.ones(5, 3)}, [5]), priority=torch.full((5,), 2.0))  # in any process
+        5
+        >>> rb.ingest(), len(rb)
+        (5, 5)
+        >>> handle.write({"obs": torch.ones(2, 4)})
+        Traceback (most recent call last):
+        ...
+        ValueError: write: batch['obs'] has per-item shape (4,), the buffer's layout holds (3,) (nothing was written)
+        >>> rb.close_writers()
+    """
+
+    def __init__(self, name: str, layout: IngressLayout, slots: int, rows: int, backpressure: str,
+                 timeout: float) -> None:
+        self.name, self.layout, self.slots, self.rows = name, layout, slots, rows
+        self.backpressure, self.timeout = backpressure, timeout
+        self._shm: shared_memory.SharedMemory | None = None
+        self._views: _RingViews | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "layout": self.layout, "slots": self.slots, "rows": self.rows,
+                "backpressure": self.backpressure, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+    def __repr__(self) -> str:
+        keys = [key for key, _, _ in self.layout.fields]
+        return (f"WriterHandle(ring={self.name!r}, keys={keys}, slots={self.slots}, rows={self.rows}, "
+                f"backpressure={self.backpressure!r}, timeout={self.timeout})")
+
+    # -------------------------------------------------------------------------------------------- checks
+    def _rows_of(self, batch) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(n, {key: (n, *shape) CPU tensor})`` of ``batch`` after checking it against the layout."""
+        if isinstance(batch, TensorDictBase):
+            if batch.batch_dims != 1:
+                raise ValueError(f"write: batch must have one batch dimension [n], got batch_size "
+                                 f"{tuple(batch.batch_size)} (nothing was written)")
+            items = dict(batch.items(include_nested=True, leaves_only=True))
+        elif isinstance(batch, Mapping):
+            items = dict(batch)
+        else:
+            raise TypeError(f"write: batch must be a TensorDict [n] or a mapping of (n, ...) tensors, got "
+                            f"{type(batch).__name__} (nothing was written)")
+        expected = [key for key, _, _ in self.layout.fields]
+        for key in expected:
+            if key not in items:
+                raise ValueError(f"write: batch is missing key {key!r}; the buffer's layout holds {expected} "
+                                 f"(nothing was written)")
+        extra = [key for key in items if key not in expected]
+        if extra:
+            raise ValueError(f"write: batch has key {extra[0]!r} that the buffer's layout does not hold; it holds "
+                             f"{expected} (nothing was written)")
+        n = None
+        out = {}
+        for key, shape, dtype in self.layout.fields:
+            value = items[key]
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(value)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"write: batch[{key!r}] must be a tensor, got {type(value).__name__} "
+                                f"(nothing was written)")
+            if value.device.type != "cpu":
+                raise ValueError(f"write: batch[{key!r}] is on {value.device}; writers send CPU tensors (the owner "
+                                 f"moves them to its device) (nothing was written)")
+            if value.dtype != dtype:
+                raise TypeError(f"write: batch[{key!r}] has dtype {value.dtype}, the buffer's layout holds {dtype} "
+                                f"(nothing was written)")
+            if value.ndim < 1 or tuple(value.shape[1:]) != shape:
+                raise ValueError(f"write: batch[{key!r}] has per-item shape {tuple(value.shape[1:])}, the buffer's "
+                                 f"layout holds {shape} (nothing was written)")
+            if n is None:
+                n = value.shape[0]
+            elif value.shape[0] != n:
+                raise ValueError(f"write: batch[{key!r}] holds {value.shape[0]} transitions, batch[{expected[0]!r}] "
+                                 f"{n} (nothing was written)")
+            out[key] = value
+        return n, out
+
+    @staticmethod
+    def _priority_of(priority, n: int) -> torch.Tensor | None:
+        """``priority`` as ``(n,) float32`` CPU after checking it (None for None)."""
+        if priority is None:
+            return None
+        if isinstance(priority, np.ndarray):
+            priority = torch.from_numpy(priority)
+        elif not isinstance(priority, torch.Tensor):
+            priority = torch.as_tensor(priority)
+        if priority.dtype == torch.bool or priority.is_complex():
+            raise TypeError(f"write: priority must hold real numbers, got dtype {priority.dtype} "
+                            f"(nothing was written)")
+        if priority.device.type != "cpu":
+            raise ValueError(f"write: priority is on {priority.device}; writers send CPU tensors "
+                             f"(nothing was written)")
+        if priority.ndim != 1 or priority.shape[0] != n:
+            raise ValueError(f"write: priority must have shape ({n},), one value per transition of the batch, got "
+                             f"{tuple(priority.shape)} (nothing was written)")
+        priority = priority.to(torch.float32)
+        bad = ~(torch.isfinite(priority) & (priority >= 0))
+        if bool(bad.any()):  # sync-ok: a writer's host tensor
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"write: priority must be finite and >= 0, got priority[{i}] = {float(priority[i])} "
+                             f"(nothing was written)")
+        return priority
+
+    # -------------------------------------------------------------------------------------------- writing
+    def _ring(self) -> _RingViews:
+        if self._views is None:
+            self._shm = _attach(self.name)
+            self._views = _RingViews(self._shm, self.layout, self.slots, self.rows)
+        views = self._views
+        if views.header[_H_CLOSED]:
+            raise ValueError(f"writer handle {self.name!r}: the buffer that made this handle is closed "
+                             f"(close_writers() or the owner process ended); nothing was written")
+        pid, me = int(views.header[_H_PID]), os.getpid()
+        if pid != me:
+            if pid and _pid_alive(pid):
+                raise ValueError(f"writer handle {self.name!r} is already written by process {pid}: one process "
+                                 f"writes through a handle; make one rb.writer_handle(...) per writer process "
+                                 f"(nothing was written)")
+            views.header[_H_PID] = me
+        return views
+
+    def write(self, batch: TensorDictBase | Mapping[str, Any], priority=None) -> int:
+        """Write ``batch`` (``n`` transitions) into the ring; returns ``n``.
+
+        Args:
+            batch: a TensorDict ``[n]`` or a mapping of CPU tensors (or NumPy arrays) ``(n, *shape)`` with exactly
+                the layout's keys, per-item shapes and dtypes.
+            priority: optional raw priorities ``(n,)`` (real, finite, >= 0; stored as float32), set by the owner
+                at ingest; without them the transitions get the buffer's default (running max) priority.
+
+        Raises:
+            TypeError: ``batch`` or a field of another type or dtype; ``priority`` not real.
+            ValueError: a key missing or extra, another per-item shape or row count, a non-CPU tensor, ``priority``
+                of another length or with a NaN, infinite or negative value, the buffer closed, or the ring written
+                by another live process. Nothing is written.
+            TimeoutError: ``"block"`` backpressure and the ring stayed full for ``timeout`` seconds (the slots
+                written before, when the batch spans several, stay written; the message says how many rows).
+        """
+        n, fields = self._rows_of(batch)
+        priority = self._priority_of(priority, n)
+        views = self._ring()
+        for start in range(0, n, self.rows):
+            stop = min(n, start + self.rows)
+            self._write_slot(views, {k: v[start:stop] for k, v in fields.items()},
+                             None if priority is None else priority[start:stop], stop - start, start)
+        return n
+
+    def _write_slot(self, views: _RingViews, fields: dict[str, torch.Tensor], priority: torch.Tensor | None,
+                    n: int, done: int) -> None:
+        """Write one slot's ``n`` rows: wait for (or reclaim) the slot of the next ticket, mark it being written,
+        copy, set the count, then the ready word last."""
+        header, seq, slots = views.header, views.seq, self.slots
+        t = int(header[_H_TICKET])
+        s = t % slots
+        while True:
+            word = int(seq[s])
+            if word == 4 * t + 2:  # published by a writer killed before it advanced the ticket: move on
+                header[_H_WRITTEN] = views.cumulative[s]
+                t += 1
+                header[_H_TICKET] = t
+                s = t % slots
+                continue
+            if word in (4 * t, 4 * t + 1):  # free, or torn by a writer killed mid-write: ours to write
+                break
+            if word != 4 * (t - slots) + 2:
+                raise RuntimeError(f"writer handle {self.name!r}: slot {s} holds word {word}, expected ticket {t}'s "
+                                   f"states; the ring is corrupt")
+            if self.backpressure == "drop_oldest":  # reclaim the oldest pending slot (the owner counts it)
+                break
+            self._wait_free(views, s, 4 * t, done)
+        seq[s] = 4 * t + 1
+        for key, value in fields.items():
+            views.fields[key][s, :n].copy_(value)
+        if priority is not None:
+            views.priority[s, :n].copy_(priority)
+        views.has_priority[s] = priority is not None
+        views.count[s] = n
+        cumulative = int(header[_H_WRITTEN]) + n
+        views.cumulative[s] = cumulative
+        seq[s] = 4 * t + 2  # ready: written last
+        header[_H_WRITTEN] = cumulative
+        header[_H_TICKET] = t + 1
+
+    def _wait_free(self, views: _RingViews, s: int, free: int, done: int) -> None:
+        """Wait until slot ``s`` reads ``free`` (the owner ingested it), up to :attr:`timeout` seconds."""
+        start = time.monotonic()
+        pause = 20e-6
+        try:
+            while int(views.seq[s]) != free:
+                if views.header[_H_CLOSED]:
+                    raise ValueError(f"writer handle {self.name!r}: the buffer that made this handle was closed "
+                                     f"while this write waited ({done} rows of the batch were written before)")
+                waited = time.monotonic() - start
+                if waited >= self.timeout:
+                    raise TimeoutError(f"writer handle {self.name!r}: the ring stayed full for {self.timeout} s "
+                                       f"(backpressure='block'); the owner must call rb.ingest() or rb.sample(). "
+                                       f"{done} rows of this batch were written before, the rest was not")
+                time.sleep(pause)
+                pause = min(2 * pause, 1e-3)
+        finally:
+            views.header[_H_BLOCKED_NS] += int((time.monotonic() - start) * 1e9)
+
+    def close(self) -> None:
+        """Unmap the ring in this process (the owner's buffer is not affected). Writing maps it again."""
+        if self._shm is not None:
+            self._views = None
+            self._shm.close()
+            self._shm = None
+
+
+class _OwnedRing:
+    """The owner's side of one ring: its shared memory, views and consumer state."""
+
+    def __init__(self, layout: IngressLayout, slots: int, rows: int) -> None:
+        self.layout, self.slots, self.rows = layout, slots, rows
+        self.shm = shared_memory.SharedMemory(create=True, size=_RingViews.nbytes(layout, slots, rows))
+        self.views = _RingViews(self.shm, layout, slots, rows)
+        self.views.header[:] = 0
+        self.views.header[_H_MAGIC] = _MAGIC
+        self.views.seq[:] = 4 * np.arange(slots, dtype=np.int64)  # slot s free for ticket s
+        self.next = 0  # next ticket to consume
+        self.accounted = 0  # cumulative written rows through the last ticket consumed
+        self.ingested = 0
+        self.dropped = 0
+
+    def written(self) -> int:
+        # a writer killed between a slot's ready word and its header update: the owner has seen more
+        return max(int(self.views.header[_H_WRITTEN]), self.accounted)
+
+    def drain(self, staging: dict[str, torch.Tensor], priority: torch.Tensor, has_priority: torch.Tensor,
+              offset: int) -> int:
+        """Copy every ready slot, in ticket order, into ``staging`` from row ``offset``; returns the new offset."""
+        views, slots = self.views, self.slots
+        taken = 0  # at most one lap of slots a drain: the ring's share of the staging batch
+        # the tickets the writer had reached when this drain began (reclaimed ones are skipped one by one), plus one lap
+        for _ in range(max(0, int(views.header[_H_TICKET]) - self.next) + slots):
+            if taken == slots:
+                break
+            r = self.next
+            s = r % slots
+            word = int(views.seq[s])
+            if word == 4 * r + 2:
+                n, cumulative = int(views.count[s]), int(views.cumulative[s])
+                flagged = bool(views.has_priority[s])
+                for key, block in views.fields.items():
+                    staging[key][offset:offset + n].copy_(block[s, :n])
+                priority[offset:offset + n].copy_(views.priority[s, :n])
+                has_priority[offset:offset + n] = flagged
+                self.next = r + 1
+                taken += 1
+                if int(views.seq[s]) != word:  # reclaimed by a drop_oldest writer during the copy: discard
+                    continue
+                views.seq[s] = 4 * (r + slots)  # free for the writer's next lap
+                self.dropped += cumulative - n - self.accounted
+                self.ingested += n
+                self.accounted = cumulative
+                offset += n
+            elif word >= 4 * (r + slots) + 1:  # reclaimed by a drop_oldest writer: counted at the next ingest
+                self.next = r + 1
+            else:  # not ready yet (free, or being written)
+                break
+        return offset
+
+    def close(self) -> None:
+        self.views.header[_H_CLOSED] = 1
+        self.views = None
+        self.shm.close()
+        try:
+            self.shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _close_rings(rings: list[_OwnedRing]) -> None:
+    for ring in rings:
+        ring.close()
+    rings.clear()
+
+
+class SharedIngress:
+    """The owner's side of a buffer's writers: its rings, a host staging batch and the counters.
+
+    A buffer holds one (``rb.writer_handle``, ``rb.ingest``, ``rb.ingress_stats``, ``rb.close_writers``
+    delegate to it). Pickling (a copy of the buffer) keeps the settings only: a copy has no writers.
+
+    Args:
+        backpressure: ``"block"`` or ``"drop_oldest"`` (see the module docstring).
+        timeout: seconds a ``"block"`` writer waits for a free slot before :class:`TimeoutError` (> 0).
+
+    Raises:
+        ValueError: an unknown ``backpressure`` or a ``timeout`` that is not a finite number > 0.
+    """
+
+    def __init__(self, backpressure: str = "block", timeout: float = 30.0) -> None:
+        if backpressure not in BACKPRESSURE:
+            raise ValueError(f"backpressure must be one of {list(BACKPRESSURE)}, got {backpressure!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"backpressure_timeout must be a finite number of seconds > 0, got {timeout!r}")
+        self.backpressure, self.timeout = backpressure, float(timeout)
+        self._rings: list[_OwnedRing] = []
+        self._layout: IngressLayout | None = None
+        self._staging: dict[str, torch.Tensor] | None = None
+        self._finalizer = weakref.finalize(self, _close_rings, self._rings)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"backpressure": self.backpressure, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+    @property
+    def active(self) -> bool:
+        """Whether any writer handle is open (``ingest`` has rings to read)."""
+        return bool(self._rings)
+
+    def handle(self, layout: IngressLayout, slots: int, rows: int) -> WriterHandle:
+        """A new ring of ``slots`` x ``rows`` transitions of ``layout`` and its handle.
+
+        Raises:
+            ValueError: ``slots`` or ``rows`` not an int >= 1, or ``layout`` other than the earlier handles'.
+        """
+        for name, value in (("slots", slots), ("rows", rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"writer_handle: {name} must be an int >= 1, got {value!r}")
+        if self._layout is not None and layout != self._layout:
+            raise ValueError(f"writer_handle: the layout {layout.fields} differs from the earlier handles' "
+                             f"{self._layout.fields}; all writers of a buffer send one layout")
+        ring = _OwnedRing(layout, slots, rows)
+        self._layout = layout
+        self._rings.append(ring)
+        self._staging = None  # grows at the next ingest
+        return WriterHandle(ring.shm.name, layout, slots, rows, self.backpressure, self.timeout)
+
+    def drain(self) -> tuple[TensorDict, torch.Tensor, torch.Tensor] | None:
+        """Move every ready slot of every ring into the host staging batch: ``(batch [m], priority (m,) float32,
+        has_priority (m,) bool)``, all on the CPU; None when nothing was ready. The slots are freed."""
+        if not self._rings:
+            return None
+        capacity = sum(ring.slots * ring.rows for ring in self._rings)
+        if self._staging is None:
+            self._staging = {key: torch.empty(capacity, *shape, dtype=dtype)
+                             for key, shape, dtype in self._layout.fields}
+            self._staging_priority = torch.empty(capacity, dtype=torch.float32)
+            self._staging_flag = torch.empty(capacity, dtype=torch.bool)
+        offset = 0
+        for ring in self._rings:
+            offset = ring.drain(self._staging, self._staging_priority, self._staging_flag, offset)
+        if offset == 0:
+            return None
+        batch = TensorDict({key: value[:offset] for key, value in self._staging.items()}, [offset])
+        return batch, self._staging_priority[:offset], self._staging_flag[:offset]
+
+    def stats(self) -> IngressStats:
+        """The counters summed over the rings (rows; ``blocked_s`` in seconds)."""
+        written = ingested = dropped = blocked = 0
+        for ring in self._rings:
+            written += ring.written()
+            ingested += ring.ingested
+            dropped += ring.dropped
+            blocked += int(ring.views.header[_H_BLOCKED_NS])
+        return IngressStats(writers=len(self._rings), written=written, ingested=ingested, dropped=dropped,
+                            pending=written - ingested - dropped, blocked_s=blocked / 1e9)
+
+    def close(self) -> None:
+        """Mark every ring closed (its writers' next write raises ValueError) and free the shared memory. Rows
+        not ingested yet are lost: call ``ingest`` first. The ingress can hand out new handles afterwards."""
+        _close_rings(self._rings)
+        self._layout = None
+        self._staging = None
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"SharedIngress(writers={s.writers}, backpressure={self.backpressure!r}, written={s.written}, "
+                f"ingested={s.ingested}, dropped={s.dropped}, pending={s.pending}, blocked_s={s.blocked_s:.3f})")
