@@ -63,7 +63,7 @@ def test_sample_and_update_capture_in_cuda_graph(rule):
         static["index"], static["w"] = index, info["priority_weight"]
 
     graph = capture(step, sampler.draw_generators(256))
-    valid = sampler._valid[:50_000].clone()
+    valid = sampler.index.valid[:50_000].clone()
     seen = set()
     for _ in range(20):
         graph.replay()
@@ -95,7 +95,7 @@ def test_uniform_sample_captures_in_cuda_graph():
         graph.replay()
         starts.update(static["index"].reshape(256, 16)[:, 0].cpu().tolist())
     assert len(starts) > 1000
-    assert bool(sampler._valid[torch.tensor(sorted(starts), device=dev)].all())
+    assert bool(sampler.index.valid[torch.tensor(sorted(starts), device=dev)].all())
 
 
 def test_capacity_1e8():
@@ -114,7 +114,7 @@ def test_capacity_1e8():
     rb.update_priority(batch["index"], torch.rand(4096, device=dev) + 0.01)
     batch = rb.sample()
     starts = batch["index"].reshape(256, 16)[:, 0]
-    assert bool(rb.sampler._valid[starts].all())
+    assert bool(rb.sampler.index.valid[starts].all())
     steps = (batch["index"].reshape(256, 16).diff(dim=1) % N)
     assert bool((steps == 1).all())  # consecutive slots (strict_length: every slice has 16)
     assert bool((~batch["next", "done"].reshape(256, 16)[:, :-1]).all())  # no end inside a slice

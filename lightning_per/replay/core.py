@@ -41,6 +41,7 @@ from lightning_per.replay import priority
 from lightning_per.replay._rng import SamplerRNG, _fingerprint, check_rng_state
 from lightning_per.replay.errors import check_eps, check_exponent, check_seed
 from lightning_per.replay.priority import PriorityState
+from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
 
 __all__ = ["FUSED_GATHER_MAX_WORDS", "PriorityCore", "SAMPLER_SCHEMA_VERSION", "on_device"]
@@ -264,13 +265,14 @@ class PriorityCore:
         return tuple(out)
 
     def gather_rows(self, storage) -> Tensor | None:
-        """The storage's packed ring when a fused sample + gather can read it (the rule fuses, the storage is
-        packed with flat keys and rows of at most :data:`FUSED_GATHER_MAX_WORDS` words, on this core's device;
-        ``cuda`` stands for the current CUDA device), else None."""
-        if not self.rule.fuses_gather:
+        """The storage's packed ring when a fused sample + gather can read it (the rule fuses, the storage is a
+        :class:`~lightning_per.replay.GPUTensorStorage` packed with flat keys and rows of at most
+        :data:`FUSED_GATHER_MAX_WORDS` words, on this core's device; ``cuda`` stands for the current CUDA device),
+        else None."""
+        if not (self.rule.fuses_gather and isinstance(storage, GPUTensorStorage)):
             return None
-        rows = getattr(storage, "gather_rows", None)
-        if rows is None or not hasattr(storage, "rows_to_batch"):
+        rows = storage.gather_rows
+        if rows is None:  # not packed
             return None
         if rows.shape[1] > FUSED_GATHER_MAX_WORDS:  # wide rows (pixels): a separate gather spreads each row
             return None                             # over many thread blocks; one program per row would not

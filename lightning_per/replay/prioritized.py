@@ -21,20 +21,18 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.replay import priority, sampler_checkpoint
-from lightning_per.replay.core import SAMPLER_SCHEMA_VERSION, PriorityCore, on_device
-from lightning_per.replay.errors import (
-    check_bool,
-    check_capacity,
-    check_draw,
-    check_index,
-    check_index_priority,
-    check_kind,
+from lightning_per.replay.adapter import (
+    checked_update,
+    draw,
+    draw_gather,
+    dump,
+    mark_written,
+    mask_slots,
+    max_priority,
+    new_core,
 )
-from lightning_per.replay.rows import set_all
+from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.rules import Proportional
-from lightning_per.replay.slots import flat_slots, skip_unkept, unravel, written_slots
-from lightning_per.replay.storage import GPUTensorStorage, resolve_device
-from lightning_per.schema import stamp
 
 __all__ = ["GPUPrioritizedSampler"]
 
@@ -119,19 +117,15 @@ class GPUPrioritizedSampler(PrioritizedSampler):
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
                  dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True,
                  max_priority_within_buffer: bool = False, shuffle_strata: bool = True, rule=None) -> None:
-        check_capacity("max_capacity", max_capacity)
-        for name, flag in (("stratified", stratified), ("shuffle_strata", shuffle_strata),
-                           ("eager_graphs", eager_graphs), ("max_priority_within_buffer", max_priority_within_buffer)):
-            check_bool(name, flag)
-        if dtype != torch.float32:
-            raise ValueError(f"dtype: priorities are stored in float32 (sums in float64), got {dtype}")
+        check_bool("stratified", stratified)
+        check_bool("shuffle_strata", shuffle_strata)
         if rule is None:
             rule = Proportional(stratified, shuffle_strata, weight_normalization)
         self.reduction, self.dtype = reduction, dtype
         #: priorities, draws, IS weights and the random streams (:class:`~lightning_per.replay.core.PriorityCore`)
-        self.core = PriorityCore(max_capacity, alpha=alpha, beta=beta, eps=eps, rule=rule,
-                                 device=resolve_device(device), backend=backend, seed=seed, eager_graphs=eager_graphs,
-                                 max_within_buffer=max_priority_within_buffer, owner=type(self).__name__)
+        self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
+                             seed=seed, dtype=dtype, eager_graphs=eager_graphs,
+                             max_priority_within_buffer=max_priority_within_buffer)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / ``copy.deepcopy`` state (also what a ``spawn``ed process receives): the attributes, the core
@@ -195,10 +189,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
     def _max_priority(self) -> tuple[Tensor | None, None]:
         """TorchRL's private ``(max raw priority, its slot)`` pair: ``(0-d float32 tensor, None)``, or ``(None,
         None)`` before any priority was written. Reads the device (a diagnostic); the slot is not tracked."""
-        max_raw = self.core.state.max_raw
-        if bool(torch.isinf(max_raw)):  # sync-ok: a diagnostic accessor
-            return None, None
-        return max_raw.clone(), None
+        return max_priority(self.core)
 
     @property
     def clamped_priority_count(self) -> Tensor:
@@ -243,18 +234,6 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         return self.core.probabilities()
 
     # ------------------------------------------------------------------ TorchRL's calls
-    def _filled(self, storage) -> int:
-        """``len(storage)`` (the capacity without one), refused when the storage holds more than the sampler has
-        slots for (e.g. a sampler of 5 under ``TensorDictReplayBuffer``'s default ``ListStorage(1000)``)."""
-        cap = self.core.capacity
-        if storage is None:
-            return cap
-        n = len(storage)
-        if n > cap:
-            raise ValueError(f"the storage holds {n} items but {type(self).__name__} has max_capacity={cap} slots: "
-                             f"give the sampler the storage's max_size ({getattr(storage, 'max_size', n)})")
-        return n
-
     def update_priority(self, index, priority, *, storage=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
 
@@ -273,47 +252,16 @@ class GPUPrioritizedSampler(PrioritizedSampler):
             ValueError: ``priority`` shape does not match ``index``.
             IndexError: a host-side index outside ``[0, len(storage))``.
         """
-        if isinstance(priority, Tensor) and priority.requires_grad and torch.is_grad_enabled():
-            with torch.no_grad():  # the stored priorities never join an autograd graph
-                return self.update_priority(index, priority, storage=storage)
-        core = self.core
-        n_valid = self._filled(storage)
-        if n_valid < core.capacity and isinstance(index, Tensor) and index.is_cuda and (
-                torch.cuda.is_current_stream_capturing()):
-            n_valid = core.capacity  # a graph would freeze len(storage); captured slots come from the sampler
-        index, priority = check_index_priority(flat_slots(index, storage), priority, n_valid)
-        self._store(core.keep_valid(on_device(index, core.device)), on_device(priority, core.device), n_valid)
-
-    def _store(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        """Write checked raw priorities ``raw`` at slots ``index`` (both ``(B,)`` on :attr:`device`)."""
-        self.core.write(index, raw, n_valid)
+        with torch.no_grad():  # the stored priorities never join an autograd graph
+            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__))
 
     def mark_update(self, index, *, storage=None) -> None:
-        """Give slots ``index`` (just written) the default priority (the running max); then, when ``storage``
-        has a device ``slot_valid`` mask (:class:`~lightning_per.replay.frames.FrameStackStorage`), take the
-        probability mass of every slot it marks invalid (:meth:`mask_slots`). Host-side ``-1`` entries (items a
-        writer did not keep) are skipped, as TorchRL's sampler does."""
-        n_valid = self._filled(storage)
-        index = check_index(skip_unkept(written_slots(index, storage)), n_valid)
-        self.core.mark(on_device(index, self.core.device), n_valid)
-        valid = getattr(storage, "slot_valid", None)
-        if valid is not None:
-            self.mask_slots(valid)
+        """Give slots ``index`` (just written) the default priority (:func:`mark_written`)."""
+        mark_written(self.core, index, storage, type(self).__name__)
 
     def mask_slots(self, valid: Tensor) -> None:
-        """Zero the stored priority of every slot where ``valid`` ``(max_capacity,) bool`` (on :attr:`device`) is
-        False, so no draw returns it; later :meth:`update_priority` calls skip those slots (counted in
-        :attr:`dropped_index_count`). One O(N) pass on the device; ``valid`` is kept by reference.
-
-        Raises:
-            ValueError: ``valid`` is not a ``(max_capacity,) bool`` tensor on :attr:`device`.
-        """
-        cap, device = self.core.capacity, self.core.device
-        if not (isinstance(valid, Tensor) and valid.dtype == torch.bool and valid.shape == (cap,)
-                and valid.device.type == device.type):
-            raise ValueError(f"valid must be a ({cap},) bool tensor on {device}, got "
-                             f"{getattr(valid, 'dtype', type(valid).__name__)} {tuple(getattr(valid, 'shape', ()))}")
-        self.core.mask(valid)
+        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
+        mask_slots(self.core, valid)
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None
@@ -329,9 +277,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
             ValueError: ``batch_size`` is not an int >= 1.
             EmptyBufferError (a ValueError and RuntimeError): the storage is empty.
         """
-        check_draw(storage, batch_size)
-        index, weight = self.core.sample(batch_size, len(storage))
-        return unravel(index, storage), {"priority_weight": weight}
+        return draw(self.core, storage, batch_size)
 
     def sample_gather(self, storage, batch_size: int, *,
                       with_info: bool = False) -> tuple[Tensor, dict[str, Tensor], Any]:
@@ -345,17 +291,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         Raises:
             As :meth:`sample`.
         """
-        rows = self.core.gather_rows(storage)
-        if rows is None:
-            index, info = self.sample(storage, batch_size)
-            extra = {"index": index, "priority_weight": info["priority_weight"]} if with_info else None
-            if isinstance(storage, GPUTensorStorage):  # the batch built once, with the extra keys
-                return index, info, storage.read(index, extra)
-            return index, info, set_all(storage.get(index), extra)
-        check_draw(storage, batch_size)
-        block, index, weight = self.core.sample(batch_size, len(storage), rows)
-        extra = {"index": index, "priority_weight": weight} if with_info else None
-        return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
+        return draw_gather(self.core, storage, batch_size, with_info)
 
     # ------------------------------------------------------------------ persistence
     def _empty(self) -> None:
@@ -380,11 +316,8 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         self.core.load_state_dict(state_dict)
 
     def dumps(self, path) -> None:
-        """Write the state to ``path/sampler.pt`` + a JSON summary (:func:`sampler_checkpoint.dump`)."""
-        state = self.state_dict()
-        summary = stamp({k: state[k] for k in ("kind", "alpha", "beta", "eps", "max_capacity")}, "sampler",
-                        SAMPLER_SCHEMA_VERSION)
-        sampler_checkpoint.dump(path, state, summary)
+        """Write the state to ``path/sampler.pt`` + a JSON summary (:func:`dump`)."""
+        dump(self.state_dict(), path)
 
     def loads(self, path) -> None:
         self.load_state_dict(sampler_checkpoint.load(path, self.core.device))

@@ -13,11 +13,25 @@ reflected at the next draw).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ops import rank_weights
-from lightning_per.replay.prioritized import GPUPrioritizedSampler
+from lightning_per.replay import priority, sampler_checkpoint
+from lightning_per.replay.adapter import (
+    checked_update,
+    draw,
+    draw_gather,
+    dump,
+    mark_written,
+    mask_slots,
+    max_priority,
+    new_core,
+)
+from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.priority import PriorityState
 from lightning_per.replay.rules import generator_uniforms
 
@@ -128,9 +142,10 @@ def rank_sample(ops, state: PriorityState, index: RankIndex, u: Tensor, n: int, 
     return ops.rank_sample(u, index.cdf, index.order, n, state.alpha, state.beta, stratified, weight_normalization)
 
 
-class GPURankBasedSampler(GPUPrioritizedSampler):
-    """Rank-based prioritized sampler (see module docstring); same contract as
-    :class:`~lightning_per.replay.GPUPrioritizedSampler`, plus:
+class GPURankBasedSampler(PrioritizedSampler):
+    """Rank-based prioritized sampler (see module docstring): the contract of
+    :class:`~lightning_per.replay.GPUPrioritizedSampler` (its arguments, properties and methods) with the draw rule
+    :class:`RankIndex`, plus:
 
     Args:
         sort_every: refresh the ranking after this many priority updates (1 = always exact; larger
@@ -141,7 +156,7 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
     temporary and the sort's scratch during each re-sort.
 
     Raises:
-        ValueError: ``sort_every`` < 1 (and the base class's checks).
+        ValueError: ``sort_every`` < 1 (and :class:`~lightning_per.replay.GPUPrioritizedSampler`'s checks).
 
     Example::
 
@@ -163,27 +178,114 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
     """
 
     def __init__(self, max_capacity: int, alpha: float, beta: float, eps: float = 1e-8, *,
-                 sort_every: int = 1, stratified: bool = True, shuffle_strata: bool = True,
-                 weight_normalization: str = "buffer", **kwargs) -> None:
+                 device: torch.device | str | None = None, sort_every: int = 1, stratified: bool = True,
+                 shuffle_strata: bool = True, weight_normalization: str = "buffer", backend: str = "auto",
+                 seed: int | None = None, dtype: torch.dtype = torch.float32, reduction: str = "max",
+                 eager_graphs: bool = True, max_priority_within_buffer: bool = False) -> None:
+        check_bool("stratified", stratified)
+        check_bool("shuffle_strata", shuffle_strata)
         rule = RankIndex(sort_every=sort_every, stratified=stratified, shuffle_strata=shuffle_strata,
                          weight_normalization=weight_normalization)
-        super().__init__(max_capacity, alpha, beta, eps, stratified=stratified, shuffle_strata=shuffle_strata,
-                         weight_normalization=weight_normalization, rule=rule, **kwargs)
+        self.reduction, self.dtype = reduction, dtype
+        #: priorities, the ranking (``core.rule``), draws, IS weights and the random streams
+        self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
+                             seed=seed, dtype=dtype, eager_graphs=eager_graphs,
+                             max_priority_within_buffer=max_priority_within_buffer)
         rule.allocate(max_capacity, self.core.alpha, self.core.device)  # its tensors exist from the start
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: the attributes, the core pickling itself (TorchRL's refuses to)."""
+        return self.__dict__.copy()
+
+    def __repr__(self) -> str:
+        c = self.core
+        return (f"{type(self).__name__}(max_capacity={c.capacity}, alpha={c.alpha}, beta={c.beta}, "
+                f"eps={c.state.eps}, sort_every={c.rule.sort_every}, device={c.device}, block={c.block})")
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self.core.rng.buffer
+
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self.core.rng.attach(generator)
+        self.core.follow()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampler's own generator on :attr:`device` (what a CUDA graph of its draws registers)."""
+        return self.core.rng.generator
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @property
+    def max_size(self) -> int:
+        return self.core.capacity
+
+    @property
+    def alpha(self) -> float:
+        """Priority exponent; setting it re-transforms every stored value exactly, O(N) on the device."""
+        return self.core.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self.core.set_alpha(value)
+
+    @property
+    def beta(self) -> float:
+        """IS-weight exponent, also held in a device scalar that captured CUDA graphs read."""
+        return self.core.beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self.core.set_beta(value)
+
+    @property
+    def default_priority(self) -> Tensor:
+        """Raw priority given to new items: the running max (1.0 before any update), 0-d float32."""
+        return priority.default_priority(self.core.state.max_raw)
+
+    @property
+    def _max_priority(self) -> tuple[Tensor | None, None]:
+        return max_priority(self.core)
+
+    @property
+    def clamped_priority_count(self) -> Tensor:
+        """0-d int64 device tensor: priorities received that were clamped (``state.n_clamped``)."""
+        return self.core.state.n_clamped
+
+    @property
+    def dropped_index_count(self) -> Tensor:
+        """0-d int64 device tensor: device-side indices that were ignored (``state.n_dropped``)."""
+        return self.core.state.n_dropped
+
+    def device_state(self) -> list[Tensor]:
+        """The device tensors draws read and writes change (:meth:`PriorityState.tensors`)."""
+        return list(self.core.state.tensors())
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """The state of every random stream the draws use (:meth:`PriorityCore.get_rng_state`)."""
+        return self.core.get_rng_state()
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result (raises as :meth:`PriorityCore.set_rng_state`)."""
+        self.core.set_rng_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator and the compiled draws' counters (raises TypeError / ValueError for a bad seed)."""
+        self.core.manual_seed(seed)
+
+    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
+        """The generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`)."""
+        return self.core.draw_generators(batch_size)
 
     def capture_problem(self, storage) -> str | None:
         """Why a CUDA graph cannot record this sampler's draws (:class:`lightning_per.graphs.CapturableSampler`)."""
         return (f"{type(self).__name__} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
                 f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
                 f"the batch as the step's input)")
-
-    def mark_update(self, index, *, storage=None) -> None:
-        super().mark_update(index, storage=storage)
-        self.core.rule.stale = True
-
-    def _empty(self) -> None:
-        super()._empty()
-        self.core.rule.stale = True
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
@@ -198,11 +300,55 @@ class GPURankBasedSampler(GPUPrioritizedSampler):
         p[ranks.order[:n]] = w / w.sum()
         return p
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["sort_every"] = self.core.rule.sort_every
-        return state
+    # ------------------------------------------------------------------ TorchRL's calls
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        """As :meth:`GPUPrioritizedSampler.update_priority` (raises the same)."""
+        with torch.no_grad():  # the stored priorities never join an autograd graph
+            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__))
 
-    def load_state_dict(self, state_dict) -> None:
-        super().load_state_dict(state_dict)
+    def mark_update(self, index, *, storage=None) -> None:
+        """New slots get the default priority (:func:`mark_written`); the ranking is re-sorted at the next draw."""
+        mark_written(self.core, index, storage, type(self).__name__)
         self.core.rule.stale = True
+
+    def mask_slots(self, valid: Tensor) -> None:
+        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
+        mask_slots(self.core, valid)
+
+    def add(self, index) -> None:  # new items get their priority through mark_update
+        return None
+
+    def extend(self, index) -> None:
+        return None
+
+    def sample(self, storage, batch_size: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(index, {"priority_weight": w})`` by rank (:func:`draw`; raises the same)."""
+        return draw(self.core, storage, batch_size)
+
+    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
+        """:meth:`sample` and the batch (:func:`draw_gather`)."""
+        return draw_gather(self.core, storage, batch_size, with_info)
+
+    # ------------------------------------------------------------------ persistence
+    def _empty(self) -> None:
+        self.core.reset()
+        self.core.rule.stale = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.core.state_dict(type(self).__name__), "sort_every": self.core.rule.sort_every}
+
+    def check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`GPUPrioritizedSampler.check_state_dict` (raises the same)."""
+        check_kind(state_dict, self)
+        self.core.check_state_dict(state_dict)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_kind(state_dict, self)
+        self.core.load_state_dict(state_dict)
+        self.core.rule.stale = True
+
+    def dumps(self, path) -> None:
+        dump(self.state_dict(), path)
+
+    def loads(self, path) -> None:
+        self.load_state_dict(sampler_checkpoint.load(path, self.core.device))

@@ -31,6 +31,11 @@ its last slot up to ``T`` and the batch marks where each slice ends (TorchRL's `
 ``truncated_key`` is True at each slice's last real step, ``("collector", "mask")`` False on the padding,
 and ``init_key`` (when stored) True at each slice's first step.
 
+This module holds one thing, TorchRL's two slice rules over one :class:`~lightning_per.replay.slice_index.SliceIndex`
+each, and so passes 450 lines: each sampler is one class on its TorchRL base, its state the index and its starts
+rule (:mod:`lightning_per.replay.slice_starts`), and for the prioritized one a
+:class:`~lightning_per.replay.core.PriorityCore` (:mod:`lightning_per.replay.adapter` has its shared steps).
+
 The ring must be written round-robin (consecutive slots, as TorchRL's and our writers do): the sampler reads
 the slots of each write from ``mark_update`` and derives the write head from them, on the device.
 """
@@ -43,29 +48,37 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
 
-from lightning_per.ops import reference, select_backend
-from lightning_per.replay import sampler_checkpoint
+from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay._rng import SamplerRNG, check_rng_state
-from lightning_per.replay.errors import check_capacity, check_exponent, check_index, check_kind
-from lightning_per.replay.prioritized import GPUPrioritizedSampler
-from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
-from lightning_per.replay.slice_ops import reduce_touched
+from lightning_per.replay.adapter import (
+    checked_update,
+    dump,
+    filled,
+    mark_written,
+    mask_slots,
+    max_priority,
+    new_core,
+)
+from lightning_per.replay.errors import check_bool, check_capacity, check_index, check_kind
+from lightning_per.replay.rules import Proportional
+from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex, set_torchrl_attributes, slice_batch
+from lightning_per.replay.slice_starts import PriorityStarts, UniformStarts
 from lightning_per.replay.storage import resolve_device
 from lightning_per.schema import stamp
 
-__all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler", "SLICE_PRIORITY_RULES"]
-
-#: How :class:`GPUPrioritizedSliceSampler` turns transition priorities into a start's priority.
-SLICE_PRIORITY_RULES = ("start", "max")
+__all__ = ["GPUSliceSampler", "GPUPrioritizedSliceSampler"]
 
 
-class GPUSliceSampler(SliceIndex, SliceSampler):
+class GPUSliceSampler(SliceSampler):
     """Uniform slices of trajectories, drawn on ``device``: TorchRL's :class:`~torchrl.data.SliceSampler` rule.
 
     A trajectory uniformly among those with a valid start, then a start uniformly among its valid starts,
     so ``P(s) = 1 / (K n_k)``; the batch holds ``num_slices`` slices of ``T`` consecutive slots, slice after
     slice (``T = slice_len``, or ``batch_size // num_slices``). Subclasses TorchRL's class (``isinstance``
     holds); needs no host scan of the storage per draw (see :mod:`lightning_per.replay.slice`).
+
+    Its state is :attr:`index` (a :class:`~lightning_per.replay.slice_index.SliceIndex` holding the starts rule
+    :class:`~lightning_per.replay.slice_starts.UniformStarts`) and :attr:`rng`.
 
     Args:
         capacity: the storage's ``max_size`` (slots N >= 1).
@@ -112,29 +125,16 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
                  device: torch.device | str | None = None, seed: int | None = None,
                  backend: str = "auto") -> None:
         check_capacity("capacity", capacity)
-        self._device = resolve_device(device)
-        self._init_slices(capacity, num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
-                          traj_key=traj_key, strict_length=strict_length, truncated_key=truncated_key,
-                          init_key=init_key, span=span)
-        self._backend = backend
-        self._ops = select_backend(self._device, backend)
-        self._slice_compiled = self._ops is not reference
-        self._init_fns()
+        starts = UniformStarts(capacity, resolve_device(device), backend)
+        #: the trajectory state, the start mask and its starts rule (:class:`SliceIndex`)
+        self.index = SliceIndex(capacity, starts=starts, compiled=starts.compiled, owner=type(self).__name__,
+                                num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys,
+                                traj_key=traj_key, strict_length=strict_length, truncated_key=truncated_key,
+                                init_key=init_key, span=span)
+        set_torchrl_attributes(self, self.index)
+        self._fragmented_index, self._cache, self._gpu_device = None, {}, self.index.device  # TorchRL's, read by it
         #: the sampler's generator, driven by the buffer's (:class:`~lightning_per.replay._rng.SamplerRNG`)
-        self.rng = SamplerRNG(self._device, seed, type(self).__name__)
-        self._init_starts()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle / ``copy.deepcopy`` state (also what a ``spawn``ed process receives): the generators as bytes,
-        without the backend module, which :meth:`__setstate__` selects afresh."""
-        state = super().__getstate__()
-        state["_ops"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        state["_ops"] = select_backend(state["_device"], state["_backend"])
-        super().__setstate__(state)
+        self.rng = SamplerRNG(starts.device, seed, type(self).__name__)
 
     @property
     def _rng(self) -> torch.Generator | None:
@@ -151,6 +151,10 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
         """The sampler's own generator on :attr:`device`."""
         return self.rng.generator
 
+    @property
+    def device(self) -> torch.device:
+        return self.index.device
+
     def manual_seed(self, seed: int) -> None:
         """Seed the generator. Raises TypeError / ValueError for a seed outside ``[-2**63, 2**64)``."""
         self.rng.manual_seed(seed)
@@ -164,25 +168,31 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
         check_rng_state(state)
         self.rng.generator.set_state(state["generator"])
 
-    def _init_starts(self) -> None:
-        nb, blk, d = self.slice_blocks, self.slice_block, self._device
-        self._start_leaves = torch.zeros(nb, blk, dtype=torch.float32, device=d)  # 1 at usable trajectory starts
-        self._start_bsum = torch.zeros(nb, dtype=torch.float64, device=d)
-        self._start_bmin = torch.full((nb,), float("inf"), dtype=torch.float32, device=d)
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(capacity={self._slots}, num_slices={self.num_slices}, "
-                f"slice_len={self.slice_len}, strict_length={self.strict_length}, device={self._device})")
+        i = self.index
+        return (f"{type(self).__name__}(capacity={i.slots}, num_slices={i.num_slices}, "
+                f"slice_len={i.slice_len}, strict_length={i.strict_length}, device={i.device})")
 
-    def _starts_changed(self, start: Tensor) -> None:
-        ends = self._end_leaves.view(-1)
-        first = ends[(start - 1) % self._slots] > 0  # the slot before is an end: a trajectory's first slot
-        self._start_leaves.view(-1)[start] = (self._valid[start] & first).to(torch.float32)
-        reduce_touched(self._start_leaves, self._start_bsum, self._start_bmin, start)
+    def add(self, index) -> None:  # the trajectory state follows mark_update (every write calls it)
+        return None
+
+    def extend(self, index) -> None:
+        return None
+
+    def mark_update(self, index, *, storage=None) -> None:
+        """Slots ``index`` were just written: update the trajectory state (see the module docstring).
+
+        Raises:
+            ValueError: the storage's ``max_size`` is not this sampler's capacity.
+        """
+        if storage is None:
+            return
+        self.index.check_ring(storage)
+        self.index.written(check_index(index, self.index.slots), storage)
+
+    def check_signal(self, data) -> None:
+        """Raise before a write of ``data`` that carries no trajectory marker (:meth:`SliceIndex.check_signal`)."""
+        self.index.check_signal(data)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Draw ``batch_size // T`` slices.
@@ -196,23 +206,23 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
             ValueError: ``batch_size`` not a multiple of the slice length / ``num_slices``; no valid slice.
             EmptyBufferError: the storage is empty.
         """
-        T, num = self._prepare_draw(storage, batch_size)
+        T, num = self.index.prepare_draw(storage, batch_size)
         self.rng.follow()  # a buffer generator re-seeded in place replays the same slices
-        u = self.rng.rand((num,))
-        first, _ = self._ops.sample_proportional(self._start_leaves, self._start_bsum, self._start_bmin, u, 0.0,
-                                                 False, "buffer")
-        pick = self.rng.rand((num,))
-        start = self._uniform_starts(first, pick, self._end_leaves, self._end_bsum, self._slots, T)
-        return self._expand(start, T, storage)
+        start = self.index.starts.draw(self.index, self.rng, num, T)
+        return self.index.expand(start, T, storage)
+
+    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
+        """:meth:`sample`, and the batch with the info's entries set in it: ``(index, info, batch)``."""
+        return slice_batch(storage, *self.sample(storage, batch_size), with_info)
 
     def probabilities(self, T: int | None = None) -> Tensor:
         """Exact ``P(s)`` of every slot as a start, ``(N,)`` float64 (host loop; for tests and diagnostics)."""
-        starts = self._start_leaves.view(-1)[: self._slots].to(torch.float64).cpu()  # sync-ok: diagnostics
-        ends = (self._end_leaves.view(-1)[: self._slots] > 0).cpu()  # sync-ok: diagnostics
-        valid = self._valid[: self._slots].cpu()  # sync-ok: diagnostics
+        i, N = self.index, self.index.slots
+        starts = i.starts.leaves.view(-1)[:N].to(torch.float64).cpu()  # sync-ok: diagnostics
+        ends = (i.end_leaves.view(-1)[:N] > 0).cpu()  # sync-ok: diagnostics
+        valid = i.valid[:N].cpu()  # sync-ok: diagnostics
         k = starts.sum()
-        p = torch.zeros(self._slots, dtype=torch.float64)
-        N = self._slots
+        p = torch.zeros(N, dtype=torch.float64)
         for s in torch.nonzero(starts).flatten().tolist():  # sync-ok: host copy (diagnostics)
             members = []
             j = s
@@ -228,8 +238,8 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        return stamp({"kind": type(self).__name__, "capacity": self._slots, "rng": self.rng.state(),
-                      **self._slice_state()}, "slice sampler", SLICE_SCHEMA_VERSION)
+        return stamp({"kind": type(self).__name__, "capacity": self.index.slots, "rng": self.rng.state(),
+                      **self.index.state()}, "slice sampler", SLICE_SCHEMA_VERSION)
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Raise what :meth:`load_state_dict` refuses, changing nothing.
@@ -238,30 +248,30 @@ class GPUSliceSampler(SliceIndex, SliceSampler):
             ValueError: another sampler kind or capacity, or missing / misshapen entries.
         """
         check_kind(state_dict, self)
-        if state_dict.get("kind") != type(self).__name__ or state_dict.get("capacity") != self._slots:
-            raise ValueError(f"not a {type(self).__name__} checkpoint of capacity {self._slots} (kind "
+        slots = self.index.slots
+        if state_dict.get("kind") != type(self).__name__ or state_dict.get("capacity") != slots:
+            raise ValueError(f"not a {type(self).__name__} checkpoint of capacity {slots} (kind "
                              f"{state_dict.get('kind')!r}, capacity {state_dict.get('capacity')!r})")
-        self._check_slice_state(state_dict)
+        self.index.check_state(state_dict)
         self.rng.check(state_dict.get("rng"))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (raises as :meth:`check_state_dict`, before anything changes)."""
         self.check_state_dict(state_dict)
         self.rng.load(state_dict["rng"])
-        self._load_slice_state(state_dict)
+        self.index.load_state(state_dict)
 
     def dumps(self, path) -> None:
         sampler_checkpoint.dump(path, self.state_dict())
 
     def loads(self, path) -> None:
-        self.load_state_dict(sampler_checkpoint.load(path, self._device))
+        self.load_state_dict(sampler_checkpoint.load(path, self.index.device))
 
     def _empty(self) -> None:
-        self._init_slice_state()
-        self._init_starts()
+        self.index.reset()
 
 
-class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedSliceSampler):
+class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
     """Prioritized slices drawn on ``device``: TorchRL's :class:`~torchrl.data.PrioritizedSliceSampler` rule.
 
     A start ``s`` is drawn with ``P(s) = v_s / sum_j v_j`` over the valid starts (module docstring), ``v_s =
@@ -281,6 +291,9 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
       often as its most surprising transition asks (as R2D2, Kapturowski et al. 2019, section 2.3, ranks a
       sequence by its max TD error, there mixed with the mean). An update of B slots recomputes the
       ``B * T`` starts whose slices hold them.
+
+    Its slice state is :attr:`index` (a :class:`~lightning_per.replay.slice_index.SliceIndex` holding the starts rule
+    :class:`~lightning_per.replay.slice_starts.PriorityStarts`), its priorities :attr:`core`.
 
     Args:
         max_capacity: the storage's ``max_size`` (slots N >= 1).
@@ -321,45 +334,52 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
                  device: torch.device | str | None = None, stratified: bool = True,
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
                  eager_graphs: bool = True) -> None:
-        if slice_priority not in SLICE_PRIORITY_RULES:
-            raise ValueError(f"slice_priority must be one of {SLICE_PRIORITY_RULES}, got {slice_priority!r}")
-        self.slice_priority = slice_priority
-        self._device = resolve_device(device)
-        check_capacity("max_capacity", max_capacity)
-        self._init_slices(max_capacity, num_slices=num_slices, slice_len=slice_len, end_key=end_key,
-                          end_keys=end_keys, traj_key=traj_key, strict_length=strict_length,
-                          truncated_key=truncated_key, init_key=init_key, span=span)
-        GPUPrioritizedSampler.__init__(self, max_capacity, alpha, beta, eps, device=device, stratified=stratified,
-                                       weight_normalization=weight_normalization, backend=backend, seed=seed,
-                                       dtype=dtype, reduction=reduction, eager_graphs=eager_graphs)
-        self._slice_compiled = self.core.compiled
-        self._init_fns()
+        check_bool("stratified", stratified)
+        self.reduction, self.dtype = reduction, dtype
+        #: the starts' priorities, draws, IS weights and random streams (:class:`PriorityCore`)
+        self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps,
+                             Proportional(stratified, True, weight_normalization), device=device, backend=backend,
+                             seed=seed, dtype=dtype, eager_graphs=eager_graphs, max_priority_within_buffer=False)
+        #: the trajectory state, the start mask and its starts rule (:class:`SliceIndex`)
+        self.index = SliceIndex(max_capacity, starts=PriorityStarts(self.core, slice_priority),
+                                compiled=self.core.compiled, owner=type(self).__name__, num_slices=num_slices,
+                                slice_len=slice_len, end_key=end_key, end_keys=end_keys, traj_key=traj_key,
+                                strict_length=strict_length, truncated_key=truncated_key, init_key=init_key, span=span)
+        set_torchrl_attributes(self, self.index)
+        self._fragmented_index, self._cache, self._gpu_device = None, {}, self.index.device  # TorchRL's, read by it
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state (what a ``spawn``ed process receives): the attributes, the core and the
+        index pickling themselves (TorchRL's prioritized samplers refuse to)."""
+        return self.__dict__.copy()
 
     def __repr__(self) -> str:
-        c = self.core
+        c, i = self.core, self.index
         return (f"{type(self).__name__}(max_capacity={c.capacity}, alpha={c.alpha}, beta={c.beta}, "
-                f"eps={c.state.eps}, num_slices={self.num_slices}, slice_len={self.slice_len}, "
-                f"strict_length={self.strict_length}, slice_priority={self.slice_priority!r}, device={self._device})")
+                f"eps={c.state.eps}, num_slices={i.num_slices}, slice_len={i.slice_len}, "
+                f"strict_length={i.strict_length}, slice_priority={i.starts.rule!r}, device={c.device})")
 
-    # ------------------------------------------------------------------ leaves = value * valid
-    def _start_values(self, start: Tensor) -> Tensor:
-        """Stored values ``(p + eps)^alpha`` of the starts ``start`` ``(S,)`` under :attr:`slice_priority`."""
-        if self.slice_priority == "start" or self._T is None or self._T == 1:
-            raw = self.core.state.raw[start]
-        else:
-            T, N = self._T, self._slots
-            window = (start[:, None] + torch.arange(T, device=start.device)) % N
-            ends = (self._end_leaves.view(-1)[window] > 0).to(torch.int32)
-            member = (torch.cumsum(ends, 1) - ends) == 0
-            raw = self.core.state.raw[window].masked_fill(~member, 0.0).amax(1)
-        state = self.core.state
-        return self.core.ops.transform_priority(raw, state.alpha, state.eps)
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self.core.rng.buffer
 
-    def _starts_changed(self, start: Tensor) -> None:
-        state = self.core.state
-        flat = state.leaves.view(-1)
-        flat[start] = torch.where(self._valid[start], self._start_values(start), torch.zeros((), device=start.device))
-        reduce_touched(state.leaves, state.block_sum, state.block_min, start)
+    @_rng.setter
+    def _rng(self, generator: torch.Generator | None) -> None:
+        self.core.rng.attach(generator)
+        self.core.follow()
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The sampler's own generator on :attr:`device` (what a CUDA graph of its draws registers)."""
+        return self.core.rng.generator
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @property
+    def max_size(self) -> int:
+        return self.core.capacity
 
     @property
     def alpha(self) -> float:
@@ -368,31 +388,74 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        value = check_exponent("alpha", value, eps=self.core.state.eps)
-        if value == self.core.alpha:
-            return
+        before = self.core.alpha
         self.core.set_alpha(value)
-        if self._T is not None:
-            self._starts_changed(torch.arange(self._slots, device=self._device))
+        if self.core.alpha != before:  # the core rebuilt plain values: the start mask applies again
+            self.index.starts.refresh(self.index)
 
-    def _store(self, index: Tensor, raw: Tensor, n_valid: int) -> None:
-        """The proportional sampler's write of raw priorities ``raw`` at slots ``index`` (both ``(B,)`` on the
-        device), keeping the stored value of every slot that cannot start a slice at 0.
+    @property
+    def beta(self) -> float:
+        """IS-weight exponent, also held in a device scalar that captured CUDA graphs read."""
+        return self.core.beta
 
-        ``"start"``: one fused write masked by the start mask (such a slot keeps its raw priority, which the running
-        max folds in, and stores the value 0; nothing else recomputed). ``"max"``: the plain write, then the
-        ``B * T`` starts whose slices hold the slots are recomputed.
-        """
-        if self._T is None or index.numel() == 0:  # no start mask yet: plain values (masked when it is built)
-            return self.core.write(index, raw, n_valid)
-        d, N = self._device, self._slots
-        if self.slice_priority == "max" and self._T > 1:
-            self.core.write(index, raw, n_valid)
-            slots = index.clamp(0, N - 1)  # slots the write dropped: recomputing a valid one is harmless
-            starts = (slots[:, None] - torch.arange(self._T, device=d)) % N
-            self._starts_changed(starts.reshape(-1))
-            return
-        self.core.write(index, raw, n_valid, self._valid)
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self.core.set_beta(value)
+
+    @property
+    def default_priority(self) -> Tensor:
+        """Raw priority given to new items: the running max (1.0 before any update), 0-d float32."""
+        return priority.default_priority(self.core.state.max_raw)
+
+    @property
+    def _max_priority(self) -> tuple[Tensor | None, None]:
+        return max_priority(self.core)
+
+    @property
+    def clamped_priority_count(self) -> Tensor:
+        """0-d int64 device tensor: priorities received that were clamped (``state.n_clamped``)."""
+        return self.core.state.n_clamped
+
+    @property
+    def dropped_index_count(self) -> Tensor:
+        """0-d int64 device tensor: device-side indices that were ignored (``state.n_dropped``)."""
+        return self.core.state.n_dropped
+
+    def device_state(self) -> list[Tensor]:
+        """The device tensors draws read and writes change (:meth:`PriorityState.tensors`)."""
+        return list(self.core.state.tensors())
+
+    def get_rng_state(self) -> dict[str, Tensor | None]:
+        """The state of every random stream the draws use (:meth:`PriorityCore.get_rng_state`)."""
+        return self.core.get_rng_state()
+
+    def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
+        """Restore a :meth:`get_rng_state` result (raises as :meth:`PriorityCore.set_rng_state`)."""
+        self.core.set_rng_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator and the compiled draws' counters (raises TypeError / ValueError for a bad seed)."""
+        self.core.manual_seed(seed)
+
+    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
+        """The generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`)."""
+        return self.core.draw_generators(batch_size)
+
+    def capture_problem(self, storage) -> str | None:
+        """None: the draws and priority writes run on the device from device state."""
+        return None
+
+    def probabilities(self) -> Tensor:
+        """Exact P(s) of every slot as a start, ``(N,)`` float64 on :attr:`device`."""
+        return self.core.probabilities()
+
+    # ------------------------------------------------------------------ TorchRL's calls
+    def update_priority(self, index, priority, *, storage=None) -> None:
+        """One raw priority per transition at slots ``index`` (as :meth:`GPUPrioritizedSampler.update_priority`,
+        raising the same); the starts' stored values follow :attr:`index`'s starts rule."""
+        with torch.no_grad():  # the stored priorities never join an autograd graph
+            self.index.starts.write(self.index, *checked_update(self.core, index, priority, storage,
+                                                                type(self).__name__))
 
     def mark_update(self, index, *, storage=None) -> None:
         """New slots ``index`` get the default priority (the running max), then the trajectory state is updated
@@ -402,10 +465,24 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
             ValueError: the storage's ``max_size`` is not this sampler's capacity.
         """
         if storage is not None:
-            self._check_ring(storage)
-        GPUPrioritizedSampler.mark_update(self, index, storage=storage)
+            self.index.check_ring(storage)
+        mark_written(self.core, index, storage, type(self).__name__)
         if storage is not None:
-            self._slices_written(check_index(index, self._filled(storage)), storage)
+            self.index.written(check_index(index, filled(self.core, storage, type(self).__name__)), storage)
+
+    def mask_slots(self, valid: Tensor) -> None:
+        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
+        mask_slots(self.core, valid)
+
+    def check_signal(self, data) -> None:
+        """Raise before a write of ``data`` that carries no trajectory marker (:meth:`SliceIndex.check_signal`)."""
+        self.index.check_signal(data)
+
+    def add(self, index) -> None:  # new items get their priority through mark_update
+        return None
+
+    def extend(self, index) -> None:
+        return None
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Draw ``batch_size // T`` slice starts by priority and expand them to slices.
@@ -418,37 +495,45 @@ class GPUPrioritizedSliceSampler(SliceIndex, GPUPrioritizedSampler, PrioritizedS
         Raises:
             As :meth:`GPUSliceSampler.sample`.
         """
-        T, num = self._prepare_draw(storage, batch_size)
+        T, num = self.index.prepare_draw(storage, batch_size)
         start, weight = self.core.sample(num, len(storage))
-        index, info = self._expand(start, T, storage)
+        index, info = self.index.expand(start, T, storage)
         info["priority_weight"] = weight[:, None].expand(num, T).reshape(-1)
         return index, info
 
-    def probabilities(self) -> Tensor:
-        """Exact P(s) of every slot as a start, ``(N,)`` float64 on :attr:`device`."""
-        return super().probabilities()
+    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
+        """:meth:`sample`, and the batch with the info's entries set in it: ``(index, info, batch)``."""
+        return slice_batch(storage, *self.sample(storage, batch_size), with_info)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state.update(self._slice_state())
-        state["slice_priority"] = self.slice_priority
-        return state
+        return {**self.core.state_dict(type(self).__name__), **self.index.state(),
+                "slice_priority": self.index.starts.rule}
 
     def check_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As :meth:`GPUPrioritizedSampler.check_state_dict`, and the trajectory state's entries."""
-        super().check_state_dict(state_dict)
+        """As :meth:`GPUPrioritizedSampler.check_state_dict`, and the trajectory state's entries.
+
+        Raises:
+            ValueError: the checkpoint is refused (the message names why).
+        """
+        check_kind(state_dict, self)
+        self.core.check_state_dict(state_dict)
         if state_dict.get("kind") != type(self).__name__:
             raise ValueError(f"sampler checkpoint is from {state_dict.get('kind')!r}, not {type(self).__name__}")
-        self._check_slice_state(state_dict)
+        self.index.check_state(state_dict)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (raises as :meth:`check_state_dict`, before anything changes)."""
         self.check_state_dict(state_dict)
-        self._T = None  # the base load rebuilds plain values; the slice state then masks them
-        super().load_state_dict(state_dict)
-        self._load_slice_state(state_dict)
+        self.core.load_state_dict(state_dict)  # plain values; the slice state then masks them
+        self.index.load_state(state_dict)
+
+    def dumps(self, path) -> None:
+        dump(self.state_dict(), path)
+
+    def loads(self, path) -> None:
+        self.load_state_dict(sampler_checkpoint.load(path, self.core.device))
 
     def _empty(self) -> None:
-        super()._empty()
-        self._init_slice_state()
+        self.core.reset()
+        self.index.reset()
