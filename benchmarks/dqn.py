@@ -4,7 +4,7 @@ One update = sample B from a prioritized replay of N transitions -> double-DQN n
 IS-weighted Huber loss -> backward -> clip -> Adam -> priority update (|td|). Rows:
 
   ours-eager     lightning_per replay (GPUPrioritizedSampler, proportional) + the DQN learner step, eager
-  ours-graph     the same update captured in one CUDA graph (lightning_per.graphs.CapturedUpdate,
+  ours-graph     the same update captured in one CUDA graph (lightning_per.graphs.capture,
                  scope "full": sampling and the priority update inside the graph)           [CUDA only]
   ours-graph-inductor  the same captured update with the learner's pure-tensor parts (forwards, target,
                  loss and their backward, the gradient clip) compiled by Inductor first
@@ -180,14 +180,18 @@ def graph_body(sampler, storage, learner_step, q, tgt, opt, batch: int, fast=Non
 
 
 def captured(body, opt, q, sampler, device) -> tuple[object, float]:
-    """``CapturedUpdate`` of ``body`` (no recompilation allowed after its first call) and its setup seconds."""
-    from lightning_per.dqn.compiled import no_recompiles
-    from lightning_per.graphs import CapturedUpdate
+    """``graphs.capture`` of ``body`` (no recompilation inside the capture) and its setup seconds (warm-up,
+    capture and the first replay). No sync check: the Inductor rows recompile in the warm-up."""
+    from lightning_per import graphs
+
+    def step():
+        opt.zero_grad(set_to_none=True)  # each call starts without gradients
+        return body()
 
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    graph = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[sampler.generator],
-                           capture_guard=no_recompiles)
+    graph = graphs.capture(step, state=[q, opt, sampler], check_syncs=False)
+    graph()  # warm-up, rollback, capture, replay
     torch.cuda.synchronize(device)
     return graph, time.perf_counter() - t0
 

@@ -69,9 +69,10 @@ def kernel_stats(prof, steps: int, device: torch.device) -> dict:
 
 def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
     """Build a fresh network for ``mode``, warm it up, then profile ``a.steps`` updates."""
-    from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
+    from lightning_per import graphs
+    from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
     from lightning_per.dqn.learner import learner_step
-    from lightning_per.graphs import CapturedUpdate
+    from lightning_per.graphs.capturing import no_recompiles
 
     torch.manual_seed(0)
     q = make_net(a.obs, a.hidden, a.actions).to(device)
@@ -99,8 +100,7 @@ def profile_mode(mode: str, rb, a, device: torch.device) -> dict:
     first_s = time.perf_counter() - t0
     fn = eager
     if mode.startswith("graph"):
-        fn = CapturedUpdate(body, {}, opt, list(q.parameters()), generators=[rb.sampler.generator],
-                            capture_guard=no_recompiles)
+        fn = graphs.capture(eager, state=[q, opt, rb.sampler], check_syncs=False)  # Inductor recompiles in warm-up
     with no_recompiles():
         for _ in range(a.warmup):
             fn()

@@ -4,8 +4,9 @@ launcher can start rank 1 by re-running this file; afterwards each rank saves wh
 
 ``--eager-graph-path`` (taken out before the CLI sees the arguments; CPU tests only): run graph mode's
 code path (``compile=True``: no ``manual_backward``, DDP's reducer bypassed, our own gradient all-reduce
-as the update's ``backward``) with the update run eagerly instead of captured, so that it runs on the
-CPU under gloo. Everything but the CUDA graph itself is the module's own code.
+as the update's ``backward``) on the CPU under gloo, where ``lightning_per.graphs.capture`` runs the update
+eagerly (checked) instead of capturing it. Only the device checks that refuse ``compile=True`` on a CPU are
+lifted; everything else is the module's own code.
 """
 
 from __future__ import annotations
@@ -17,27 +18,10 @@ import torch
 
 from lightning_per import cli
 from lightning_per.dqn import module as dqn_module
-from lightning_per.dqn import updates as dqn_updates
-
-
-class _EagerUpdate:
-    """:class:`~lightning_per.graphs.CapturedUpdate`'s interface, calling ``body`` eagerly each time."""
-
-    def __init__(self, body, inputs, optimizer, params, generators=(), warmup=3, capture_guard=None,
-                 state=()) -> None:
-        self.body, self.optimizer = body, optimizer
-
-    def __call__(self, inputs=None):
-        self.optimizer.zero_grad(set_to_none=True)
-        return self.body(inputs or {})
-
-    def release(self) -> None:
-        pass
 
 
 def _eager_graph_path() -> None:
-    dqn_updates.CapturedUpdate = _EagerUpdate
-    cli.LightningPerCLI._preflight = lambda self: None  # the CLI's "compile needs a GPU" check, likewise
+    cli.LightningPerCLI._preflight = lambda self: None  # the CLI's "compile needs a GPU" check
     dqn_module.DQN._check_device = lambda self, device: None  # and the module's: graph mode's path on the CPU
 
 

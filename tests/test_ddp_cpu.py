@@ -78,9 +78,9 @@ def test_all_reduce_mean_grads_averages_in_place_over_two_ranks(tmp_path):
 
 
 def test_two_rank_graph_mode_code_path_all_reduces_itself(tmp_path):
-    # graph mode's code path under DDP, run eagerly on gloo (the helper's --eager-graph-path swaps the CUDA
-    # graph for a plain call): no manual_backward, so DDP's reducer never reduces; only our flat-buffer
-    # all-reduce in the update's backward keeps the ranks' weights identical
+    # graph mode's code path under DDP, run eagerly on gloo (the helper's --eager-graph-path lifts the GPU
+    # checks; graphs.capture runs the update eagerly on a CPU): no manual_backward, so DDP's reducer never
+    # reduces; only our flat-buffer all-reduce in the update's backward keeps the ranks' weights identical
     run = tmp_path / "run"
     ranks = _fit(run, "--model.compile=true", "--eager-graph-path", epochs=2)
     assert all(ranks[r]["graph_mode"] and ranks[r]["grad_world_size"] == 2 for r in range(2))

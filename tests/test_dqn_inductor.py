@@ -17,10 +17,11 @@ import torch
 from test_dqn_module import _module
 
 from lightning_per.dqn import ReplayConfig
-from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
+from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
 from lightning_per.dqn.learner import MetricSlots, learner_step, record_update_metrics_
 from lightning_per.dqn.networks import make_q_network
 from lightning_per.envs import EnvConfig
+from lightning_per.graphs.capturing import no_recompiles
 from lightning_per.metrics.accumulator import MetricAccumulator
 
 BACKEND = "inductor" if shutil.which("g++") or shutil.which("c++") else "aot_eager"
@@ -105,7 +106,7 @@ def test_module_with_inductor_matches_eager_module():
 @pytest.mark.gpu
 def test_captured_inductor_update_matches_eager_on_cuda():
     """The learner update captured in a CUDA graph with Inductor's kernels = the eager update (3 replays)."""
-    from lightning_per.graphs import CapturedUpdate
+    from lightning_per.graphs import capture
 
     torch.manual_seed(0)
     q = make_q_network("mlp", (6,), 5, (64, 64)).cuda()
@@ -115,10 +116,15 @@ def test_captured_inductor_update_matches_eager_on_cuda():
     opt2 = torch.optim.Adam(q2.parameters(), lr=1e-3, foreach=True, capturable=True)
     fast, stepper = InductorUpdate(q2, tgt2, double_dqn=True, huber_delta=1.0, grad_clip_norm=0.5), CompiledStep(opt2)
     g = torch.Generator().manual_seed(1)
-    first = {k: v.cuda() for k, v in _batch(g).items()}
-    graph = CapturedUpdate(lambda b: learner_step(q2, tgt2, stepper, b, grad_clip_norm=0.5, loss_fn=fast.loss,
-                                                  clip_fn=fast.clip), first, opt2, list(q2.parameters()),
-                           capture_guard=no_recompiles)
+
+    def step(b):
+        opt2.zero_grad(set_to_none=True)
+        return learner_step(q2, tgt2, stepper, b, grad_clip_norm=0.5, loss_fn=fast.loss, clip_fn=fast.clip)
+
+    # the first call captures (no recompilation inside) and replays; Inductor's recompilation in the warm-up may
+    # synchronise, so no sync check
+    graph = capture(step, state=[q2, opt2], check_syncs=False)
+
     for _ in range(3):
         b = {k: v.cuda() for k, v in _batch(g).items()}
         opt.zero_grad(set_to_none=True)

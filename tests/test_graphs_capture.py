@@ -265,3 +265,17 @@ def test_layering_ga3c_does_not_import_dqn_and_graphs_imports_neither():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_package_exports_what_a_user_needs_and_the_building_blocks_stay_in_their_modules():
+    from lightning_per import graphs
+    from lightning_per.graphs.capturing import cuda_graph_capture, gc_paused, no_recompiles
+    from lightning_per.graphs.eager import EagerGraphs, eager_graphs_paused
+    from lightning_per.graphs.streams import capture_cuda_graph, warm_up_on_side_stream
+
+    assert sorted(graphs.__all__) == ["CapturableSampler", "CaptureError", "CapturedStep", "HardUpdate", "capture",
+                                      "count_optimizer_step"]
+    assert all(callable(getattr(graphs, name)) for name in graphs.__all__)
+    assert all(callable(f) for f in (cuda_graph_capture, gc_paused, no_recompiles, EagerGraphs, eager_graphs_paused,
+                                     capture_cuda_graph, warm_up_on_side_stream))
+    assert not hasattr(graphs, "CapturedUpdate")

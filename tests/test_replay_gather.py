@@ -216,7 +216,7 @@ def test_dqn_full_update_samples_through_sample_gather(monkeypatch):
 
     monkeypatch.setattr(m.rb.sampler, "sample_gather", spy)
     opt.zero_grad(set_to_none=True)
-    out = ReplayGraphUpdate(m).body(1)({})
+    out = ReplayGraphUpdate(m).body(1)()
     assert len(seen) == 1 and torch.isfinite(out["loss"])
     index, info, batch = seen[0]
     assert index.shape == (16,) and torch.equal(batch["reward"], m.rb.storage.get(index)["reward"])

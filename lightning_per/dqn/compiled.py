@@ -25,8 +25,8 @@ Shapes are static (``dynamic=False``): one compilation per function for the run'
 observation shape and network. The first update pays the compilation (seconds to minutes; Triton
 autotuning of reductions included on CUDA; the C++ compiler on the CPU). In graph mode
 (``compile=True``) that first update is the first eager warm-up iteration of
-:class:`~lightning_per.graphs.CapturedUpdate`, so Inductor has compiled and tuned every kernel before
-the capture. The module enters :func:`~lightning_per.graphs.no_recompiles` around the capture: a guard failure in the
+:func:`~lightning_per.graphs.capture`, so Inductor has compiled and tuned every kernel before
+the capture. The capture runs under :func:`~lightning_per.graphs.capturing.no_recompiles`: a guard failure in the
 capture raises instead of recompiling there (warm-ups may recompile: the compiled optimizer step does
 once, after its first call created the optimizer state). A replay runs no Python, so no
 guard is evaluated after the capture. Nothing a run changes between updates (beta, step counters, epsilon) is
@@ -42,9 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_per.dqn.learner import MetricSlots, finish_update_, td_loss
-from lightning_per.graphs import no_recompiles
 
-__all__ = ["INDUCTOR_MODES", "CompiledStep", "InductorUpdate", "clip_grad_norm_sumsq_", "no_recompiles"]
+__all__ = ["INDUCTOR_MODES", "CompiledStep", "InductorUpdate", "clip_grad_norm_sumsq_"]
 
 INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs")
 """``torch.compile`` modes :class:`InductorUpdate` accepts (no ``reduce-overhead``: the CUDA graph is ours)."""

@@ -23,16 +23,16 @@ step, :class:`~lightning_per.dqn.compiled.CompiledStep`). Graph mode: docs/dqn.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from lightning_per.dqn.compiled import CompiledStep, InductorUpdate, no_recompiles
+from lightning_per.dqn.compiled import CompiledStep, InductorUpdate
 from lightning_per.dqn.ddp import graph_backward
 from lightning_per.dqn.learner import MetricSlots, finish_update_, learner_step
-from lightning_per.graphs import CapturedUpdate, count_optimizer_step
+from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
+from lightning_per.graphs.capturing import no_recompiles
 from lightning_per.graphs.pipeline import SideStream, pipelined_updates
 
 if TYPE_CHECKING:
@@ -111,7 +111,8 @@ class Learner:
 
     @property
     def capture_guard(self):
-        """Entered around a capture with Inductor: a recompilation there raises (see ``dqn/compiled.py``)."""
+        """The ``capture_guard`` of the module's captures: with Inductor, a recompilation in the capture raises
+        (see ``dqn/compiled.py``); None without (nothing is compiled)."""
         return no_recompiles if self.inductor is not None else None
 
 
@@ -163,7 +164,7 @@ class UpdateStrategy:
 
     def __init__(self, module: DQN) -> None:
         self.module = module
-        self.captured: CapturedUpdate | None = None
+        self.captured: CapturedStep | None = None
 
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -193,9 +194,10 @@ class EagerUpdate(UpdateStrategy):
 
 
 class LearnerGraphUpdate(UpdateStrategy):
-    """``compile=True`` with a sampler that is not captured: the learner step is one CUDA graph, captured at
-    the first call with that call's batch as its static inputs; sampling, the priority update, the Polyak
-    update and the metrics run eagerly around it."""
+    """``compile=True`` with a sampler that is not captured: the learner step is one CUDA graph
+    (:func:`~lightning_per.graphs.capture`), captured at the first call with that call's batch as its static
+    inputs; sampling, the priority update, the Polyak update and the metrics run eagerly around it. On a CPU
+    the capture runs the step eagerly (checked): graph mode's code path without the graph."""
 
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module
@@ -206,8 +208,14 @@ class LearnerGraphUpdate(UpdateStrategy):
             learner, raw = m.learner, opt.optimizer
             backward = graph_backward(m.q_net.parameters, m._grad_world_size)
             stepper = learner.graph_optimizer(raw)
-            self.captured = CapturedUpdate(lambda x: learner.step(x, backward=backward, optimizer=stepper), b, raw,
-                                           list(m.q_net.parameters()), capture_guard=learner.capture_guard)
+
+            def step(x: dict[str, Tensor]) -> dict[str, Tensor]:
+                raw.zero_grad(set_to_none=True)  # a fresh gradient each update (in a graph: allocated in its pool)
+                return learner.step(x, backward=backward, optimizer=stepper)
+
+            # check_syncs off: the warm-up's guard-driven recompilation (Inductor) may synchronise outside the step
+            self.captured = capture(step, state=[m.q_net, raw], capture_guard=learner.capture_guard,
+                                    check_syncs=learner.inductor is None)
             m.graph_captures += 1
         out = self.captured(b)
         count_optimizer_step(opt)
@@ -219,9 +227,9 @@ class LearnerGraphUpdate(UpdateStrategy):
 
 class ReplayGraphUpdate(UpdateStrategy):
     """``compile=True`` with our proportional sampler on CUDA: ``n`` whole updates (:meth:`body`) in one CUDA
-    graph, captured at the first call. The warm-up leaves no trace (parameters, optimizer state, target
-    network, priorities, the sampler's generator and the metric sums are rolled back), so the first replay is
-    the first update. The Polyak update and the metrics run inside the graph."""
+    graph (:func:`~lightning_per.graphs.capture`), captured at the first call. The warm-up leaves no trace
+    (parameters, optimizer state, target network, priorities, the sampler's RNG and the metric sums are rolled
+    back), so the first replay is the first update. The Polyak update and the metrics run inside the graph."""
 
     in_graph = True
 
@@ -239,31 +247,22 @@ class ReplayGraphUpdate(UpdateStrategy):
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module
         if self.captured is None:
-            body = self.body(n)
-            params = m.learner.online + m.learner.target  # rolled back after the warm-up, as the state
-            state: Sequence[Tensor] = [*m.rb.sampler.device_state(), m.metrics.values, m.metrics.counts]
-            self.captured = CapturedUpdate(body, {}, m.optimizers().optimizer, params, generators=self._generators(),
-                                           capture_guard=m.learner.capture_guard, state=state)
+            learner = m.learner
+            # rolled back after the warm-up; the buffer's sampler gives the generators its draws consume
+            state = [m.q_net, m.target_net, m.optimizers().optimizer, m.rb, m.metrics.values, m.metrics.counts]
+            self.captured = capture(self.body(n), state=state, capture_guard=learner.capture_guard,
+                                    check_syncs=learner.inductor is None)  # see LearnerGraphUpdate
             m.graph_captures += 1
         out = self.captured()
         count_optimizer_step(m.optimizers(), n)
         return out
 
-    def _generators(self) -> list[torch.Generator]:
-        """The generators the captured update draws from: the sampler's, unless its compiled kernels draw their
-        uniforms themselves (then none: no per-replay seed/offset update)."""
-        sampler = self.module.rb.sampler
-        draw_generators = getattr(sampler, "draw_generators", None)
-        if draw_generators is None:
-            return [sampler.generator]
-        return list(draw_generators(self.module.replay_config.batch_size))
-
     def body(self, n: int):
         """The captured body: ``n`` consecutive updates, each sample -> batch -> learner step -> priority update
         -> Polyak update and metrics, on the device, each update's priority update and the next update's sample
         forked onto a second stream, concurrent with its backward and optimizer step
-        (:func:`~lightning_per.graphs.pipeline.pipelined_updates`). Returns ``body(inputs) -> out`` (the last
-        update's outputs; ``inputs`` is ignored: the body samples by itself). Runs eagerly too (on the CPU)."""
+        (:func:`~lightning_per.graphs.pipeline.pipelined_updates`). Returns ``body() -> out`` (the last update's
+        outputs; the body samples by itself). Runs eagerly too (on the CPU)."""
         m = self.module
         rb, batch_size, learner = m.rb, m.replay_config.batch_size, m.learner
         optimizer = m.optimizers().optimizer
@@ -276,8 +275,7 @@ class ReplayGraphUpdate(UpdateStrategy):
             return rb.sampler.sample_gather(rb.storage, batch_size)  # ([B], {[B]}, [B])
 
         def learn(i: int, sample, after_forward) -> dict[str, Tensor]:
-            if i:  # each update's backward starts from no gradient (as before the capture), never sums
-                optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)  # each update's backward starts from no gradient, never sums
             _, info, batch = sample
             return learner.step(batch_inputs(batch, info["priority_weight"]), backward=backward, optimizer=stepper,
                                 after_forward=after_forward)
@@ -285,4 +283,4 @@ class ReplayGraphUpdate(UpdateStrategy):
         def write(sample, td_abs: Tensor) -> None:  # indices come from the sampler: storage=None
             rb.sampler.update_priority(sample[0], td_abs, storage=None)
 
-        return lambda _: pipelined_updates(n, draw, learn, write, self.side, finish=learner.finish)
+        return lambda: pipelined_updates(n, draw, learn, write, self.side, finish=learner.finish)

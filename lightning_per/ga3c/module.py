@@ -35,7 +35,7 @@ from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF
 from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
-from lightning_per.graphs import CapturedUpdate, count_optimizer_step
+from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
 from lightning_per.metrics import MetricAccumulator, new_episode_log, new_episode_ring
 
 __all__ = ["GA3C"]
@@ -124,7 +124,7 @@ class GA3C(HostState, pl.LightningModule):
         # episodes.csv's rows (lightning_per.metrics.episodes.episode_table), from the summary's snapshot
         self.episode_rows: list[dict[str, float]] = []
         self._graph_mode = False  # chosen in setup(): cuda_graph on one CUDA device
-        self._captured: CapturedUpdate | None = None
+        self._captured: CapturedStep | None = None
         self._act_generator: torch.Generator | None = None  # graph mode: act() stays off the default generator
         self.graph_captures = 0
         # with V-trace the agents' returns are not read: its targets replace them
@@ -301,26 +301,29 @@ class GA3C(HostState, pl.LightningModule):
     def _graph_update(self, batch: dict) -> Tensor:
         """Graph mode: copy the pinned tensors the update reads (``obs``, ``action``, ``ret``; with ``vtrace``
         ``obs``, ``action`` and the V-trace keys) into the static inputs (non-blocking, current stream) and
-        replay the captured update; the first call captures it."""
+        replay the captured update; the first call captures it.
+
+        Raises:
+            ValueError: the batch has another number of transitions than the captured one (a copy would
+                broadcast a single row).
+        """
         opt = self.optimizers()
         inputs = {key: batch[key] for key in self._device_keys}  # pinned host tensors
         if self.cfg.max_policy_lag is not None:
             inputs["lag_version"] = batch["version"]
         if self._captured is None:
-            self._captured = self._capture(opt.optimizer, inputs)
-        elif batch["size"] != self._captured.static_in["obs"].shape[0]:  # copy_ would broadcast a single row
-            raise RuntimeError(f"graph mode captured batches of {self._captured.static_in['obs'].shape[0]} "
-                               f"transitions, got {batch['size']}")
+            self._captured = self._capture(opt.optimizer)
         out = self._captured(inputs)
         count_optimizer_step(opt)
         return out["loss"]
 
-    def _capture(self, optimizer: torch.optim.Optimizer, inputs: dict[str, Tensor]) -> CapturedUpdate:
-        """Capture forward -> loss -> backward -> clip -> ``optimizer`` step -> metrics (see the module
-        docstring), with ``inputs`` (host tensors) fixing the static inputs' shapes."""
+    def _capture(self, optimizer: torch.optim.Optimizer) -> CapturedStep:
+        """The capture of forward -> loss -> backward -> clip -> ``optimizer`` step -> metrics (see the module
+        docstring); its first call, with a batch's tensors, fixes the static inputs' shapes."""
         clip, params = self.cfg.grad_clip, list(self.parameters())
 
         def update(b: dict[str, Tensor]) -> dict[str, Tensor]:
+            optimizer.zero_grad(set_to_none=True)  # a fresh gradient each update (in the graph: in its pool)
             loss = self._loss_and_metrics(b)
             loss.backward()
             if clip is not None:  # no host read (error_if_nonfinite=False)
@@ -330,9 +333,10 @@ class GA3C(HostState, pl.LightningModule):
 
         if isinstance(optimizer, RMSpropTF):
             optimizer.init_state()  # its square average starts at 1: part of the snapshot, not zeroed
-        first = {key: value.to(self.device, non_blocking=True) for key, value in inputs.items()}
-        captured = CapturedUpdate(update, first, optimizer, params, state=[self.metrics.values, self.metrics.counts],
-                                  capture_error_mode="thread_local")
+        # predictor and trainer threads use the device meanwhile: thread-local capture errors, and no sync
+        # check (torch's sync debug mode is process-wide: their host reads would be taken for the update's)
+        captured = capture(update, state=[optimizer, self.metrics.values, self.metrics.counts],
+                           capture_error_mode="thread_local", check_syncs=False)
         self.graph_captures += 1
         return captured
 

@@ -65,7 +65,7 @@ class RMSpropTF(torch.optim.Optimizer):
     def init_state(self) -> None:
         """Create the state of every parameter that has none yet, as its first :meth:`step` would.
 
-        For a CUDA-graph capture: :class:`~lightning_per.graphs.CapturedUpdate` snapshots the
+        For a CUDA-graph capture: :func:`~lightning_per.graphs.capture` snapshots the
         optimizer state before its eager warm-up and zeroes the state created during it, but the square
         average starts at 1 here, so it must exist before the snapshot."""
         for group in self.param_groups:

@@ -1,18 +1,18 @@
-"""CUDA-graph layer: whole-update capture for users' loops and for our modules.
+"""CUDA-graph layer: whole-update capture, for users' loops and for the DQN and GA3C modules alike.
 
-- :func:`capture` / :class:`CapturedStep`: a user's whole training update (sample from our buffer, loss,
-  backward, optimizer step, target update, priority update), K updates per call, as one CUDA-graph replay;
-  plain eager calls on CPU, checked there for what a GPU capture would refuse (:mod:`.check` watches the first
-  call). :class:`CaptureError` names what cannot be captured.
+- :func:`capture` / :class:`CapturedStep`: a whole training update (sample from our buffer, loss, backward,
+  optimizer step, target update, priority update), K updates per call, as one CUDA-graph replay; plain eager
+  calls on CPU, checked there for what a GPU capture would refuse (:mod:`.check` watches the first call).
+  :class:`CaptureError` names what cannot be captured; :func:`count_optimizer_step` reports in-graph optimizer
+  steps to Lightning.
 - :class:`HardUpdate`: TorchRL's hard target-network schedule on a device counter (capturable).
-- :class:`CapturedUpdate`: the capture the DQN and GA3C modules build their graph modes on;
-  :func:`count_optimizer_step` reports in-graph optimizer steps to Lightning; :func:`no_recompiles`.
-- :class:`EagerGraphs`: the samplers' cache of small graphs for eager calls, paused inside
-  :func:`eager_graphs_paused`.
-- Building blocks: :func:`cuda_graph_capture` (register generators, GC paused), :func:`warm_up_on_side_stream`,
-  :func:`capture_cuda_graph` (both at once), :func:`gc_paused`.
 - :class:`CapturableSampler`: what a capture asks of a sampler (duck-typed: this layer sits below
   :mod:`lightning_per.replay` and imports nothing of it, nor of Lightning).
+
+Building blocks stay in their modules: :mod:`.capturing` (``cuda_graph_capture``, ``gc_paused``,
+``no_recompiles``), :mod:`.streams` (``warm_up_on_side_stream``, ``capture_cuda_graph``), :mod:`.eager` (the
+samplers' eager-call graph cache ``EagerGraphs``, ``eager_graphs_paused``), :mod:`.state` (what a capture rolls
+back), :mod:`.pipeline` (the replay work overlapped with the learner on a second stream).
 
 Names are imported on first use (PEP 562): the modules' graph modes need neither tensordict's nor TorchRL's
 objectives at import time.
@@ -24,23 +24,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_per.graphs.captured_step import CapturedStep, capture
-    from lightning_per.graphs.capturing import cuda_graph_capture, gc_paused
-    from lightning_per.graphs.eager import EagerGraphs, eager_graphs_are_paused, eager_graphs_paused
+    from lightning_per.graphs.captured_step import CapturedStep, capture, count_optimizer_step
     from lightning_per.graphs.errors import CaptureError
     from lightning_per.graphs.protocol import CapturableSampler
-    from lightning_per.graphs.streams import capture_cuda_graph, warm_up_on_side_stream
     from lightning_per.graphs.targets import HardUpdate
-    from lightning_per.graphs.update import CapturedUpdate, count_optimizer_step, no_recompiles
 
 _WHERE = {"CaptureError": "errors", "CapturedStep": "captured_step", "capture": "captured_step",
-          "HardUpdate": "targets", "CapturedUpdate": "update", "count_optimizer_step": "update",
-          "no_recompiles": "update", "EagerGraphs": "eager", "eager_graphs_paused": "eager",
-          "eager_graphs_are_paused": "eager", "cuda_graph_capture": "capturing", "gc_paused": "capturing",
-          "capture_cuda_graph": "streams", "warm_up_on_side_stream": "streams", "CapturableSampler": "protocol"}
-__all__ = ["CapturableSampler", "CaptureError", "CapturedStep", "CapturedUpdate", "EagerGraphs", "HardUpdate",
-           "capture", "capture_cuda_graph", "count_optimizer_step", "cuda_graph_capture", "eager_graphs_are_paused",
-           "eager_graphs_paused", "gc_paused", "no_recompiles", "warm_up_on_side_stream"]
+          "count_optimizer_step": "captured_step", "HardUpdate": "targets", "CapturableSampler": "protocol"}
+__all__ = ["CapturableSampler", "CaptureError", "CapturedStep", "HardUpdate", "capture", "count_optimizer_step"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,8 @@ optimizer step, target-network update, priority update), ``updates_per_replay`` 
 synchronisation. The recipe is torch's (side-stream warm-up, then capture); what it adds is the rollback of
 the warm-up (the first replay is the first update, as if the warm-up never ran), the registration of the
 generators the step draws from, checks that name what cannot be captured (on a CPU too, where the step runs
-eagerly), and that eager fallback.
+eagerly), and that eager fallback. The DQN and GA3C modules' graph modes are built on it too, and
+:func:`count_optimizer_step` reports the in-graph optimizer steps to Lightning.
 ``docs/graphs.md`` describes the limits and how TorchRL's pieces fit.
 """
 
@@ -23,21 +24,21 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor, nn
 
-from lightning_per.graphs.capturing import cuda_graph_capture
+from lightning_per.graphs.capturing import cuda_graph_capture, no_recompiles
 from lightning_per.graphs.check import StepWatch, describe_site
 from lightning_per.graphs.eager import eager_graphs_paused
 from lightning_per.graphs.errors import CaptureError
 from lightning_per.graphs.state import CaptureState
-from lightning_per.graphs.update import no_recompiles
 
-__all__ = ["CaptureError", "CapturedStep", "capture"]
+__all__ = ["CaptureError", "CapturedStep", "capture", "count_optimizer_step"]
 
 _SYNC_MESSAGE = "synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("error")
 
 
 def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1, warmup: int = 3,
             enabled: bool | None = None, device: torch.device | str | None = None, pool: Any = None,
-            check: bool = True, check_syncs: bool = True, capture_error_mode: str = "global") -> CapturedStep:
+            check: bool = True, check_syncs: bool = True, capture_error_mode: str = "global",
+            capture_guard: Callable[[], contextlib.AbstractContextManager] | None = no_recompiles) -> CapturedStep:
     """Turn ``step`` (one whole training update) into a callable that runs ``updates_per_replay`` updates
     per call as one CUDA-graph replay (on CUDA), or plainly (on CPU).
 
@@ -59,8 +60,8 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
     Args:
         step: ``step(*inputs) -> outputs``: one update. It must be capturable: static shapes, no host reads of
             device values (``.item()``, ``.cpu()``, ``.tolist()``, a Python ``if`` on a tensor), device tensors
-            only, capturable optimizers, and everything it changes listed in ``state``. ``outputs``: a tensor, a
-            dict / tuple of tensors, a TensorDict or None.
+            only, capturable optimizers, and everything it changes listed in ``state``. ``inputs``: tensors,
+            TensorDicts or dicts of tensors. ``outputs``: a tensor, a dict / tuple of tensors, a TensorDict or None.
         state: everything ``step`` changes that the warm-up must leave untouched: ``nn.Module`` (parameters
             and buffers, e.g. TorchRL's ``DQNLoss`` with its target network, an ``EGreedyModule``),
             ``torch.optim.Optimizer`` (or Lightning's wrapper of one), replay buffers and samplers (ours:
@@ -85,6 +86,9 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
             process-wide: turn it off when other threads use the device during the first call); only with ``check``.
         capture_error_mode: ``torch.cuda.graph``'s ``capture_error_mode`` (``"thread_local"`` when other threads
             use the device during the capture).
+        capture_guard: a context-manager factory entered around the capture alone (default
+            :func:`~lightning_per.graphs.capturing.no_recompiles`: a ``torch.compile``'d function that recompiles
+            there raises; None: no guard).
 
     Returns:
         A :class:`CapturedStep`; call it with the step's inputs (same shapes every call).
@@ -123,7 +127,7 @@ def capture(step: Callable[..., Any], *, state: Sequence[Any], updates_per_repla
     """
     return CapturedStep(step, state=state, updates_per_replay=updates_per_replay, warmup=warmup, enabled=enabled,
                         device=device, pool=pool, check=check, check_syncs=check_syncs,
-                        capture_error_mode=capture_error_mode)
+                        capture_error_mode=capture_error_mode, capture_guard=capture_guard)
 
 
 class CapturedStep:
@@ -139,7 +143,8 @@ class CapturedStep:
     def __init__(self, step: Callable[..., Any], *, state: Sequence[Any], updates_per_replay: int = 1,
                  warmup: int = 3, enabled: bool | None = None, device: torch.device | str | None = None,
                  pool: Any = None, check: bool = True, check_syncs: bool = True,
-                 capture_error_mode: str = "global") -> None:
+                 capture_error_mode: str = "global",
+                 capture_guard: Callable[[], contextlib.AbstractContextManager] | None = no_recompiles) -> None:
         if not callable(step):
             raise TypeError(f"step must be a callable (one update), got {type(step).__name__}")
         for name, value in (("updates_per_replay", updates_per_replay), ("warmup", warmup)):
@@ -157,13 +162,15 @@ class CapturedStep:
         if self.checked:
             self._parts.check_capturable()
         self._pool, self._check_syncs, self._error_mode = pool, self.checked and check_syncs, capture_error_mode
+        self._guard = capture_guard or contextlib.nullcontext
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: tuple[Any, ...] = ()
         self.static_outputs: Any = None
         self.calls = 0
 
     def __call__(self, *inputs: Any) -> Any:
-        """Run ``updates_per_replay`` updates on ``inputs`` (tensors or TensorDicts, the shapes of the first call).
+        """Run ``updates_per_replay`` updates on ``inputs`` (tensors, TensorDicts or dicts of tensors, the shapes of
+        the first call).
 
         Graph mode copies ``inputs`` into the static inputs (non-blocking) and replays; the returned outputs
         are the graph's static tensors, overwritten by the next call (clone what you keep). No host sync.
@@ -222,20 +229,25 @@ class CapturedStep:
         if len(inputs) != len(self.static_inputs):
             raise ValueError(f"the step was captured with {len(self.static_inputs)} inputs, got {len(inputs)}")
         for i, (static, value) in enumerate(zip(self.static_inputs, inputs)):
-            if tuple(static.shape) != tuple(value.shape):
-                raise ValueError(f"input {i} must have the captured shape {tuple(static.shape)}, got "
-                                 f"{tuple(value.shape)}")
-            static.copy_(value, non_blocking=True)
+            pairs = [(f"{i}[{k!r}]", static[k], value[k]) for k in static] if isinstance(static, dict) else [
+                (f"{i}", static, value)]
+            for name, to, source in pairs:
+                if tuple(to.shape) != tuple(source.shape):
+                    raise ValueError(f"input {name} must have the captured shape {tuple(to.shape)}, got "
+                                     f"{tuple(source.shape)}")
+                to.copy_(source, non_blocking=True)
 
     def _capture(self, inputs: tuple[Any, ...]) -> None:
         for i, value in enumerate(inputs):
-            if not isinstance(value, (Tensor, TensorDictBase)):
-                raise TypeError(f"input {i} must be a tensor or a TensorDict, got {type(value).__name__}")
+            parts = value.values() if isinstance(value, dict) else (value,)
+            if not all(isinstance(v, (Tensor, TensorDictBase)) for v in parts):
+                raise TypeError(f"input {i} must be a tensor, a TensorDict or a dict of tensors, got "
+                                f"{type(value).__name__}")
         self._parts.check_ready()
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         device = self.device
-        self.static_inputs = tuple(x.to(device, non_blocking=True).clone() for x in inputs)
+        self.static_inputs = tuple(_static_copy(x, device) for x in inputs)
         saved = self._parts.snapshot(device)
         try:
             self._warm_up(device)
@@ -247,7 +259,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         kwargs = {"capture_error_mode": self._error_mode} | ({"pool": self._pool} if self._pool is not None else {})
         try:
-            with no_recompiles(), cuda_graph_capture(graph, self._parts.generators(), **kwargs):
+            with self._guard(), cuda_graph_capture(graph, self._parts.generators(), **kwargs):
                 out = self._updates(self.static_inputs)
         except Exception as exc:
             self._parts.restore(saved)
@@ -286,6 +298,28 @@ class CapturedStep:
             torch.cuda.synchronize(self.device)  # sync-ok: end of a run; no replay may be in flight
             self.graph.reset()
             self.graph = None
+
+
+def count_optimizer_step(opt: Any, n: int = 1) -> None:
+    """Report ``n`` optimizer steps taken inside a CUDA graph to Lightning's progress tracking.
+
+    A captured update steps the raw optimizer inside the graph, past Lightning's optimizer wrapper (``opt``, a
+    ``LightningOptimizer`` from ``self.optimizers()`` under manual optimization): this runs the wrapper's step
+    hooks, which is all that ``LightningOptimizer.step`` adds around ``optimizer.step``, so
+    ``trainer.global_step`` (and ``max_steps``) counts the step. An object without those hooks (a plain
+    ``torch.optim.Optimizer``) is left alone."""
+    for _ in range(n):
+        for hook in ("_on_before_step", "_on_after_step"):
+            fn = getattr(opt, hook, None)
+            if fn is not None:
+                fn()
+
+
+def _static_copy(x: Any, device: torch.device) -> Any:
+    """A copy of an input on ``device``: the graph's static input (a dict's values copied one by one)."""
+    if isinstance(x, dict):
+        return {k: v.to(device, non_blocking=True).clone() for k, v in x.items()}
+    return x.to(device, non_blocking=True).clone()
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""The two primitives every CUDA-graph capture of the package goes through: :func:`cuda_graph_capture` and
-:func:`gc_paused`.
+"""The primitives every CUDA-graph capture of the package goes through: :func:`cuda_graph_capture`,
+:func:`gc_paused` and the capture guard :func:`no_recompiles`.
 
 Import-light on purpose (torch is imported on first use): :mod:`lightning_per.graphs.eager`,
 :mod:`lightning_per.graphs.streams` and the captured updates build on it.
@@ -12,7 +12,7 @@ import gc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["cuda_graph_capture", "gc_paused"]
+__all__ = ["cuda_graph_capture", "gc_paused", "no_recompiles"]
 
 
 @contextlib.contextmanager
@@ -25,7 +25,7 @@ def gc_paused() -> Iterator[None]:
 
     Example:
         >>> import gc
-        >>> from lightning_per.graphs import gc_paused
+        >>> from lightning_per.graphs.capturing import gc_paused
         >>> with gc_paused():
         ...     gc.isenabled()
         False
@@ -62,4 +62,15 @@ def cuda_graph_capture(graph: Any, generators: Sequence[Any] = (), **graph_kwarg
     for gen in generators:
         graph.register_generator_state(gen)
     with gc_paused(), torch.cuda.graph(graph, **graph_kwargs):
+        yield
+
+
+@contextlib.contextmanager
+def no_recompiles() -> Iterator[None]:
+    """Inside: a ``torch.compile``'d function that was compiled before raises instead of recompiling
+    (first compilations still happen). Wrap warm-ups after the first and CUDA-graph captures with it: a
+    compilation inside a capture would record its own benchmarking and allocations."""
+    import torch
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
         yield

@@ -62,7 +62,7 @@ def eager_graphs_paused() -> Iterator[None]:
     cost a sync and memory.
 
     Example:
-        >>> from lightning_per.graphs import eager_graphs_are_paused, eager_graphs_paused
+        >>> from lightning_per.graphs.eager import eager_graphs_are_paused, eager_graphs_paused
         >>> with eager_graphs_paused():
         ...     eager_graphs_are_paused()
         True

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 
 from lightning_per.graphs.check import HARD_UPDATE_PROBLEM
 from lightning_per.graphs.errors import CaptureError
-from lightning_per.graphs.update import _restore, _snapshot
 
 __all__ = ["CaptureState", "default_cuda_generator"]
 
@@ -205,7 +204,7 @@ class CaptureState:
         if device.type == "cuda":
             all_gens.append(default_cuda_generator(device))
         return {"tensors": [(t, t.detach().clone()) for t in self.tensors.values()],
-                "optimizers": [(opt, _snapshot([], opt)) for opt in self.optimizers],
+                "optimizers": [(opt, _optimizer_snapshot(opt)) for opt in self.optimizers],
                 "samplers": [(s, s.get_rng_state()) for s, _ in self.samplers if hasattr(s, "get_rng_state")],
                 "generators": [(g, g.get_state()) for g in all_gens]}
 
@@ -215,7 +214,7 @@ class CaptureState:
         for t, value in saved["tensors"]:
             t.detach().copy_(value)
         for opt, value in saved["optimizers"]:
-            _restore([], opt, value)
+            _optimizer_restore(opt, value)
         for sampler, value in saved["samplers"]:
             sampler.set_rng_state(value)
         for gen, value in saved["generators"]:
@@ -233,6 +232,18 @@ def default_cuda_generator(device: torch.device) -> torch.Generator:
     return torch.cuda.default_generators[index]
 
 
+def _optimizer_snapshot(opt: torch.optim.Optimizer) -> dict[int, dict[str, Tensor]]:
+    """Copies of the optimizer's existing state tensors, by parameter ``id``."""
+    return {id(p): {k: v.clone() for k, v in s.items() if isinstance(v, Tensor)} for p, s in opt.state.items()}
+
+
+def _optimizer_restore(opt: torch.optim.Optimizer, saved: dict[int, dict[str, Tensor]]) -> None:
+    """Put an :func:`_optimizer_snapshot` back in place (state created since the snapshot is zeroed)."""
+    for p, s in opt.state.items():
+        before = saved.get(id(p), {})
+        for k, v in s.items():
+            if isinstance(v, Tensor):
+                v.copy_(before[k]) if k in before else v.zero_()
 
 
 #: torch's optimizers without a capturable step (they read their step count or a closure's loss on the host)
