@@ -82,11 +82,12 @@ def test_sampler_kernels_backend_tracks_reference_backend(capacity, monkeypatch)
                                  eager_graphs=False, shuffle_strata=False)  # its uniforms come from the host below
     assert "two_level_search_with_values" in fast.core.ops.COMPILED and int(fast.core.state.rng[0]) == 7
 
-    def philox_uniforms(batch_size):
+    def philox_uniforms(shape):  # the reference core's generator draws, (B,) in stratum order
+        (batch_size,) = shape
         counts = fast.core.state.rng[1:1 + batch_size].cpu().numpy()
         return torch.from_numpy(expected_uniforms(7, counts)).cuda()
 
-    monkeypatch.setattr(slow, "_uniforms", philox_uniforms)
+    monkeypatch.setattr(slow.core, "rand", philox_uniforms)
     td = torch.rand(capacity, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0)) * 5
     for s in (fast, slow):
         for start in range(0, capacity, 1 << 16):  # the per-op _write gathers (B, block) rows: chunk it

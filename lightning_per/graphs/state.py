@@ -141,9 +141,10 @@ class CaptureState:
                             f"roll the warm-up's draws and priority updates back, nor check and register its "
                             f"sampler's random generators; add it to state=[...]")
             elif isinstance(obj, torch.optim.Optimizer) and id(obj) not in optimizers:
+                also = _optimizer_problem(obj)
                 return (f"the step steps {_named(obj, step)}, which state does not list: the capture would not roll "
                         f"the warm-up's steps back (moments, step count), nor check that it is capturable; add it "
-                        f"to state=[...]")
+                        f"to state=[...]" + (f"; and {also}" if also else ""))
         return None
 
     @contextlib.contextmanager
