@@ -17,7 +17,7 @@ import pytest
 import torch
 from _kernel_devices import KDEVS  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms  # noqa: E402
-from lightning_per.ext import _common, blocks, priority, rank, sample, update  # noqa: E402
+from lightning_per.ext import _common, blocks, gather, priority, rank, sample, update  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
@@ -287,6 +287,31 @@ def test_kernel_ops_expose_reference_names_and_pass_self_check(kdev):
     assert backend.two_level_search_with_values is sample.two_level_search_with_values
     assert backend.block_size_for is reference.block_size_for  # delegated
     assert set(ext.FUSED_OPS) <= set(backend.COMPILED)
+    assert set(ext.STORAGE_OPS) <= set(backend.COMPILED)
+    assert backend.gather_stacks is gather.gather_stacks and backend.scatter_rows is gather.scatter_rows
+
+
+@pytest.mark.parametrize("name", ["gather_rows", "scatter_rows", "gather_stacks"])
+def test_self_check_refuses_a_wrong_storage_op(kdev, name):
+    """The storages' copies are part of the backend's self-check: one that loses the first row is refused."""
+    from lightning_per.ops.kernels import KernelOps
+    from lightning_per.ops.selfcheck import self_check
+
+    def wrong_gather(src, index):
+        out = gather.gather_rows(src, index)
+        out[0] = 0
+        return out
+
+    def wrong_scatter(dst, index, src):
+        gather.scatter_rows(dst, index[1:], src[1:])
+
+    def wrong_stacks(ring, positions, index):
+        return gather.gather_stacks(ring, positions, torch.flip(index, [0]))
+
+    wrong = {"gather_rows": wrong_gather, "scatter_rows": wrong_scatter, "gather_stacks": wrong_stacks}[name]
+    broken = type("BrokenOps", (KernelOps,), {name: staticmethod(wrong)})(kdev)
+    with pytest.raises(RuntimeError, match=f"self-check failed: {name}"):
+        self_check(broken, torch.device(kdev))
 
 
 @pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])

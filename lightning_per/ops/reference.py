@@ -39,6 +39,9 @@ __all__ = [
     "sample_proportional_gather",
     "write_priorities",
     "rank_sample",
+    "gather_rows",
+    "scatter_rows",
+    "gather_stacks",
 ]
 
 
@@ -349,3 +352,67 @@ def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tenso
     if normalize == "batch":
         weight = weight / weight.max()
     return order[k], weight.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- storage ops
+
+
+def gather_rows(src: Tensor, index: Tensor) -> Tensor:
+    """The rows ``src[index]`` on ``index``'s device: a storage's batch read.
+
+    Args:
+        src: ``(R, *row)`` rows of a ring, on the device or on the host (a pinned-host ring).
+        index: ``(B,) int64`` rows in ``[0, R)``, on the batch's device.
+
+    Returns:
+        ``(B, *row)``, ``src``'s dtype, on ``index``'s device (a host ring: host-side indexing, then one copy,
+        ``non_blocking``; the compiled op reads pinned host memory in place).
+
+    Example::
+
+        >>> import torch
+        >>> gather_rows(torch.arange(6).view(3, 2), torch.tensor([2, 0])).tolist()
+        [[4, 5], [0, 1]]
+    """
+    return src[index.to(src.device)].to(index.device, non_blocking=True)  # [B, *row]
+
+
+def scatter_rows(dst: Tensor, index: Tensor, src: Tensor) -> None:
+    """``dst[index] = src``, in place: a storage's write. A repeated index gets one of its rows (give repeats
+    equal rows).
+
+    Args:
+        dst: ``(R, *row)`` rows of a ring, on the device or on the host (a pinned-host ring).
+        index: ``(B,) int64`` rows in ``[0, R)``, on the batch's device.
+        src: ``(B, *row)`` rows of ``dst``'s dtype, on the batch's device.
+
+    Example::
+
+        >>> import torch
+        >>> dst = torch.zeros(3, 2, dtype=torch.int64)
+        >>> scatter_rows(dst, torch.tensor([2]), torch.tensor([[7, 8]]))
+        >>> dst.tolist()
+        [[0, 0], [0, 0], [7, 8]]
+    """
+    dst[index.to(dst.device)] = src.to(dst.device)
+
+
+def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    """The frames of transitions ``index``: ``ring[positions[index]]`` (a frame-deduplicated storage's read).
+
+    Args:
+        ring: ``(F + 1, *frame)`` the ring of frames (any dtype).
+        positions: ``(N, K)`` int32/int64 ring positions of each transition's ``K`` frames.
+        index: ``(B,) int64`` transitions in ``[0, N)``.
+
+    Returns:
+        ``(B, K, *frame)``, contiguous, on the ring's device.
+
+    Example::
+
+        >>> import torch
+        >>> ring = torch.arange(4).view(4, 1)
+        >>> gather_stacks(ring, torch.tensor([[0, 1], [2, 3]]), torch.tensor([1])).view(-1).tolist()
+        [2, 3]
+    """
+    return ring[positions[index].to(torch.int64)]  # [B, K, *frame]

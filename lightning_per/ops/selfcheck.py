@@ -190,6 +190,30 @@ def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.G
     _equal("device rng: shuffled draws counted", first, counted)
 
 
+def _check_storage(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
+    """The storages' copies: rows gathered and scattered (row widths of 8-, 4- and 1-byte words, a ring in pinned
+    host memory on CUDA) and frame stacks gathered, against the reference, exactly."""
+    pin = device.type == "cuda"
+    for row_bytes in (16, 12, 7):
+        ring = torch.randint(0, 256, (9, row_bytes), dtype=torch.uint8, generator=gen)
+        index = torch.tensor([7, 0, 3, 3, 8], device=device)
+        host = ring.pin_memory() if pin else ring.clone()
+        _equal(f"gather_rows[{row_bytes}]", ops.gather_rows(host, index), reference.gather_rows(ring, index))
+        src = torch.randint(0, 256, (3, row_bytes), dtype=torch.uint8, generator=gen).to(device)
+        rows = torch.tensor([8, 1, 4], device=device)
+        expected = ring.clone()
+        reference.scatter_rows(expected, rows, src)
+        ops.scatter_rows(host, rows, src)
+        if pin:
+            torch.cuda.synchronize(device)  # sync-ok: one-time self-check reads the host ring the kernel wrote
+        _equal(f"scatter_rows[{row_bytes}]", host, expected)
+    frames = torch.randint(0, 256, (11, 3, 4), dtype=torch.uint8, generator=gen).to(device)
+    positions = torch.randint(0, 11, (7, 6), dtype=torch.int32, generator=gen).to(device)
+    index = torch.tensor([6, 0, 3, 3], device=device)
+    _equal("gather_stacks", ops.gather_stacks(frames, positions, index),
+           reference.gather_stacks(frames, positions, index))
+
+
 def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> None:
     """Run every compiled op of ``ops`` on ``device`` against the reference.
 
@@ -203,3 +227,4 @@ def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> N
     _check_write(ops, device, gen)
     _check_rank(ops, device, gen)
     _check_device_rng(ops, device, gen)
+    _check_storage(ops, device, gen)
