@@ -74,20 +74,17 @@ def _filled_sampler(cls, N: int, device: torch.device, backend: str):
     ``write_priorities`` (its O(B) large-batch path: no ``(B, block)`` gather)."""
     sampler = cls(N, 0.6, 0.4, device=device, backend=backend, seed=0)
     s, chunk = sampler, 1 << 22
-    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
-             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
+    tree = s.core.state.tree()
     for start in range(0, N, chunk):
         index = torch.arange(start, min(N, start + chunk), device=device)
-        s.core.ops.write_priorities(*state, index, torch.rand(index.numel(), device=device) * 10, N,
-                                s.core.capacity, s.core.state.alpha, s.core.state.eps)
+        s.core.ops.write_priorities(tree, index, torch.rand(index.numel(), device=device) * 10, N)
     return sampler, _Len(N)
 
 
 def _fused_steps(sampler, N: int, B: int, ops):
     """Closures for one fused sample, one fused update and both, over ``sampler``'s tensors."""
     s, dev = sampler, sampler.device
-    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
-             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
+    tree = s.core.state.tree()
     last = {"index": torch.zeros(B, dtype=torch.int64, device=dev), "w": torch.ones(B, device=dev)}
 
     def sample():
@@ -97,7 +94,7 @@ def _fused_steps(sampler, N: int, B: int, ops):
                                                            s.core.state.beta)
 
     def update():
-        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s.core.state.alpha, s.core.state.eps)
+        ops.write_priorities(tree, last["index"], last["w"] + 0.01, N)
 
     def step():
         sample()

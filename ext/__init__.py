@@ -22,6 +22,8 @@ directly in eager mode (no dispatcher overhead) and call the registered op while
 * :mod:`.priority` - ``sanitize_priority``, ``transform_priority``.
 * :mod:`.rank` - the fused ``rank_sample`` (rank search -> slot -> IS weight, one launch).
 * :mod:`.gather` - row gathers and scatters of the storages (frame stacks, pinned host rows).
+* :mod:`.state` - ``PriorityTree`` (with its ``WriteScratch``) and ``RankTable``: the explicit state an op takes
+  as one value (plain torch, no Triton).
 
 Importing this package never imports Triton; importing :mod:`.backend` (or any kernel module) does. Kernels
 run on CUDA devices, or on CPU tensors when Triton is first imported with ``TRITON_INTERPRET=1`` (Triton's

@@ -23,7 +23,7 @@ from .sample import (
     two_level_search,
     two_level_search_with_values,
 )
-from .update import prepare_write, write_priorities
+from .update import write_priorities
 
 __all__ = ["TritonOps"]
 
@@ -65,8 +65,6 @@ class TritonOps:
     gather_rows = staticmethod(gather_rows)
     scatter_rows = staticmethod(scatter_rows)
     gather_stacks = staticmethod(gather_stacks)
-    #: the write's counters, made outside any capture
-    prepare_write = staticmethod(prepare_write)
     #: the proportional draws' in-kernel uniforms (``rng=``)
     new_rng_state = staticmethod(new_rng_state)
     seed_word = staticmethod(seed_word)

@@ -83,6 +83,12 @@ def test_all_zero_masses_give_the_last_slot_not_out_of_range(kdev):
 
 
 # ---------------------------------------------------------------------------------------- update
+def _launch_state(tree):
+    """The write launcher's state arguments of a :class:`~lightning_per.ext.state.PriorityTree`."""
+    return (tree.raw, tree.leaves, tree.block_sum, tree.block_min, tree.max_raw, tree.n_clamped, tree.n_dropped,
+            tree.scratch)
+
+
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4, 4096, 1024), (4096, 4096, 0),
                                                              (4, 4096, 0), (4096, 8, 0)])
 def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, max_quadratic, max_one):
@@ -97,22 +103,20 @@ def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, m
         prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
         prio[2], prio[9], prio[13], prio[17] = float("nan"), float("inf"), -float("inf"), -0.5
         index, prio = index.to(kdev), prio.to(kdev)
-        args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha, eps=1e-6)
-        update._launch_write(*got.values(), index, prio, n_valid, capacity,
+        update._launch_write(*_launch_state(got), index, prio, n_valid, capacity,
                              *_common.scalar_arg(alpha, "alpha", kdev), 1e-6, max_chunk=max_chunk,
                              max_quadratic=max_quadratic, max_one=max_one)
-        reference.write_priorities(**want, **args)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-    assert got["n_clamped"].item() == want["n_clamped"].item() == 8
-    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
-    assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
-    if max_one:  # the one-launch path leaves its counters at zero (made by its first call)
-        assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
+        reference.write_priorities(want._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
+    assert got.n_clamped.item() == want.n_clamped.item() == 8
+    assert got.n_dropped.item() == want.n_dropped.item() > 0
+    assert got.leaves.view(-1)[capacity].item() == 0  # the trash slot stays empty
+    if max_one:  # the one-launch path leaves its counters at zero
+        assert not got.scratch.tickets.any()
     if not max_one and max_quadratic < 20:  # the O(B) path leaves its scratch at -1 and its flags at zero
-        _, scratch, flags = update._write_state(got["leaves"])
-        assert bool((scratch == -1).all()) and not bool(flags.any())
+        assert bool((got.scratch.last_writer == -1).all()) and not bool(got.scratch.flags.any())
 
 
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4096, 4096, 0), (4096, 8, 0)])
@@ -124,28 +128,28 @@ def test_masked_write_stores_zero_values_where_the_mask_is_false(kdev, gen, max_
     valid = (torch.rand(leaves.numel(), generator=gen) < 0.6).to(kdev)
     got, want, plain = fresh_state(leaves), fresh_state(leaves), fresh_state(leaves)
     for state in (got, want):  # a masked state holds no value where the mask is False
-        state["leaves"].view(-1).mul_(valid)
-        total, low = reference.reduce_blocks(state["leaves"])
-        state["block_sum"].copy_(total)
-        state["block_min"].copy_(low)
+        state.leaves.view(-1).mul_(valid)
+        total, low = reference.reduce_blocks(state.leaves)
+        state.block_sum.copy_(total)
+        state.block_min.copy_(low)
     index = torch.randint(-3, capacity + 3, (20,), generator=gen)
     index[:8] = index[8:16].flip(0)  # clashes, in both orders
     prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
     prio[2], prio[9] = float("nan"), -0.5
     index[18], index[19] = -1, capacity + 1  # rejected entries: dropped, masked or not
     index, prio = index.to(kdev), prio.to(kdev)
-    args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=0.6, eps=1e-6)
-    update._launch_write(*got.values(), index, prio, n_valid, capacity, *_common.scalar_arg(0.6, "alpha", kdev),
-                         1e-6, valid, max_chunk=max_chunk, max_quadratic=max_quadratic, max_one=max_one)
-    reference.write_priorities(**want, **args, valid=valid)
-    reference.write_priorities(**plain, **args)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(want["leaves"].view(-1), plain["leaves"].view(-1) * valid, rtol=0, atol=0)
-    for key in ("raw_store", "max_raw", "n_clamped", "n_dropped"):
-        torch.testing.assert_close(want[key], plain[key], rtol=0, atol=0)
-    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
+    update._launch_write(*_launch_state(got), index, prio, n_valid, capacity,
+                         *_common.scalar_arg(0.6, "alpha", kdev), 1e-6, valid, max_chunk=max_chunk,
+                         max_quadratic=max_quadratic, max_one=max_one)
+    reference.write_priorities(want._replace(capacity=capacity, alpha=0.6, eps=1e-6), index, prio, n_valid, valid)
+    reference.write_priorities(plain._replace(capacity=capacity, alpha=0.6, eps=1e-6), index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(want.leaves.view(-1), plain.leaves.view(-1) * valid, rtol=0, atol=0)
+    for key in ("raw", "max_raw", "n_clamped", "n_dropped"):
+        torch.testing.assert_close(getattr(want, key), getattr(plain, key), rtol=0, atol=0)
+    assert got.n_dropped.item() == want.n_dropped.item() > 0
 
 
 @pytest.mark.parametrize("n", [40, update.MAX_ONE_LAUNCH])  # the largest one-launch batch: the most entries per
@@ -162,33 +166,35 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and 
         prio = torch.rand(n, generator=gen) * 5
         index[n - 1], prio[n - 1] = 3, float("nan")  # the last write of slot 3
         index, prio = index.to(kdev), prio.to(kdev)
-        update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
-        reference.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
-        for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
-            torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-        torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+        update._launch_write(*_launch_state(got), index, prio, 45, 45, None, 0.7, 1e-6)
+        reference.write_priorities(want._replace(capacity=45, alpha=0.7, eps=1e-6), index, prio, 45)
+        for key in ("raw", "leaves", "block_min", "max_raw", "n_clamped"):
+            torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+        torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
         last = dict(zip(index.tolist(), prio.tolist()))  # later pairs overwrite earlier ones
         for slot, value in last.items():
             expected = (1.0 if call == 0 else running_max) if value != value else value
-            assert got["raw_store"][slot].item() == pytest.approx(expected, rel=1e-6), (call, slot)
-        assert got["block_sum"][0].item() == pytest.approx(got["leaves"][0].double().sum().item(), rel=1e-12)
-        assert got["n_clamped"].item() == call + 1
-        running_max = got["max_raw"].item()
+            assert got.raw[slot].item() == pytest.approx(expected, rel=1e-6), (call, slot)
+        assert got.block_sum[0].item() == pytest.approx(got.leaves[0].double().sum().item(), rel=1e-12)
+        assert got.n_clamped.item() == call + 1
+        running_max = got.max_raw.item()
 
 
 def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
     """The compiled backend's sampler makes the write's persistent tensors (the one-launch kernel's counters, the
     O(B) path's scratch and flags) with its state (outside any CUDA-graph capture that may record its first
-    write), and makes new ones when it reallocates."""
+    write), and makes new ones when it reallocates; the reference backend's state holds none."""
     from lightning_per import GPUPrioritizedSampler
 
     s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
     assert "write_priorities" in s.core.ops.COMPILED
-    counters, scratch, flags = update._TICKETS[id(s.core.state.leaves)][1]
+    counters, scratch, flags = s.core.state.scratch
     assert counters.shape == (s.core.n_blocks + 1,) and not counters.any()
     assert scratch.shape == (s.core.state.leaves.numel(),) and bool((scratch == -1).all()) and not flags.any()
     s.core.reset()  # a reallocation (e.g. empty())
-    assert id(s.core.state.leaves) in update._TICKETS
+    assert s.core.state.scratch is not None and s.core.state.scratch.tickets is not counters
+    assert s.core.state.scratch.last_writer.shape == (s.core.state.leaves.numel(),)
+    assert GPUPrioritizedSampler(100, 0.6, 0.4, backend="reference", device=kdev).core.state.scratch is None
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):
@@ -196,15 +202,17 @@ def test_write_priorities_public_op_and_validation(kdev, gen):
     st = fresh_state(leaves)
     index = torch.tensor([3, 3, 5], device=kdev)
     prio = torch.tensor([1.0, 2.0, 4.0], device=kdev)
-    update.write_priorities(**st, index=index, priority=prio, n_valid=20, trash=20, alpha=1.0, eps=0.0)
-    assert st["raw_store"][3].item() == 2.0 and st["leaves"].view(-1)[5].item() == 4.0
-    assert st["max_raw"].item() == 4.0  # max over every accepted value, the overwritten 1.0 included
+    update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, prio, 20)
+    assert st.raw[3].item() == 2.0 and st.leaves.view(-1)[5].item() == 4.0
+    assert st.max_raw.item() == 4.0  # max over every accepted value, the overwritten 1.0 included
     with pytest.raises(ValueError, match="priority must have 3 elements"):
-        update.write_priorities(**st, index=index, priority=torch.ones(2, device=kdev), n_valid=20, trash=20,
-                                alpha=1.0, eps=0.0)
+        update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, torch.ones(2, device=kdev), 20)
     with pytest.raises(ValueError, match="n_valid"):
-        update.write_priorities(**st, index=index, priority=torch.ones(3, device=kdev), n_valid=21, trash=20,
-                                alpha=1.0, eps=0.0)
+        update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, torch.ones(3, device=kdev), 21)
+    before = st.raw.clone()
+    with pytest.raises(ValueError, match="tree.scratch must be the write's WriteScratch"):
+        update.write_priorities(st._replace(capacity=20, scratch=None), index, prio * 3, 20)
+    assert torch.equal(st.raw, before)  # refused: nothing written
 
 
 # ------------------------------------------------------------------------------- per-op kernels

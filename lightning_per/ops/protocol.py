@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree
+
 __all__ = ["ReplayOps", "CompiledReplayOps"]
 
 
@@ -65,9 +67,8 @@ class ReplayOps(Protocol):
                                    beta: Tensor | float, rows: Tensor, stratified: bool = True,
                                    normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]: ...
 
-    def write_priorities(self, raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor,
-                         max_raw: Tensor, n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor,
-                         n_valid: int, trash: int, alpha: Tensor | float, eps: float) -> None: ...
+    def write_priorities(self, tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
+                         valid: Tensor | None = None) -> None: ...
 
     def rank_sample(self, u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
                     beta: Tensor | float, stratified: bool = True,
@@ -96,8 +97,6 @@ class CompiledReplayOps(ReplayOps, Protocol):
     SHUFFLE_DRAWS: int
     #: The device the ops were checked on.
     device: torch.device
-
-    def prepare_write(self, leaves: Tensor) -> None: ...
 
     def new_rng_state(self, seed: int, device: torch.device | str) -> Tensor: ...
 

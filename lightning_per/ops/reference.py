@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree
+
 __all__ = [
     "block_size_for",
     "sanitize_priority",
@@ -299,13 +301,29 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
     return index, w, rows[index]
 
 
-def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
-                     n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float, valid: Tensor | None = None) -> None:
-    """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
-    running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
-    transform (the value 0 where the optional bool mask ``valid`` is False; the raw priority is still stored),
-    last write wins, recompute the touched blocks from their leaves, fold the counters."""
+def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
+                     valid: Tensor | None = None) -> None:
+    """In-place priority write into ``tree`` (arguments as ``ext.update.write_priorities``; ``tree.scratch`` is
+    not used): sanitize against the running max (1 before any), reject slots outside ``[0, n_valid)`` to the trash
+    slot ``tree.capacity`` with value 0, transform (the value 0 where the optional bool mask ``valid`` is False;
+    the raw priority is still stored), last write wins, recompute the touched blocks from their leaves, fold the
+    counters.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_per.ext.state import PriorityTree
+        >>> leaves = torch.zeros(1, 4)
+        >>> tree = PriorityTree(leaves, torch.zeros(1, dtype=torch.float64), torch.full((1,), float("inf")),
+        ...                     raw=torch.zeros(4), max_raw=torch.tensor(float("-inf")),
+        ...                     n_clamped=torch.tensor(0), n_dropped=torch.tensor(0), capacity=3)
+        >>> write_priorities(tree, torch.tensor([1, 1, 7]), torch.tensor([5.0, 2.0, 9.0]), 3)
+        >>> leaves.tolist(), int(tree.n_dropped)  # last write wins; slot 7 is outside [0, 3)
+        ([[0.0, 2.0, 0.0, 0.0]], 1)
+    """
+    raw_store, leaves, block_sum, block_min = tree.raw, tree.leaves, tree.block_sum, tree.block_min
+    max_raw, n_clamped, n_dropped, trash = tree.max_raw, tree.n_clamped, tree.n_dropped, tree.capacity
+    alpha, eps = tree.alpha, tree.eps
     default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
     ok = (index >= 0) & (index < n_valid)  # [B]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree, write_scratch
 from lightning_per.ops import reference
 from lightning_per.ops.protocol import CompiledReplayOps
 
@@ -50,15 +51,19 @@ def boundary_uniforms(block_sum: Tensor, n_random: int, generator: torch.Generat
     return u.to(block_sum.device)
 
 
-def fresh_state(leaves: Tensor) -> dict:
-    """Sampler-like mutable state around ``leaves`` (copied): raw, sums, minima, max, counters."""
+def fresh_state(leaves: Tensor, capacity: int = 0, alpha: Tensor | float = 1.0, eps: float = 0.0,
+                beta: Tensor | float = 0.0) -> PriorityTree:
+    """A sampler-like :class:`~lightning_per.ext.state.PriorityTree` around ``leaves`` (copied): raw priorities
+    equal to the leaves, sums, minima, max -inf, zero counters, the write's scratch, the given exponents, ``eps``
+    and ``capacity`` (the trash slot)."""
     d = leaves.device
     leaves = leaves.clone()
     block_sum, block_min = (t.contiguous() for t in reference.reduce_blocks(leaves))  # sums: a strided view
-    return {"raw_store": leaves.reshape(-1).clone(), "leaves": leaves, "block_sum": block_sum,
-            "block_min": block_min, "max_raw": torch.full((), float("-inf"), device=d),
-            "n_clamped": torch.zeros((), dtype=torch.int64, device=d),
-            "n_dropped": torch.zeros((), dtype=torch.int64, device=d)}
+    return PriorityTree(leaves, block_sum, block_min, raw=leaves.reshape(-1).clone(),
+                        max_raw=torch.full((), float("-inf"), device=d),
+                        n_clamped=torch.zeros((), dtype=torch.int64, device=d),
+                        n_dropped=torch.zeros((), dtype=torch.int64, device=d), alpha=alpha, beta=beta, eps=eps,
+                        capacity=capacity, scratch=write_scratch(leaves))
 
 
 def _equal(name: str, got: Tensor, want: Tensor) -> None:
@@ -133,23 +138,22 @@ def _check_priority_ops(ops: CompiledReplayOps, device: torch.device, gen: torch
 def _check_write(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     capacity, n_valid = 37, 30
     leaves = make_levels(capacity, device, gen, integer=False)[0]
-    got, want = fresh_state(leaves), fresh_state(leaves)
     alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
+    got, want = (fresh_state(leaves, capacity, alpha, 1e-6) for _ in range(2))
     for _ in range(2):
         index = torch.randint(-2, capacity + 2, (24,), generator=gen)
         index[:6] = index[6:12]  # clashing duplicates
         prio = torch.rand(24, generator=gen) * 4
         prio[3], prio[7], prio[11] = float("nan"), -1.0, float("inf")
         index, prio = index.to(device), prio.to(device)
-        ops.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha,
-                             eps=1e-6)
-        reference.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
-                                   alpha=alpha, eps=1e-6)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        _close(f"write_priorities.{key}", got[key], want[key], 1e-6)
-    _close("write_priorities.block_sum", got["block_sum"], want["block_sum"], 1e-12)
-    _equal("write_priorities.n_clamped", got["n_clamped"], want["n_clamped"])
-    _equal("write_priorities.n_dropped", got["n_dropped"], want["n_dropped"])
+        ops.write_priorities(got, index, prio, n_valid)
+        reference.write_priorities(want, index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        _close(f"write_priorities.{key}", getattr(got, key), getattr(want, key), 1e-6)
+    _close("write_priorities.block_sum", got.block_sum, want.block_sum, 1e-12)
+    _equal("write_priorities.n_clamped", got.n_clamped, want.n_clamped)
+    _equal("write_priorities.n_dropped", got.n_dropped, want.n_dropped)
+    _equal("write_priorities.scratch", torch.cat(got.scratch), torch.cat(write_scratch(leaves)))  # left as found
 
 
 def _check_rank(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
