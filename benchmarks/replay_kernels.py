@@ -89,9 +89,7 @@ def _fused_steps(sampler, N: int, B: int, ops):
 
     def sample():
         u = torch.rand(B, generator=s.generator, device=dev, dtype=torch.float64)
-        last["index"], last["w"] = ops.sample_proportional(
-            s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min, u,
-                                                           s.core.state.beta)
+        last["index"], last["w"] = ops.sample_proportional(tree, u)
 
     def update():
         ops.write_priorities(tree, last["index"], last["w"] + 0.01, N)
@@ -109,6 +107,8 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     Returns ``[]`` (with a warning) when the kernels do not load or fail their self-check; CUDA-graph
     rows only on CUDA (a CPU device needs ``TRITON_INTERPRET=1``: a smoke test, not a measurement).
     """
+    from lightning_per.ext.state import RankTable
+
     from lightning_per import GPUPrioritizedSampler
     from lightning_per.ops import reference, select_backend
 
@@ -155,10 +155,11 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     order = torch.randperm(N, device=device)
     alpha, beta = (torch.tensor(v, dtype=torch.float64, device=device) for v in (0.6, 0.4))
     gen = torch.Generator(device=device).manual_seed(0)
+    table = RankTable(cdf, order, alpha, beta)
 
     def rank_draw():
         u = torch.rand(B, generator=gen, device=device, dtype=torch.float64)
-        ops.rank_sample(u, cdf, order, N, alpha, beta)
+        ops.rank_sample(table, u, N)
 
     rank_bytes = B * (8 + 8 * max(1, N.bit_length()) // 4 + 8 + 4)  # u, ~1/4 of search reads miss L2, out
     add("kernels-rank-fused-eager", rank_draw, rank_bytes)

@@ -18,6 +18,7 @@ import torch
 from _kernel_devices import KDEVS  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import _common, blocks, gather, priority, rank, sample, update  # noqa: E402
+from lightning_per.ext.state import PriorityTree, RankTable  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
@@ -68,8 +69,9 @@ def test_sample_proportional_matches_reference(kdev, gen, normalize, stratified)
     leaves, bs, bm = make_levels(30, kdev, gen)
     u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
     beta = torch.tensor(0.7, dtype=torch.float64, device=kdev) if stratified else 0.4  # tensor or float
-    index, w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
-    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    index, w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u, stratified, normalize)
+    tree = PriorityTree(leaves, bs, bm, beta=beta)
+    want_index, want_w = reference.sample_proportional(tree, u, stratified, normalize)
     torch.testing.assert_close(index, want_index, rtol=0, atol=0)
     torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
     assert w.dtype == torch.float32 and (w <= 1).all()
@@ -264,8 +266,8 @@ def test_rank_sample_matches_reference(kdev, gen, normalize):
     u = torch.cat([torch.rand(40, generator=gen, dtype=torch.float64), torch.tensor([0.0, 0.5])]).to(kdev)
     alpha, beta = (torch.tensor(v, dtype=torch.float64, device=kdev) for v in (0.7, 0.5))
     for n in (1, 257, 300):
-        index, w = rank.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
-        want_index, want_w = reference.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
+        index, w = rank.rank_sample(RankTable(cdf, order, alpha, beta), u, n, True, normalize)
+        want_index, want_w = reference.rank_sample(RankTable(cdf, order, alpha, beta), u, n, True, normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
 
@@ -283,8 +285,8 @@ def test_launchers_raise_with_the_limit(kdev):
     with pytest.raises(ValueError, match="B >= 1"):
         sample.two_level_search(leaves, torch.ones(2, dtype=torch.float64, device=kdev), u[:0])
     with pytest.raises(ValueError, match="n must lie in"):
-        rank.rank_sample(u, torch.ones(3, dtype=torch.float64, device=kdev), torch.arange(3, device=kdev), 4,
-                         0.5, 0.5)
+        table = RankTable(torch.ones(3, dtype=torch.float64, device=kdev), torch.arange(3, device=kdev), 0.5, 0.5)
+        rank.rank_sample(table, u, 4)
 
 
 # ------------------------------------------------------------------------- backend and samplers
@@ -419,9 +421,10 @@ def test_sample_proportional_gather_equals_sample_then_indexing(kdev, gen, capac
                                                       max_gather_chunk=max_gather_chunk)
     if normalize == "batch":
         w = w / w.max()
-    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    plain_index, plain_w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u, stratified, normalize)
     assert torch.equal(index, plain_index) and torch.equal(w, plain_w)
-    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    tree = PriorityTree(leaves, bs, bm, beta=beta)
+    want_index, want_w = reference.sample_proportional(tree, u, stratified, normalize)
     torch.testing.assert_close(index, want_index, rtol=0, atol=0)
     torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
     assert got_rows.dtype == torch.int64 and got_rows.shape == (u.numel(), width) and got_rows.is_contiguous()
@@ -437,16 +440,17 @@ def test_sample_proportional_gather_public_op_and_backend(kdev, gen, normalize):
     assert backend.sample_proportional_gather is sample.sample_proportional_gather
     assert "sample_proportional_gather" in backend.COMPILED
     for _ in range(2):  # the second call takes the validated fast path
-        index, w, got = backend.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True, normalize)
-        want_index, want_w, want_rows = reference.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True,
-                                                                             normalize)
+        tree = PriorityTree(leaves, bs, bm, beta=0.5)
+        index, w, got = backend.sample_proportional_gather(tree, u, rows, True, normalize)
+        tree = PriorityTree(leaves, bs, bm, beta=0.5)
+        want_index, want_w, want_rows = reference.sample_proportional_gather(tree, u, rows, True, normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
         assert torch.equal(got, want_rows) and torch.equal(got, rows[index])
     # the registered custom op (what torch.compile and the fake-tensor shapes go through)
     op_index, op_w, op_rows = torch.ops.lightning_per.sample_proportional_gather(leaves, bs, bm, u, None, 0.5, True,
                                                                                 rows)
-    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, 0.5, True)
+    plain_index, plain_w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=0.5), u, True)
     assert torch.equal(op_index, plain_index) and torch.equal(op_w, plain_w)
     assert torch.equal(op_rows, rows[plain_index])
 
@@ -472,7 +476,7 @@ def test_sample_proportional_gather_slot_beyond_the_ring_reads_zeros(kdev):
     bm = torch.full((3,), float("inf"), device=kdev)
     rows = torch.arange(1, 51, dtype=torch.int64, device=kdev).view(10, 5)
     u = torch.tensor([0.0, 0.5], dtype=torch.float64, device=kdev)
-    index, _, got = sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, rows)
+    index, _, got = sample.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4), u, rows)
     assert index.tolist() == [11, 11]
     assert torch.equal(got, torch.zeros(2, 5, dtype=torch.int64, device=kdev))
 
@@ -481,17 +485,19 @@ def test_sample_proportional_gather_validates_rows(kdev, gen):
     leaves, bs, bm = make_levels(10, kdev, gen)
     u = torch.rand(4, dtype=torch.float64, device=kdev)
     with pytest.raises(TypeError, match="rows must be torch.int64"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 3, device=kdev))
+        sample.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4), u, torch.zeros(10, 3, device=kdev))
     with pytest.raises(ValueError, match="rows must be 2-D"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, dtype=torch.int64, device=kdev))
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, dtype=torch.int64, device=kdev))
     with pytest.raises(ValueError, match="stride 1"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4,
-                                          torch.zeros(3, 10, dtype=torch.int64, device=kdev).t())
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(3, 10, dtype=torch.int64, device=kdev).t())
     with pytest.raises(ValueError, match="non-empty"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 0, dtype=torch.int64, device=kdev))
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, 0, dtype=torch.int64, device=kdev))
     with pytest.raises(ValueError, match="normalize"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 2, dtype=torch.int64, device=kdev),
-                                          normalize="max")
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, 2, dtype=torch.int64, device=kdev), normalize="max")
 
 
 # ----------------------------------------------------------------------- large-batch torch paths
@@ -508,3 +514,17 @@ def test_large_batch_torch_paths_equal_the_reference(gen, n):
     scratch = torch.zeros(n + 1, dtype=torch.int32)
     assert torch.equal(torch_paths.scatter_last_writer(index, scratch.clone(), positions),
                        reference.last_writer(index, scratch, positions))
+
+
+def test_every_op_of_the_protocol_takes_at_most_six_parameters():
+    """The ops take their state as one value (``ext.state``) plus the call's own arguments: at most 6 parameters."""
+    import inspect
+
+    from lightning_per.ops.protocol import CompiledReplayOps, ReplayOps
+
+    for proto in (ReplayOps, CompiledReplayOps):
+        for name, fn in vars(proto).items():
+            if callable(fn) and not name.startswith("_"):
+                params = [p for p in inspect.signature(fn).parameters if p != "self"]
+                assert len(params) <= 6, (name, params)
+                assert len(inspect.signature(getattr(reference, name, fn)).parameters) <= 6, name

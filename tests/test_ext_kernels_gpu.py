@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton")
 
 from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import rank, sample, update  # noqa: E402
+from lightning_per.ext.state import PriorityTree, RankTable  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
 from lightning_per.graphs.streams import capture_cuda_graph as capture  # noqa: E402
@@ -65,8 +66,8 @@ def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
     assert torch.equal(value, want_value) and (value > 0).all()
     beta = torch.tensor(0.4, dtype=F64, device="cuda")
     for normalize in ("buffer", "batch"):
-        got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
-        want = reference.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
+        got = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u[:256], True, normalize)
+        want = reference.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u[:256], True, normalize)
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
 
@@ -165,7 +166,7 @@ def test_one_launch_write_equals_reference_under_clashes(batch):
 def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
     if u is None:
         u = torch.rand(batch, generator=gen, device="cuda", dtype=F64)
-    index, w = sample.sample_proportional(st.leaves, st.block_sum, st.block_min, u, beta)
+    index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
     update.write_priorities(st._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, td[index] + 0.01, capacity)
     out["index"], out["w"] = index, w
 
@@ -249,8 +250,8 @@ def test_no_host_sync_over_1000_steps():
         index, info = sampler.sample(storage, batch)
         sampler.update_priority(index, info["priority_weight"] + 0.01, storage=storage)
         _fused_step(st, td, beta, alpha, capacity, batch, gen, {})
-        rank.rank_sample(torch.rand(batch, device="cuda", dtype=F64, generator=gen), r_cdf, order, capacity,
-                         alpha, beta)
+        table = RankTable(r_cdf, order, alpha, beta)
+        rank.rank_sample(table, torch.rand(batch, device="cuda", dtype=F64, generator=gen), capacity)
 
     for _ in range(3):  # JIT compilation happens here
         step()
@@ -299,7 +300,7 @@ def test_torch_compile_fullgraph_matches_eager():
         return st, outs
 
     def step(st, u):
-        index, w = sample.sample_proportional(st.leaves, st.block_sum, st.block_min, u, beta)
+        index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
         update.write_priorities(st, index, td[index] + 0.01, capacity)
         return index, w
 
@@ -337,20 +338,20 @@ def test_sample_gather_same_as_unfused_at_scale(capacity, width):
     rows = torch.randint(-2**62, 2**62, (capacity, width), device="cuda", generator=g)
     for batch, stratified, normalize in ((256, True, "buffer"), (1024, False, "batch"), (32, True, "batch")):
         u = torch.rand(batch, device="cuda", dtype=F64, generator=g)
-        index, w, got = sample.sample_proportional_gather(st.leaves, st.block_sum, st.block_min, u, 0.4,
-                                                          rows, stratified, normalize)
-        want_index, want_w = sample.sample_proportional(st.leaves, st.block_sum, st.block_min, u, 0.4,
-                                                        stratified, normalize)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=0.4)
+        index, w, got = sample.sample_proportional_gather(tree, u, rows, stratified, normalize)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=0.4)
+        want_index, want_w = sample.sample_proportional(tree, u, stratified, normalize)
         assert torch.equal(index, want_index) and torch.equal(w, want_w)
         assert torch.equal(got, rows[want_index])
 
 
 def _gather_step(st, rows, td, beta, alpha, capacity, out, u, fused=True):
     if fused:
-        index, w, block = sample.sample_proportional_gather(st.leaves, st.block_sum, st.block_min, u, beta,
-                                                            rows)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta)
+        index, w, block = sample.sample_proportional_gather(tree, u, rows)
     else:  # the unfused path: sample, then one gather
-        index, w = sample.sample_proportional(st.leaves, st.block_sum, st.block_min, u, beta)
+        index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
         block = rows[index]
     update.write_priorities(st._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, td[index] + 0.01, capacity)
     out["index"], out["w"], out["rows"] = index, w, block
@@ -420,8 +421,8 @@ def test_sample_gather_under_torch_compile_matches_eager():
     u = torch.rand(batch, device="cuda", dtype=F64)
 
     def fn(u):
-        index, w, block = sample.sample_proportional_gather(st.leaves, st.block_sum, st.block_min, u, beta,
-                                                            rows, True, "batch")
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta)
+        index, w, block = sample.sample_proportional_gather(tree, u, rows, True, "batch")
         return index, w, block, (block % 7).sum(1)  # a consumer Inductor compiles around the opaque op
 
     got = torch.compile(fn, fullgraph=True)(u)

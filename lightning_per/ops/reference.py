@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_per.ext.state import PriorityTree
+from lightning_per.ext.state import PriorityTree, RankTable
 
 __all__ = [
     "block_size_for",
@@ -281,23 +281,33 @@ def _stratify(u: Tensor, stratified: bool) -> Tensor:
     return (torch.arange(n, device=u.device, dtype=torch.float64) + u) / n if stratified else u
 
 
-def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | float,
-                        stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
-    """Proportional draw from i.i.d. uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
+def sample_proportional(tree: PriorityTree, u: Tensor, stratified: bool = True,
+                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+    """Proportional draw from ``tree`` (its ``leaves``, ``block_sum``, ``block_min`` and ``beta``) with i.i.d.
+    uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
 
     ``u' = (arange(B) + u) / B`` if ``stratified``; ``index, p = two_level_search_with_values(leaves,
     block_sum, u')``; ``w = is_weights(p, block_min.amin(), beta, normalize)``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_per.ext.state import PriorityTree
+        >>> leaves = torch.tensor([[1.0, 3.0]])
+        >>> tree = PriorityTree(leaves, *reduce_blocks(leaves), beta=1.0)
+        >>> index, w = sample_proportional(tree, torch.tensor([0.1, 0.9], dtype=torch.float64), False)
+        >>> index.tolist(), w.tolist()
+        ([0, 1], [1.0, 0.3333333432674408])
     """
-    index, p_sel = two_level_search_with_values(leaves, block_sum, _stratify(u, stratified))
-    return index, is_weights(p_sel, block_min.amin(), beta, normalize)
+    index, p_sel = two_level_search_with_values(tree.leaves, tree.block_sum, _stratify(u, stratified))
+    return index, is_weights(p_sel, tree.block_min.amin(), tree.beta, normalize)
 
 
-def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                               beta: Tensor | float, rows: Tensor, stratified: bool = True,
+def sample_proportional_gather(tree: PriorityTree, u: Tensor, rows: Tensor, stratified: bool = True,
                                normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`sample_proportional`, then the drawn rows of a packed ring: ``(index (B,) int64, w (B,)
     float32, rows[index] (B, W))``, ``rows`` ``(N, W)`` (the packed storage's ``int64`` ring)."""
-    index, w = sample_proportional(leaves, block_sum, block_min, u, beta, stratified, normalize)
+    index, w = sample_proportional(tree, u, stratified, normalize)
     return index, w, rows[index]
 
 
@@ -349,27 +359,27 @@ def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_vali
     n_dropped += idx.numel() - ok.sum()
 
 
-def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
-                beta: Tensor | float,
-                stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+def rank_sample(table: RankTable, u: Tensor, n: int, stratified: bool = True,
+                normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Rank-based draw (PER section 3.3) from i.i.d. uniforms ``u`` ``(B,)`` float64.
 
     ``k = searchsorted(cdf[:n], u' * cdf[n-1], right)`` (zero-based rank), ``index = order[k]``,
     ``w = ((k + 1) / n)^(alpha beta)`` in float64 (normalised by the batch max for ``"batch"``).
 
     Args:
-        rank_cdf: ``(N,)`` float64 prefix sums of ``k^-alpha``; order: ``(N,)`` int64 slot of each rank;
-        n: ranked items (host int, ``1 <= n <= N``).
+        table: the :class:`~lightning_per.ext.state.RankTable`: ``cdf`` ``(N,)`` float64 prefix sums of
+            ``k^-alpha``, ``order`` ``(N,)`` int64 slot of each rank, the exponents ``alpha`` and ``beta``.
+        u: ``(B,)`` float64 uniforms; n: ranked items (host int, ``1 <= n <= N``).
 
     Returns:
         ``(index (B,) int64, w (B,) float32)``.
     """
-    cdf = rank_cdf[:n]
+    cdf = table.cdf[:n]
     k = inverse_cdf_search(cdf, _stratify(u, stratified) * cdf[-1])  # [B]
-    weight = torch.pow((k + 1).to(torch.float64) / n, alpha * beta)
+    weight = torch.pow((k + 1).to(torch.float64) / n, table.alpha * table.beta)
     if normalize == "batch":
         weight = weight / weight.max()
-    return order[k], weight.to(torch.float32)
+    return table.order[k], weight.to(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------- storage ops

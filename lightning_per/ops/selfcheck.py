@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_per.ext.state import PriorityTree, write_scratch
+from lightning_per.ext.state import PriorityTree, RankTable, write_scratch
 from lightning_per.ops import reference
 from lightning_per.ops.protocol import CompiledReplayOps
 
@@ -90,7 +90,7 @@ def _check_search(ops: CompiledReplayOps, device: torch.device, gen: torch.Gener
         _equal(f"two_level_search_with_values[{capacity}].index", got[0], want[0])
         _equal(f"two_level_search_with_values[{capacity}].value", got[1], want[1])
         for normalize in ("buffer", "batch"):
-            (gi, gw), (wi, ww) = (f(leaves, bs, bm, u[:6], beta, True, normalize)
+            (gi, gw), (wi, ww) = (f(PriorityTree(leaves, bs, bm, beta=beta), u[:6], True, normalize)
                                   for f in (ops.sample_proportional, reference.sample_proportional))
             _equal(f"sample_proportional[{normalize}].index", gi, wi)
             _close(f"sample_proportional[{normalize}].weight", gw, ww, 1e-6)
@@ -108,7 +108,7 @@ def _check_gather(ops: CompiledReplayOps, device: torch.device, gen: torch.Gener
     u = boundary_uniforms(bs, 4, gen, n_bound=8)
     beta = torch.tensor(0.4, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
-        (gi, gw, gr), (wi, ww, wr) = (f(leaves, bs, bm, u, beta, rows, True, normalize)
+        (gi, gw, gr), (wi, ww, wr) = (f(PriorityTree(leaves, bs, bm, beta=beta), u, rows, True, normalize)
                                       for f in (ops.sample_proportional_gather, reference.sample_proportional_gather))
         _equal(f"sample_proportional_gather[{normalize}].index", gi, wi)
         _close(f"sample_proportional_gather[{normalize}].weight", gw, ww, 1e-6)
@@ -163,21 +163,21 @@ def _check_rank(ops: CompiledReplayOps, device: torch.device, gen: torch.Generat
     alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
     beta = torch.tensor(0.5, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
-        (gi, gw), (wi, ww) = (f(u, cdf, order, 41, alpha, beta, True, normalize)
+        (gi, gw), (wi, ww) = (f(RankTable(cdf, order, alpha, beta), u, 41, True, normalize)
                               for f in (ops.rank_sample, reference.rank_sample))
         _equal(f"rank_sample[{normalize}].index", gi, wi)
         _close(f"rank_sample[{normalize}].weight", gw, ww, 1e-6)
 
 
 def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
-    """The in-kernel uniforms (``rng=``): both sample kernels build and run, draw the same slots and weights from
+    """The in-kernel uniforms (``tree.rng``): both sample kernels build and run, draw the same slots and weights from
     equal states, count one draw per position, and land on written slots."""
     capacity, batch = 37, 8
     leaves, bs, bm = make_levels(capacity, device, gen)
     rows = torch.randint(-2**62, 2**62, (capacity, 5), generator=gen).to(device)
     first, second = ops.new_rng_state(12345, device), ops.new_rng_state(12345, device)
-    gi, gw = ops.sample_proportional(leaves, bs, bm, batch, 0.4, rng=first)
-    hi, hw, hr = ops.sample_proportional_gather(leaves, bs, bm, batch, 0.4, rows, rng=second)
+    gi, gw = ops.sample_proportional(PriorityTree(leaves, bs, bm, beta=0.4, rng=first), batch)
+    hi, hw, hr = ops.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4, rng=second), batch, rows)
     _equal("device rng: sample vs sample_gather index", gi, hi)
     _equal("device rng: sample vs sample_gather weight", gw, hw)
     _equal("device rng: gathered rows", hr, rows[gi])

@@ -220,11 +220,7 @@ def sample(ops, state: PriorityState, draws: Tensor | int, stratified: bool,
     the int ``B``: the compiled kernels draw the uniforms themselves from :attr:`PriorityState.rng`.
     ``weight_normalization``: ``"buffer"`` (by ``min_j P(j)``) or ``"batch"`` (by the batch max).
     """
-    if isinstance(draws, int):
-        return ops.sample_proportional(state.leaves, state.block_sum, state.block_min, draws, state.beta, stratified,
-                                       weight_normalization, rng=state.rng)
-    return ops.sample_proportional(state.leaves, state.block_sum, state.block_min, draws, state.beta, stratified,
-                                   weight_normalization)
+    return ops.sample_proportional(state.tree(), draws, stratified, weight_normalization)
 
 
 def sample_gather(ops, state: PriorityState, draws: Tensor | int, rows: Tensor, stratified: bool,
@@ -232,14 +228,8 @@ def sample_gather(ops, state: PriorityState, draws: Tensor | int, rows: Tensor, 
     """:func:`sample` and the rows of the drawn slots in one fused op: ``(block (B, W) int64, index (B,) int64,
     weight (B,) float32)``, ``rows`` the ring's packed ``(N, W) int64`` rows
     (the storage's ``gather_rows``) on the state's device."""
-    if isinstance(draws, int):
-        index, weight, block = ops.sample_proportional_gather(
-            state.leaves, state.block_sum, state.block_min, draws, state.beta, rows, stratified, weight_normalization,
-            rng=state.rng)
-    else:
-        index, weight, block = ops.sample_proportional_gather(
-            state.leaves, state.block_sum, state.block_min, draws, state.beta, rows, stratified,
-            weight_normalization)  # [B], [B], [B, W]
+    index, weight, block = ops.sample_proportional_gather(state.tree(), draws, rows, stratified,
+                                                          weight_normalization)  # [B], [B], [B, W]
     return block, index, weight
 
 
