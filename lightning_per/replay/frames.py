@@ -113,13 +113,8 @@ class FrameStackStorage(GPUTensorStorage):
         self.ops = select_backend(torch.device(self.device))
         self.layout = "frames"
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle / ``copy.deepcopy`` state: TorchRL's, without the ops backend (chosen again on load)."""
-        state = super().__getstate__()
-        state["ops"] = None
-        return state
-
     def __setstate__(self, state) -> None:
+        """Unpickling (:meth:`GPUTensorStorage.__setstate__`), the ops backend chosen again."""
         super().__setstate__(state)
         self.ops = select_backend(torch.device(self.device) if self.frames is None else self.frames.device)
 

@@ -92,13 +92,8 @@ class PinnedHostStorage(GPUTensorStorage):
         #: ``scatter_rows`` read and write the host ring (zero-copy kernels on CUDA, host indexing elsewhere)
         self.ops = select_backend(device)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle / ``copy.deepcopy`` state: TorchRL's, without the ops backend (chosen again on load)."""
-        state = super().__getstate__()
-        state["ops"] = None
-        return state
-
     def __setstate__(self, state) -> None:
+        """Unpickling (:meth:`GPUTensorStorage.__setstate__`), the ops backend chosen again."""
         super().__setstate__(state)
         self.ops = select_backend(self._batch_device)
 
