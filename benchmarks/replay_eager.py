@@ -55,17 +55,14 @@ def main(argv=None) -> int:
     sampler, storage, ops = rb.sampler, rb.storage, rb.sampler.core.ops
     rows = storage.gather_rows
     u = torch.rand(B, device=device, dtype=torch.float64)
-    index, w, block = ops.sample_proportional_gather(
-        sampler.core.state.leaves, sampler.core.state.block_sum, sampler.core.state.block_min, u,
-                                                     sampler.core.state.beta, rows)
+    tree = sampler.core.state.tree()
+    index, w, block = ops.sample_proportional_gather(tree, u, rows)
     data = rb.sample(B)
     prio = data["reward"].abs() + 0.01
     gen = sampler.generator
 
     def sample_kernel():
-        return ops.sample_proportional_gather(
-        sampler.core.state.leaves, sampler.core.state.block_sum, sampler.core.state.block_min, u,
-                                              sampler.core.state.beta, rows)
+        return ops.sample_proportional_gather(tree, u, rows)
 
     def step(rb=rb):
         d = rb.sample(B)

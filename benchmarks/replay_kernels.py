@@ -74,30 +74,25 @@ def _filled_sampler(cls, N: int, device: torch.device, backend: str):
     ``write_priorities`` (its O(B) large-batch path: no ``(B, block)`` gather)."""
     sampler = cls(N, 0.6, 0.4, device=device, backend=backend, seed=0)
     s, chunk = sampler, 1 << 22
-    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
-             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
+    tree = s.core.state.tree()
     for start in range(0, N, chunk):
         index = torch.arange(start, min(N, start + chunk), device=device)
-        s.core.ops.write_priorities(*state, index, torch.rand(index.numel(), device=device) * 10, N,
-                                s.core.capacity, s.core.state.alpha, s.core.state.eps)
+        s.core.ops.write_priorities(tree, index, torch.rand(index.numel(), device=device) * 10, N)
     return sampler, _Len(N)
 
 
 def _fused_steps(sampler, N: int, B: int, ops):
     """Closures for one fused sample, one fused update and both, over ``sampler``'s tensors."""
     s, dev = sampler, sampler.device
-    state = (s.core.state.raw, s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min,
-             s.core.state.max_raw, s.core.state.n_clamped, s.core.state.n_dropped)
+    tree = s.core.state.tree()
     last = {"index": torch.zeros(B, dtype=torch.int64, device=dev), "w": torch.ones(B, device=dev)}
 
     def sample():
         u = torch.rand(B, generator=s.generator, device=dev, dtype=torch.float64)
-        last["index"], last["w"] = ops.sample_proportional(
-            s.core.state.leaves, s.core.state.block_sum, s.core.state.block_min, u,
-                                                           s.core.state.beta)
+        last["index"], last["w"] = ops.sample_proportional(tree, u)
 
     def update():
-        ops.write_priorities(*state, last["index"], last["w"] + 0.01, N, N, s.core.state.alpha, s.core.state.eps)
+        ops.write_priorities(tree, last["index"], last["w"] + 0.01, N)
 
     def step():
         sample()
@@ -112,6 +107,8 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     Returns ``[]`` (with a warning) when the kernels do not load or fail their self-check; CUDA-graph
     rows only on CUDA (a CPU device needs ``TRITON_INTERPRET=1``: a smoke test, not a measurement).
     """
+    from lightning_per.ext.state import RankTable
+
     from lightning_per import GPUPrioritizedSampler
     from lightning_per.ops import reference, select_backend
 
@@ -158,10 +155,11 @@ def kernel_rows(N: int, B: int, device: torch.device | str, iters: int = 200) ->
     order = torch.randperm(N, device=device)
     alpha, beta = (torch.tensor(v, dtype=torch.float64, device=device) for v in (0.6, 0.4))
     gen = torch.Generator(device=device).manual_seed(0)
+    table = RankTable(cdf, order, alpha, beta)
 
     def rank_draw():
         u = torch.rand(B, generator=gen, device=device, dtype=torch.float64)
-        ops.rank_sample(u, cdf, order, N, alpha, beta)
+        ops.rank_sample(table, u, N)
 
     rank_bytes = B * (8 + 8 * max(1, N.bit_length()) // 4 + 8 + 4)  # u, ~1/4 of search reads miss L2, out
     add("kernels-rank-fused-eager", rank_draw, rank_bytes)

@@ -22,6 +22,8 @@ directly in eager mode (no dispatcher overhead) and call the registered op while
 * :mod:`.priority` - ``sanitize_priority``, ``transform_priority``.
 * :mod:`.rank` - the fused ``rank_sample`` (rank search -> slot -> IS weight, one launch).
 * :mod:`.gather` - row gathers and scatters of the storages (frame stacks, pinned host rows).
+* :mod:`.state` - ``PriorityTree`` (with its ``WriteScratch``) and ``RankTable``: the explicit state an op takes
+  as one value (plain torch, no Triton).
 
 Importing this package never imports Triton; importing :mod:`.backend` (or any kernel module) does. Kernels
 run on CUDA devices, or on CPU tensors when Triton is first imported with ``TRITON_INTERPRET=1`` (Triton's
@@ -30,10 +32,12 @@ interpreter; slow, for tests).
 
 from __future__ import annotations
 
-__all__ = ["COMPILED_OPS", "FUSED_OPS"]
+__all__ = ["COMPILED_OPS", "FUSED_OPS", "STORAGE_OPS"]
 
 #: Single ops of the reference that run as kernels (same names and signatures).
 COMPILED_OPS = ("sanitize_priority", "transform_priority", "reduce_blocks", "last_write_wins", "last_writer",
                 "two_level_search", "two_level_search_with_values", "is_weights")
 #: One-call ops of a whole sampler step (one or two launches each).
 FUSED_OPS = ("sample_proportional", "write_priorities", "rank_sample", "sample_proportional_gather")
+#: Row and frame-stack copies of the storages' reads and writes.
+STORAGE_OPS = ("gather_rows", "scatter_rows", "gather_stacks")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from . import COMPILED_OPS, FUSED_OPS
+from . import COMPILED_OPS, FUSED_OPS, STORAGE_OPS
 from ._common import INTERPRET
 from .blocks import last_write_wins, last_writer, reduce_blocks
+from .gather import gather_rows, gather_stacks, scatter_rows
 from .philox import DEVICE_RNG_DRAWS, SHUFFLE_DRAWS, new_rng_state, seed_word, shuffled_uniforms
 from .priority import sanitize_priority, transform_priority
 from .rank import rank_sample
@@ -22,7 +23,7 @@ from .sample import (
     two_level_search,
     two_level_search_with_values,
 )
-from .update import prepare_write, write_priorities
+from .update import write_priorities
 
 __all__ = ["TritonOps"]
 
@@ -42,8 +43,8 @@ class TritonOps:
         index, w = ops.sample_proportional(leaves, block_sum, block_min, 256, 0.4, rng=ops.new_rng_state(0, "cuda"))
     """
 
-    #: The names whose calls run kernels (single ops, then the fused ones of a whole sampler step).
-    COMPILED: tuple[str, ...] = COMPILED_OPS + FUSED_OPS
+    #: The names whose calls run kernels (single ops, the fused ones of a whole sampler step, the storages').
+    COMPILED: tuple[str, ...] = COMPILED_OPS + FUSED_OPS + STORAGE_OPS
     #: Most draws one call may take from the device RNG (positions with their own counter).
     DEVICE_RNG_DRAWS: int = DEVICE_RNG_DRAWS
     #: Largest batch whose shuffled stratified uniforms the device RNG draws (:meth:`shuffled_uniforms`).
@@ -61,8 +62,9 @@ class TritonOps:
     sample_proportional_gather = staticmethod(sample_proportional_gather)
     write_priorities = staticmethod(write_priorities)
     rank_sample = staticmethod(rank_sample)
-    #: the write's counters, made outside any capture
-    prepare_write = staticmethod(prepare_write)
+    gather_rows = staticmethod(gather_rows)
+    scatter_rows = staticmethod(scatter_rows)
+    gather_stacks = staticmethod(gather_stacks)
     #: the proportional draws' in-kernel uniforms (``rng=``)
     new_rng_state = staticmethod(new_rng_state)
     seed_word = staticmethod(seed_word)

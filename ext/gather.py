@@ -8,9 +8,9 @@ page-locked host memory read by the GPU.
   reads it over the bus with no staging copy and no host synchronisation (the pinned-host storage);
   :func:`scatter_rows` writes transitions into it the same way.
 
-Both copy whole 8-, 4- or 1-byte words (the widest that divides a row) and are plain-torch references'
-twins (:mod:`lightning_per.ops.frames`); both are ``torch.library`` custom ops under ``torch.compile`` and
-capturable in CUDA graphs.
+All copy whole 8-, 4- or 1-byte words (the widest that divides a row), are the twins of the plain-torch
+``gather_rows``, ``scatter_rows`` and ``gather_stacks`` of :mod:`lightning_per.ops.reference` (the backend's
+self-check compares them), are ``torch.library`` custom ops under ``torch.compile`` and capturable in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _check(name: str, t: Tensor, ndim: int | None = None) -> None:
 
 
 def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
-    """Compiled ``ops.frames.gather_stacks``: ``(B, K, *frame)`` = ``ring[positions[index]]`` in one launch.
+    """Compiled ``ops.reference.gather_stacks``: ``(B, K, *frame)`` = ``ring[positions[index]]`` in one launch.
 
     Args:
         ring: ``(F + 1, *frame)`` contiguous frames (any dtype) on the device.

@@ -30,6 +30,7 @@ from ._common import (
     register_op,
     scalar_arg,
 )
+from .state import RankTable
 
 __all__ = ["rank_sample"]
 
@@ -94,20 +95,29 @@ def _rank_op(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor |
     return _launch_rank(u, rank_cdf, order, n, alpha, beta, ab_value, stratified, weight_f64)
 
 
-def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
-                beta: Tensor | float,
-                stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+def rank_sample(table: RankTable, u: Tensor, n: int, stratified: bool = True,
+                normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Fused rank-based draw ``(index (B,) int64, w (B,) float32)`` (module docstring).
 
     Equals ``lightning_per.ops.reference.rank_sample`` (``GPURankBasedSampler.sample`` after its sort refresh).
 
     Args:
+        table: the :class:`~.state.RankTable`: ``cdf`` ``(N,)`` float64 prefix sums of ``k^-alpha``, ``order``
+            ``(N,)`` int64 slot holding rank k+1, the exponents ``alpha`` and ``beta`` (both floats or both
+            1-element tensors on the device).
         u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws, B >= 1.
-        rank_cdf: ``(N,)`` float64 prefix sums of ``k^-alpha``; order: ``(N,)`` int64 slot holding rank k+1.
         n: ranked (filled) items, host int in ``[1, min(N, MAX_RANKS)]``.
-        alpha, beta: exponents; both floats or both 1-element tensors on the device.
         stratified: one draw per equal-mass segment; normalize: ``"buffer"`` or ``"batch"``.
+
+    Raises:
+        ValueError, TypeError: a shape, dtype or device that does not fit (named), ``n`` out of range.
+
+    Example::
+
+        index, w = rank_sample(RankTable(cdf, order, 0.7, 0.5), u, n)
     """
+    rank_cdf, order, alpha, beta = table
+
     expect(u, "u", torch.float64, ndim=1)
     check_device(u, "u")
     if u.numel() < 1:

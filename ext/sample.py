@@ -9,9 +9,10 @@ Kernel ``_sample_kernel``, one program per draw ``k`` (grid ``(B,)``), over the 
 
 1. ``u_k = (k + U_k) / B`` (stratified, PER paper App. B.2.1; on CUDA computed as ``(k + U_k) * (1/B)``,
    as torch divides by a host scalar) or ``u_k = U_k``; float64. ``U_k`` is read from ``u`` (``torch.rand``),
-   or, with a device RNG state (``rng=``), drawn by the program itself (:func:`.philox.device_uniform`: Philox4x32-10,
-   one counter per draw position in device memory): no ``torch.rand`` launch, and a CUDA graph that replays
-   the kernel draws new numbers without registering a generator.
+   or, with a device RNG state (``tree.rng``, ``u`` the int B), drawn by the program itself
+   (:func:`.philox.device_uniform`: Philox4x32-10, one counter per draw position in device memory): no
+   ``torch.rand`` launch, and a CUDA graph that replays the kernel draws new numbers without registering a
+   generator.
 2. Block: ``C_b = sum_{c<=b} block_sum_c`` (float64 scan, chunks of at most ``MAX_CHUNK``), ``S`` the
    float64 sum of the block sums (a tree reduction: beside the scan when one chunk holds them all, else a
    first pass; equal to ``C_last`` up to rounding, which the ``c`` margin of ``2^-40`` covers for any but
@@ -65,6 +66,7 @@ from ._common import (
 )
 from .philox import DEVICE_RNG_DRAWS, check_rng, device_uniform
 from .search import check_levels, draw, min_all
+from .state import PriorityTree
 
 __all__ = ["two_level_search", "two_level_search_with_values", "sample_proportional", "is_weights",
            "sample_proportional_gather"]
@@ -112,7 +114,11 @@ def _check_u(u: Tensor, device: torch.device) -> None:
 
 
 def _draws(u, rng: Tensor | None, device: torch.device) -> int:
-    """B, with the checks of the two forms of ``u``: ``(B,)`` float64 uniforms, or the int B with ``rng``."""
+    """B, with the checks of the two forms of ``u``: ``(B,)`` float64 uniforms, or the int B with ``rng`` (the
+    tree's device RNG state)."""
+    if rng is None and isinstance(u, int) and not isinstance(u, bool):
+        raise ValueError(f"u is the batch size ({u}): the kernel draws the uniforms from tree.rng, which is None; "
+                         f"give (B,) float64 uniforms or a tree with a device RNG state")
     if rng is None:
         _check_u(u, device)
         return u.numel()
@@ -120,7 +126,7 @@ def _draws(u, rng: Tensor | None, device: torch.device) -> int:
         raise ValueError("rng (uniforms drawn in the kernel) is not supported while torch.compile traces; "
                          "pass u = (B,) float64 uniforms")
     if isinstance(u, bool) or not isinstance(u, int) or not 1 <= u <= DEVICE_RNG_DRAWS:
-        raise ValueError(f"u must be the batch size B, an int in [1, {DEVICE_RNG_DRAWS}], when rng is given; "
+        raise ValueError(f"u must be the batch size B, an int in [1, {DEVICE_RNG_DRAWS}], to draw from tree.rng; "
                          f"got {u!r}")
     if not validated((rng,)):
         check_rng(rng, device)
@@ -218,34 +224,40 @@ def two_level_search(leaves: Tensor, block_sum: Tensor, u: Tensor) -> Tensor:
     return two_level_search_with_values(leaves, block_sum, u)[0]
 
 
-def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor | int,
-                        beta: Tensor | float, stratified: bool = True, normalize: str = "buffer", *,
-                        rng: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def sample_proportional(tree: PriorityTree, u: Tensor | int, stratified: bool = True,
+                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Fused proportional draw ``(index, w)`` from i.i.d. uniforms ``u`` (module docstring, steps 1-4).
 
     Equals ``lightning_per.ops.reference.sample_proportional`` (the sampler's reference sequence:
     ``stratified_uniforms`` -> ``two_level_search_with_values`` -> ``is_weights(p, block_min.amin())``).
 
     Args:
-        leaves: ``(n_blocks, block)`` float32; block_sum: ``(n_blocks,)`` float64 row sums of ``leaves`` (as
-            :func:`two_level_search_with_values`); block_min:
-            ``(n_blocks,)`` float32 minimum positive leaf per block (``+inf`` if none).
-        u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1; or, with ``rng``, the int B.
-        beta: IS exponent, float or 0-d tensor on the device (read on the device: graph-safe).
-        stratified: one draw per equal-mass segment.
-        normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
-        rng: a device RNG state (:func:`.philox.new_rng_state`): the kernel draws the uniforms itself (Philox, see
-            :func:`.philox.device_uniform`) and counts them in ``rng``, in place; no ``torch.rand`` launch and nothing
+        tree: the :class:`~.state.PriorityTree` drawn from; it reads ``leaves`` ``(n_blocks, block)`` float32,
+            ``block_sum`` ``(n_blocks,)`` float64 row sums of ``leaves`` (as :func:`two_level_search_with_values`),
+            ``block_min`` ``(n_blocks,)`` float32 minimum positive leaf per block (``+inf`` if none), ``beta`` (IS
+            exponent, float or 0-d tensor on the device, read on the device: graph-safe) and, when ``u`` is an
+            int, ``rng``.
+        u: ``(B,)`` float64 i.i.d. ``U[0, 1)`` draws (``torch.rand``), B >= 1; or the int B: the kernel draws the
+            uniforms itself from ``tree.rng`` (a device RNG state, :func:`.philox.new_rng_state`; Philox, see
+            :func:`.philox.device_uniform`) and counts them there, in place; no ``torch.rand`` launch and nothing
             to register with a CUDA graph. B <= ``DEVICE_RNG_DRAWS``; eager calls and CUDA graphs only
             (not while ``torch.compile`` traces).
+        stratified: one draw per equal-mass segment.
+        normalize: ``"buffer"`` (one launch) or ``"batch"`` (+ a max and a divide).
 
     Returns:
         ``index`` ``(B,)`` int64 and ``w`` ``(B,)`` float32 in ``(0, 1]``, on ``leaves.device``.
 
     Raises:
-        ValueError, TypeError: a shape, dtype or device, ``u`` not an int in range with ``rng``, or ``rng``
-            while ``torch.compile`` traces.
+        ValueError, TypeError: a shape, dtype or device, an int ``u`` out of range or without ``tree.rng``, or an
+            int ``u`` while ``torch.compile`` traces.
+
+    Example::
+
+        index, w = sample_proportional(PriorityTree(leaves, block_sum, block_min, beta=0.4), u)
     """
+    leaves, block_sum, block_min, beta = tree.leaves, tree.block_sum, tree.block_min, tree.beta
+    rng = tree.rng if isinstance(u, int) else None
     state = (leaves, block_sum, block_min)
     if not validated(state):
         check_levels(leaves, block_sum)
@@ -374,10 +386,8 @@ def _sample_gather_op(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: T
     return _launch_sample_gather(leaves, block_sum, block_min, u, beta, beta_value, stratified, rows)
 
 
-def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor | int,
-                               beta: Tensor | float, rows: Tensor, stratified: bool = True,
-                               normalize: str = "buffer", *, rng: Tensor | None = None
-                               ) -> tuple[Tensor, Tensor, Tensor]:
+def sample_proportional_gather(tree: PriorityTree, u: Tensor | int, rows: Tensor, stratified: bool = True,
+                               normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`sample_proportional` that also gathers the drawn rows of a packed ring, in the same launch.
 
     Equals ``reference.sample_proportional_gather`` (``sample_proportional`` then ``rows[index]``): the
@@ -385,8 +395,8 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
     inlined code), and the rows bit for bit.
 
     Args:
-        leaves, block_sum, block_min, u, beta, stratified, normalize, rng: as :func:`sample_proportional`
-            (with ``rng``, the same draws as :func:`sample_proportional` from the same RNG state).
+        tree, u, stratified, normalize: as :func:`sample_proportional` (with an int ``u``, the same draws as
+            :func:`sample_proportional` from the same RNG state).
         rows: ``(N, W)`` int64 ring (``GPUTensorStorage(packed=True).rows``), rows contiguous, on the
             device of ``leaves``; slots index its rows.
 
@@ -395,7 +405,13 @@ def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Ten
 
     Raises:
         As :func:`sample_proportional`, and for a ``rows`` that is not a non-empty int64 ``(N, W)`` ring.
+
+    Example::
+
+        index, w, batch_rows = sample_proportional_gather(PriorityTree(leaves, block_sum, block_min), 256, rows)
     """
+    leaves, block_sum, block_min, beta = tree.leaves, tree.block_sum, tree.block_min, tree.beta
+    rng = tree.rng if isinstance(u, int) else None
     state = (leaves, block_sum, block_min, rows)
     if not validated(state):
         check_levels(leaves, block_sum)

@@ -13,7 +13,7 @@ global ticket (release); the program that draws the last one resets it (an acqui
 batch's max raw priority and counters from registers (the whole priority vector, the max raw priority
 and the counters, all loaded at the start, before any ticket), in parallel with the block refreshes.
 Deterministic (no value depends on the order of the programs) and graph-safe (the counters are zero
-between calls); the counters live beside the sampler state (:func:`_tickets`, one int32 per block plus one).
+between calls); the counters live in the state (``PriorityTree.scratch.tickets``, one int32 per block plus one).
 
 Larger batches take an O(B) path (below). A two-launch pairwise path, for batches up to ``max_quadratic``
 entries of :func:`_launch_write` (0 by default: slower than the O(B) path for the slice sampler's 4,096 slots,
@@ -35,12 +35,10 @@ launches: an ``atomic_max`` of ``k`` into a persistent scratch ``(N,)`` int32 (-
 leaves there the last writer of each slot; the scatter writes the winners and flags the touched blocks in a
 persistent ``(n_blocks,)`` int32 (0 between writes); the refresh runs one program per block (a flagged one
 recomputes its sums and clears its flag), and its first ``ceil(B / SPREAD)`` programs put the scratch of the
-batch's slots back to -1 (:func:`_write_state`).
+batch's slots back to -1 (both in the state: ``PriorityTree.scratch``, :func:`~.state.write_scratch`).
 """
 
 from __future__ import annotations
-
-import weakref
 
 import torch
 import triton
@@ -64,8 +62,9 @@ from ._common import (
 from .blocks import BB, row_stats
 from .priority import exponent, sanitize, transform
 from .search import check_levels
+from .state import PriorityTree, WriteScratch
 
-__all__ = ["write_priorities", "prepare_write", "MAX_ONE_LAUNCH"]
+__all__ = ["write_priorities", "MAX_ONE_LAUNCH"]
 
 #: Largest batch written by the one-launch kernel (each of its B programs holds all B slots in registers).
 MAX_ONE_LAUNCH = 1024
@@ -74,53 +73,6 @@ MAX_ONE_LAUNCH = 1024
 #: reset): 128 spreads a 4,096-slot write over 32 programs; 1,024 per program (4 programs) made the claim a
 #: visible share of the slice sampler's step (docs/kernels.md, "Tried and reverted"; benchmarks/results/slice-*.md).
 SPREAD = 128
-
-#: Persistent write state per ``leaves`` tensor: ``id -> (weak ref, (tickets, scratch, flags))``.
-_TICKETS: dict[int, tuple[weakref.ref, tuple[Tensor, Tensor, Tensor]]] = {}
-
-
-def _write_state(leaves: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The write's persistent tensors for ``leaves`` ``(n_blocks, block)``, made on first use
-    (:func:`prepare_write`) and freed with ``leaves``; every launch leaves them as it found them:
-
-    * the one-launch kernel's ``(n_blocks + 1,)`` int32 ticket counters (one per block, one global), zero;
-    * the O(B) path's ``(n_blocks * block,)`` int32 last-writer scratch, -1 (4 bytes per slot), and its
-      ``(n_blocks,)`` int32 touched-block flags, zero.
-
-    Raises:
-        RuntimeError: first use while the current stream is being captured (the fills would only be
-            recorded, and an eager write before the first replay would read uninitialised memory).
-    """
-    entry = _TICKETS.get(id(leaves))
-    if entry is None or entry[0]() is not leaves or entry[1][0].numel() != leaves.shape[0] + 1:
-        if leaves.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("write_priorities: the write's counters for these leaves do not exist "
-                               "yet; call ext.update.prepare_write(leaves) (the samplers do) or write once "
-                               "eagerly before capturing")
-        key, dev, nb = id(leaves), leaves.device, leaves.shape[0]
-        tensors = (torch.zeros(nb + 1, dtype=torch.int32, device=dev),
-                   torch.full((leaves.numel(),), -1, dtype=torch.int32, device=dev),
-                   torch.zeros(nb, dtype=torch.int32, device=dev))
-        entry = (weakref.ref(leaves, lambda ref, key=key: _forget(key, ref)), tensors)
-        _TICKETS[key] = entry
-    return entry[1]
-
-
-def _tickets(leaves: Tensor) -> Tensor:
-    """The one-launch kernel's zeroed ``(n_blocks + 1,)`` int32 counters of ``leaves`` (:func:`_write_state`)."""
-    return _write_state(leaves)[0]
-
-
-def prepare_write(leaves: Tensor) -> None:
-    """Make the write's persistent tensors for ``leaves`` now (outside any CUDA-graph capture): call it
-    when the ``(n_blocks, block)`` leaves are allocated, before a graph may record the first write."""
-    _write_state(leaves)
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    if _TICKETS.get(key, (None,))[0] is ref:  # not an entry of a newer tensor with the same id
-        del _TICKETS[key]
-
 
 @triton.jit
 def _slots(index_ptr, offs, m, n_valid, trash):
@@ -274,8 +226,8 @@ def _refresh_kernel(idx_ptr, flags_ptr, scratch_ptr, leaves_ptr, bsum_ptr, bmin_
         tl.store(ndrop_ptr, tl.load(ndrop_ptr) + drop)
 
 
-def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                  n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float, eps: float,
+def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, scratch: WriteScratch,
+                  index, priority, n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float, eps: float,
                   valid: Tensor | None = None, max_chunk: int = MAX_CHUNK, max_quadratic: int = 0,
                   max_one: int = MAX_ONE_LAUNCH) -> None:
     n = index.numel()
@@ -288,7 +240,7 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
         bp = chunk_for(n, 1 << 30)
         _write_one_kernel[(n,)](
             index, priority, raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped,
-            _tickets(leaves), alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps),
+            scratch.tickets, alpha if alpha is not None else max_raw, f64_bits(alpha_value), f64_bits(eps),
             valid if valid is not None else index, n, n_valid, trash, block, nb, ALPHA_FROM_PTR=alpha is not None,
             BP=bp, ROW_CHUNK=row_chunk, MASKED=valid is not None,
             num_warps=max(warps_for(row_chunk), 4 if bp <= 512 else 8))
@@ -302,7 +254,7 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
     if quadratic:
         scratch = flags = pmax  # unused
     else:  # the persistent last-writer scratch (-1) and block flags (0), left so by the refresh
-        _, scratch, flags = _write_state(leaves)
+        scratch, flags = scratch.last_writer, scratch.flags
         _claim_kernel[(cdiv(n, SPREAD),)](index, scratch, n, n_valid, trash, BLOCK=SPREAD)
     _scatter_kernel[(parts,)](
         index, priority, raw_store, leaves, max_raw, alpha if alpha is not None else max_raw,
@@ -317,75 +269,86 @@ def _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n
 
 
 @register_op("write_priorities", mutates_args=("raw_store", "leaves", "block_sum", "block_min", "max_raw",
-                                               "n_clamped", "n_dropped"),
+                                               "n_clamped", "n_dropped", "tickets", "last_writer", "flags"),
              fake=lambda *args: None)
 def _write_op(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
-              n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int, trash: int,
-              alpha: Tensor | None, alpha_value: float, eps: float, valid: Tensor | None) -> None:
-    _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                  n_valid, trash, alpha, alpha_value, eps, valid)
+              n_clamped: Tensor, n_dropped: Tensor, tickets: Tensor, last_writer: Tensor, flags: Tensor,
+              index: Tensor, priority: Tensor, n_valid: int, trash: int, alpha: Tensor | None, alpha_value: float,
+              eps: float, valid: Tensor | None) -> None:
+    _launch_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped,
+                  WriteScratch(tickets, last_writer, flags), index, priority, n_valid, trash, alpha, alpha_value, eps,
+                  valid)
 
 
-def _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                 n_valid, trash, valid=None) -> None:
-    state = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped)
+def _check_write(tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int, valid: Tensor | None) -> None:
+    leaves = tree.leaves
     nb, block = leaves.shape
     dev = leaves.device
+    if not isinstance(tree.scratch, WriteScratch):
+        raise ValueError("tree.scratch must be the write's WriteScratch (ext.state.write_scratch(leaves)), got "
+                         f"{type(tree.scratch).__name__}")
+    state = (tree.raw, leaves, tree.block_sum, tree.block_min, tree.max_raw, tree.n_clamped, tree.n_dropped,
+             *tree.scratch)
     if not validated(state):  # a sampler's persistent tensors: checked once
-        check_levels(leaves, block_sum)
-        expect(raw_store, "raw_store", torch.float32, (nb * block,), device=dev)
-        expect(block_min, "block_min", torch.float32, (nb,), device=dev)
-        expect(max_raw, "max_raw", torch.float32, (), device=dev)
-        expect(n_clamped, "n_clamped", torch.int64, (), device=dev)
-        expect(n_dropped, "n_dropped", torch.int64, (), device=dev)
-        if not (raw_store.is_contiguous() and leaves.is_contiguous() and block_sum.is_contiguous()
-                and block_min.is_contiguous()):
-            raise ValueError("raw_store, leaves, block_sum and block_min must be contiguous "
+        check_levels(leaves, tree.block_sum)
+        expect(tree.raw, "tree.raw", torch.float32, (nb * block,), device=dev)
+        expect(tree.block_min, "tree.block_min", torch.float32, (nb,), device=dev)
+        expect(tree.max_raw, "tree.max_raw", torch.float32, (), device=dev)
+        expect(tree.n_clamped, "tree.n_clamped", torch.int64, (), device=dev)
+        expect(tree.n_dropped, "tree.n_dropped", torch.int64, (), device=dev)
+        expect(tree.scratch.tickets, "tree.scratch.tickets", torch.int32, (nb + 1,), device=dev)
+        expect(tree.scratch.last_writer, "tree.scratch.last_writer", torch.int32, (nb * block,), device=dev)
+        expect(tree.scratch.flags, "tree.scratch.flags", torch.int32, (nb,), device=dev)
+        if not (tree.raw.is_contiguous() and leaves.is_contiguous() and tree.block_sum.is_contiguous()
+                and tree.block_min.is_contiguous()):
+            raise ValueError("tree.raw, leaves, block_sum and block_min must be contiguous "
                              "(they are updated in place)")
         remember_validated(state)
     expect(index, "index", torch.int64, ndim=1, device=dev)
     expect(priority, "priority", shape=index.shape, device=dev)
     if not priority.is_floating_point():
         raise TypeError(f"priority must be a float tensor, got {priority.dtype}")
+    trash = tree.capacity
     if not (0 <= n_valid <= trash < nb * block):
-        raise ValueError(f"need 0 <= n_valid ({n_valid}) <= trash ({trash}) < n_blocks * block "
+        raise ValueError(f"need 0 <= n_valid ({n_valid}) <= tree.capacity ({trash}) < n_blocks * block "
                          f"({nb * block})")
     if valid is not None and not validated((valid,)):
         expect(valid, "valid", torch.bool, ndim=1, device=dev)
         if valid.numel() < trash or not valid.is_contiguous():
-            raise ValueError(f"valid must be a contiguous (>= trash = {trash},) bool mask, got "
+            raise ValueError(f"valid must be a contiguous (>= tree.capacity = {trash},) bool mask, got "
                              f"{tuple(valid.shape)}")
         remember_validated((valid,))
 
 
-def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
-                     n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float, valid: Tensor | None = None) -> None:
-    """Store raw priorities at slots, in place (module docstring); no host synchronisation.
+def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
+                     valid: Tensor | None = None) -> None:
+    """Store raw priorities at slots of ``tree``, in place (module docstring); no host synchronisation.
 
     Args:
-        raw_store: ``(n_blocks * block,)`` float32 clean raw priorities (updated).
-        leaves: ``(n_blocks, block)`` float32 stored values ``(p + eps)^alpha`` (updated).
-        block_sum: ``(n_blocks,)`` float64, block_min: ``(n_blocks,)`` float32 (touched blocks recomputed).
-        max_raw: 0-d float32 running max raw priority (``-inf`` before any); n_clamped, n_dropped: 0-d
-            int64 counters (updated).
-        index: ``(B,)`` int64 slots; entries outside ``[0, n_valid)`` go to ``trash`` (value 0), counted.
+        tree: the :class:`~.state.PriorityTree` written: ``raw`` and ``leaves`` (the entries' slots), the touched
+            blocks' ``block_sum`` / ``block_min``, ``max_raw``, ``n_clamped``, ``n_dropped``; it reads ``alpha``
+            (float or 0-d float tensor on the device), ``eps``, ``capacity`` (the trash slot) and uses
+            ``scratch`` (:func:`~.state.write_scratch`, left as found).
+        index: ``(B,)`` int64 slots; entries outside ``[0, n_valid)`` go to the trash slot (value 0), counted.
         priority: ``(B,)`` float raw priorities; NaN/Inf/negative are clamped and counted.
-        n_valid: filled slots (host int); trash: the always-empty slot (host int, ``n_valid <= trash``).
-        alpha: exponent, float or 0-d float tensor on the device; eps: added before the exponent.
-        valid: optional ``(>= trash,)`` bool mask: a written slot where it is False stores the value 0 (its raw
+        n_valid: filled slots (host int, ``n_valid <= tree.capacity``).
+        valid: optional ``(>= capacity,)`` bool mask: a written slot where it is False stores the value 0 (its raw
             priority is still stored and folded into the running max, and it is not counted as dropped), e.g. a
             slice sampler's slots that cannot start a slice.
 
     Raises:
-        ValueError/TypeError: a shape, dtype, device or range that does not fit (named).
+        ValueError/TypeError: a shape, dtype, device or range that does not fit (named); a tree without scratch.
+
+    Example::
+
+        write_priorities(tree, torch.tensor([3, 3], device="cuda"), torch.tensor([1.0, 2.0], device="cuda"), 10)
     """
-    _check_write(raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index, priority,
-                 n_valid, trash, valid)
-    alpha_t, alpha_v = scalar_arg(alpha, "alpha", leaves.device)
-    args = (raw_store, leaves, block_sum, block_min, max_raw, n_clamped, n_dropped, index.contiguous(),
-            priority.contiguous(), int(n_valid), int(trash), alpha_t, alpha_v, float(eps), valid)
+    _check_write(tree, index, priority, n_valid, valid)
+    alpha_t, alpha_v = scalar_arg(tree.alpha, "alpha", tree.leaves.device)
+    args = (tree.raw, tree.leaves, tree.block_sum, tree.block_min, tree.max_raw, tree.n_clamped, tree.n_dropped,
+            *tree.scratch, index.contiguous(), priority.contiguous(), int(n_valid), int(tree.capacity), alpha_t,
+            alpha_v, float(tree.eps), valid)
     if compiling():
         torch.ops.lightning_per.write_priorities(*args)
     else:
-        _launch_write(*args)
+        _launch_write(*args[:7], tree.scratch, *args[10:])

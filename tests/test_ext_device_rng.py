@@ -20,6 +20,7 @@ from _kernel_devices import CUDA, KDEVS, triton  # noqa: E402  (sets TRITON_INTE
 from _philox import expected_shuffled_uniforms, expected_uniforms, philox4x32_10  # noqa: E402
 from lightning_per.ext import philox, sample  # noqa: E402
 from lightning_per.ext.philox import device_uniform  # noqa: E402
+from lightning_per.ext.state import PriorityTree  # noqa: E402
 
 from lightning_per.ops.selfcheck import make_levels  # noqa: E402
 
@@ -77,11 +78,11 @@ def test_kernel_draws_the_documented_philox_stream(device, gather):
         counts = rng[1:1 + B].cpu().numpy().copy()  # (on CPU .numpy() shares rng's memory)
         u = torch.from_numpy(expected_uniforms(seed, counts)).to(device)
         if gather:
-            want = sample.sample_proportional_gather(leaves, bsum, bmin, u, 0.4, rows)
-            got = sample.sample_proportional_gather(leaves, bsum, bmin, B, 0.4, rows, rng=rng)
+            want = sample.sample_proportional_gather(PriorityTree(leaves, bsum, bmin, beta=0.4), u, rows)
+            got = sample.sample_proportional_gather(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), B, rows)
         else:
-            want = sample.sample_proportional(leaves, bsum, bmin, u, 0.4)
-            got = sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)
+            want = sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4), u)
+            got = sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), B)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         np.testing.assert_array_equal(rng[1:1 + B].cpu().numpy(), counts + 1)
@@ -142,11 +143,11 @@ def test_rng_argument_errors_name_the_argument(device):
     leaves, bsum, bmin = _levels(device)
     rng = philox.new_rng_state(1, device)
     with pytest.raises(ValueError, match="u must be the batch size"):
-        sample.sample_proportional(leaves, bsum, bmin, 0, 0.4, rng=rng)
+        sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), 0)
     with pytest.raises(ValueError, match="u must be the batch size"):
-        sample.sample_proportional(leaves, bsum, bmin, philox.DEVICE_RNG_DRAWS + 1, 0.4, rng=rng)
+        sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), philox.DEVICE_RNG_DRAWS + 1)
     with pytest.raises(ValueError, match="rng must have"):
-        sample.sample_proportional(leaves, bsum, bmin, 4, 0.4, rng=rng[:10])
+        sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng[:10]), 4)
     assert int(rng[1:].count_nonzero()) == 0  # nothing drawn by the refused calls
 
 
@@ -207,17 +208,17 @@ def test_graph_replays_draw_the_next_numbers_of_the_stream():
     leaves, bsum, bmin = make_levels(3000, torch.device("cuda"), torch.Generator().manual_seed(2), integer=False)
     seed, B = 77, 256
     rng = philox.new_rng_state(seed, "cuda")
-    sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)  # compile + warm up (counts 1)
+    sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), B)  # compile + warm up (counts 1)
     rng[1:].zero_()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        index, w = sample.sample_proportional(leaves, bsum, bmin, B, 0.4, rng=rng)
+        index, w = sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4, rng=rng), B)
     rng[1:].zero_()  # the capture ran nothing; zeroed again for clarity
     for count in range(3):
         graph.replay()
         u = torch.from_numpy(expected_uniforms(seed, np.full(B, count))).cuda()
-        want_index, want_w = sample.sample_proportional(leaves, bsum, bmin, u, 0.4)
+        want_index, want_w = sample.sample_proportional(PriorityTree(leaves, bsum, bmin, beta=0.4), u)
         assert torch.equal(index, want_index) and torch.equal(w, want_w)
     assert rng[1:1 + B].eq(3).all() and rng[1 + B:].eq(0).all()
 

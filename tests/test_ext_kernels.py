@@ -17,7 +17,8 @@ import pytest
 import torch
 from _kernel_devices import KDEVS  # noqa: E402  (sets TRITON_INTERPRET on CPU, as conftest.py)
 from _philox import expected_uniforms  # noqa: E402
-from lightning_per.ext import _common, blocks, priority, rank, sample, update  # noqa: E402
+from lightning_per.ext import _common, blocks, gather, priority, rank, sample, update  # noqa: E402
+from lightning_per.ext.state import PriorityTree, RankTable  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler, GPURankBasedSampler  # noqa: E402
 from lightning_per.ops import dispatch, reference  # noqa: E402
@@ -68,8 +69,9 @@ def test_sample_proportional_matches_reference(kdev, gen, normalize, stratified)
     leaves, bs, bm = make_levels(30, kdev, gen)
     u = torch.rand(6, generator=gen, dtype=torch.float64).to(kdev)
     beta = torch.tensor(0.7, dtype=torch.float64, device=kdev) if stratified else 0.4  # tensor or float
-    index, w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
-    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    index, w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u, stratified, normalize)
+    tree = PriorityTree(leaves, bs, bm, beta=beta)
+    want_index, want_w = reference.sample_proportional(tree, u, stratified, normalize)
     torch.testing.assert_close(index, want_index, rtol=0, atol=0)
     torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
     assert w.dtype == torch.float32 and (w <= 1).all()
@@ -83,6 +85,12 @@ def test_all_zero_masses_give_the_last_slot_not_out_of_range(kdev):
 
 
 # ---------------------------------------------------------------------------------------- update
+def _launch_state(tree):
+    """The write launcher's state arguments of a :class:`~lightning_per.ext.state.PriorityTree`."""
+    return (tree.raw, tree.leaves, tree.block_sum, tree.block_min, tree.max_raw, tree.n_clamped, tree.n_dropped,
+            tree.scratch)
+
+
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4, 4096, 1024), (4096, 4096, 0),
                                                              (4, 4096, 0), (4096, 8, 0)])
 def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, max_quadratic, max_one):
@@ -97,22 +105,20 @@ def test_write_priorities_matches_reference_with_clashes(kdev, gen, max_chunk, m
         prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
         prio[2], prio[9], prio[13], prio[17] = float("nan"), float("inf"), -float("inf"), -0.5
         index, prio = index.to(kdev), prio.to(kdev)
-        args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha, eps=1e-6)
-        update._launch_write(*got.values(), index, prio, n_valid, capacity,
+        update._launch_write(*_launch_state(got), index, prio, n_valid, capacity,
                              *_common.scalar_arg(alpha, "alpha", kdev), 1e-6, max_chunk=max_chunk,
                              max_quadratic=max_quadratic, max_one=max_one)
-        reference.write_priorities(**want, **args)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-    assert got["n_clamped"].item() == want["n_clamped"].item() == 8
-    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
-    assert got["leaves"].view(-1)[capacity].item() == 0  # the trash slot stays empty
-    if max_one:  # the one-launch path leaves its counters at zero (made by its first call)
-        assert id(got["leaves"]) in update._TICKETS and not update._tickets(got["leaves"]).any()
+        reference.write_priorities(want._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
+    assert got.n_clamped.item() == want.n_clamped.item() == 8
+    assert got.n_dropped.item() == want.n_dropped.item() > 0
+    assert got.leaves.view(-1)[capacity].item() == 0  # the trash slot stays empty
+    if max_one:  # the one-launch path leaves its counters at zero
+        assert not got.scratch.tickets.any()
     if not max_one and max_quadratic < 20:  # the O(B) path leaves its scratch at -1 and its flags at zero
-        _, scratch, flags = update._write_state(got["leaves"])
-        assert bool((scratch == -1).all()) and not bool(flags.any())
+        assert bool((got.scratch.last_writer == -1).all()) and not bool(got.scratch.flags.any())
 
 
 @pytest.mark.parametrize("max_chunk,max_quadratic,max_one", [(4096, 4096, 1024), (4096, 4096, 0), (4096, 8, 0)])
@@ -124,28 +130,28 @@ def test_masked_write_stores_zero_values_where_the_mask_is_false(kdev, gen, max_
     valid = (torch.rand(leaves.numel(), generator=gen) < 0.6).to(kdev)
     got, want, plain = fresh_state(leaves), fresh_state(leaves), fresh_state(leaves)
     for state in (got, want):  # a masked state holds no value where the mask is False
-        state["leaves"].view(-1).mul_(valid)
-        total, low = reference.reduce_blocks(state["leaves"])
-        state["block_sum"].copy_(total)
-        state["block_min"].copy_(low)
+        state.leaves.view(-1).mul_(valid)
+        total, low = reference.reduce_blocks(state.leaves)
+        state.block_sum.copy_(total)
+        state.block_min.copy_(low)
     index = torch.randint(-3, capacity + 3, (20,), generator=gen)
     index[:8] = index[8:16].flip(0)  # clashes, in both orders
     prio = torch.rand(20, generator=gen, dtype=torch.float64) * 5
     prio[2], prio[9] = float("nan"), -0.5
     index[18], index[19] = -1, capacity + 1  # rejected entries: dropped, masked or not
     index, prio = index.to(kdev), prio.to(kdev)
-    args = dict(index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=0.6, eps=1e-6)
-    update._launch_write(*got.values(), index, prio, n_valid, capacity, *_common.scalar_arg(0.6, "alpha", kdev),
-                         1e-6, valid, max_chunk=max_chunk, max_quadratic=max_quadratic, max_one=max_one)
-    reference.write_priorities(**want, **args, valid=valid)
-    reference.write_priorities(**plain, **args)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-    torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(want["leaves"].view(-1), plain["leaves"].view(-1) * valid, rtol=0, atol=0)
-    for key in ("raw_store", "max_raw", "n_clamped", "n_dropped"):
-        torch.testing.assert_close(want[key], plain[key], rtol=0, atol=0)
-    assert got["n_dropped"].item() == want["n_dropped"].item() > 0
+    update._launch_write(*_launch_state(got), index, prio, n_valid, capacity,
+                         *_common.scalar_arg(0.6, "alpha", kdev), 1e-6, valid, max_chunk=max_chunk,
+                         max_quadratic=max_quadratic, max_one=max_one)
+    reference.write_priorities(want._replace(capacity=capacity, alpha=0.6, eps=1e-6), index, prio, n_valid, valid)
+    reference.write_priorities(plain._replace(capacity=capacity, alpha=0.6, eps=1e-6), index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(want.leaves.view(-1), plain.leaves.view(-1) * valid, rtol=0, atol=0)
+    for key in ("raw", "max_raw", "n_clamped", "n_dropped"):
+        torch.testing.assert_close(getattr(want, key), getattr(plain, key), rtol=0, atol=0)
+    assert got.n_dropped.item() == want.n_dropped.item() > 0
 
 
 @pytest.mark.parametrize("n", [40, update.MAX_ONE_LAUNCH])  # the largest one-launch batch: the most entries per
@@ -162,33 +168,35 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and 
         prio = torch.rand(n, generator=gen) * 5
         index[n - 1], prio[n - 1] = 3, float("nan")  # the last write of slot 3
         index, prio = index.to(kdev), prio.to(kdev)
-        update._launch_write(*got.values(), index, prio, 45, 45, None, 0.7, 1e-6)
-        reference.write_priorities(**want, index=index, priority=prio, n_valid=45, trash=45, alpha=0.7, eps=1e-6)
-        for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped"):
-            torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0)
-        torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
+        update._launch_write(*_launch_state(got), index, prio, 45, 45, None, 0.7, 1e-6)
+        reference.write_priorities(want._replace(capacity=45, alpha=0.7, eps=1e-6), index, prio, 45)
+        for key in ("raw", "leaves", "block_min", "max_raw", "n_clamped"):
+            torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0)
+        torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
         last = dict(zip(index.tolist(), prio.tolist()))  # later pairs overwrite earlier ones
         for slot, value in last.items():
             expected = (1.0 if call == 0 else running_max) if value != value else value
-            assert got["raw_store"][slot].item() == pytest.approx(expected, rel=1e-6), (call, slot)
-        assert got["block_sum"][0].item() == pytest.approx(got["leaves"][0].double().sum().item(), rel=1e-12)
-        assert got["n_clamped"].item() == call + 1
-        running_max = got["max_raw"].item()
+            assert got.raw[slot].item() == pytest.approx(expected, rel=1e-6), (call, slot)
+        assert got.block_sum[0].item() == pytest.approx(got.leaves[0].double().sum().item(), rel=1e-12)
+        assert got.n_clamped.item() == call + 1
+        running_max = got.max_raw.item()
 
 
 def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
     """The compiled backend's sampler makes the write's persistent tensors (the one-launch kernel's counters, the
     O(B) path's scratch and flags) with its state (outside any CUDA-graph capture that may record its first
-    write), and makes new ones when it reallocates."""
+    write), and makes new ones when it reallocates; the reference backend's state holds none."""
     from lightning_per import GPUPrioritizedSampler
 
     s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
     assert "write_priorities" in s.core.ops.COMPILED
-    counters, scratch, flags = update._TICKETS[id(s.core.state.leaves)][1]
+    counters, scratch, flags = s.core.state.scratch
     assert counters.shape == (s.core.n_blocks + 1,) and not counters.any()
     assert scratch.shape == (s.core.state.leaves.numel(),) and bool((scratch == -1).all()) and not flags.any()
     s.core.reset()  # a reallocation (e.g. empty())
-    assert id(s.core.state.leaves) in update._TICKETS
+    assert s.core.state.scratch is not None and s.core.state.scratch.tickets is not counters
+    assert s.core.state.scratch.last_writer.shape == (s.core.state.leaves.numel(),)
+    assert GPUPrioritizedSampler(100, 0.6, 0.4, backend="reference", device=kdev).core.state.scratch is None
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):
@@ -196,15 +204,17 @@ def test_write_priorities_public_op_and_validation(kdev, gen):
     st = fresh_state(leaves)
     index = torch.tensor([3, 3, 5], device=kdev)
     prio = torch.tensor([1.0, 2.0, 4.0], device=kdev)
-    update.write_priorities(**st, index=index, priority=prio, n_valid=20, trash=20, alpha=1.0, eps=0.0)
-    assert st["raw_store"][3].item() == 2.0 and st["leaves"].view(-1)[5].item() == 4.0
-    assert st["max_raw"].item() == 4.0  # max over every accepted value, the overwritten 1.0 included
+    update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, prio, 20)
+    assert st.raw[3].item() == 2.0 and st.leaves.view(-1)[5].item() == 4.0
+    assert st.max_raw.item() == 4.0  # max over every accepted value, the overwritten 1.0 included
     with pytest.raises(ValueError, match="priority must have 3 elements"):
-        update.write_priorities(**st, index=index, priority=torch.ones(2, device=kdev), n_valid=20, trash=20,
-                                alpha=1.0, eps=0.0)
+        update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, torch.ones(2, device=kdev), 20)
     with pytest.raises(ValueError, match="n_valid"):
-        update.write_priorities(**st, index=index, priority=torch.ones(3, device=kdev), n_valid=21, trash=20,
-                                alpha=1.0, eps=0.0)
+        update.write_priorities(st._replace(capacity=20, alpha=1.0, eps=0.0), index, torch.ones(3, device=kdev), 21)
+    before = st.raw.clone()
+    with pytest.raises(ValueError, match="tree.scratch must be the write's WriteScratch"):
+        update.write_priorities(st._replace(capacity=20, scratch=None), index, prio * 3, 20)
+    assert torch.equal(st.raw, before)  # refused: nothing written
 
 
 # ------------------------------------------------------------------------------- per-op kernels
@@ -256,8 +266,8 @@ def test_rank_sample_matches_reference(kdev, gen, normalize):
     u = torch.cat([torch.rand(40, generator=gen, dtype=torch.float64), torch.tensor([0.0, 0.5])]).to(kdev)
     alpha, beta = (torch.tensor(v, dtype=torch.float64, device=kdev) for v in (0.7, 0.5))
     for n in (1, 257, 300):
-        index, w = rank.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
-        want_index, want_w = reference.rank_sample(u, cdf, order, n, alpha, beta, True, normalize)
+        index, w = rank.rank_sample(RankTable(cdf, order, alpha, beta), u, n, True, normalize)
+        want_index, want_w = reference.rank_sample(RankTable(cdf, order, alpha, beta), u, n, True, normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
 
@@ -275,8 +285,8 @@ def test_launchers_raise_with_the_limit(kdev):
     with pytest.raises(ValueError, match="B >= 1"):
         sample.two_level_search(leaves, torch.ones(2, dtype=torch.float64, device=kdev), u[:0])
     with pytest.raises(ValueError, match="n must lie in"):
-        rank.rank_sample(u, torch.ones(3, dtype=torch.float64, device=kdev), torch.arange(3, device=kdev), 4,
-                         0.5, 0.5)
+        table = RankTable(torch.ones(3, dtype=torch.float64, device=kdev), torch.arange(3, device=kdev), 0.5, 0.5)
+        rank.rank_sample(table, u, 4)
 
 
 # ------------------------------------------------------------------------- backend and samplers
@@ -287,6 +297,31 @@ def test_kernel_ops_expose_reference_names_and_pass_self_check(kdev):
     assert backend.two_level_search_with_values is sample.two_level_search_with_values
     assert backend.block_size_for is reference.block_size_for  # delegated
     assert set(ext.FUSED_OPS) <= set(backend.COMPILED)
+    assert set(ext.STORAGE_OPS) <= set(backend.COMPILED)
+    assert backend.gather_stacks is gather.gather_stacks and backend.scatter_rows is gather.scatter_rows
+
+
+@pytest.mark.parametrize("name", ["gather_rows", "scatter_rows", "gather_stacks"])
+def test_self_check_refuses_a_wrong_storage_op(kdev, name):
+    """The storages' copies are part of the backend's self-check: one that loses the first row is refused."""
+    from lightning_per.ops.kernels import KernelOps
+    from lightning_per.ops.selfcheck import self_check
+
+    def wrong_gather(src, index):
+        out = gather.gather_rows(src, index)
+        out[0] = 0
+        return out
+
+    def wrong_scatter(dst, index, src):
+        gather.scatter_rows(dst, index[1:], src[1:])
+
+    def wrong_stacks(ring, positions, index):
+        return gather.gather_stacks(ring, positions, torch.flip(index, [0]))
+
+    wrong = {"gather_rows": wrong_gather, "scatter_rows": wrong_scatter, "gather_stacks": wrong_stacks}[name]
+    broken = type("BrokenOps", (KernelOps,), {name: staticmethod(wrong)})(kdev)
+    with pytest.raises(RuntimeError, match=f"self-check failed: {name}"):
+        self_check(broken, torch.device(kdev))
 
 
 @pytest.mark.parametrize("cls", [GPUPrioritizedSampler, GPURankBasedSampler])
@@ -386,9 +421,10 @@ def test_sample_proportional_gather_equals_sample_then_indexing(kdev, gen, capac
                                                       max_gather_chunk=max_gather_chunk)
     if normalize == "batch":
         w = w / w.max()
-    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    plain_index, plain_w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u, stratified, normalize)
     assert torch.equal(index, plain_index) and torch.equal(w, plain_w)
-    want_index, want_w = reference.sample_proportional(leaves, bs, bm, u, beta, stratified, normalize)
+    tree = PriorityTree(leaves, bs, bm, beta=beta)
+    want_index, want_w = reference.sample_proportional(tree, u, stratified, normalize)
     torch.testing.assert_close(index, want_index, rtol=0, atol=0)
     torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
     assert got_rows.dtype == torch.int64 and got_rows.shape == (u.numel(), width) and got_rows.is_contiguous()
@@ -404,16 +440,17 @@ def test_sample_proportional_gather_public_op_and_backend(kdev, gen, normalize):
     assert backend.sample_proportional_gather is sample.sample_proportional_gather
     assert "sample_proportional_gather" in backend.COMPILED
     for _ in range(2):  # the second call takes the validated fast path
-        index, w, got = backend.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True, normalize)
-        want_index, want_w, want_rows = reference.sample_proportional_gather(leaves, bs, bm, u, 0.5, rows, True,
-                                                                             normalize)
+        tree = PriorityTree(leaves, bs, bm, beta=0.5)
+        index, w, got = backend.sample_proportional_gather(tree, u, rows, True, normalize)
+        tree = PriorityTree(leaves, bs, bm, beta=0.5)
+        want_index, want_w, want_rows = reference.sample_proportional_gather(tree, u, rows, True, normalize)
         torch.testing.assert_close(index, want_index, rtol=0, atol=0)
         torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
         assert torch.equal(got, want_rows) and torch.equal(got, rows[index])
     # the registered custom op (what torch.compile and the fake-tensor shapes go through)
     op_index, op_w, op_rows = torch.ops.lightning_per.sample_proportional_gather(leaves, bs, bm, u, None, 0.5, True,
                                                                                 rows)
-    plain_index, plain_w = sample.sample_proportional(leaves, bs, bm, u, 0.5, True)
+    plain_index, plain_w = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=0.5), u, True)
     assert torch.equal(op_index, plain_index) and torch.equal(op_w, plain_w)
     assert torch.equal(op_rows, rows[plain_index])
 
@@ -439,7 +476,7 @@ def test_sample_proportional_gather_slot_beyond_the_ring_reads_zeros(kdev):
     bm = torch.full((3,), float("inf"), device=kdev)
     rows = torch.arange(1, 51, dtype=torch.int64, device=kdev).view(10, 5)
     u = torch.tensor([0.0, 0.5], dtype=torch.float64, device=kdev)
-    index, _, got = sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, rows)
+    index, _, got = sample.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4), u, rows)
     assert index.tolist() == [11, 11]
     assert torch.equal(got, torch.zeros(2, 5, dtype=torch.int64, device=kdev))
 
@@ -448,17 +485,19 @@ def test_sample_proportional_gather_validates_rows(kdev, gen):
     leaves, bs, bm = make_levels(10, kdev, gen)
     u = torch.rand(4, dtype=torch.float64, device=kdev)
     with pytest.raises(TypeError, match="rows must be torch.int64"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 3, device=kdev))
+        sample.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4), u, torch.zeros(10, 3, device=kdev))
     with pytest.raises(ValueError, match="rows must be 2-D"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, dtype=torch.int64, device=kdev))
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, dtype=torch.int64, device=kdev))
     with pytest.raises(ValueError, match="stride 1"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4,
-                                          torch.zeros(3, 10, dtype=torch.int64, device=kdev).t())
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(3, 10, dtype=torch.int64, device=kdev).t())
     with pytest.raises(ValueError, match="non-empty"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 0, dtype=torch.int64, device=kdev))
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, 0, dtype=torch.int64, device=kdev))
     with pytest.raises(ValueError, match="normalize"):
-        sample.sample_proportional_gather(leaves, bs, bm, u, 0.4, torch.zeros(10, 2, dtype=torch.int64, device=kdev),
-                                          normalize="max")
+        tree = PriorityTree(leaves, bs, bm, beta=0.4)
+        sample.sample_proportional_gather(tree, u, torch.zeros(10, 2, dtype=torch.int64, device=kdev), normalize="max")
 
 
 # ----------------------------------------------------------------------- large-batch torch paths
@@ -475,3 +514,17 @@ def test_large_batch_torch_paths_equal_the_reference(gen, n):
     scratch = torch.zeros(n + 1, dtype=torch.int32)
     assert torch.equal(torch_paths.scatter_last_writer(index, scratch.clone(), positions),
                        reference.last_writer(index, scratch, positions))
+
+
+def test_every_op_of_the_protocol_takes_at_most_six_parameters():
+    """The ops take their state as one value (``ext.state``) plus the call's own arguments: at most 6 parameters."""
+    import inspect
+
+    from lightning_per.ops.protocol import CompiledReplayOps, ReplayOps
+
+    for proto in (ReplayOps, CompiledReplayOps):
+        for name, fn in vars(proto).items():
+            if callable(fn) and not name.startswith("_"):
+                params = [p for p in inspect.signature(fn).parameters if p != "self"]
+                assert len(params) <= 6, (name, params)
+                assert len(inspect.signature(getattr(reference, name, fn)).parameters) <= 6, name

@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton")
 
 from _philox import expected_uniforms  # noqa: E402
 from lightning_per.ext import rank, sample, update  # noqa: E402
+from lightning_per.ext.state import PriorityTree, RankTable  # noqa: E402
 
 from lightning_per import GPUPrioritizedSampler  # noqa: E402
 from lightning_per.graphs.streams import capture_cuda_graph as capture  # noqa: E402
@@ -65,8 +66,8 @@ def test_same_indices_as_reference_on_the_same_uniforms(capacity, integer):
     assert torch.equal(value, want_value) and (value > 0).all()
     beta = torch.tensor(0.4, dtype=F64, device="cuda")
     for normalize in ("buffer", "batch"):
-        got = sample.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
-        want = reference.sample_proportional(leaves, bs, bm, u[:256], beta, True, normalize)
+        got = sample.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u[:256], True, normalize)
+        want = reference.sample_proportional(PriorityTree(leaves, bs, bm, beta=beta), u[:256], True, normalize)
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
 
@@ -113,7 +114,7 @@ def _written_state(capacity: int, seed: int):
     raw[:capacity] = torch.rand(capacity, device="cuda", generator=g) * 10
     leaves.view(-1)[:capacity] = reference.transform_priority(raw[:capacity], ALPHA, EPS)
     st = fresh_state(leaves)
-    st["raw_store"].copy_(raw)
+    st.raw.copy_(raw)
     return st
 
 
@@ -125,16 +126,15 @@ def test_block_sums_equal_float64_recompute_after_1e6_updates():
     for _ in range(steps):  # 10^6 updates over 6 orders of magnitude, with duplicates
         index = torch.randint(0, capacity, (batch,), device="cuda", generator=g)
         prio = torch.rand(batch, device="cuda", generator=g).pow(8) * 1e3
-        update.write_priorities(**st, index=index, priority=prio, n_valid=capacity, trash=capacity,
-                                alpha=alpha, eps=EPS)
-    exact = st["leaves"].double().sum(1)
-    rel = ((st["block_sum"] - exact).abs() / exact.clamp_min(1e-300)).max().item()
+        update.write_priorities(st._replace(capacity=capacity, alpha=alpha, eps=EPS), index, prio, capacity)
+    exact = st.leaves.double().sum(1)
+    rel = ((st.block_sum - exact).abs() / exact.clamp_min(1e-300)).max().item()
     assert rel < 1e-6, rel
-    assert abs(st["block_sum"].sum().item() / exact.sum().item() - 1) < 1e-6
-    low = st["leaves"].masked_fill(st["leaves"] == 0, float("inf")).amin(1)
-    assert torch.equal(st["block_min"], low)
-    stored = reference.transform_priority(st["raw_store"][:capacity], alpha, EPS)
-    torch.testing.assert_close(st["leaves"].view(-1)[:capacity], stored, rtol=1e-6, atol=0)
+    assert abs(st.block_sum.sum().item() / exact.sum().item() - 1) < 1e-6
+    low = st.leaves.masked_fill(st.leaves == 0, float("inf")).amin(1)
+    assert torch.equal(st.block_min, low)
+    stored = reference.transform_priority(st.raw[:capacity], alpha, EPS)
+    torch.testing.assert_close(st.leaves.view(-1)[:capacity], stored, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("batch", [256, 1024])
@@ -143,7 +143,7 @@ def test_one_launch_write_equals_reference_under_clashes(batch):
     calls: slots from a narrow range (many entries per block, repeated slots with clashing values), NaN /
     Inf / negative priorities, out-of-range slots; exact values, counters, and the tickets back at zero."""
     capacity, n_valid = 4099, 4000
-    leaves = _written_state(capacity, seed=3)["leaves"]
+    leaves = _written_state(capacity, seed=3).leaves
     got, want = fresh_state(leaves), fresh_state(leaves)
     g = torch.Generator(device="cuda").manual_seed(4)
     alpha = torch.tensor(ALPHA, dtype=F64, device="cuda")
@@ -153,25 +153,22 @@ def test_one_launch_write_equals_reference_under_clashes(batch):
         prio = torch.rand(batch, device="cuda", generator=g) * 5
         prio[::97] = float("nan")
         prio[5::101] = -1.0
-        update.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity,
-                                alpha=alpha, eps=EPS)
-        reference.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
-                                   alpha=alpha, eps=EPS)
+        update.write_priorities(got._replace(capacity=capacity, alpha=alpha, eps=EPS), index, prio, n_valid)
+        reference.write_priorities(want._replace(capacity=capacity, alpha=alpha, eps=EPS), index, prio, n_valid)
         # after every call: a refresh that raced would be repaired by a later touch of its block
-        torch.testing.assert_close(got["block_sum"], want["block_sum"], rtol=1e-12, atol=0)
-        torch.testing.assert_close(got["block_min"], want["block_min"], rtol=0, atol=0)
-    for key in ("raw_store", "leaves", "block_min", "max_raw", "n_clamped", "n_dropped"):
-        torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=0, msg=key)
-    assert not update._tickets(got["leaves"]).any()
-    assert not update._tickets(got["leaves"]).any()
+        torch.testing.assert_close(got.block_sum, want.block_sum, rtol=1e-12, atol=0)
+        torch.testing.assert_close(got.block_min, want.block_min, rtol=0, atol=0)
+    for key in ("raw", "leaves", "block_min", "max_raw", "n_clamped", "n_dropped"):
+        torch.testing.assert_close(getattr(got, key), getattr(want, key), rtol=1e-6, atol=0, msg=key)
+    assert not got.scratch.tickets.any()
+    assert not got.scratch.tickets.any()
 
 
 def _fused_step(st, td, beta, alpha, capacity, batch, gen, out, u=None):
     if u is None:
         u = torch.rand(batch, generator=gen, device="cuda", dtype=F64)
-    index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
-    update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity, trash=capacity,
-                            alpha=alpha, eps=1e-6)
+    index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
+    update.write_priorities(st._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, td[index] + 0.01, capacity)
     out["index"], out["w"] = index, w
 
 
@@ -254,8 +251,8 @@ def test_no_host_sync_over_1000_steps():
         index, info = sampler.sample(storage, batch)
         sampler.update_priority(index, info["priority_weight"] + 0.01, storage=storage)
         _fused_step(st, td, beta, alpha, capacity, batch, gen, {})
-        rank.rank_sample(torch.rand(batch, device="cuda", dtype=F64, generator=gen), r_cdf, order, capacity,
-                         alpha, beta)
+        table = RankTable(r_cdf, order, alpha, beta)
+        rank.rank_sample(table, torch.rand(batch, device="cuda", dtype=F64, generator=gen), capacity)
 
     for _ in range(3):  # JIT compilation happens here
         step()
@@ -284,11 +281,11 @@ def test_capacity_1e8_works():
     del leaves, bs, bm
     g = torch.Generator(device="cuda").manual_seed(1)
     idx = torch.randint(0, capacity, (256,), device="cuda", generator=g)
-    update.write_priorities(**st, index=idx, priority=torch.full((256,), 2.0, device="cuda"),
-                            n_valid=capacity, trash=capacity, alpha=1.0, eps=0.0)
-    blk = idx // st["leaves"].shape[1]
-    torch.testing.assert_close(st["block_sum"][blk], st["leaves"][blk].double().sum(1), rtol=1e-12, atol=0)
-    assert (st["leaves"].view(-1)[idx] == 2.0).all()
+    update.write_priorities(st._replace(capacity=capacity, alpha=1.0, eps=0.0), idx,
+                            torch.full((256,), 2.0, device="cuda"), capacity)
+    blk = idx // st.leaves.shape[1]
+    torch.testing.assert_close(st.block_sum[blk], st.leaves[blk].double().sum(1), rtol=1e-12, atol=0)
+    assert (st.leaves.view(-1)[idx] == 2.0).all()
 
 
 def test_torch_compile_fullgraph_matches_eager():
@@ -297,24 +294,23 @@ def test_torch_compile_fullgraph_matches_eager():
     td = torch.rand(capacity, device="cuda")
 
     def run(step_fn):
-        st = _written_state(capacity, seed=10)
+        st = _written_state(capacity, seed=10)._replace(capacity=capacity, alpha=alpha, eps=1e-6)
         gen = torch.Generator(device="cuda").manual_seed(11)
         u = torch.rand(4, batch, generator=gen, device="cuda", dtype=F64)
         outs = [step_fn(st, u[i]) for i in range(4)]
         return st, outs
 
     def step(st, u):
-        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
-        update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity,
-                                trash=capacity, alpha=alpha, eps=1e-6)
+        index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
+        update.write_priorities(st, index, td[index] + 0.01, capacity)
         return index, w
 
     st_e, outs_e = run(step)
     st_c, outs_c = run(torch.compile(step, fullgraph=True))
     for (ie, we), (ic, wc) in zip(outs_e, outs_c):
         assert torch.equal(ie, ic) and torch.equal(we, wc)
-    for k in st_e:
-        assert torch.equal(st_e[k], st_c[k]), k
+    for k in ("raw", "leaves", "block_sum", "block_min", "max_raw", "n_clamped", "n_dropped"):
+        assert torch.equal(getattr(st_e, k), getattr(st_c, k)), k
 
 
 def test_forced_failure_falls_back_to_reference_with_one_warning(monkeypatch):
@@ -343,23 +339,22 @@ def test_sample_gather_same_as_unfused_at_scale(capacity, width):
     rows = torch.randint(-2**62, 2**62, (capacity, width), device="cuda", generator=g)
     for batch, stratified, normalize in ((256, True, "buffer"), (1024, False, "batch"), (32, True, "batch")):
         u = torch.rand(batch, device="cuda", dtype=F64, generator=g)
-        index, w, got = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, 0.4,
-                                                          rows, stratified, normalize)
-        want_index, want_w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, 0.4,
-                                                        stratified, normalize)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=0.4)
+        index, w, got = sample.sample_proportional_gather(tree, u, rows, stratified, normalize)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=0.4)
+        want_index, want_w = sample.sample_proportional(tree, u, stratified, normalize)
         assert torch.equal(index, want_index) and torch.equal(w, want_w)
         assert torch.equal(got, rows[want_index])
 
 
 def _gather_step(st, rows, td, beta, alpha, capacity, out, u, fused=True):
     if fused:
-        index, w, block = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, beta,
-                                                            rows)
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta)
+        index, w, block = sample.sample_proportional_gather(tree, u, rows)
     else:  # the unfused path: sample, then one gather
-        index, w = sample.sample_proportional(st["leaves"], st["block_sum"], st["block_min"], u, beta)
+        index, w = sample.sample_proportional(PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta), u)
         block = rows[index]
-    update.write_priorities(**st, index=index, priority=td[index] + 0.01, n_valid=capacity, trash=capacity,
-                            alpha=alpha, eps=1e-6)
+    update.write_priorities(st._replace(capacity=capacity, alpha=alpha, eps=1e-6), index, td[index] + 0.01, capacity)
     out["index"], out["w"], out["rows"] = index, w, block
 
 
@@ -427,8 +422,8 @@ def test_sample_gather_under_torch_compile_matches_eager():
     u = torch.rand(batch, device="cuda", dtype=F64)
 
     def fn(u):
-        index, w, block = sample.sample_proportional_gather(st["leaves"], st["block_sum"], st["block_min"], u, beta,
-                                                            rows, True, "batch")
+        tree = PriorityTree(st.leaves, st.block_sum, st.block_min, beta=beta)
+        index, w, block = sample.sample_proportional_gather(tree, u, rows, True, "batch")
         return index, w, block, (block % 7).sum(1)  # a consumer Inductor compiles around the opaque op
 
     got = torch.compile(fn, fullgraph=True)(u)

@@ -4,6 +4,7 @@ stated by TorchRL's documentation (re-seeding replays draws, an epoch without re
 once)."""
 
 import copy
+import logging
 import pickle
 import warnings
 
@@ -14,6 +15,7 @@ from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
     PrioritizedSampler,
+    RandomSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
     TensorDictPrioritizedReplayBuffer,
@@ -425,3 +427,49 @@ def test_a_sample_size_other_than_the_buffers_warns_as_torchrl(packed):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert rb.sample().batch_size == (8,) and rb.sample(8).batch_size == (8,)
+
+
+class _Recompiles(logging.Handler):
+    """Collects torch.compile's recompile records (the log TorchRL's own recompile test counts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.endswith("__recompiles"):
+            self.records.append(record)
+
+
+def _recompiles_of_extend_and_sample(storage, sampler) -> int:
+    """Recompiles of one compiled ``set`` + ``sample`` over 5 growing lengths (TorchRL's
+    ``test__rand_given_ndim_recompile``, with the eager backend: dynamo's guards are the same)."""
+    torch._dynamo.reset()
+
+    def extend_and_sample(data):
+        storage.set(torch.arange(50) + len(storage), data)
+        return sampler.sample(storage, 3)
+
+    compiled = torch.compile(extend_and_sample, backend="eager")
+    data = torch.randint(100, (50, 1))
+    handler, logger = _Recompiles(), logging.getLogger("torch._dynamo")
+    torch._logging.set_logs(recompiles=True)
+    logger.addHandler(handler)
+    try:
+        for _ in range(5):
+            index, _ = compiled(data)
+            assert bool(((index >= 0) & (index < len(storage))).all())
+    finally:
+        logger.removeHandler(handler)
+        torch._logging.set_logs()
+    assert len(storage) == 250
+    return len(handler.records)
+
+
+def test_uniform_draw_recompiles_no_more_than_torchrl():
+    """A compiled write + uniform draw recompiles no more often with our storage and sampler than with
+    TorchRL's: the draw reads ``len(storage)``, a host int every write changes, outside the compiled graph."""
+    theirs = _recompiles_of_extend_and_sample(LazyTensorStorage(300, compilable=True), RandomSampler())
+    ours = _recompiles_of_extend_and_sample(GPUTensorStorage(300, device="cpu", compilable=True),
+                                            GPURandomSampler(device="cpu", seed=0))
+    assert ours <= theirs

@@ -82,3 +82,29 @@ def test_compiled_scatter_and_gather_rows_equal_indexing(row_bytes):
     want[index.cpu()] = src.cpu()
     assert torch.equal(dst, want)
     assert torch.equal(gather_rows(dst, index).cpu(), want[index.cpu()])
+
+
+def test_storages_hold_their_ops_backend_and_a_pickled_copy_reads_the_same_batch():
+    """The pinned-host and frame-stack storages copy rows through an ops backend they hold (``storage.ops``, the
+    reference on CPU); a pickled copy chooses it again and reads what the original reads."""
+    import pickle
+
+    from lightning_per import FrameStackStorage
+    from lightning_per.ops import ReplayOps, reference
+
+    host = PinnedHostStorage(16, device="cpu")
+    host.set(torch.arange(5), _batch(5, 0))
+    frames = FrameStackStorage(16, frame_stack=2, device="cpu")
+    f = torch.randint(0, 256, (6, 3, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    frames.set(torch.arange(4), TensorDict({"observation": torch.stack([f[i:i + 2] for i in range(4)]),
+                                            "next_observation": torch.stack([f[i + 1:i + 3] for i in range(4)]),
+                                            "reward": torch.arange(4.0)}, [4]))
+    index = torch.tensor([3, 0, 3])
+    for storage in (host, frames):
+        assert storage.ops is reference and isinstance(storage.ops, ReplayOps)
+        copy = pickle.loads(pickle.dumps(storage))
+        assert copy.ops is reference
+        got, want = copy.get(index), storage.get(index)
+        for key in want.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(got[key], want[key]), key
+    assert torch.equal(frames.get(index)["observation"], torch.stack([f[3:5], f[0:2], f[3:5]]))

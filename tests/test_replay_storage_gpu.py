@@ -29,7 +29,7 @@ def test_frame_storage_runs_the_kernel_and_equals_the_cpu_reference():
         td = _td(*model.step())
         gpu.extend(td.clone().to("cuda"))
         cpu.extend(td.clone())
-    assert gpu.storage._gather is gather_stacks
+    assert gpu.storage.ops.gather_stacks is gather_stacks
     assert int(gpu.storage.frames_written) == int(cpu.storage.frames_written)
     assert torch.equal(gpu.storage.slot_valid.cpu(), cpu.storage.slot_valid)
     index = torch.arange(64)
@@ -113,4 +113,5 @@ def test_pinned_host_is_pinned_zero_copy_and_equals_device_storage():
         host.update_priority(a["index"], a["reward"].abs() + 0.1)
         dev.update_priority(b["index"], b["reward"].abs() + 0.1)
     storage = host.storage
-    assert isinstance(storage, PinnedHostStorage) and storage.ring.rows.is_pinned() and storage._gather is gather_rows
+    assert isinstance(storage, PinnedHostStorage) and storage.ring.rows.is_pinned()
+    assert storage.ops.gather_rows is gather_rows

@@ -39,7 +39,7 @@ def make_kernel_ops(device: torch.device | str) -> CompiledReplayOps:
 
     Returns:
         A :class:`lightning_per.ops.kernels.KernelOps`: every name of :mod:`lightning_per.ops.reference` (same
-        signatures), ``COMPILED`` (the names that run kernels) and the helpers ``prepare_write``,
+        signatures), ``COMPILED`` (the names that run kernels) and the helpers
         ``new_rng_state``, ``seed_word``, ``DEVICE_RNG_DRAWS``.
 
     Raises:

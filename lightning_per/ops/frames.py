@@ -1,11 +1,12 @@
-"""Frame-deduplicated replay as pure tensor ops: hash, deduplicate and gather stacked frames.
+"""Frame-deduplicated replay as pure tensor ops: hash and deduplicate stacked frames.
 
 A transition of a stacked-frame environment carries two stacks of ``S`` frames (observation and next
 observation) that share ``S - 1`` frames with each other and with the neighbouring transitions of the
 same environment. :func:`dedup_frames` finds, for every incoming frame, an identical frame among the
 ``window`` most recently stored ones (or an earlier frame of the same batch), so only new content is
-written to the ring of frames; :func:`gather_stacks` rebuilds the stacks of a batch from the frame
-positions each transition keeps. Identity is exact: a hash picks the candidate, a byte comparison
+written to the ring of frames; the ops backend's ``gather_stacks``
+(:func:`lightning_per.ops.reference.gather_stacks`) rebuilds the stacks of a batch from the frame positions
+each transition keeps. Identity is exact: a hash picks the candidate, a byte comparison
 confirms it (a hash collision only costs a duplicate frame). Nothing here synchronises with the host:
 every size is a host int and every data-dependent choice a ``torch.where``.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["hash_weights", "hash_frames", "dedup_frames", "gather_stacks", "intact"]
+__all__ = ["hash_weights", "hash_frames", "dedup_frames", "intact"]
 
 #: Hash weights lie in ``[1, 2^31)``: with pixels < 2^8 and fewer than 2^24 pixels a frame, the weighted
 #: sum stays below 2^63 (no int64 overflow).
@@ -94,17 +95,3 @@ def intact(oldest: Tensor, written: Tensor, n_frames: int) -> Tensor:
     """``(N,) bool``: transitions whose oldest frame serial ``oldest`` ``(N,) int64`` is still in a ring of
     ``n_frames`` frames after ``written`` ``() int64`` writes (``oldest >= written - n_frames``)."""
     return oldest >= written - n_frames
-
-
-def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
-    """The frames of transitions ``index``: ``ring[positions[index]]``.
-
-    Args:
-        ring: ``(F + 1, *frame) uint8`` the ring of frames.
-        positions: ``(N, K)`` int32/int64 ring positions of each transition's ``K`` frames.
-        index: ``(B,) int64`` transitions.
-
-    Returns:
-        ``(B, K, *frame) uint8``, contiguous, on the ring's device.
-    """
-    return ring[positions[index].to(torch.int64)]  # [B, K, *frame]

@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree, RankTable
+
 __all__ = ["ReplayOps", "CompiledReplayOps"]
 
 
@@ -57,29 +59,31 @@ class ReplayOps(Protocol):
     def rank_weights(self, capacity: int, alpha: float,
                      device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]: ...
 
-    def sample_proportional(self, leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                            beta: Tensor | float, stratified: bool = True,
+    def sample_proportional(self, tree: PriorityTree, u: Tensor, stratified: bool = True,
                             normalize: str = "buffer") -> tuple[Tensor, Tensor]: ...
 
-    def sample_proportional_gather(self, leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                                   beta: Tensor | float, rows: Tensor, stratified: bool = True,
+    def sample_proportional_gather(self, tree: PriorityTree, u: Tensor, rows: Tensor, stratified: bool = True,
                                    normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]: ...
 
-    def write_priorities(self, raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor,
-                         max_raw: Tensor, n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor,
-                         n_valid: int, trash: int, alpha: Tensor | float, eps: float) -> None: ...
+    def write_priorities(self, tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
+                         valid: Tensor | None = None) -> None: ...
 
-    def rank_sample(self, u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
-                    beta: Tensor | float, stratified: bool = True,
+    def rank_sample(self, table: RankTable, u: Tensor, n: int, stratified: bool = True,
                     normalize: str = "buffer") -> tuple[Tensor, Tensor]: ...
+
+    def gather_rows(self, src: Tensor, index: Tensor) -> Tensor: ...
+
+    def scatter_rows(self, dst: Tensor, index: Tensor, src: Tensor) -> None: ...
+
+    def gather_stacks(self, ring: Tensor, positions: Tensor, index: Tensor) -> Tensor: ...
 
 
 @runtime_checkable
 class CompiledReplayOps(ReplayOps, Protocol):
     """:class:`ReplayOps` on compiled kernels, with what only they have.
 
-    ``sample_proportional`` and ``sample_proportional_gather`` also take ``u`` as an int (the batch size)
-    with ``rng=`` a device RNG state from :meth:`new_rng_state`: the uniforms are drawn in the kernel.
+    ``sample_proportional`` and ``sample_proportional_gather`` also take ``u`` as an int (the batch size) for a
+    tree whose ``rng`` is a device RNG state from :meth:`new_rng_state`: the uniforms are drawn in the kernel.
     """
 
     #: The names whose calls run kernels.
@@ -90,8 +94,6 @@ class CompiledReplayOps(ReplayOps, Protocol):
     SHUFFLE_DRAWS: int
     #: The device the ops were checked on.
     device: torch.device
-
-    def prepare_write(self, leaves: Tensor) -> None: ...
 
     def new_rng_state(self, seed: int, device: torch.device | str) -> Tensor: ...
 

@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree, RankTable
+
 __all__ = [
     "block_size_for",
     "sanitize_priority",
@@ -39,6 +41,9 @@ __all__ = [
     "sample_proportional_gather",
     "write_priorities",
     "rank_sample",
+    "gather_rows",
+    "scatter_rows",
+    "gather_stacks",
 ]
 
 
@@ -276,33 +281,59 @@ def _stratify(u: Tensor, stratified: bool) -> Tensor:
     return (torch.arange(n, device=u.device, dtype=torch.float64) + u) / n if stratified else u
 
 
-def sample_proportional(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor, beta: Tensor | float,
-                        stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
-    """Proportional draw from i.i.d. uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
+def sample_proportional(tree: PriorityTree, u: Tensor, stratified: bool = True,
+                        normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+    """Proportional draw from ``tree`` (its ``leaves``, ``block_sum``, ``block_min`` and ``beta``) with i.i.d.
+    uniforms ``u`` ``(B,)`` float64: ``(index (B,) int64, w (B,) float32)``.
 
     ``u' = (arange(B) + u) / B`` if ``stratified``; ``index, p = two_level_search_with_values(leaves,
     block_sum, u')``; ``w = is_weights(p, block_min.amin(), beta, normalize)``.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_per.ext.state import PriorityTree
+        >>> leaves = torch.tensor([[1.0, 3.0]])
+        >>> tree = PriorityTree(leaves, *reduce_blocks(leaves), beta=1.0)
+        >>> index, w = sample_proportional(tree, torch.tensor([0.1, 0.9], dtype=torch.float64), False)
+        >>> index.tolist(), w.tolist()
+        ([0, 1], [1.0, 0.3333333432674408])
     """
-    index, p_sel = two_level_search_with_values(leaves, block_sum, _stratify(u, stratified))
-    return index, is_weights(p_sel, block_min.amin(), beta, normalize)
+    index, p_sel = two_level_search_with_values(tree.leaves, tree.block_sum, _stratify(u, stratified))
+    return index, is_weights(p_sel, tree.block_min.amin(), tree.beta, normalize)
 
 
-def sample_proportional_gather(leaves: Tensor, block_sum: Tensor, block_min: Tensor, u: Tensor,
-                               beta: Tensor | float, rows: Tensor, stratified: bool = True,
+def sample_proportional_gather(tree: PriorityTree, u: Tensor, rows: Tensor, stratified: bool = True,
                                normalize: str = "buffer") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`sample_proportional`, then the drawn rows of a packed ring: ``(index (B,) int64, w (B,)
     float32, rows[index] (B, W))``, ``rows`` ``(N, W)`` (the packed storage's ``int64`` ring)."""
-    index, w = sample_proportional(leaves, block_sum, block_min, u, beta, stratified, normalize)
+    index, w = sample_proportional(tree, u, stratified, normalize)
     return index, w, rows[index]
 
 
-def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block_min: Tensor, max_raw: Tensor,
-                     n_clamped: Tensor, n_dropped: Tensor, index: Tensor, priority: Tensor, n_valid: int,
-                     trash: int, alpha: Tensor | float, eps: float, valid: Tensor | None = None) -> None:
-    """In-place priority write (arguments as ``ext.update.write_priorities``): sanitize against the
-    running max (1 before any), reject slots outside ``[0, n_valid)`` to ``trash`` with value 0,
-    transform (the value 0 where the optional bool mask ``valid`` is False; the raw priority is still stored),
-    last write wins, recompute the touched blocks from their leaves, fold the counters."""
+def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
+                     valid: Tensor | None = None) -> None:
+    """In-place priority write into ``tree`` (arguments as ``ext.update.write_priorities``; ``tree.scratch`` is
+    not used): sanitize against the running max (1 before any), reject slots outside ``[0, n_valid)`` to the trash
+    slot ``tree.capacity`` with value 0, transform (the value 0 where the optional bool mask ``valid`` is False;
+    the raw priority is still stored), last write wins, recompute the touched blocks from their leaves, fold the
+    counters.
+
+    Example::
+
+        >>> import torch
+        >>> from lightning_per.ext.state import PriorityTree
+        >>> leaves = torch.zeros(1, 4)
+        >>> tree = PriorityTree(leaves, torch.zeros(1, dtype=torch.float64), torch.full((1,), float("inf")),
+        ...                     raw=torch.zeros(4), max_raw=torch.tensor(float("-inf")),
+        ...                     n_clamped=torch.tensor(0), n_dropped=torch.tensor(0), capacity=3)
+        >>> write_priorities(tree, torch.tensor([1, 1, 7]), torch.tensor([5.0, 2.0, 9.0]), 3)
+        >>> leaves.tolist(), int(tree.n_dropped)  # last write wins; slot 7 is outside [0, 3)
+        ([[0.0, 2.0, 0.0, 0.0]], 1)
+    """
+    raw_store, leaves, block_sum, block_min = tree.raw, tree.leaves, tree.block_sum, tree.block_min
+    max_raw, n_clamped, n_dropped, trash = tree.max_raw, tree.n_clamped, tree.n_dropped, tree.capacity
+    alpha, eps = tree.alpha, tree.eps
     default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
     ok = (index >= 0) & (index < n_valid)  # [B]
@@ -328,24 +359,88 @@ def write_priorities(raw_store: Tensor, leaves: Tensor, block_sum: Tensor, block
     n_dropped += idx.numel() - ok.sum()
 
 
-def rank_sample(u: Tensor, rank_cdf: Tensor, order: Tensor, n: int, alpha: Tensor | float,
-                beta: Tensor | float,
-                stratified: bool = True, normalize: str = "buffer") -> tuple[Tensor, Tensor]:
+def rank_sample(table: RankTable, u: Tensor, n: int, stratified: bool = True,
+                normalize: str = "buffer") -> tuple[Tensor, Tensor]:
     """Rank-based draw (PER section 3.3) from i.i.d. uniforms ``u`` ``(B,)`` float64.
 
     ``k = searchsorted(cdf[:n], u' * cdf[n-1], right)`` (zero-based rank), ``index = order[k]``,
     ``w = ((k + 1) / n)^(alpha beta)`` in float64 (normalised by the batch max for ``"batch"``).
 
     Args:
-        rank_cdf: ``(N,)`` float64 prefix sums of ``k^-alpha``; order: ``(N,)`` int64 slot of each rank;
-        n: ranked items (host int, ``1 <= n <= N``).
+        table: the :class:`~lightning_per.ext.state.RankTable`: ``cdf`` ``(N,)`` float64 prefix sums of
+            ``k^-alpha``, ``order`` ``(N,)`` int64 slot of each rank, the exponents ``alpha`` and ``beta``.
+        u: ``(B,)`` float64 uniforms; n: ranked items (host int, ``1 <= n <= N``).
 
     Returns:
         ``(index (B,) int64, w (B,) float32)``.
     """
-    cdf = rank_cdf[:n]
+    cdf = table.cdf[:n]
     k = inverse_cdf_search(cdf, _stratify(u, stratified) * cdf[-1])  # [B]
-    weight = torch.pow((k + 1).to(torch.float64) / n, alpha * beta)
+    weight = torch.pow((k + 1).to(torch.float64) / n, table.alpha * table.beta)
     if normalize == "batch":
         weight = weight / weight.max()
-    return order[k], weight.to(torch.float32)
+    return table.order[k], weight.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- storage ops
+
+
+def gather_rows(src: Tensor, index: Tensor) -> Tensor:
+    """The rows ``src[index]`` on ``index``'s device: a storage's batch read.
+
+    Args:
+        src: ``(R, *row)`` rows of a ring, on the device or on the host (a pinned-host ring).
+        index: ``(B,) int64`` rows in ``[0, R)``, on the batch's device.
+
+    Returns:
+        ``(B, *row)``, ``src``'s dtype, on ``index``'s device (a host ring: host-side indexing, then one copy,
+        ``non_blocking``; the compiled op reads pinned host memory in place).
+
+    Example::
+
+        >>> import torch
+        >>> gather_rows(torch.arange(6).view(3, 2), torch.tensor([2, 0])).tolist()
+        [[4, 5], [0, 1]]
+    """
+    return src[index.to(src.device)].to(index.device, non_blocking=True)  # [B, *row]
+
+
+def scatter_rows(dst: Tensor, index: Tensor, src: Tensor) -> None:
+    """``dst[index] = src``, in place: a storage's write. A repeated index gets one of its rows (give repeats
+    equal rows).
+
+    Args:
+        dst: ``(R, *row)`` rows of a ring, on the device or on the host (a pinned-host ring).
+        index: ``(B,) int64`` rows in ``[0, R)``, on the batch's device.
+        src: ``(B, *row)`` rows of ``dst``'s dtype, on the batch's device.
+
+    Example::
+
+        >>> import torch
+        >>> dst = torch.zeros(3, 2, dtype=torch.int64)
+        >>> scatter_rows(dst, torch.tensor([2]), torch.tensor([[7, 8]]))
+        >>> dst.tolist()
+        [[0, 0], [0, 0], [7, 8]]
+    """
+    dst[index.to(dst.device)] = src.to(dst.device)
+
+
+def gather_stacks(ring: Tensor, positions: Tensor, index: Tensor) -> Tensor:
+    """The frames of transitions ``index``: ``ring[positions[index]]`` (a frame-deduplicated storage's read).
+
+    Args:
+        ring: ``(F + 1, *frame)`` the ring of frames (any dtype).
+        positions: ``(N, K)`` int32/int64 ring positions of each transition's ``K`` frames.
+        index: ``(B,) int64`` transitions in ``[0, N)``.
+
+    Returns:
+        ``(B, K, *frame)``, contiguous, on the ring's device.
+
+    Example::
+
+        >>> import torch
+        >>> ring = torch.arange(4).view(4, 1)
+        >>> gather_stacks(ring, torch.tensor([[0, 1], [2, 3]]), torch.tensor([1])).view(-1).tolist()
+        [2, 3]
+    """
+    return ring[positions[index].to(torch.int64)]  # [B, K, *frame]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree, RankTable, write_scratch
 from lightning_per.ops import reference
 from lightning_per.ops.protocol import CompiledReplayOps
 
@@ -50,15 +51,19 @@ def boundary_uniforms(block_sum: Tensor, n_random: int, generator: torch.Generat
     return u.to(block_sum.device)
 
 
-def fresh_state(leaves: Tensor) -> dict:
-    """Sampler-like mutable state around ``leaves`` (copied): raw, sums, minima, max, counters."""
+def fresh_state(leaves: Tensor, capacity: int = 0, alpha: Tensor | float = 1.0, eps: float = 0.0,
+                beta: Tensor | float = 0.0) -> PriorityTree:
+    """A sampler-like :class:`~lightning_per.ext.state.PriorityTree` around ``leaves`` (copied): raw priorities
+    equal to the leaves, sums, minima, max -inf, zero counters, the write's scratch, the given exponents, ``eps``
+    and ``capacity`` (the trash slot)."""
     d = leaves.device
     leaves = leaves.clone()
     block_sum, block_min = (t.contiguous() for t in reference.reduce_blocks(leaves))  # sums: a strided view
-    return {"raw_store": leaves.reshape(-1).clone(), "leaves": leaves, "block_sum": block_sum,
-            "block_min": block_min, "max_raw": torch.full((), float("-inf"), device=d),
-            "n_clamped": torch.zeros((), dtype=torch.int64, device=d),
-            "n_dropped": torch.zeros((), dtype=torch.int64, device=d)}
+    return PriorityTree(leaves, block_sum, block_min, raw=leaves.reshape(-1).clone(),
+                        max_raw=torch.full((), float("-inf"), device=d),
+                        n_clamped=torch.zeros((), dtype=torch.int64, device=d),
+                        n_dropped=torch.zeros((), dtype=torch.int64, device=d), alpha=alpha, beta=beta, eps=eps,
+                        capacity=capacity, scratch=write_scratch(leaves))
 
 
 def _equal(name: str, got: Tensor, want: Tensor) -> None:
@@ -85,7 +90,7 @@ def _check_search(ops: CompiledReplayOps, device: torch.device, gen: torch.Gener
         _equal(f"two_level_search_with_values[{capacity}].index", got[0], want[0])
         _equal(f"two_level_search_with_values[{capacity}].value", got[1], want[1])
         for normalize in ("buffer", "batch"):
-            (gi, gw), (wi, ww) = (f(leaves, bs, bm, u[:6], beta, True, normalize)
+            (gi, gw), (wi, ww) = (f(PriorityTree(leaves, bs, bm, beta=beta), u[:6], True, normalize)
                                   for f in (ops.sample_proportional, reference.sample_proportional))
             _equal(f"sample_proportional[{normalize}].index", gi, wi)
             _close(f"sample_proportional[{normalize}].weight", gw, ww, 1e-6)
@@ -103,7 +108,7 @@ def _check_gather(ops: CompiledReplayOps, device: torch.device, gen: torch.Gener
     u = boundary_uniforms(bs, 4, gen, n_bound=8)
     beta = torch.tensor(0.4, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
-        (gi, gw, gr), (wi, ww, wr) = (f(leaves, bs, bm, u, beta, rows, True, normalize)
+        (gi, gw, gr), (wi, ww, wr) = (f(PriorityTree(leaves, bs, bm, beta=beta), u, rows, True, normalize)
                                       for f in (ops.sample_proportional_gather, reference.sample_proportional_gather))
         _equal(f"sample_proportional_gather[{normalize}].index", gi, wi)
         _close(f"sample_proportional_gather[{normalize}].weight", gw, ww, 1e-6)
@@ -133,23 +138,22 @@ def _check_priority_ops(ops: CompiledReplayOps, device: torch.device, gen: torch
 def _check_write(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
     capacity, n_valid = 37, 30
     leaves = make_levels(capacity, device, gen, integer=False)[0]
-    got, want = fresh_state(leaves), fresh_state(leaves)
     alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
+    got, want = (fresh_state(leaves, capacity, alpha, 1e-6) for _ in range(2))
     for _ in range(2):
         index = torch.randint(-2, capacity + 2, (24,), generator=gen)
         index[:6] = index[6:12]  # clashing duplicates
         prio = torch.rand(24, generator=gen) * 4
         prio[3], prio[7], prio[11] = float("nan"), -1.0, float("inf")
         index, prio = index.to(device), prio.to(device)
-        ops.write_priorities(**got, index=index, priority=prio, n_valid=n_valid, trash=capacity, alpha=alpha,
-                             eps=1e-6)
-        reference.write_priorities(**want, index=index, priority=prio, n_valid=n_valid, trash=capacity,
-                                   alpha=alpha, eps=1e-6)
-    for key in ("raw_store", "leaves", "block_min", "max_raw"):
-        _close(f"write_priorities.{key}", got[key], want[key], 1e-6)
-    _close("write_priorities.block_sum", got["block_sum"], want["block_sum"], 1e-12)
-    _equal("write_priorities.n_clamped", got["n_clamped"], want["n_clamped"])
-    _equal("write_priorities.n_dropped", got["n_dropped"], want["n_dropped"])
+        ops.write_priorities(got, index, prio, n_valid)
+        reference.write_priorities(want, index, prio, n_valid)
+    for key in ("raw", "leaves", "block_min", "max_raw"):
+        _close(f"write_priorities.{key}", getattr(got, key), getattr(want, key), 1e-6)
+    _close("write_priorities.block_sum", got.block_sum, want.block_sum, 1e-12)
+    _equal("write_priorities.n_clamped", got.n_clamped, want.n_clamped)
+    _equal("write_priorities.n_dropped", got.n_dropped, want.n_dropped)
+    _equal("write_priorities.scratch", torch.cat(got.scratch), torch.cat(write_scratch(leaves)))  # left as found
 
 
 def _check_rank(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
@@ -159,21 +163,21 @@ def _check_rank(ops: CompiledReplayOps, device: torch.device, gen: torch.Generat
     alpha = torch.tensor(0.7, dtype=torch.float64, device=device)
     beta = torch.tensor(0.5, dtype=torch.float64, device=device)
     for normalize in ("buffer", "batch"):
-        (gi, gw), (wi, ww) = (f(u, cdf, order, 41, alpha, beta, True, normalize)
+        (gi, gw), (wi, ww) = (f(RankTable(cdf, order, alpha, beta), u, 41, True, normalize)
                               for f in (ops.rank_sample, reference.rank_sample))
         _equal(f"rank_sample[{normalize}].index", gi, wi)
         _close(f"rank_sample[{normalize}].weight", gw, ww, 1e-6)
 
 
 def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
-    """The in-kernel uniforms (``rng=``): both sample kernels build and run, draw the same slots and weights from
+    """The in-kernel uniforms (``tree.rng``): both sample kernels build and run, draw the same slots and weights from
     equal states, count one draw per position, and land on written slots."""
     capacity, batch = 37, 8
     leaves, bs, bm = make_levels(capacity, device, gen)
     rows = torch.randint(-2**62, 2**62, (capacity, 5), generator=gen).to(device)
     first, second = ops.new_rng_state(12345, device), ops.new_rng_state(12345, device)
-    gi, gw = ops.sample_proportional(leaves, bs, bm, batch, 0.4, rng=first)
-    hi, hw, hr = ops.sample_proportional_gather(leaves, bs, bm, batch, 0.4, rows, rng=second)
+    gi, gw = ops.sample_proportional(PriorityTree(leaves, bs, bm, beta=0.4, rng=first), batch)
+    hi, hw, hr = ops.sample_proportional_gather(PriorityTree(leaves, bs, bm, beta=0.4, rng=second), batch, rows)
     _equal("device rng: sample vs sample_gather index", gi, hi)
     _equal("device rng: sample vs sample_gather weight", gw, hw)
     _equal("device rng: gathered rows", hr, rows[gi])
@@ -190,6 +194,30 @@ def _check_device_rng(ops: CompiledReplayOps, device: torch.device, gen: torch.G
     _equal("device rng: shuffled draws counted", first, counted)
 
 
+def _check_storage(ops: CompiledReplayOps, device: torch.device, gen: torch.Generator) -> None:
+    """The storages' copies: rows gathered and scattered (row widths of 8-, 4- and 1-byte words, a ring in pinned
+    host memory on CUDA) and frame stacks gathered, against the reference, exactly."""
+    pin = device.type == "cuda"
+    for row_bytes in (16, 12, 7):
+        ring = torch.randint(0, 256, (9, row_bytes), dtype=torch.uint8, generator=gen)
+        index = torch.tensor([7, 0, 3, 3, 8], device=device)
+        host = ring.pin_memory() if pin else ring.clone()
+        _equal(f"gather_rows[{row_bytes}]", ops.gather_rows(host, index), reference.gather_rows(ring, index))
+        src = torch.randint(0, 256, (3, row_bytes), dtype=torch.uint8, generator=gen).to(device)
+        rows = torch.tensor([8, 1, 4], device=device)
+        expected = ring.clone()
+        reference.scatter_rows(expected, rows, src)
+        ops.scatter_rows(host, rows, src)
+        if pin:
+            torch.cuda.synchronize(device)  # sync-ok: one-time self-check reads the host ring the kernel wrote
+        _equal(f"scatter_rows[{row_bytes}]", host, expected)
+    frames = torch.randint(0, 256, (11, 3, 4), dtype=torch.uint8, generator=gen).to(device)
+    positions = torch.randint(0, 11, (7, 6), dtype=torch.int32, generator=gen).to(device)
+    index = torch.tensor([6, 0, 3, 3], device=device)
+    _equal("gather_stacks", ops.gather_stacks(frames, positions, index),
+           reference.gather_stacks(frames, positions, index))
+
+
 def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> None:
     """Run every compiled op of ``ops`` on ``device`` against the reference.
 
@@ -203,3 +231,4 @@ def self_check(ops: CompiledReplayOps, device: torch.device, seed: int = 0) -> N
     _check_write(ops, device, gen)
     _check_rank(ops, device, gen)
     _check_device_rng(ops, device, gen)
+    _check_storage(ops, device, gen)

@@ -93,15 +93,10 @@ class PriorityCore:
         self.n_blocks = -(-(capacity + 1) // self.block)
         counters = self.ops.new_rng_state(self.rng.generator.initial_seed(), device) if self.device_rng else None
         self.state = PriorityState.empty(capacity, block=self.block, alpha=self.alpha, beta=self.beta, eps=eps,
-                                         device=device, rng=counters)
+                                         device=device, rng=counters, scratch=self.compiled)
         self.graphs = EagerGraphs() if eager_graphs and device.type == "cuda" else None
         #: the storage's ``slot_valid`` mask once a write showed one (``FrameStackStorage``), else None
         self.slot_valid: Tensor | None = None
-        self._prepare()
-
-    def _prepare(self) -> None:
-        if self.compiled:  # the compiled write's counters for these leaves
-            self.ops.prepare_write(self.state.leaves)
 
     def __repr__(self) -> str:
         return (f"PriorityCore(capacity={self.capacity}, rule={self.rule.name}, "
@@ -343,8 +338,7 @@ class PriorityCore:
         """Forget every priority (a fresh state; the device counters and the generator are kept)."""
         old = self.state
         self.state = PriorityState.empty(self.capacity, block=self.block, alpha=self.alpha, beta=self.beta,
-                                         eps=old.eps, device=self.device, rng=old.rng)
-        self._prepare()
+                                         eps=old.eps, device=self.device, rng=old.rng, scratch=self.compiled)
         if self.graphs is not None:
             self.graphs.clear()  # they point at the tensors just replaced
 

@@ -4,7 +4,7 @@ An Atari transition holds two stacks of ``S`` 84x84 frames (observation and next
 ``S = 4``), but consecutive stacks of one environment share ``S - 1`` frames, so a full-stack ring keeps
 each frame ``2S`` times. Here every frame goes once into a device ring of frames and each transition keeps
 the ring positions of its ``2S`` frames; the batch read rebuilds both stacks in one gather (a Triton
-kernel on CUDA, :func:`lightning_per.ops.frames.gather_stacks` elsewhere). The other keys (action,
+kernel on CUDA, :func:`lightning_per.ops.reference.gather_stacks` elsewhere). The other keys (action,
 reward, ...) live in the :class:`GPUTensorStorage` this class extends.
 
 Deduplication is by content (:func:`lightning_per.ops.frames.dedup_frames`): a frame identical to one of
@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDictBase
 
 from lightning_per.ops import frames as frame_ops
-from lightning_per.ops.dispatch import load_ext
+from lightning_per.ops import select_backend
 from lightning_per.replay.ring import make_batch, match_pairs
 from lightning_per.replay.rows import batch_views, last_writes
 from lightning_per.replay.slots import cursor_slots
@@ -40,20 +40,6 @@ __all__ = ["FrameStackStorage"]
 
 FRAMES_SCHEMA_VERSION = 1
 _NEVER = -(1 << 62)  # the oldest-frame serial of a slot never written: never intact
-
-
-def _stack_gather(device: torch.device):
-    """The batch gather for ``device``: the Triton kernel on CUDA (one warning and the reference if it
-    cannot load), the plain-torch reference elsewhere."""
-    if device.type == "cuda":
-        ext = load_ext()
-        try:
-            from lightning_per.ext.gather import gather_stacks  # imports triton
-            return gather_stacks
-        except Exception as err:  # noqa: BLE001 - a broken Triton falls back, announced once
-            warnings.warn(f"FrameStackStorage: the Triton stack gather is unavailable ({err!r}, ext={ext}); "
-                          f"using the plain-torch gather", RuntimeWarning, stacklevel=3)
-    return frame_ops.gather_stacks
 
 
 class FrameStackStorage(GPUTensorStorage):
@@ -122,8 +108,15 @@ class FrameStackStorage(GPUTensorStorage):
         self.oldest: torch.Tensor | None = None  # (max_size,) int64 serial of each slot's oldest frame
         self.frames_written: torch.Tensor | None = None  # () int64
         self._weights: torch.Tensor | None = None  # (P,) int64 hash weights
-        self._gather = None
+        #: the ops backend of the frames' device (:func:`lightning_per.ops.select_backend`; chosen again if the
+        #: frames fall back to the CPU): its ``gather_stacks`` rebuilds a batch's stacks
+        self.ops = select_backend(torch.device(self.device))
         self.layout = "frames"
+
+    def __setstate__(self, state) -> None:
+        """Unpickling (:meth:`GPUTensorStorage.__setstate__`), the ops backend chosen again."""
+        super().__setstate__(state)
+        self.ops = select_backend(torch.device(self.device) if self.frames is None else self.frames.device)
 
     # ------------------------------------------------------------------ checks
     def _frame_shape(self) -> tuple[int, ...] | None:
@@ -183,7 +176,7 @@ class FrameStackStorage(GPUTensorStorage):
         for d in frame:
             pixels *= d
         self._weights = frame_ops.hash_weights(pixels, device)
-        self._gather = _stack_gather(device)
+        self.ops = select_backend(device)
 
     def _ensure_frames(self, frame: tuple[int, ...]) -> None:
         if self.frames is not None:
@@ -276,7 +269,7 @@ class FrameStackStorage(GPUTensorStorage):
         index = index.reshape(-1).to(device, non_blocking=True)
         if index.dtype != torch.int64:
             index = index.to(torch.int64)
-        stacks = self._gather(self.frames, self.frame_positions, index)  # [B, 2S, *frame]
+        stacks = self.ops.gather_stacks(self.frames, self.frame_positions, index)  # [B, 2S, *frame]
         s = self.frame_stack
         obs, nxt = stacks[:, :s], stacks[:, s:]  # [B, S, *frame] views
         ring = self.ring

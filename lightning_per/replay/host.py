@@ -11,13 +11,12 @@ same logic runs on plain host memory with the plain-torch gather and scatter (th
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from lightning_per.ops.dispatch import load_ext
+from lightning_per.ops import select_backend
 from lightning_per.replay.ring import RingState, make_batch
 from lightning_per.replay.rows import batch_views, field_views, last_writes, pack_plan, row_layout, view_plan
 from lightning_per.replay.slots import cursor_slots
@@ -50,28 +49,6 @@ class _PageLock:
     def __del__(self) -> None:
         if self.ptr is not None:
             torch.cuda.cudart().cudaHostUnregister(self.ptr)
-
-
-def _reference_gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return rows[index.to(rows.device)].to(index.device, non_blocking=True)
-
-
-def _reference_scatter(rows: torch.Tensor, index: torch.Tensor, block: torch.Tensor) -> None:
-    rows[index.to(rows.device)] = block.to(rows.device)
-
-
-def _kernels(device: torch.device):
-    """``(gather, scatter)`` for batches on ``device``: the zero-copy Triton kernels on CUDA (one warning and
-    the plain-torch ops, which synchronise, if they cannot load), the plain-torch ops elsewhere."""
-    if device.type == "cuda":
-        load_ext()
-        try:
-            from lightning_per.ext.gather import gather_rows, scatter_rows  # imports triton
-            return gather_rows, scatter_rows
-        except Exception as err:  # noqa: BLE001 - a broken Triton falls back, announced once
-            warnings.warn(f"PinnedHostStorage: the zero-copy Triton gather is unavailable ({err!r}); batches go "
-                          f"through host-side indexing (one synchronisation a batch)", RuntimeWarning, stacklevel=3)
-    return _reference_gather, _reference_scatter
 
 
 class PinnedHostStorage(GPUTensorStorage):
@@ -111,7 +88,14 @@ class PinnedHostStorage(GPUTensorStorage):
         self.pin = torch.cuda.is_available() if pin is None else bool(pin)
         self._batch_device = device
         self._lock: _PageLock | None = None
-        self._gather, self._scatter = _kernels(device)
+        #: the ops backend of the batch device (:func:`lightning_per.ops.select_backend`): its ``gather_rows`` /
+        #: ``scatter_rows`` read and write the host ring (zero-copy kernels on CUDA, host indexing elsewhere)
+        self.ops = select_backend(device)
+
+    def __setstate__(self, state) -> None:
+        """Unpickling (:meth:`GPUTensorStorage.__setstate__`), the ops backend chosen again."""
+        super().__setstate__(state)
+        self.ops = select_backend(self._batch_device)
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
@@ -164,7 +148,7 @@ class PinnedHostStorage(GPUTensorStorage):
         block = self._block(data.to(self._batch_device, non_blocking=True))
         if slots.shape[0] > self.max_size:  # a repeated slot gets its last write
             block = block[last_writes(slots, self.max_size)]
-        self._scatter(self.ring.rows, slots, block)
+        self.ops.scatter_rows(self.ring.rows, slots, block)
         if set_cursor:
             self._last_cursor = cursor
             self._len = min(self._len + data.shape[0], self.max_size)
@@ -186,7 +170,7 @@ class PinnedHostStorage(GPUTensorStorage):
             index = torch.as_tensor(index, dtype=torch.int64)
         squeeze = index.dim() == 0
         index = index.reshape(-1).to(device=device, dtype=torch.int64, non_blocking=True)
-        block = self._gather(ring.rows, index)  # [B, W] on the device
+        block = self.ops.gather_rows(ring.rows, index)  # [B, W] on the device
         fields = batch_views(block, ring.layout, ring.plan)
         if extra:
             for key, value in extra.items():

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree, WriteScratch, write_scratch
 from lightning_per.replay.errors import FLOAT32_MAX, stored_fits
 
 __all__ = ["PriorityState", "bounded", "default_priority", "mask", "max_within_buffer", "probabilities",
@@ -53,6 +54,8 @@ class PriorityState:
         alpha: ``() float32`` the priority exponent (a device copy of the host value).
         beta: ``() float32`` the IS-weight exponent (a device copy: captured graphs see new values).
         rng: ``(1 + 65536,) int64`` the compiled draws' seed and counters, or None (draws from ``torch.rand``).
+        scratch: the compiled write's persistent tensors (:class:`lightning_per.ext.state.WriteScratch`, made with
+            the leaves), or None (the reference ops need none).
         capacity: number of slots N (host int).
         eps: added to raw priorities before the exponent (host float > 0).
         raw_limit: largest raw priority whose stored value is finite under ``alpha`` (host float, :func:`raw_limit`).
@@ -74,24 +77,32 @@ class PriorityState:
     eps: float
     raw_limit: float
     writes: int = 0
+    scratch: WriteScratch | None = None
 
     @classmethod
     def empty(cls, capacity: int, *, block: int, alpha: float, beta: float | Tensor, eps: float,
-              device: torch.device, rng: Tensor | None = None) -> PriorityState:
+              device: torch.device, rng: Tensor | None = None, scratch: bool = False) -> PriorityState:
         """A state with no priority written: ``ceil((capacity + 1) / block)`` blocks of ``block`` leaves (slot
-        ``capacity`` is the trash slot). ``beta`` may be a 0-d tensor (copied, no sync)."""
+        ``capacity`` is the trash slot). ``beta`` may be a 0-d tensor (copied, no sync); ``scratch``: make the
+        compiled write's scratch with the leaves (:func:`lightning_per.ext.state.write_scratch`)."""
         nb = -(-(capacity + 1) // block)
         beta_t = torch.zeros((), dtype=torch.float32, device=device)
         beta_t.copy_(torch.as_tensor(beta))  # a number or a 0-d tensor (no sync)
-        return cls(raw=torch.zeros(nb * block, dtype=torch.float32, device=device),
-                   leaves=torch.zeros(nb, block, dtype=torch.float32, device=device),
+        leaves = torch.zeros(nb, block, dtype=torch.float32, device=device)
+        return cls(raw=torch.zeros(nb * block, dtype=torch.float32, device=device), leaves=leaves,
                    block_sum=torch.zeros(nb, dtype=torch.float64, device=device),
                    block_min=torch.full((nb,), float("inf"), dtype=torch.float32, device=device),
                    max_raw=torch.full((), float("-inf"), dtype=torch.float32, device=device),
                    n_clamped=torch.zeros((), dtype=torch.int64, device=device),
                    n_dropped=torch.zeros((), dtype=torch.int64, device=device),
                    alpha=torch.full((), float(alpha), dtype=torch.float32, device=device), beta=beta_t, rng=rng,
-                   capacity=capacity, eps=float(eps), raw_limit=raw_limit(float(alpha), float(eps)))
+                   capacity=capacity, eps=float(eps), raw_limit=raw_limit(float(alpha), float(eps)),
+                   scratch=write_scratch(leaves) if scratch else None)
+
+    def tree(self) -> PriorityTree:
+        """The state as the ops take it (:class:`lightning_per.ext.state.PriorityTree`): the same tensors, no copy."""
+        return PriorityTree(self.leaves, self.block_sum, self.block_min, self.raw, self.max_raw, self.n_clamped,
+                            self.n_dropped, self.alpha, self.beta, self.eps, self.capacity, self.rng, self.scratch)
 
     def tensors(self) -> tuple[Tensor, ...]:
         """Every device tensor of the state, in a fixed order: ``raw, leaves, block_sum, block_min, max_raw,
@@ -183,9 +194,7 @@ def write(ops, state: PriorityState, index: Tensor, raw: Tensor, n_valid: int, v
     wins for a repeated slot, touched block sums/minima recomputed from their leaves, counters and the running
     max folded in.
     """
-    ops.write_priorities(state.raw, state.leaves, state.block_sum, state.block_min, state.max_raw, state.n_clamped,
-                         state.n_dropped, index, bounded(state, raw), n_valid, state.capacity, state.alpha,
-                         state.eps, valid)
+    ops.write_priorities(state.tree(), index, bounded(state, raw), n_valid, valid)
 
 
 def max_within_buffer(state: PriorityState) -> None:
@@ -211,11 +220,7 @@ def sample(ops, state: PriorityState, draws: Tensor | int, stratified: bool,
     the int ``B``: the compiled kernels draw the uniforms themselves from :attr:`PriorityState.rng`.
     ``weight_normalization``: ``"buffer"`` (by ``min_j P(j)``) or ``"batch"`` (by the batch max).
     """
-    if isinstance(draws, int):
-        return ops.sample_proportional(state.leaves, state.block_sum, state.block_min, draws, state.beta, stratified,
-                                       weight_normalization, rng=state.rng)
-    return ops.sample_proportional(state.leaves, state.block_sum, state.block_min, draws, state.beta, stratified,
-                                   weight_normalization)
+    return ops.sample_proportional(state.tree(), draws, stratified, weight_normalization)
 
 
 def sample_gather(ops, state: PriorityState, draws: Tensor | int, rows: Tensor, stratified: bool,
@@ -223,14 +228,8 @@ def sample_gather(ops, state: PriorityState, draws: Tensor | int, rows: Tensor, 
     """:func:`sample` and the rows of the drawn slots in one fused op: ``(block (B, W) int64, index (B,) int64,
     weight (B,) float32)``, ``rows`` the ring's packed ``(N, W) int64`` rows
     (the storage's ``gather_rows``) on the state's device."""
-    if isinstance(draws, int):
-        index, weight, block = ops.sample_proportional_gather(
-            state.leaves, state.block_sum, state.block_min, draws, state.beta, rows, stratified, weight_normalization,
-            rng=state.rng)
-    else:
-        index, weight, block = ops.sample_proportional_gather(
-            state.leaves, state.block_sum, state.block_min, draws, state.beta, rows, stratified,
-            weight_normalization)  # [B], [B], [B, W]
+    index, weight, block = ops.sample_proportional_gather(state.tree(), draws, rows, stratified,
+                                                          weight_normalization)  # [B], [B], [B, W]
     return block, index, weight
 
 

@@ -103,6 +103,13 @@ class GPURandomSampler(RandomSampler):
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Raises ValueError for ``batch_size`` < 1 and EmptyBufferError for an empty storage."""
         check_batch_size(batch_size)
+        return self._draw(storage, batch_size)
+
+    # Under torch.compile a draw would guard on len(storage), a host int every write changes, and recompile
+    # at each new length; TorchRL runs its uniform draw outside compiled graphs for this reason
+    # (Storage._rand_given_ndim), and so does this one.
+    @torch.compiler.disable
+    def _draw(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         n = len(storage)
         if n == 0:
             raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "

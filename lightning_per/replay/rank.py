@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
+from lightning_per.ext.state import RankTable
 from lightning_per.ops import rank_weights
 from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import (
@@ -139,7 +140,8 @@ def rank_sample(ops, state: PriorityState, index: RankIndex, u: Tensor, n: int, 
                 weight_normalization: str) -> tuple[Tensor, Tensor]:
     """A rank draw over the ``n`` ranked items from uniforms ``u`` ``(B,) float64``: ``(index (B,) int64, weight
     (B,) float32)`` (``ops.rank_sample``, see :func:`lightning_per.ops.reference.rank_sample`)."""
-    return ops.rank_sample(u, index.cdf, index.order, n, state.alpha, state.beta, stratified, weight_normalization)
+    return ops.rank_sample(RankTable(index.cdf, index.order, state.alpha, state.beta), u, n, stratified,
+                           weight_normalization)
 
 
 class GPURankBasedSampler(PrioritizedSampler):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lightning_per.ext.state import PriorityTree
 from lightning_per.ops import block_size_for, reference, select_backend
 from lightning_per.replay._rng import SamplerRNG
 from lightning_per.replay.slice_ops import device_fn, reduce_touched, uniform_starts
@@ -77,7 +78,8 @@ class UniformStarts:
     def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> Tensor:
         """``num`` slice starts ``(num,) int64``: a trajectory uniformly, then a start uniformly inside it."""
         u = rng.rand((num,))
-        first, _ = self.ops.sample_proportional(self.leaves, self.block_sum, self.block_min, u, 0.0, False, "buffer")
+        first, _ = self.ops.sample_proportional(PriorityTree(self.leaves, self.block_sum, self.block_min), u, False,
+                                                "buffer")
         pick = rng.rand((num,))
         return self.pick(first, pick, index.end_leaves, index.end_bsum, index.slots, T)
 

@@ -222,6 +222,13 @@ class GPUTensorStorage(LazyTensorStorage):
         self._index_flat()
         self.initialized = True
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / ``copy.deepcopy`` state: TorchRL's, without the ops backend a subclass holds (``ops``, which may
+        be a module; the subclass's ``__setstate__`` chooses it again)."""
+        state = super().__getstate__()
+        state.pop("ops", None)
+        return state
+
     def __setstate__(self, state) -> None:
         """TorchRL's unpickling (``pickle``, ``copy.deepcopy``, a spawned process), then the ring's views relinked
         (:meth:`_index_flat`)."""
