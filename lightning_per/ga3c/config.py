@@ -79,6 +79,13 @@ class GA3CConfig:
     train_min_batch_size: int = 40
     """Transitions merged by a trainer before a batch is handed to ``training_step`` (maintainers
     of NVlabs/GA3C recommend 20-40)."""
+    train_max_batch_size: int | None = None
+    """Whole-round batching (Sample Factory's synchronous mode, its ``batch_size`` taken whole): None: a trainer hands
+    over a batch as soon as it holds ``train_min_batch_size`` transitions (GA3C); an int (>= ``train_min_batch_size``):
+    it claims every finished rollout ready at that moment, up to this many transitions (rounded down to whole
+    rollouts, at least as many as the minimum needs), so one update trains on a whole round of the agents and
+    rollouts wait less in the queue (less policy lag, fewer updates per env step). Batches then vary in size, which
+    graph mode (``cuda_graph``) cannot replay: the two are refused together."""
     batch_queue_size: int = 2
     """Assembled batches waiting for ``training_step`` (back-pressure on trainers and agents)."""
     agent_stall_timeout_s: float = 30.0
@@ -246,6 +253,14 @@ class GA3CConfig:
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _check_float(self, "vtrace_rho_clip", low=0.0, low_open=True)
         _check_float(self, "vtrace_c_clip", low=0.0, low_open=True)
+        if self.train_max_batch_size is not None:
+            value = self.train_max_batch_size
+            if isinstance(value, bool) or not isinstance(value, int) or value < self.train_min_batch_size:
+                raise ValueError(f"train_max_batch_size must be an int >= train_min_batch_size="
+                                 f"{self.train_min_batch_size} or null (no whole-round batching), got {value!r}")
+            if self.cuda_graph:
+                raise ValueError("train_max_batch_size (whole-round batches of varying size) cannot be used with "
+                                 "cuda_graph: true (a captured update replays one batch size); set one of them off")
         if self.max_policy_lag is not None:
             value = self.max_policy_lag
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
