@@ -28,6 +28,7 @@ _REDUCTIONS = ("mean", "sum")
 _DEVICES = ("auto", "cpu", "cuda")
 _WANDB = ("disabled", "offline", "online")
 _LAG_POLICIES = ("drop", "downweight")
+_LOSSES = ("a3c", "appo")
 
 
 @dataclass
@@ -139,6 +140,19 @@ class GA3CConfig:
     """What a transition older than ``max_policy_lag`` = L gets: ``drop`` (weight 0, as Sample Factory does) or
     ``downweight`` (ours: weight w = clip(2 - lag / L, 0, 1), 1 up to L, falling linearly to 0 at 2L, so
     nothing older than 2L is trained on). The loss's ``mean`` is over the transitions of weight > 0."""
+    loss: str = "a3c"
+    """The learner's loss: ``a3c`` (GA3C section 3.2: -log pi(a|s) A, with V-trace's advantage when ``vtrace``)
+    or ``appo`` (APPO as in RLlib / Sample Factory: PPO's clipped importance ratio, PPO eq. 7, over V-trace
+    targets and advantages, IMPALA eq. 1; needs ``vtrace: true``; see :func:`~lightning_per.ga3c.loss.appo_loss`)."""
+    ppo_clip: float = 0.2
+    """PPO's epsilon (``loss: appo``), in (0, 1): the ratio pi/mu is clipped to [1 - eps, 1 + eps] (PPO eq. 7)."""
+    appo_target_update: int | None = None
+    """``loss: appo``: a target network, a copy of the learner's network refreshed every this many updates (int >=
+    1), is the baseline of the behaviour ratio, r = clip(mu / pi_target, 0, 2) pi / mu (RLlib's APPO); None: no
+    target network, r = pi / mu (Sample Factory's)."""
+    normalize_advantage: bool = False
+    """Shift and scale each batch's advantages to mean 0, std 1 (over the transitions the lag bound keeps) before
+    the policy term, as PPO implementations and Sample Factory do; both losses."""
 
     # --- network and optimiser -------------------------------------------------------------------
     network: str = "auto"
@@ -154,6 +168,16 @@ class GA3CConfig:
     """RMSProp decay of the square average."""
     rmsprop_eps: float = 0.1
     """RMSProp epsilon (GA3C uses 0.1)."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon (``optimizer: adam``; PPO implementations often take 1e-5)."""
+    anneal_updates: int | None = None
+    """Updates (int >= 1) over which ``lr`` falls linearly to ``lr_final`` and ``beta`` to ``beta_final`` (each
+    then stays there); None: both constant. The learning rate goes through torch's ``LambdaLR`` stepped every
+    update; graph mode (``cuda_graph``) bakes the rate into its capture, so ``lr_final`` is refused there."""
+    lr_final: float | None = None
+    """Learning rate reached after ``anneal_updates`` (>= 0); None: ``lr`` throughout."""
+    beta_final: float | None = None
+    """Entropy weight reached after ``anneal_updates`` (>= 0); None: ``beta`` throughout (an entropy schedule)."""
     grad_clip: float | None = None
     """Gradient norm clip (Lightning ``gradient_clip_val``); None: off, as in the paper."""
     cuda_graph: bool = False
@@ -248,7 +272,7 @@ class GA3CConfig:
                 _check_float(self, name, low=0.0, low_open=True)
         if self.target_return is not None:
             _check_float(self, "target_return")
-        for name in ("cuda_graph", "vtrace"):
+        for name in ("cuda_graph", "vtrace", "normalize_advantage"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _check_float(self, "vtrace_rho_clip", low=0.0, low_open=True)
@@ -261,13 +285,30 @@ class GA3CConfig:
             if self.cuda_graph:
                 raise ValueError("train_max_batch_size (whole-round batches of varying size) cannot be used with "
                                  "cuda_graph: true (a captured update replays one batch size); set one of them off")
+        _check_float(self, "ppo_clip", low=0.0, high=1.0, low_open=True, high_open=True)
+        _check_float(self, "adam_eps", low=0.0, low_open=True)
+        if self.loss == "appo" and not self.vtrace:
+            raise ValueError("loss='appo' needs vtrace: true (its targets and advantages are V-trace's)")
+        if self.appo_target_update is not None:
+            if self.loss != "appo":
+                raise ValueError(f"appo_target_update={self.appo_target_update!r} is an option of loss: appo "
+                                 f"(loss is {self.loss!r}); set it to null")
+            _check_int(self, "appo_target_update", low=1)
+        for name in ("lr_final", "beta_final"):
+            if getattr(self, name) is not None:
+                _check_float(self, name, low=0.0)
+        if self.anneal_updates is not None:
+            _check_int(self, "anneal_updates", low=1)
+        elif self.lr_final is not None or self.beta_final is not None:
+            raise ValueError("lr_final / beta_final need anneal_updates (the updates to reach them over), got null")
         if self.max_policy_lag is not None:
             value = self.max_policy_lag
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"max_policy_lag must be an int >= 1 (updates) or null (no bound), got {value!r}")
         for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
                               ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
-                              ("device", _DEVICES), ("wandb_mode", _WANDB), ("lag_policy", _LAG_POLICIES)):
+                              ("device", _DEVICES), ("wandb_mode", _WANDB), ("lag_policy", _LAG_POLICIES),
+                              ("loss", _LOSSES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(self.env, str) or not self.env:
