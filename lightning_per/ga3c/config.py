@@ -189,11 +189,16 @@ class GA3CConfig:
 
     # --- dynamic adjustment (section 4.2) --------------------------------------------------------
     dynamic_adjustment: bool = False
-    """Random-walk (NA, NP, NT) and keep a change only if TPS did not drop."""
+    """Random-walk (NA, NP, NT) and keep a change only if TPS did not drop (within ``adjust_max_lag_p95``)."""
     adjust_warmup_s: float = 10.0
     """Seconds before the first adjustment."""
     adjust_window_s: float = 20.0
     """Seconds each configuration is measured for."""
+    adjust_max_lag_p95: float | None = None
+    """Lag-aware adjustment: bound (> 0, in updates) on the p95 policy lag of a measurement window; the adjustment
+    then maximises TPS subject to p95 lag <= this bound (a configuration over it is reverted, one back within it
+    kept; each decision and its reason is logged). None: TPS alone, as the paper (which section 4.4 warns raises
+    the lag)."""
 
     # --- run length and outputs ------------------------------------------------------------------
     updates_per_epoch: int = 200
@@ -264,6 +269,8 @@ class GA3CConfig:
         _check_float(self, "rmsprop_eps", low=0.0, low_open=True)
         _check_float(self, "adjust_warmup_s", low=0.0)
         _check_float(self, "adjust_window_s", low=0.0, low_open=True)
+        if self.adjust_max_lag_p95 is not None:
+            _check_float(self, "adjust_max_lag_p95", low=0.0, low_open=True)
         _check_float(self, "max_time_s", low=0.0, low_open=True)
         _check_float(self, "agent_stall_timeout_s", low=1.0)
         _check_float(self, "status_interval_s", low=0.0)
