@@ -73,12 +73,18 @@ class GA3C(HostState, pl.LightningModule):
     With ``max_policy_lag`` the versions also go to the device (``lag_version``), where each transition's
     lag (:attr:`lag_clock` minus its version) gives its loss weight
     (:func:`~lightning_per.ga3c.loss.lag_weights`): the bound acts at every update, also on a batch reused by
-    ``updates_per_batch`` or left waiting in the batch queue, without a host read.
+    ``updates_per_batch`` or left waiting in the batch queue, without a host read. The loss is ``loss``'s:
+    :func:`~lightning_per.ga3c.loss.a3c_loss` or, with ``appo``, :func:`~lightning_per.ga3c.loss.appo_loss` (PPO's
+    clipped ratio over the V-trace advantages, optionally against :attr:`target_net`).
 
     Attributes:
         graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
         lag_clock: 0-d int64 on the module's device, :attr:`policy_version` kept on the device (set at
             ``on_fit_start``, incremented after each update) for the lag bound's weights.
+        target_net: APPO's target network (``appo_target_update``; no gradient, not in the optimizer), the network
+            copied every ``appo_target_update`` updates; None without it.
+        beta_now: 0-d float32 on the module's device, the entropy weight of this update (``beta``, or its schedule
+            towards ``beta_final``), refilled after each update from a host float.
 
     Raises:
         ValueError: a configuration value out of range (named), or an environment without a
