@@ -10,7 +10,7 @@ from lightning_per.ga3c.config import GA3CConfig, field_docs, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["ga3c_cartpole.yaml", "ga3c_pong.yaml"])
+@pytest.mark.parametrize("name", ["ga3c_cartpole.yaml", "ga3c_pong.yaml", "ga3c_minatar.yaml"])
 def test_shipped_configs_load(name):
     cfg = load_config(ROOT / "configs" / name)
     assert cfg.validate() is cfg

@@ -219,3 +219,25 @@ def test_sigterm_to_learner_and_agents_stops_the_system_without_replacements():
         assert seen == [signal.SIGTERM] * 2
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_lag_aware_adjustment_measures_tps_and_the_lag_of_the_real_system():
+    """The adjuster of a running system gets its windows from the system's counters: TPS of the updates counted and
+    the p95 of their per-transition lags (here all 0: the policy version stays 0), each decision with its reason."""
+    system = _system(dynamic_adjustment=True, adjust_warmup_s=0.0, adjust_window_s=0.3, adjust_max_lag_p95=5.0,
+                     max_agents=3, train_min_batch_size=4, t_max=2)
+    system.start()
+    try:
+        deadline = time.monotonic() + 60.0
+        # windows before the agents have started measure no update (TPS 0, no lag): wait for two that do
+        while sum(h["tps"] > 0 for h in list(system.adjuster.history)) < 2 and time.monotonic() < deadline:
+            batch = system.get_batch(timeout=1.0)
+            if batch is not None:  # what the learner counts at each update
+                system.stats.add_update(batch["size"], 0.0 - batch["version_mean"], 0 - batch["version"].numpy())
+        history = list(system.adjuster.history)
+    finally:
+        system.close()
+    measured = [h for h in history if h["tps"] > 0]
+    assert len(measured) >= 2 and all(h["lag_p95"] == 0.0 for h in measured)  # lag 0 for every transition
+    assert all(isinstance(h["reason"], str) and h["reason"] for h in history)
+    assert system.adjuster.max_lag_p95 == 5.0

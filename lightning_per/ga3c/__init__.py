@@ -16,12 +16,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "DynamicAdjuster", "RMSpropTF", "a3c_loss", "load_config",
-           "nstep_returns", "make_network", "TerminalRewardEnv"]
+__all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "DynamicAdjuster", "Window", "RMSpropTF", "a3c_loss", "appo_loss",
+           "load_config", "nstep_returns", "make_network", "TerminalRewardEnv"]
 
 _WHERE = {
     "GA3C": "module", "GA3CConfig": "config", "load_config": "config", "GA3CSystem": "system",
-    "DynamicAdjuster": "adjust", "RMSpropTF": "optim", "a3c_loss": "loss", "nstep_returns": "returns",
+    "DynamicAdjuster": "adjust", "Window": "adjust", "RMSpropTF": "optim", "a3c_loss": "loss", "appo_loss": "loss",
+    "nstep_returns": "returns",
     "make_network": "networks", "TerminalRewardEnv": "envs",
 }
 

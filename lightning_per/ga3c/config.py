@@ -28,6 +28,7 @@ _REDUCTIONS = ("mean", "sum")
 _DEVICES = ("auto", "cpu", "cuda")
 _WANDB = ("disabled", "offline", "online")
 _LAG_POLICIES = ("drop", "downweight")
+_LOSSES = ("a3c", "appo")
 
 
 @dataclass
@@ -79,6 +80,13 @@ class GA3CConfig:
     train_min_batch_size: int = 40
     """Transitions merged by a trainer before a batch is handed to ``training_step`` (maintainers
     of NVlabs/GA3C recommend 20-40)."""
+    train_max_batch_size: int | None = None
+    """Whole-round batching (Sample Factory's synchronous mode, its ``batch_size`` taken whole): None: a trainer hands
+    over a batch as soon as it holds ``train_min_batch_size`` transitions (GA3C); an int (>= ``train_min_batch_size``):
+    it claims every finished rollout ready at that moment, up to this many transitions (rounded down to whole
+    rollouts, at least as many as the minimum needs), so one update trains on a whole round of the agents and
+    rollouts wait less in the queue (less policy lag, fewer updates per env step). Batches then vary in size, which
+    graph mode (``cuda_graph``) cannot replay: the two are refused together."""
     batch_queue_size: int = 2
     """Assembled batches waiting for ``training_step`` (back-pressure on trainers and agents)."""
     agent_stall_timeout_s: float = 30.0
@@ -132,6 +140,19 @@ class GA3CConfig:
     """What a transition older than ``max_policy_lag`` = L gets: ``drop`` (weight 0, as Sample Factory does) or
     ``downweight`` (ours: weight w = clip(2 - lag / L, 0, 1), 1 up to L, falling linearly to 0 at 2L, so
     nothing older than 2L is trained on). The loss's ``mean`` is over the transitions of weight > 0."""
+    loss: str = "a3c"
+    """The learner's loss: ``a3c`` (GA3C section 3.2: -log pi(a|s) A, with V-trace's advantage when ``vtrace``)
+    or ``appo`` (APPO as in RLlib / Sample Factory: PPO's clipped importance ratio, PPO eq. 7, over V-trace
+    targets and advantages, IMPALA eq. 1; needs ``vtrace: true``; see :func:`~lightning_per.ga3c.loss.appo_loss`)."""
+    ppo_clip: float = 0.2
+    """PPO's epsilon (``loss: appo``), in (0, 1): the ratio pi/mu is clipped to [1 - eps, 1 + eps] (PPO eq. 7)."""
+    appo_target_update: int | None = None
+    """``loss: appo``: a target network, a copy of the learner's network refreshed every this many updates (int >=
+    1), is the baseline of the behaviour ratio, r = clip(mu / pi_target, 0, 2) pi / mu (RLlib's APPO); None: no
+    target network, r = pi / mu (Sample Factory's)."""
+    normalize_advantage: bool = False
+    """Shift and scale each batch's advantages to mean 0, std 1 (over the transitions the lag bound keeps) before
+    the policy term, as PPO implementations and Sample Factory do; both losses."""
 
     # --- network and optimiser -------------------------------------------------------------------
     network: str = "auto"
@@ -147,6 +168,16 @@ class GA3CConfig:
     """RMSProp decay of the square average."""
     rmsprop_eps: float = 0.1
     """RMSProp epsilon (GA3C uses 0.1)."""
+    adam_eps: float = 1e-8
+    """Adam's epsilon (``optimizer: adam``; PPO implementations often take 1e-5)."""
+    anneal_updates: int | None = None
+    """Updates (int >= 1) over which ``lr`` falls linearly to ``lr_final`` and ``beta`` to ``beta_final`` (each
+    then stays there); None: both constant. The learning rate goes through torch's ``LambdaLR`` stepped every
+    update; graph mode (``cuda_graph``) bakes the rate into its capture, so ``lr_final`` is refused there."""
+    lr_final: float | None = None
+    """Learning rate reached after ``anneal_updates`` (>= 0); None: ``lr`` throughout."""
+    beta_final: float | None = None
+    """Entropy weight reached after ``anneal_updates`` (>= 0); None: ``beta`` throughout (an entropy schedule)."""
     grad_clip: float | None = None
     """Gradient norm clip (Lightning ``gradient_clip_val``); None: off, as in the paper."""
     cuda_graph: bool = False
@@ -158,11 +189,16 @@ class GA3CConfig:
 
     # --- dynamic adjustment (section 4.2) --------------------------------------------------------
     dynamic_adjustment: bool = False
-    """Random-walk (NA, NP, NT) and keep a change only if TPS did not drop."""
+    """Random-walk (NA, NP, NT) and keep a change only if TPS did not drop (within ``adjust_max_lag_p95``)."""
     adjust_warmup_s: float = 10.0
     """Seconds before the first adjustment."""
     adjust_window_s: float = 20.0
     """Seconds each configuration is measured for."""
+    adjust_max_lag_p95: float | None = None
+    """Lag-aware adjustment: bound (> 0, in updates) on the p95 policy lag of a measurement window; the adjustment
+    then maximises TPS subject to p95 lag <= this bound (a configuration over it is reverted, one back within it
+    kept; each decision and its reason is logged). None: TPS alone, as the paper (which section 4.4 warns raises
+    the lag)."""
 
     # --- run length and outputs ------------------------------------------------------------------
     updates_per_epoch: int = 200
@@ -233,6 +269,8 @@ class GA3CConfig:
         _check_float(self, "rmsprop_eps", low=0.0, low_open=True)
         _check_float(self, "adjust_warmup_s", low=0.0)
         _check_float(self, "adjust_window_s", low=0.0, low_open=True)
+        if self.adjust_max_lag_p95 is not None:
+            _check_float(self, "adjust_max_lag_p95", low=0.0, low_open=True)
         _check_float(self, "max_time_s", low=0.0, low_open=True)
         _check_float(self, "agent_stall_timeout_s", low=1.0)
         _check_float(self, "status_interval_s", low=0.0)
@@ -241,18 +279,43 @@ class GA3CConfig:
                 _check_float(self, name, low=0.0, low_open=True)
         if self.target_return is not None:
             _check_float(self, "target_return")
-        for name in ("cuda_graph", "vtrace"):
+        for name in ("cuda_graph", "vtrace", "normalize_advantage"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _check_float(self, "vtrace_rho_clip", low=0.0, low_open=True)
         _check_float(self, "vtrace_c_clip", low=0.0, low_open=True)
+        if self.train_max_batch_size is not None:
+            value = self.train_max_batch_size
+            if isinstance(value, bool) or not isinstance(value, int) or value < self.train_min_batch_size:
+                raise ValueError(f"train_max_batch_size must be an int >= train_min_batch_size="
+                                 f"{self.train_min_batch_size} or null (no whole-round batching), got {value!r}")
+            if self.cuda_graph:
+                raise ValueError("train_max_batch_size (whole-round batches of varying size) cannot be used with "
+                                 "cuda_graph: true (a captured update replays one batch size); set one of them off")
+        _check_float(self, "ppo_clip", low=0.0, high=1.0, low_open=True, high_open=True)
+        _check_float(self, "adam_eps", low=0.0, low_open=True)
+        if self.loss == "appo" and not self.vtrace:
+            raise ValueError("loss='appo' needs vtrace: true (its targets and advantages are V-trace's)")
+        if self.appo_target_update is not None:
+            if self.loss != "appo":
+                raise ValueError(f"appo_target_update={self.appo_target_update!r} is an option of loss: appo "
+                                 f"(loss is {self.loss!r}); set it to null")
+            _check_int(self, "appo_target_update", low=1)
+        for name in ("lr_final", "beta_final"):
+            if getattr(self, name) is not None:
+                _check_float(self, name, low=0.0)
+        if self.anneal_updates is not None:
+            _check_int(self, "anneal_updates", low=1)
+        elif self.lr_final is not None or self.beta_final is not None:
+            raise ValueError("lr_final / beta_final need anneal_updates (the updates to reach them over), got null")
         if self.max_policy_lag is not None:
             value = self.max_policy_lag
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"max_policy_lag must be an int >= 1 (updates) or null (no bound), got {value!r}")
         for name, allowed in (("optimizer", _OPTIMIZERS), ("network", _NETWORKS),
                               ("env_backend", _BACKENDS), ("loss_reduction", _REDUCTIONS),
-                              ("device", _DEVICES), ("wandb_mode", _WANDB), ("lag_policy", _LAG_POLICIES)):
+                              ("device", _DEVICES), ("wandb_mode", _WANDB), ("lag_policy", _LAG_POLICIES),
+                              ("loss", _LOSSES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not isinstance(self.env, str) or not self.env:

@@ -106,7 +106,8 @@ _VECTOR_ONLY_KWARGS = ("num_threads", "thread_affinity_offset")  # AtariVectorEn
 def _make_gym(env_id: str, kwargs: dict, frame_stack: int) -> gym.Env:
     """One env; ``ALE/`` ids get AtariPreprocessing (``frameskip`` and ``noop_max`` from ``kwargs`` go
     to it, the vector env's threading knobs are dropped: an ``ale_vector`` config runs unchanged) and a
-    frame stack (oldest first, newest last, like ``ale_vector``)."""
+    frame stack (oldest first, newest last, like ``ale_vector``). ``MinAtar/`` ids (Young & Tian 2019: 10x10x4
+    boolean observations, trained as float32) need the optional ``minatar`` package."""
     if env_id.startswith("ALE/"):
         import ale_py
 
@@ -118,6 +119,10 @@ def _make_gym(env_id: str, kwargs: dict, frame_stack: int) -> gym.Env:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=skip, screen_size=84,
                                               grayscale_obs=True, scale_obs=False)
         return gym.wrappers.FrameStackObservation(env, frame_stack)
+    if env_id.startswith("MinAtar/"):  # the optional minatar package registers its ids on request
+        import minatar.gym
+
+        minatar.gym.register_envs()
     return gym.make(env_id, **kwargs)
 
 

@@ -1,5 +1,6 @@
-"""The A3C / GA3C actor-critic loss (GA3C section 3.2, NVlabs/GA3C ``NetworkVP._create_graph``) and V-trace's
-off-policy targets for it (Espeholt et al. 2018, IMPALA)."""
+"""The A3C / GA3C actor-critic loss (GA3C section 3.2, NVlabs/GA3C ``NetworkVP._create_graph``), the APPO-style
+clipped loss (PPO's clipped surrogate over V-trace advantages) and V-trace's off-policy targets for both
+(Espeholt et al. 2018, IMPALA)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import torch
 from torch import Tensor
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-__all__ = ["a3c_loss", "lag_weights", "vtrace_targets"]
+__all__ = ["a3c_loss", "appo_loss", "lag_weights", "normalize_advantage", "vtrace_targets"]
 
 
-def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: float = 0.01,
+def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: float | Tensor = 0.01,
              value_coef: float = 1.0, log_epsilon: float = 1e-6, reduction: str = "mean",
              advantage: Tensor | None = None, weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy-gradient + value + entropy loss of a batch of N transitions.
@@ -35,7 +36,8 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
         value: (N,) float, V(s).
         action: (N,) int64, actions taken.
         ret: (N,) float, n-step returns R (or V-trace targets).
-        beta: entropy weight (>= 0).
+        beta: entropy weight (>= 0): a float, or a 0-d float tensor on the logits' device (a schedule that
+            changes it in place without a new capture).
         value_coef: weight of the value loss (>= 0).
         log_epsilon: lower clamp of probabilities inside the log, in (0, 0.5].
         reduction: ``"mean"`` or ``"sum"``.
@@ -56,17 +58,8 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
         >>> round(float(parts["entropy"]), 4)  # ln 3: the uniform policy
         1.0986
     """
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape (N, A), got {tuple(logits.shape)}")
-    n = logits.shape[0]
-    named = (("value", value), ("action", action), ("ret", ret)) + (
-        (("advantage", advantage),) if advantage is not None else ()) + (
-        (("weight", weight),) if weight is not None else ())
-    for name, t in named:
-        if tuple(t.shape) != (n,):
-            raise ValueError(f"{name} must have shape ({n},) like logits' batch, got {tuple(t.shape)}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    named = (("value", value), ("action", action), ("ret", ret), ("advantage", advantage), ("weight", weight))
+    _check_batch(logits, named, reduction)
     probs = torch.softmax(logits, dim=-1)  # [N, A]
     log_probs = torch.log(probs.clamp_min(log_epsilon))  # [N, A]
     log_pi_a = log_probs.gather(1, action.long().unsqueeze(1)).squeeze(1)  # [N]
@@ -74,11 +67,138 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
     advantage = ret - value.detach() if advantage is None else advantage.detach().to(value.dtype)  # [N]
     entropy = -(probs * log_probs).sum(dim=-1)  # [N]
     policy_terms = -log_pi_a * advantage - beta * entropy  # [N]
-    value_terms = 0.5 * (ret - value).square()  # [N]
+    return _reduce(policy_terms, 0.5 * (ret - value).square(), entropy, advantage, value_coef, reduction, weight)
+
+
+def appo_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, advantage: Tensor, log_mu: Tensor,
+              clip: float = 0.2, log_target: Tensor | None = None, beta: float | Tensor = 0.01,
+              value_coef: float = 1.0, log_epsilon: float = 1e-6, reduction: str = "mean",
+              weight: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """APPO's loss: PPO's clipped surrogate over V-trace advantages, plus the value and entropy terms of A3C.
+
+    The policy term is PPO's clipped objective (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated for
+    minimisation, with the V-trace advantage A_s and targets v_s (IMPALA, eq. 1 and section 4.2;
+    :func:`vtrace_targets`), as APPO pairs them (RLlib's APPO; Sample Factory's APPO learner)::
+
+        r   = pi(a|s) / mu(a|s)                                      (no target network)
+        r   = clip(mu(a|s) / pi_target(a|s), 0, 2) * pi(a|s) / mu(a|s)  (with ``log_target``: RLlib's APPO)
+        L_pi = -min(r A, clip(r, 1 - clip, 1 + clip) A) - beta * H(pi)
+        L_V  = 0.5 * (v_s - V)^2
+        L    = reduce(L_pi) + value_coef * reduce(L_V)
+
+    mu is the policy that acted (the predictor's, stamped on the rollout); pi_target a lagging copy of the
+    learner's network, which makes the ratio's baseline move slowly (RLlib's ``use_kl_loss=False`` path). The
+    log of the ratio uses ``log_softmax`` (exact); H clamps probabilities at ``log_epsilon`` as
+    :func:`a3c_loss` does. ``weight`` and ``reduction`` act as in :func:`a3c_loss`. No host read.
+
+    Args:
+        logits: (N, A) float, the learner's policy logits (with gradient).
+        value: (N,) float, the learner's V(s).
+        action: (N,) int64, actions taken.
+        ret: (N,) float, V-trace targets v_s.
+        advantage: (N,) float, V-trace advantages (detached here; normalise them first if wanted:
+            :func:`normalize_advantage`).
+        log_mu: (N,) float, log mu(a|s) of the acting policy.
+        clip: PPO's epsilon, in (0, 1).
+        log_target: (N,) float, log pi_target(a|s) of the target network (detached here); None: no target.
+        beta: entropy weight (>= 0), a float or a 0-d tensor.
+        value_coef, log_epsilon, reduction, weight: as in :func:`a3c_loss`.
+
+    Returns:
+        ``(loss, parts)``: 0-d loss, and 0-d detached ``policy_loss``, ``value_loss``, ``entropy``, ``advantage``
+        (batch means, the two losses weighted like the loss) and ``clip_frac`` (the fraction of transitions whose
+        ratio lies outside [1 - clip, 1 + clip]).
+
+    Raises:
+        ValueError: mismatched shapes, an unknown reduction or ``clip`` outside (0, 1).
+
+    Example::
+
+        >>> import torch
+        >>> logits = torch.log(torch.tensor([[0.6, 0.4]]))   # pi(a=0) = 0.6
+        >>> loss, parts = appo_loss(logits, torch.zeros(1), torch.tensor([0]), torch.zeros(1),
+        ...                         torch.ones(1), torch.log(torch.tensor([0.4])), clip=0.2, beta=0.0)
+        >>> round(float(parts["policy_loss"]), 4)  # r = 1.5 clipped at 1.2, A = 1: -1.2
+        -1.2
+    """
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0.0 < clip < 1.0:
+        raise ValueError(f"clip must be a number in (0, 1), got {clip!r}")
+    named = (("value", value), ("action", action), ("ret", ret), ("advantage", advantage), ("log_mu", log_mu),
+             ("log_target", log_target), ("weight", weight))
+    _check_batch(logits, named, reduction)
+    action = action.long().unsqueeze(1)  # [N, 1]
+    log_pi_a = torch.log_softmax(logits, dim=-1).gather(1, action).squeeze(1)  # [N]
+    log_mu = log_mu.detach().to(log_pi_a.dtype)  # [N]
+    ratio = torch.exp(log_pi_a - log_mu)  # [N]: pi / mu
+    if log_target is not None:  # RLlib's APPO: the behaviour ratio's baseline is the target network
+        ratio = ratio * torch.exp(log_mu - log_target.detach().to(log_mu.dtype)).clamp(0.0, 2.0)  # [N]
+    advantage = advantage.detach().to(value.dtype)  # [N]
+    surrogate = torch.minimum(ratio * advantage, ratio.clamp(1.0 - clip, 1.0 + clip) * advantage)  # [N], PPO eq. 7
+    probs = torch.softmax(logits, dim=-1)  # [N, A]
+    entropy = -(probs * torch.log(probs.clamp_min(log_epsilon))).sum(dim=-1)  # [N]
+    policy_terms = -surrogate - beta * entropy  # [N]
+    value_terms = 0.5 * (ret.to(value.dtype) - value).square()  # [N]
+    loss, parts = _reduce(policy_terms, value_terms, entropy, advantage, value_coef, reduction, weight)
+    parts["clip_frac"] = ((ratio - 1.0).abs() > clip).float().mean().detach()
+    return loss, parts
+
+
+def normalize_advantage(advantage: Tensor, weight: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """Advantages shifted to mean 0 and scaled to standard deviation 1 over the batch (PPO's and Sample Factory's
+    ``normalize_advantage``; OpenAI baselines' ppo2): ``(A - mean) / (std + eps)``, the population std.
+
+    With ``weight`` (the lag bound's, :func:`lag_weights`) the mean and std are over the transitions of weight
+    > 0 only, so dropped transitions do not shift the others. No host read.
+
+    Args:
+        advantage: (N,) float.
+        weight: (N,) float in [0, 1] or None.
+        eps: added to the std (> 0).
+
+    Returns:
+        (N,) float, detached, on ``advantage``'s device.
+
+    Raises:
+        ValueError: ``weight`` of another shape.
+
+    Example::
+
+        >>> import torch
+        >>> normalize_advantage(torch.tensor([1.0, 3.0])).tolist()
+        [-1.0, 1.0]
+    """
+    advantage = advantage.detach()
+    if weight is None:
+        mask = torch.ones_like(advantage)
+    elif tuple(weight.shape) != tuple(advantage.shape):
+        raise ValueError(f"weight must have shape {tuple(advantage.shape)} like advantage, got {tuple(weight.shape)}")
+    else:
+        mask = (weight.detach() > 0).to(advantage.dtype)  # [N]
+    kept = mask.sum().clamp_min(1.0)
+    mean = (advantage * mask).sum() / kept
+    std = (((advantage - mean) * mask).square().sum() / kept).sqrt()
+    return (advantage - mean) / (std + eps)
+
+
+def _check_batch(logits: Tensor, named: tuple, reduction: str) -> None:
+    """Shapes: logits (N, A), every named tensor that is not None (N,); ``reduction`` mean or sum."""
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape (N, A), got {tuple(logits.shape)}")
+    n = logits.shape[0]
+    for name, t in named:
+        if t is not None and tuple(t.shape) != (n,):
+            raise ValueError(f"{name} must have shape ({n},) like logits' batch, got {tuple(t.shape)}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+
+
+def _reduce(policy_terms: Tensor, value_terms: Tensor, entropy: Tensor, advantage: Tensor, value_coef: float,
+            reduction: str, weight: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss from per-transition (N,) terms: weighted (``weight``, mean over weight > 0) and reduced."""
     if weight is None:
         reduce = torch.mean if reduction == "mean" else torch.sum
     else:
-        weight = weight.detach().to(value.dtype)  # [N]
+        weight = weight.detach().to(value_terms.dtype)  # [N]
         policy_terms, value_terms = policy_terms * weight, value_terms * weight
         kept = (weight > 0).sum().clamp_min(1)  # 0-d int64 on the device: no host read
         reduce = (lambda t: t.sum() / kept) if reduction == "mean" else torch.sum

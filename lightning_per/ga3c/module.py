@@ -14,6 +14,7 @@ docs/ga3c.md.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -30,9 +31,9 @@ from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.host_state import RING, HostState
-from lightning_per.ga3c.loss import a3c_loss, lag_weights, vtrace_targets
+from lightning_per.ga3c.loss import a3c_loss, appo_loss, lag_weights, normalize_advantage, vtrace_targets
 from lightning_per.ga3c.networks import make_network
-from lightning_per.ga3c.optim import RMSpropTF
+from lightning_per.ga3c.optim import RMSpropTF, linear_schedule
 from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
@@ -72,12 +73,18 @@ class GA3C(HostState, pl.LightningModule):
     With ``max_policy_lag`` the versions also go to the device (``lag_version``), where each transition's
     lag (:attr:`lag_clock` minus its version) gives its loss weight
     (:func:`~lightning_per.ga3c.loss.lag_weights`): the bound acts at every update, also on a batch reused by
-    ``updates_per_batch`` or left waiting in the batch queue, without a host read.
+    ``updates_per_batch`` or left waiting in the batch queue, without a host read. The loss is ``loss``'s:
+    :func:`~lightning_per.ga3c.loss.a3c_loss` or, with ``appo``, :func:`~lightning_per.ga3c.loss.appo_loss` (PPO's
+    clipped ratio over the V-trace advantages, optionally against :attr:`target_net`).
 
     Attributes:
         graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
         lag_clock: 0-d int64 on the module's device, :attr:`policy_version` kept on the device (set at
             ``on_fit_start``, incremented after each update) for the lag bound's weights.
+        target_net: APPO's target network (``appo_target_update``; no gradient, not in the optimizer), the network
+            copied every ``appo_target_update`` updates; None without it.
+        beta_now: 0-d float32 on the module's device, the entropy weight of this update (``beta``, or its schedule
+            towards ``beta_final``), refilled after each update from a host float.
 
     Raises:
         ValueError: a configuration value out of range (named), or an environment without a
@@ -100,6 +107,8 @@ class GA3C(HostState, pl.LightningModule):
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             self.net = make_network(cfg.network, obs_shape, n_actions, cfg.hidden_sizes)
+        # APPO's target network: a lagging copy (no gradient), refreshed every appo_target_update updates
+        self.target_net = None if cfg.appo_target_update is None else copy.deepcopy(self.net).requires_grad_(False)
         self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates", "episodes"))
         ring, count = new_episode_ring(RING)
         self.register_buffer("episode_returns_ring", ring)
@@ -133,6 +142,8 @@ class GA3C(HostState, pl.LightningModule):
         self.register_buffer("vtrace_clips", torch.tensor([cfg.vtrace_rho_clip, cfg.vtrace_c_clip]),
                              persistent=False)
         self.register_buffer("lag_clock", torch.zeros((), dtype=torch.int64), persistent=False)
+        # the entropy weight as a device scalar: its schedule (beta_final) refills it without a new capture
+        self.register_buffer("beta_now", torch.tensor(float(cfg.beta)), persistent=False)
         self._lag_counts = (0, 0)  # this update's (dropped, down-weighted) transitions, counted on the host
 
     # ---- policy (predictor threads) --------------------------------------------------------
@@ -170,6 +181,10 @@ class GA3C(HostState, pl.LightningModule):
         device = self.trainer.strategy.root_device if on_trainer else self.device
         world_size = self.trainer.world_size if on_trainer else 1
         self._graph_mode = self.cfg.cuda_graph and device.type == "cuda" and world_size == 1
+        if self._graph_mode and self.cfg.lr_final is not None:
+            raise ValueError("lr_final (a learning-rate schedule) cannot be used with cuda_graph on a CUDA device: the "
+                             "captured optimizer step holds the rate as a constant; set lr_final: null or cuda_graph: "
+                             "false")
         if self.cfg.cuda_graph and not self._graph_mode:
             log.info("cuda_graph=True needs one CUDA device; this run is on %s with %d process(es): "
                      "training eagerly", device, world_size)
@@ -177,18 +192,26 @@ class GA3C(HostState, pl.LightningModule):
         self._act_generator = torch.Generator(device).manual_seed(self.cfg.seed) if self._graph_mode else None
 
     def configure_optimizers(self):
-        return self.make_optimizer(capturable=self._graph_mode)
+        optimizer = self.make_optimizer(capturable=self._graph_mode)
+        c = self.cfg
+        if c.lr_final is None:
+            return optimizer
+        # lr -> lr_final linearly over anneal_updates optimizer steps (torch's LambdaLR, stepped by Lightning)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda u: linear_schedule(1.0, c.lr_final / c.lr, c.anneal_updates, u))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def make_optimizer(self, capturable: bool = False) -> torch.optim.Optimizer:
-        """The configured optimizer (``optimizer``, ``lr``, ``rmsprop_*``) over this module's parameters;
-        ``capturable=True`` (graph mode) keeps its step counts on the device, so its step can be captured."""
-        c, params = self.cfg, self.parameters()
+        """The configured optimizer (``optimizer``, ``lr``, ``rmsprop_*``, ``adam_eps``) over the network's parameters
+        (not the target network's); ``capturable=True`` (graph mode) keeps its step counts on the device, so its
+        step can be captured."""
+        c, params = self.cfg, self.net.parameters()
         if c.optimizer == "rmsprop_tf":
             return RMSpropTF(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps, capturable=capturable)
         if c.optimizer == "rmsprop":
             return torch.optim.RMSprop(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps,
                                        capturable=capturable)
-        return torch.optim.Adam(params, lr=c.lr, capturable=capturable)
+        return torch.optim.Adam(params, lr=c.lr, eps=c.adam_eps, capturable=capturable)
 
     def configure_callbacks(self):
         return [SystemGuard()]
@@ -200,6 +223,7 @@ class GA3C(HostState, pl.LightningModule):
         torch.set_num_threads(self.cfg.torch_threads)
         self.metrics.to(self.device)
         self.lag_clock.fill_(self.policy_version)  # a fill from a host int: no read
+        self._follow_schedules()
         self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
         self._log_synced = 0
         self.episode_log_count.zero_()
@@ -271,9 +295,21 @@ class GA3C(HostState, pl.LightningModule):
             logits, value, ret, advantage = self._vtrace_forward(b)
         weight = (None if c.max_policy_lag is None else  # [N]: 0 for a transition beyond the lag bound
                   lag_weights(self.lag_clock - b["lag_version"], c.max_policy_lag, c.lag_policy))
-        loss, parts = a3c_loss(logits, value, b["action"], ret, beta=c.beta, value_coef=c.value_coef,
-                               log_epsilon=c.log_epsilon, reduction=c.loss_reduction, advantage=advantage,
-                               weight=weight)
+        if c.normalize_advantage:
+            advantage = normalize_advantage(ret - value.detach() if advantage is None else advantage, weight)  # [N]
+        common = dict(beta=self.beta_now, value_coef=c.value_coef, log_epsilon=c.log_epsilon,
+                      reduction=c.loss_reduction, weight=weight)
+        if c.loss == "appo":
+            log_target = None
+            if self.target_net is not None:
+                with torch.no_grad():
+                    target_logits, _ = self.target_net(b["obs"])  # [N, A]
+                log_target = torch.log_softmax(target_logits.float(), dim=-1).gather(
+                    1, b["action"].unsqueeze(1)).squeeze(1)  # [N]
+            loss, parts = appo_loss(logits, value, b["action"], ret, advantage, b["log_prob"], clip=c.ppo_clip,
+                                    log_target=log_target, **common)
+        else:
+            loss, parts = a3c_loss(logits, value, b["action"], ret, advantage=advantage, **common)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (publish_host_state)
         values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
@@ -344,6 +380,7 @@ class GA3C(HostState, pl.LightningModule):
         self.policy_version += 1
         if self.cfg.max_policy_lag is not None:
             self.lag_clock.add_(1)  # in step with policy_version, on the device (graph mode: outside the graph)
+        self._follow_schedules()
         self.stats.add_update(batch["size"], self._lag, self._lags, *self._lag_counts)
         c = self.cfg
         world_size = self.trainer.world_size
@@ -364,6 +401,16 @@ class GA3C(HostState, pl.LightningModule):
             self.request_stop("max_updates")
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
             self.publish_host_state()
+
+    def _follow_schedules(self) -> None:
+        """After ``policy_version`` updates: the entropy weight of the schedule (``beta_final``), filled into
+        :attr:`beta_now` from a host float (no read), and APPO's target network refreshed every
+        ``appo_target_update`` updates (in place: graph mode's capture reads the same tensors)."""
+        c, u = self.cfg, self.policy_version
+        if c.beta_final is not None:
+            self.beta_now.fill_(linear_schedule(c.beta, c.beta_final, c.anneal_updates, u))
+        if self.target_net is not None and u % c.appo_target_update == 0:
+            self.target_net.load_state_dict(self.net.state_dict())  # copies into the same tensors
 
     def _check_target_across_ranks(self, world_size: int) -> None:
         """DDP: stop when the mean over ranks of each rank's last-``return_window`` mean return reaches

@@ -12,7 +12,23 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["RMSpropTF"]
+__all__ = ["RMSpropTF", "linear_schedule"]
+
+
+def linear_schedule(start: float, end: float, steps: int, t: int) -> float:
+    """The value at step ``t`` of a linear ramp from ``start`` (t = 0) to ``end`` (t >= ``steps``), then constant.
+
+    Raises:
+        ValueError: ``steps`` < 1.
+
+    Example::
+
+        >>> linear_schedule(1e-3, 0.0, 100, 25), linear_schedule(1e-3, 0.0, 100, 500)
+        (0.00075, 0.0)
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps!r}")
+    return start + (end - start) * min(max(t, 0), steps) / steps
 
 
 class RMSpropTF(torch.optim.Optimizer):

@@ -50,7 +50,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from lightning_per.ga3c.adjust import Counts, DynamicAdjuster
+from lightning_per.ga3c.adjust import Counts, DynamicAdjuster, Window
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.shared import SharedRollouts, make_layout
 from lightning_per.ga3c.sigterm import SigtermRecorder
@@ -399,11 +399,13 @@ class GA3CSystem:
             self._set_threads(self._trainers, counts.trainers, TrainerThread, "trainer")
             self._set_agents(counts.agents)
 
-    def _measure_tps(self) -> float | None:
+    def _measure(self) -> Window | None:
+        """One adjustment window: TPS and the p95 policy lag over ``adjust_window_s`` (None when stopping)."""
         a = self.stats.snapshot()
         if self.stopping.wait(self.cfg.adjust_window_s):
             return None
-        return rates(a, self.stats.snapshot())["tps"]
+        r = rates(a, self.stats.snapshot())
+        return Window(r["tps"], r["policy_lag_p95"])
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> GA3CSystem:
@@ -419,9 +421,9 @@ class GA3CSystem:
         self._supervisor.start()
         if c.dynamic_adjustment:
             self.adjuster = DynamicAdjuster(
-                self.counts, self.set_counts, self._measure_tps,
+                self.counts, self.set_counts, self._measure,
                 Counts(c.max_agents, c.max_predictors, c.max_trainers), warmup_s=c.adjust_warmup_s,
-                wait=lambda s: not self.stopping.wait(s), seed=c.seed)
+                wait=lambda s: not self.stopping.wait(s), seed=c.seed, max_lag_p95=c.adjust_max_lag_p95)
             self.adjuster.start()
         return self
 

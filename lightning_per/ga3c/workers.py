@@ -9,7 +9,8 @@ it) that wait on their wake-up semaphore with a 50 ms timeout, so they notice a 
   agent's response semaphore. One host synchronisation per batch: the agents need the actions.
 - :class:`TrainerThread`: claims finished rollouts (``ready`` flags), copies each straight out of
   shared memory into its rows of the batch being assembled (pinned host memory when the model is on
-  CUDA; then frees the agent's slot) until at least ``train_min_batch_size`` transitions, and hands
+  CUDA; then frees the agent's slot) until at least ``train_min_batch_size`` transitions (with
+  ``train_max_batch_size``, whole-round batching: every rollout ready at a claim, up to that cap), and hands
   the batch to the learner through the bounded batch queue that ``GA3C.training_step``'s data
   loader reads.
 """
@@ -112,13 +113,17 @@ class TrainerThread(_Worker):
         sys_ = self.system
         c = sys_.cfg
         per_rollout = c.t_max * c.envs_per_agent
-        # claims never overshoot, so a batch is always ceil(min / per_rollout) whole rollouts
-        capacity = per_rollout * -(-c.train_min_batch_size // per_rollout)
+        least = -(-c.train_min_batch_size // per_rollout)  # whole rollouts a batch needs at least
+        # claims never overshoot: a batch is `least` whole rollouts, or with whole-round batching up to `most`
+        most = least if c.train_max_batch_size is None else max(least, c.train_max_batch_size // per_rollout)
+        capacity = per_rollout * most
         pin = sys_.device.type == "cuda"
         batch, n = None, 0
         while not self.stopped():
             sys_.train_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
-            claimed = sys_.claim_rollouts(max(1, -(-(c.train_min_batch_size - n) // per_rollout)))
+            # GA3C: what the minimum still needs; whole round: every ready rollout up to the cap
+            wanted = -(-(c.train_min_batch_size - n) // per_rollout) if most == least else most - n // per_rollout
+            claimed = sys_.claim_rollouts(max(1, wanted))
             for _ in range(len(claimed) - 1):
                 if not sys_.train_sem.acquire(block=False):
                     break
