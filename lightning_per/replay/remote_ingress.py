@@ -396,6 +396,10 @@ class RemoteWriter:
 
     def _gone(self, err: BaseException) -> ConnectionError:
         self._error = self._error or _first_line(err)
+        if "Timed out" in self._error:
+            return ConnectionError(f"remote writer rank {self.rank}: the owner at {self.addr}:{self.port} did not "
+                                   f"answer for {self.timeout} s (it stopped calling ingest(), or its host is "
+                                   f"lost); the group is ended: {self._error}")
         return ConnectionError(f"remote writer rank {self.rank}: the owner at {self.addr}:{self.port} is gone "
                                f"(closed, or its process died): {self._error}")
 
