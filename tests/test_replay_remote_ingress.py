@@ -64,7 +64,8 @@ def _writer(rank: int, writers: int, port: int, base: int, n: int, report) -> No
     except ConnectionError as err:
         report.put(("error", rank, time.monotonic(), str(err)))
         return
-    report.put(("done", rank, torch.cat(writer.slots), writer.acknowledged, torch.cuda.is_initialized(), refused))
+    slots = torch.cat(writer.slots).numpy()  # by value: a tensor would travel as a handle to this ending process
+    report.put(("done", rank, slots, writer.acknowledged, torch.cuda.is_initialized(), refused))
 
 
 def _start_writers(ctx, port: int, plan: list[tuple[int, int]], report) -> list:
@@ -77,7 +78,7 @@ def _start_writers(ctx, port: int, plan: list[tuple[int, int]], report) -> list:
 
 def _stop(procs) -> None:
     for p in procs:
-        p.join(timeout=10)
+        p.join(timeout=30)
         if p.is_alive():
             p.kill()
 
@@ -121,7 +122,8 @@ def test_two_writers_over_gloo_every_transition_exactly_once():
     for rank, base in ((1, 0), (2, 1_000_000)):
         kind, _, slots, acknowledged, cuda, _ = reports[rank]
         assert kind == "done" and acknowledged == n and not cuda
-        assert torch.equal(ids[slots], torch.arange(base, base + n)), "the assigned slots do not hold the rows"
+        assert torch.equal(ids[torch.from_numpy(slots)], torch.arange(base, base + n)), \
+            "the assigned slots do not hold the rows"
     # the priorities the writers sent with each row (1 + id % 5), stored raw at the slots the owner chose
     torch.testing.assert_close(rb.sampler.core.state.raw[:2 * n], 1.0 + (ids % 5).float(), rtol=0, atol=0)
     assert [reports[r][5] for r in (1, 2)] == [

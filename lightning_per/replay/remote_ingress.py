@@ -53,6 +53,7 @@ __all__ = ["RemoteIngress", "RemoteStats", "RemoteWriter", "REMOTE_BACKENDS"]
 REMOTE_BACKENDS = ("gloo", "nccl")
 
 _LAYOUT_KEY = "lightning_per/remote_ingress/layout"
+_JOINED_KEY = "lightning_per/remote_ingress/joined/"  # + rank: set by each writer once it reached the store
 _TAG_BATCH, _TAG_SLOTS = 1, 2
 _CLOSE = -1  # header n of a writer that closes cleanly
 _ALIGN = 8
@@ -138,7 +139,13 @@ def _first_line(err: BaseException) -> str:
     return text[0][:300] if text else type(err).__name__
 
 
-def _group(backend: str, store, rank: int, size: int, timeout: float):
+def _group(backend: str, store, rank: int, size: int, timeout: float, join_timeout: float):
+    """The group of ``size`` ranks on ``store``, built once every writer has reached the store (waited for up to
+    ``join_timeout`` seconds): the group's own connection wait is bounded by ``timeout``, which a writer that is
+    still starting would otherwise exceed."""
+    if rank:
+        store.set(f"{_JOINED_KEY}{rank}", b"1")
+    store.wait([f"{_JOINED_KEY}{r}" for r in range(1, size)], timedelta(seconds=join_timeout))
     if backend not in REMOTE_BACKENDS:
         raise ValueError(f"backend must be one of {list(REMOTE_BACKENDS)}, got {backend!r}")
     if backend == "gloo":
@@ -227,7 +234,7 @@ class RemoteIngress:
                                    wait_for_workers=False)
         self.addr, self.port = addr, self.store.port
         self.store.set(_LAYOUT_KEY, _layout_json(layout))
-        self.group = _group(backend, self.store, 0, writers + 1, timeout)
+        self.group = _group(backend, self.store, 0, writers + 1, timeout, join_timeout)
         self._lock = threading.Lock()
         self._queue: deque[tuple[int, int, dict[str, torch.Tensor], torch.Tensor | None]] = deque()
         self._errors: deque[tuple[int, str]] = deque()
@@ -382,7 +389,7 @@ class RemoteWriter:
         self.store = dist.TCPStore(self.addr, self.port, writers + 1, False, timedelta(seconds=join_timeout))
         self.layout = _layout_of_json(self.store.get(_LAYOUT_KEY))
         self._check = WriterHandle("", self.layout, 1, 1, "block", self.timeout)  # the layout checks only
-        self.group = _group(backend, self.store, rank, writers + 1, self.timeout)
+        self.group = _group(backend, self.store, rank, writers + 1, self.timeout, join_timeout)
         self._pending: deque[tuple[Any, torch.Tensor]] = deque()
         self._send_lock = threading.Lock()
         self._last_send = time.monotonic()
@@ -396,6 +403,7 @@ class RemoteWriter:
 
     def _gone(self, err: BaseException) -> ConnectionError:
         self._error = self._error or _first_line(err)
+        self._closed.set()  # the heartbeat stops
         if "Timed out" in self._error:
             return ConnectionError(f"remote writer rank {self.rank}: the owner at {self.addr}:{self.port} did not "
                                    f"answer for {self.timeout} s (it stopped calling ingest(), or its host is "
@@ -433,14 +441,14 @@ class RemoteWriter:
             TypeError, ValueError: as :meth:`WriterHandle.write` (the field named); nothing is sent.
             ConnectionError: the owner is gone (closed, or its process died).
         """
+        if self._error is not None:
+            raise self._gone(RuntimeError(self._error))
         if self._closed.is_set():
             raise ValueError(f"remote writer rank {self.rank} is closed; nothing was sent")
         n, fields = self._check._rows_of(batch)
         priority = WriterHandle._priority_of(priority, n)
         if n == 0:
             return 0
-        if self._error is not None:
-            raise self._gone(RuntimeError(self._error))
         payload = pack(self.layout, {k: v.to(self.device) for k, v in fields.items()},
                        None if priority is None else priority.to(self.device), n)
         header = torch.tensor([n, priority is not None], dtype=torch.int64, device=self.device)
