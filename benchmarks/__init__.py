@@ -17,6 +17,7 @@ SUITES: dict[str, str] = {
     "slice": "benchmarks.slice",
     "user_loop": "benchmarks.user_loop",
     "learning": "benchmarks.learning",
+    "writers": "benchmarks.writers",
     "storage": "benchmarks.storage",
 }
 

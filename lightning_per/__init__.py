@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUTensorStorage,
         IngressStats,
         PinnedHostStorage,
+        RemoteIngress,
+        RemoteStats,
+        RemoteWriter,
         WriterHandle,
         make_replay_buffer,
     )
@@ -42,6 +45,9 @@ __all__ = [
     "make_replay_buffer",
     "WriterHandle",
     "IngressStats",
+    "RemoteIngress",
+    "RemoteWriter",
+    "RemoteStats",
 ]
 __version__ = "0.1.0"
 

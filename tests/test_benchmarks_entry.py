@@ -39,6 +39,22 @@ def test_replay_quick_on_cpu_writes_the_canonical_files(tmp_path):
     assert (out / "replay-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_writers_quick_on_cpu_writes_the_canonical_files(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "writers", "--quick", "--device", "cpu",
+                           "--seconds", "0.3", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["writers-cpu.json", "writers-cpu.md", "writers-cpu.png"]
+    rows = json.loads((out / "writers-cpu.json").read_text())["rows"]
+    assert {(r["transport"], r["writers"], r["batch"]) for r in rows} == {
+        (kind, w, 64) for kind in ("shm", "gloo", "torchrl") for w in (1, 2)}
+    for r in rows:  # every writer's rows became sampleable, with their latency and the learner's step measured
+        assert r["rows_per_s"] > 0 and 0 <= r["lat_p50_ms"] <= r["lat_p99_ms"], r
+        assert r["learn_idle_us"] > 0 and r["learn_busy_us"] > 0, r
+    assert "| impl | transport | writers | batch | rows_per_s |" in (out / "writers-cpu.md").read_text()
+
+
 def test_unknown_suite_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "nope"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

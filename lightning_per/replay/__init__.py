@@ -9,6 +9,7 @@ from lightning_per.replay.ingress import IngressStats, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.remote_ingress import RemoteIngress, RemoteStats, RemoteWriter
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.replay.writer import GPURoundRobinWriter
@@ -29,4 +30,7 @@ __all__ = [
     "make_replay_buffer",
     "WriterHandle",
     "IngressStats",
+    "RemoteIngress",
+    "RemoteWriter",
+    "RemoteStats",
 ]
