@@ -18,6 +18,7 @@ SUITES: dict[str, str] = {
     "user_loop": "benchmarks.user_loop",
     "learning": "benchmarks.learning",
     "storage": "benchmarks.storage",
+    "dropin": "benchmarks.dropin",
 }
 
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.
