@@ -254,18 +254,20 @@ def detectable_shift(ref: np.ndarray, n: int, power: float = 0.8, alpha: float =
 
 def analyse(runs: list[dict]) -> tuple[list[dict], dict]:
     """Per (env, impl): median final score, its 95% BCa CI, median auc; per env: Kruskal-Wallis over the
-    buffers, Mann-Whitney U (two-sided) of each of ours vs torchrl, and the shift detectable with 80% power."""
+    buffers, Mann-Whitney U (two-sided) of each of ours vs torchrl on the final score (and on auc), and the
+    shift of the final score detectable with 80% power."""
     from scipy.stats import kruskal, mannwhitneyu
 
     rows, tests = [], {}
     for env_name in dict.fromkeys(r["env"] for r in runs):
-        scores = {}
+        scores, aucs = {}, {}
         for impl in IMPLS:
             mine = [r for r in runs if r["env"] == env_name and r["impl"] == impl]
             if not mine:
                 continue
             xs = np.array([r["final"] for r in mine if r["final"] is not None], dtype=float)
             scores[impl] = xs
+            aucs[impl] = np.array([r["auc"] for r in mine if r["auc"] is not None], dtype=float)
             lo, hi = _bootstrap_median(xs)
             rows.append({"impl": f"{env_name}/{impl}", "env": env_name, "buffer": impl, "seeds": len(mine),
                          "frames": mine[0]["frames"], "median_final": float(np.median(xs)), "ci_low": lo,
@@ -282,6 +284,8 @@ def analyse(runs: list[dict]) -> tuple[list[dict], dict]:
                     "U": float(u.statistic), "p": float(u.pvalue),
                     # P(a run of ours scores above a run of TorchRL's), ties counted half: U / (n m)
                     "p_superiority": float(u.statistic) / (len(scores[impl]) * len(scores["torchrl"]))}
+                t[f"mannwhitney_auc_{impl}_vs_torchrl"] = {
+                    "p": float(mannwhitneyu(aucs[impl], aucs["torchrl"], alternative="two-sided").pvalue)}
         if "torchrl" in scores:
             t["shift_detectable_80pct"] = detectable_shift(scores["torchrl"], len(scores["torchrl"]))
         tests[env_name] = t
@@ -320,6 +324,11 @@ def _fmt_p(t: dict, key: str) -> str:
     return "n/a" if v is None else f"{v['p']:.3f} (P(ours > TorchRL's) = {v['p_superiority']:.2f})"
 
 
+def _auc_p(t: dict, impl: str) -> str:
+    v = t.get(f"mannwhitney_auc_{impl}_vs_torchrl")
+    return "n/a" if v is None else f"{v['p']:.3f}"
+
+
 def run(args) -> Results:
     envs = args.envs or ["cartpole"]
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
@@ -354,9 +363,10 @@ def run(args) -> Results:
             f"**{ENVS[env_name]}**: Kruskal-Wallis over the buffers p = "
             f"{'n/a' if t.get('kruskal_p') is None else format(t['kruskal_p'], '.3f')}; Mann-Whitney U (two-sided), "
             f"ours vs TorchRL's: p = {_fmt_p(t, 'mannwhitney_ours_vs_torchrl')}; ours-iid vs TorchRL's: p = "
-            f"{_fmt_p(t, 'mannwhitney_ours-iid_vs_torchrl')}. Power: with these seeds the test detects a shift of "
-            f"TorchRL's scores by {'n/a' if shift is None else format(shift, '.1f')} (return units) at p < 0.05 "
-            f"with 80% probability.")
+            f"{_fmt_p(t, 'mannwhitney_ours-iid_vs_torchrl')}; on auc (the whole curve), ours p = "
+            f"{_auc_p(t, 'ours')}, ours-iid p = {_auc_p(t, 'ours-iid')}. Power: with these seeds the test detects "
+            f"a shift of TorchRL's scores by {'n/a' if shift is None else format(shift, '.1f')} (return units) "
+            f"at p < 0.05 with 80% probability.")
     notes.append(f"Score: mean return of the last {WINDOW} episodes after all frames; CI: 95% bootstrap (BCa) of "
                  f"the median; auc: the mean of the run's rolling-mean curve at {POINTS} points. One process and "
                  "one intra-op thread per run; seeds 0..N-1 for each buffer.")
