@@ -27,9 +27,10 @@ the same resampled and shifted).
     python -m benchmarks run dropin --envs cartpole --seeds 20 --frames 30000 --jobs 2
     python -m benchmarks run dropin --envs cartpole breakout --seeds 20 --reuse-runs   # pool finished runs
 
-Every run writes ``<runs-dir>/<env>/<impl>-seed<k>.json`` (default ``runs/dropin``); ``--reuse-runs`` reads
-those already there, so a grid can be run in parts and pooled. Results: ``<out>/dropin-<machine>.{json,md,png}``
-with every run's curve.
+Everything runs on the CPU (``--device`` is not read: the question is the learning, not the speed). Every run
+writes ``<runs-dir>/<env>/<impl>-seed<k>.json`` (default ``runs/dropin``; ``--quick``: ``<out>/dropin-runs``);
+``--reuse-runs`` reads those already there, so a grid can be run in parts and pooled. Results:
+``<out>/dropin-<machine>.{json,md,png}`` with every run's curve and episodes.
 """
 
 from __future__ import annotations
