@@ -19,6 +19,7 @@ SUITES: dict[str, str] = {
     "learning": "benchmarks.learning",
     "writers": "benchmarks.writers",
     "storage": "benchmarks.storage",
+    "dropin": "benchmarks.dropin",
 }
 
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.

@@ -152,7 +152,10 @@ def main(argv=None) -> float:
     ap.add_argument("--no-capture", action="store_true", help="plain eager updates")
     ap.add_argument("--out", default="runs/lightning_module_per", help="run directory (W&B offline files)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op CPU threads (docs/replay.md \"On a CPU\": 1 is fastest for the replay ops)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
     if a.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         ap.error(f"--accelerator {a.accelerator}: no CUDA device is visible (leave --accelerator cpu)")
     pl.seed_everything(a.seed, verbose=False)

@@ -119,7 +119,8 @@ def main(argv=None) -> float:
     ap.add_argument("--update-every", type=int, default=1, help="vector env steps per update")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true", help="print the loss and mean Q every 200 updates")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (small nets: 1 is fastest)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op CPU threads (docs/replay.md \"On a CPU\": 1 is fastest for the replay ops)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     VISIBLE = MASKED if a.observe == "masked" else [0, 1, 2, 3]

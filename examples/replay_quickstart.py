@@ -8,6 +8,7 @@ from tensordict import TensorDict
 
 from lightning_per import make_replay_buffer
 
+torch.set_num_threads(1)  # one intra-op thread: docs/replay.md "On a CPU" (more threads than cores slow it down)
 torch.manual_seed(0)  # the network and the pretend environment; the buffer draws from its own generator
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 rb = make_replay_buffer(100_000, 256, sampler="proportional", device=device, alpha=0.6, beta=0.4,

@@ -94,7 +94,10 @@ def main(argv=None) -> float:
                     help="copy the target network every N + 1 updates instead of the Polyak average")
     ap.add_argument("--learning-starts", type=int, default=1_000, help="transitions stored before the first update")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op CPU threads (docs/replay.md \"On a CPU\": 1 is fastest for the replay ops)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {a.device}: no CUDA device is visible (leave --device cpu)")
     torch.manual_seed(a.seed)

@@ -1,6 +1,6 @@
-"""The benchmark entry point: ``python -m benchmarks run replay --quick`` on the CPU writes the canonical
-results files (named by suite and machine, with the environment inside), and the shared results writer
-names machines and formats tables as documented."""
+"""The benchmark entry point: ``python -m benchmarks run replay --quick`` (and ``dropin --quick``) on the CPU
+writes the canonical results files (named by suite and machine, with the environment inside), and the shared
+results writer names machines and formats tables as documented."""
 
 from __future__ import annotations
 
@@ -221,3 +221,25 @@ def test_environment_records_the_package_version_without_its_distribution_metada
 
     declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
     assert _results.environment("cpu")["lightning_per"] == lightning_per.__version__ == declared
+
+
+def test_dropin_quick_runs_the_three_buffers_with_every_episode_recorded(tmp_path):
+    import numpy as np
+
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "dropin", "--quick", "--device", "cpu",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {"dropin-cpu.json", "dropin-cpu.md", "dropin-cpu.png"} <= {p.name for p in out.iterdir()}
+    data = json.loads((out / "dropin-cpu.json").read_text())
+    assert [r["impl"] for r in data["rows"]] == ["cartpole/torchrl", "cartpole/ours", "cartpole/ours-iid"]
+    assert sorted(r["impl"] for r in data["runs"]) == ["ours", "ours-iid", "torchrl"]
+    for run in data["runs"]:
+        assert run["frames"] == 1280 and run["seed"] == 0 and run["episodes"] == len(run["returns"]) > 20
+        at, returns = np.array(run["returns"]).T
+        # CartPole pays 1 a step and one env runs from frame 1: an episode ends at the frame its return sums to
+        np.testing.assert_array_equal(at, np.cumsum(returns))
+        assert run["final"] == pytest.approx(returns[-20:].mean())
+    md = (out / "dropin-cpu.md").read_text()
+    assert "| impl | seeds | frames | median_final |" in md and "Reproduce: `python -m benchmarks run dropin" in md
