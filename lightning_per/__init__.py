@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUTensorStorage,
         IngressStats,
         PinnedHostStorage,
+        SharedBufferWriter,
         WriterHandle,
         make_replay_buffer,
     )
@@ -41,6 +42,7 @@ __all__ = [
     "GPUPrioritizedReplayBuffer",
     "make_replay_buffer",
     "WriterHandle",
+    "SharedBufferWriter",
     "IngressStats",
 ]
 __version__ = "0.1.0"
