@@ -1,9 +1,9 @@
 """TorchRL's multiprocess collectors write into our buffer (``replay_buffer=rb``): TorchRL shares the buffer and
 pickles it into each spawned worker, which receives a ``SharedBufferWriter`` (a writer handle of its own) and
 ``extend``s through it while the learner samples. Real TorchRL collectors, real ``spawn`` processes, CartPole
-through TorchRL's ``GymEnv``; the reference is TorchRL's own shared buffer in the same setting. The collector test
-costs about 45 s on 2 shared cores (two collector runs, each spawning 2 workers that import torch and torchrl);
-the others well under a second."""
+through TorchRL's ``GymEnv``; the reference is TorchRL's own shared buffer in the same setting. Each collector test
+costs about 40 s on 2 cores (two collector runs, each spawning 2 workers that import torch and torchrl; the
+``MultiAsyncCollector`` one is marked slow); the others well under a second."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from multiprocessing.context import set_spawning_popen
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.collectors import MultiSyncCollector
+from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import GymEnv
 
@@ -27,11 +27,11 @@ def _cartpole():
     return GymEnv("CartPole-v1")
 
 
-def _collect(rb, learner) -> list[int]:
-    """Run a 2-worker ``MultiSyncCollector`` writing into ``rb`` for ``_TOTAL`` frames; ``learner(rb)`` after each
+def _collect(rb, learner, kind=MultiSyncCollector) -> list[int]:
+    """Run a 2-worker collector of ``kind`` writing into ``rb`` for ``_TOTAL`` frames; ``learner(rb)`` after each
     batch; returns ``len(rb)`` after each."""
-    collector = MultiSyncCollector([_cartpole] * _WORKERS, policy=None, frames_per_batch=_FRAMES_PER_BATCH,
-                                   total_frames=_TOTAL, replay_buffer=rb)
+    collector = kind([_cartpole] * _WORKERS, policy=None, frames_per_batch=_FRAMES_PER_BATCH, total_frames=_TOTAL,
+                     replay_buffer=rb)
     lengths = []
     try:
         for data in collector:
@@ -80,6 +80,19 @@ def test_multisync_collector_fills_our_buffer_like_torchrls_while_the_learner_sa
     per_write = _FRAMES_PER_BATCH // _WORKERS  # one worker's batch: one ring slot, ingested as one block
     for start in range(0, _TOTAL, per_write):
         _assert_rows_are_transitions(ours[start:start + per_write])
+    rb.close_writers()
+
+
+@pytest.mark.slow
+def test_multiasync_collector_fills_our_buffer_like_torchrls():
+    """The same with ``MultiAsyncCollector`` (workers run free between the learner's reads); about 40 s."""
+    reference = TensorDictReplayBuffer(storage=LazyTensorStorage(10_000))
+    _collect(reference, lambda rb: None, MultiAsyncCollector)
+    rb = make_replay_buffer(10_000, 32, device="cpu")
+    lengths = _collect(rb, lambda rb: rb.sample() if len(rb) >= 32 else None, MultiAsyncCollector)
+    rb.ingest()
+    assert len(rb) == len(reference) == _TOTAL and rb.write_count == reference.write_count
+    assert lengths == sorted(lengths) and rb.ingress_stats.ingested == _TOTAL and rb.ingress_stats.dropped == 0
     rb.close_writers()
 
 
