@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         RemoteIngress,
         RemoteStats,
         RemoteWriter,
+        SharedBufferWriter,
         WriterHandle,
         make_replay_buffer,
     )
@@ -44,6 +45,7 @@ __all__ = [
     "GPUPrioritizedReplayBuffer",
     "make_replay_buffer",
     "WriterHandle",
+    "SharedBufferWriter",
     "IngressStats",
     "RemoteIngress",
     "RemoteWriter",

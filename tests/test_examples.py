@@ -68,6 +68,19 @@ def test_recurrent_dqn_from_prioritized_slices_runs():
     assert int(match.group(4)) == 51 and float(match.group(2)) >= 5.0
 
 
+def test_collector_writers_feed_the_learner():
+    """A 2-worker TorchRL MultiSyncCollector writes into our prioritized buffer while the learner trains (spawned
+    workers: most of its cost is their start)."""
+    out = _run("examples/collector_writers.py", "--frames", "1280", "--learning-starts", "256")
+    match = re.search(r"(\d+) frames, (\d+) transitions ingested from (\d+) workers \((\d+) dropped\), (\d+) "
+                      r"updates, greedy return ([\d.]+)", out)
+    assert match, out
+    frames, ingested, workers, dropped, updates, ret = match.groups()
+    assert (int(frames), int(ingested), int(workers), int(dropped)) == (1280, 1280, 2, 0)
+    # 128 frames an iteration; len(rb) reaches 256 at the 2nd of 10: 9 iterations of 16 updates
+    assert int(updates) == 9 * 16 and float(ret) >= 5.0
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error without a GPU")
 @pytest.mark.parametrize("name, argv", [("torchrl_dqn_per", ["--device", "cuda"]),
                                         ("lightning_module_per", ["--accelerator", "gpu"])])

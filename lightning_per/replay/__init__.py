@@ -5,11 +5,12 @@ from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.factory import make_replay_buffer
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
-from lightning_per.replay.ingress import IngressStats, WriterHandle
+from lightning_per.replay.ingress import IngressStats, SharedBufferWriter, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.remote_ingress import RemoteIngress, RemoteStats, RemoteWriter
+from lightning_per.replay.rate import SamplesPerInsert
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.replay.writer import GPURoundRobinWriter
@@ -29,8 +30,10 @@ __all__ = [
     "EmptyBufferError",
     "make_replay_buffer",
     "WriterHandle",
+    "SharedBufferWriter",
     "IngressStats",
     "RemoteIngress",
     "RemoteWriter",
     "RemoteStats",
+    "SamplesPerInsert",
 ]

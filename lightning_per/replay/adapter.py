@@ -60,10 +60,12 @@ def filled(core: PriorityCore, storage, owner: str) -> int:
     return n
 
 
-def checked_update(core: PriorityCore, index, priority, storage, owner: str) -> tuple[Tensor, Tensor, int]:
+def checked_update(core: PriorityCore, index, priority, storage, owner: str,
+                   live: Tensor | None = None) -> tuple[Tensor, Tensor, int]:
     """The checked arguments of a priority write: ``(index (B,) int64, raw (B,) float32, n_valid)`` on the core's
     device, ``n_valid`` the filled length (:meth:`~lightning_per.replay.GPUPrioritizedSampler.update_priority`
-    documents the rules).
+    documents the rules); entries where the optional ``live`` ``(B,) bool`` is False are dropped
+    (:meth:`PriorityCore.keep_live`: their slots were rewritten since they were sampled).
 
     Raises:
         TypeError, ValueError, IndexError: as :meth:`~lightning_per.replay.GPUPrioritizedSampler.update_priority`.
@@ -73,7 +75,12 @@ def checked_update(core: PriorityCore, index, priority, storage, owner: str) -> 
             torch.cuda.is_current_stream_capturing()):
         n_valid = core.capacity  # a graph would freeze len(storage); captured slots come from the sampler
     index, priority = check_index_priority(flat_slots(index, storage), priority, n_valid)
-    return core.keep_valid(on_device(index, core.device)), on_device(priority, core.device), n_valid
+    if live is not None and (not isinstance(live, Tensor) or live.dtype != torch.bool or live.shape != index.shape):
+        raise ValueError(f"{owner}.update_priority: live must be a {tuple(index.shape)} bool tensor (one flag per "
+                         f"index), got {getattr(live, 'dtype', type(live).__name__)} "
+                         f"{tuple(getattr(live, 'shape', ()))}")
+    index = core.keep_live(core.keep_valid(on_device(index, core.device)), live)
+    return index, on_device(priority, core.device), n_valid
 
 
 def mark_written(core: PriorityCore, index, storage, owner: str) -> None:

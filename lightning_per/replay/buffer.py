@@ -4,6 +4,7 @@ TorchRL is one import (:func:`lightning_per.replay.make_replay_buffer` builds th
 from __future__ import annotations
 
 import warnings
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
@@ -26,12 +27,14 @@ from lightning_per.replay.compat import (
     buffer_parts,
     is_compilable,
     plain_extend,
+    stored_data,
 )
 from lightning_per.replay.errors import check_batch_size, check_generator
-from lightning_per.replay.ingress import IngressLayout, IngressStats, SharedIngress, WriterHandle
+from lightning_per.replay.ingress import IngressLayout, IngressStats, SharedBufferWriter, SharedIngress, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.rate import SamplesPerInsert
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage, default_device, resolve_device
 from lightning_per.replay.writer import GPURoundRobinWriter
@@ -211,15 +214,17 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
 # functions below.
 
 def _writer_handle(rb, example, slots: int, rows: int) -> WriterHandle:
-    """``rb.writer_handle``: a new ingress ring of the buffer's layout (``example``'s, or the stored one) and its
-    handle.
+    """``rb.writer_handle``: a new ingress ring of the buffer's layout (``example``'s, or the storage's once it is
+    initialized, even emptied) and its handle.
 
     Raises:
-        ValueError: no ``example`` and an empty buffer; ``example`` of another layout than the stored one;
+        ValueError: no ``example`` and a storage never written; ``example`` of another layout than the stored one;
             ``slots`` / ``rows`` out of range (see :meth:`SharedIngress.handle`).
         TypeError: ``example`` is not a TensorDict or mapping of tensors.
     """
-    stored = IngressLayout.of(buffer_parts(rb).storage[:1]) if len(rb) else None
+    storage = buffer_parts(rb).storage
+    data = stored_data(storage) if storage.initialized else None  # (max_size, ...) TensorDict: TensorStorage's
+    stored = IngressLayout.of(data[:1].exclude("index")) if data is not None else None  # "index": TorchRL's tag
     if example is None:
         if stored is None:
             raise ValueError("writer_handle: the buffer holds no transition yet, so its layout is unknown; pass "
@@ -230,12 +235,35 @@ def _writer_handle(rb, example, slots: int, rows: int) -> WriterHandle:
         if stored is not None and layout != stored:
             raise ValueError(f"writer_handle: example's layout {layout.fields} differs from the stored "
                              f"transitions' {stored.fields}")
-    return rb._ingress.handle(layout, slots, rows)
+    handle = rb._ingress.handle(layout, slots, rows)
+    rb._ingress.publish(rb.write_count)
+    return handle
+
+
+def _reduced(rb, protocol: int):
+    """``rb.__reduce_ex__(protocol)``: a shared buffer (``rb.share()``) pickled for a process being started becomes
+    a :class:`~lightning_per.replay.ingress.SharedBufferWriter` around a new writer handle (TorchRL's multiprocess
+    collectors pickle their ``replay_buffer`` so); any other pickle is a full copy (``__getstate__``)."""
+    if rb.shared and get_spawning_popen() is not None:
+        return SharedBufferWriter, (_writer_handle(rb, None, 8, 1024), rb.priority_key)
+    return object.__reduce_ex__(rb, protocol)
 
 
 def _ingest(rb) -> int:
     """``rb.ingest``: every ready batch of every writer into ``rb`` (one ``extend``, then one priority update of
-    the rows whose writer gave priorities); returns the rows ingested. Host work over host staging."""
+    the rows whose writer gave priorities); returns the rows ingested. Host work over host staging. A call made
+    while one runs (``len(rb)`` inside its ``extend``) ingests nothing: the staging batch is in use."""
+    ingress = rb._ingress
+    if ingress.busy:
+        return 0
+    ingress.busy = True
+    try:
+        return _ingest_ready(rb)
+    finally:
+        ingress.busy = False
+
+
+def _ingest_ready(rb) -> int:
     drained = rb._ingress.drain()
     if drained is None:
         return 0
@@ -246,7 +274,27 @@ def _ingest(rb) -> int:
             rb.update_priority(index, priority.to(index.device))
         else:
             rb.update_priority(index[given.to(index.device)], priority[given].to(index.device))
+    rb._ingress.publish(rb.write_count)
     return batch.batch_size[0]
+
+
+def _rate_limit(samples_per_insert: float | None) -> SamplesPerInsert | None:
+    """The buffer's ``rate_limit`` of its ``samples_per_insert`` argument (validated: TypeError, ValueError)."""
+    return None if samples_per_insert is None else SamplesPerInsert(samples_per_insert)
+
+
+def _reserve(rb, batch_size: int | None, wait: bool, timeout: float | None) -> None:
+    """Before ``rb.sample``: wait for (``wait``) or require the sample-to-insert budget of ``batch_size`` records
+    (:meth:`SamplesPerInsert.reserve`; ingesting the writers' batches while waiting). Nothing without a limit."""
+    limit = rb.rate_limit
+    if limit is None:
+        return
+    if batch_size is None:
+        batch_size = rb.batch_size
+        if batch_size is None:
+            raise ValueError("batch_size must be given to sample() or to the buffer's constructor")
+    limit.reserve(batch_size, write_count=lambda: rb.write_count, filled=lambda: len(rb),
+                  refill=lambda: _ingest(rb), wait=wait, timeout=timeout)
 
 
 def _with_ingress(rb, text: str) -> str:
@@ -308,11 +356,29 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
             ``"block"`` (default: wait up to ``backpressure_timeout`` seconds, then TimeoutError) or
             ``"drop_oldest"`` (reclaim its oldest batch not yet ingested; counted in :attr:`ingress_stats`).
         backpressure_timeout: seconds, > 0 (default 30).
+        samples_per_insert: optional sample-to-insert ratio limit, TorchRL 0.15's ``RateLimitedReplayBuffer``
+            semantics (:mod:`lightning_per.replay.rate`): ``sample`` returns at most this many records per record
+            written, cumulatively; ``sample(wait=True, timeout=...)`` ingests writers' batches until permitted.
+            Held as :attr:`rate_limit` (None without one).
+        sync: TorchRL's flag, accepted either way with TorchRL's ``sync=False`` meaning, which this buffer always
+            has: processes other than the owner only write (through writer handles: :meth:`writer_handle`, or the
+            :class:`~lightning_per.replay.ingress.SharedBufferWriter` a shared buffer becomes in a spawned
+            process), and the owner's one sampler gives their transitions the default priority before it samples
+            (at :meth:`ingest`).
+
+    Shared with other processes (``rb.share()``, ``shared=True``, or a TorchRL multiprocess collector given
+    ``replay_buffer=rb``), the buffer pickled for a process being started becomes a
+    :class:`~lightning_per.replay.ingress.SharedBufferWriter` of it (a new writer handle each), so the collector's
+    workers write into this buffer; see docs/replay.md "Many writers". A writer ``track_generations=True``
+    (``writer=GPURoundRobinWriter(track_generations=True)``, TorchRL's stamps) adds ``"index_generation"`` to
+    each sample, and :meth:`update_priority` / :meth:`update_tensordict_priority` then drop the updates aimed at
+    slots rewritten since they were sampled.
 
     Raises:
-        ValueError: ``sync=False`` (not supported: the whole point is one device-resident sampler); an unknown
-            ``backpressure`` or a ``backpressure_timeout`` <= 0.
-        TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``).
+        ValueError: an unknown ``backpressure`` or a ``backpressure_timeout`` <= 0; a ``samples_per_insert`` not
+            finite or not > 0.
+        TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``); ``samples_per_insert``
+            not a number.
 
     Example::
 
@@ -336,10 +402,9 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
                  storage=None, device: torch.device | str | None = None, sampler: str = "proportional",
                  sampler_kwargs: dict[str, Any] | None = None, sampler_device=None, sync: bool = True,
                  reduction: str = "max", backpressure: str = "block", backpressure_timeout: float = 30.0,
-                 **kwargs) -> None:
-        if not sync:
-            raise ValueError("sync=False is not supported by GPUPrioritizedReplayBuffer")
-        ingress = SharedIngress(backpressure, backpressure_timeout)
+                 samples_per_insert: float | None = None, **kwargs) -> None:
+        self._ingress = SharedIngress(backpressure, backpressure_timeout)
+        self.rate_limit = _rate_limit(samples_per_insert)
         if kwargs.get("batch_size") is not None:
             check_batch_size(kwargs["batch_size"])
         check_generator(kwargs.get("generator"))
@@ -362,7 +427,6 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
                                    or kwargs.get("prefetch") or kwargs.get("sample_unit") is not None
                                    or kwargs.get("delayed_init") or kwargs.get("transform_factory") is not None
                                    or getattr(self._writer, "tracks_generations", False))  # (torchrl >= 0.14)
-        self._ingress = ingress
 
     def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
         """A picklable handle through which another process of this host writes transitions into this buffer.
@@ -400,7 +464,15 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     def __repr__(self) -> str:
         return _with_ingress(self, super().__repr__())
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
+    def __len__(self) -> int:
+        """Transitions stored, after ingesting what writer handles have made ready (:meth:`ingest`), so a loop
+        that waits for ``len(rb)`` to grow sees the writers' transitions."""
+        if self._ingress.active:
+            _ingest(self)
+        return super().__len__()
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None, *,
+               wait: bool = False, timeout: float | None = None):
         """A batch ``[B]`` on the device with ``"index"`` and ``"priority_weight"`` (TorchRL's keys).
 
         Without transforms, prefetching, a custom ``collate_fn``, ``pin_memory``, a sample unit or generation
@@ -408,9 +480,12 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         gather with a packed storage), which skips TorchRL's generic machinery (its locks, collate, info
         re-packing) on the hot path; otherwise it defers to TorchRL's ``sample``. ``return_info=True`` also
         returns the info dict. Batches of writer handles that are ready are ingested first (:meth:`ingest`).
+        With a :attr:`rate_limit`, ``wait`` and ``timeout`` (seconds or None) say whether to wait for its budget
+        (:meth:`SamplesPerInsert.reserve`: RuntimeError without ``wait``, TimeoutError after ``timeout``).
         """
         if self._ingress.active:
             _ingest(self)
+        _reserve(self, batch_size, wait, timeout)
         if not (self._direct_sample and include_info is None and not len(self._transform)
                 and isinstance(self._storage, GPUTensorStorage)
                 and self._storage.layout != "torchrl"):  # items in our ring, not in TorchRL's layout
@@ -454,16 +529,64 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
             return priority.reshape(priority.shape[0])
         return super()._get_priority_vector(tensordict)
 
-    def update_priority(self, index, priority) -> None:
+    def update_priority(self, index, priority, *, generation=None) -> None:
         """Set raw priorities of slots ``index`` (see :meth:`GPUPrioritizedSampler.update_priority`).
 
+        Args:
+            index, priority: as the sampler's.
+            generation: optional ``(B,)`` int64, the slots' generation stamps when they were sampled (the sample's
+                ``"index_generation"``, with a writer ``track_generations=True``): an entry whose slot has been
+                written since (its stamp moved, TorchRL's ``writer.generations_of``) is dropped, on the device and
+                without a host read; the others are written. TorchRL's ``update_if_present`` skips the same
+                entries.
+
         Raises:
-            TypeError, ValueError, IndexError: as the sampler, before anything changes.
+            TypeError, ValueError, IndexError: as the sampler, before anything changes; ValueError: ``generation``
+                given while the writer does not track generations, or not a tensor of ``index``'s shape.
+
+        Example::
+
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from lightning_per.replay import GPUPrioritizedReplayBuffer, GPURoundRobinWriter, GPUTensorStorage
+            >>> rb = GPUPrioritizedReplayBuffer(alpha=1.0, beta=0.0, batch_size=4, device="cpu",
+            ...                                 storage=GPUTensorStorage(4, device="cpu"),
+            ...                                 writer=GPURoundRobinWriter(track_generations=True))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(4.0)}, [4]))
+            >>> batch = rb.sample()
+            >>> _ = rb.extend(TensorDict({"x": torch.zeros(2)}, [2]))  # slots 0 and 1 rewritten since the sample
+            >>> rb.update_priority(batch["index"], torch.full((4,), 5.0), generation=batch["index_generation"])
+            >>> rb.sampler.probabilities()  # slots 0, 1 keep priority 1; 2, 3 now hold 5
+            tensor([0.0833, 0.0833, 0.4167, 0.4167], dtype=torch.float64)
         """
         if isinstance(index, tuple) and self._storage.ndim == 1:
             raise TypeError("index must be a flat tensor of slots (the storage is 1-D), got a tuple")
+        live = None if generation is None else self._live(index, generation)
         with self._replay_lock, self._write_lock:  # as TorchRL's update_priority
-            self._sampler.update_priority(index, priority, storage=self._storage)  # validates first
+            self._sampler.update_priority(index, priority, storage=self._storage, live=live)  # validates first
+
+    def _live(self, index, generation) -> torch.Tensor:
+        """``(B,) bool``: which slots of ``index`` still hold what was sampled with stamps ``generation``."""
+        if not self._writer.tracks_generations:
+            raise ValueError("update_priority: generation= needs a writer that tracks generations "
+                             "(writer=GPURoundRobinWriter(track_generations=True))")
+        index = torch.as_tensor(index)
+        if not isinstance(generation, torch.Tensor) or generation.shape != index.shape or (
+                generation.dtype != torch.int64):
+            raise ValueError(f"update_priority: generation must be an int64 tensor of index's shape "
+                             f"{tuple(index.shape)} (the sample's 'index_generation'), got "
+                             f"{getattr(generation, 'dtype', type(generation).__name__)} "
+                             f"{tuple(getattr(generation, 'shape', ()))}")
+        current = self._writer.generations_of(index)  # TorchRL's stamps, on the storage's device
+        return current == generation.to(current.device, non_blocking=True)
+
+    def update_tensordict_priority(self, data) -> None:
+        """TorchRL's ``update_tensordict_priority``; a batch ``[B]`` holding ``"index_generation"`` (sampled with
+        a writer ``track_generations=True``) passes it as :meth:`update_priority`'s ``generation``."""
+        generation = data.get("index_generation", None) if self._writer.tracks_generations else None
+        if generation is None or data.ndim != 1 or self._storage.ndim != 1:
+            return super().update_tensordict_priority(data)
+        self.update_priority(data.get("index"), self._get_priority_vector(data), generation=generation)
 
     def __getstate__(self) -> dict[str, Any]:
         """TorchRL's pickle / ``copy.deepcopy`` state, the buffer's generator as bytes: a copy (also one a
@@ -475,6 +598,12 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         super().__setstate__(state)
         if generator is not None:
             self.set_rng(generator)
+
+    def __reduce_ex__(self, protocol: int):
+        """Pickled for a process being started while shared: a
+        :class:`~lightning_per.replay.ingress.SharedBufferWriter` of this buffer (a new writer handle); else a
+        copy (:meth:`__getstate__`)."""
+        return _reduced(self, protocol)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -494,12 +623,14 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
 class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
     """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling) and writers of other
-    processes (``backpressure``, ``backpressure_timeout``: as :class:`GPUPrioritizedReplayBuffer`'s)."""
+    processes (``backpressure``, ``backpressure_timeout``, ``samples_per_insert``: as
+    :class:`GPUPrioritizedReplayBuffer`'s)."""
 
-    def __init__(self, *, backpressure: str = "block", backpressure_timeout: float = 30.0, **kwargs) -> None:
-        ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
+    def __init__(self, *, backpressure: str = "block", backpressure_timeout: float = 30.0,
+                 samples_per_insert: float | None = None, **kwargs) -> None:
+        self._ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
+        self.rate_limit = _rate_limit(samples_per_insert)
         super().__init__(**kwargs)
-        self._ingress = ingress
 
     def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
         """As :meth:`GPUPrioritizedReplayBuffer.writer_handle` (priorities given by writers are ignored)."""
@@ -521,6 +652,13 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
     def __repr__(self) -> str:
         return _with_ingress(self, super().__repr__())
 
+    def __len__(self) -> int:
+        """Transitions stored, after ingesting what writer handles have made ready (:meth:`ingest`), so a loop
+        that waits for ``len(rb)`` to grow sees the writers' transitions."""
+        if self._ingress.active:
+            _ingest(self)
+        return super().__len__()
+
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
         priority = _check_extend_priority(self, tensordicts, update_priority)
@@ -533,14 +671,16 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
             index = super().extend(tensordicts, update_priority=update_priority)
         return index
 
-    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None):
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None, *,
+               wait: bool = False, timeout: float | None = None):
         """TorchRL's ``sample``; a given ``batch_size`` is checked first (an int >= 1: ValueError otherwise,
         before TorchRL's warning about a batch size differing from the buffer's), after ingesting the writers' ready
-        batches (:meth:`ingest`)."""
+        batches (:meth:`ingest`); ``wait``, ``timeout``: as :meth:`GPUPrioritizedReplayBuffer.sample`."""
         if batch_size is not None:
             check_batch_size(batch_size)
         if self._ingress.active:
             _ingest(self)
+        _reserve(self, batch_size, wait, timeout)
         return super().sample(batch_size, return_info=return_info, include_info=include_info)
 
     def update_priority(self, index, priority) -> None:
@@ -557,6 +697,12 @@ class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         super().__setstate__(state)
         if generator is not None:
             self.set_rng(generator)
+
+    def __reduce_ex__(self, protocol: int):
+        """Pickled for a process being started while shared: a
+        :class:`~lightning_per.replay.ingress.SharedBufferWriter` of this buffer (a new writer handle); else a
+        copy (:meth:`__getstate__`)."""
+        return _reduced(self, protocol)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -330,6 +330,14 @@ class PriorityCore:
             return index
         return index.where(self.slot_valid[index.clamp(0, self.capacity - 1)], -1)
 
+    def keep_live(self, index: Tensor, live: Tensor | None) -> Tensor:
+        """``index`` ``(B,)`` with the entries where ``live`` ``(B,) bool`` is False sent out of range (-1: dropped by
+        :meth:`write`, counted in ``state.n_dropped``): updates aimed at slots rewritten since they were sampled
+        (generation stamps). One device ``where``, no host read."""
+        if live is None:
+            return index
+        return index.where(live.to(index.device, non_blocking=True), -1)
+
     def rebuild(self) -> None:
         """Recompute every stored value and block reduction from the raw priorities (O(N), in place)."""
         priority.rebuild(self.ops, self.state)

@@ -38,7 +38,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
                        frame_stack: int | None = None, frames: int | None = None, pinned_host: bool = False,
                        frame_keys: tuple[Any, Any] = _FRAME_KEYS, backpressure: str = "block",
-                       backpressure_timeout: float = 30.0, **sampler_kwargs) -> TensorDictReplayBuffer:
+                       backpressure_timeout: float = 30.0, samples_per_insert: float | None = None,
+                       **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
     Args:
@@ -64,6 +65,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
             ``device``): for buffers larger than the GPU.
         backpressure, backpressure_timeout: what a writer of another process (``rb.writer_handle()``) does when
             its ring is full: ``"block"`` up to the timeout (seconds), or ``"drop_oldest"``.
+        samples_per_insert: optional sample-to-insert ratio limit (TorchRL 0.15's semantics,
+            :class:`~lightning_per.replay.rate.SamplesPerInsert`; the buffer's ``rate_limit``).
         **sampler_kwargs: ``stratified``, ``shuffle_strata``, ``weight_normalization``, ``sort_every``,
             ``backend``, ``seed``, ``eager_graphs``, ``reduction`` (TorchRL's, over a stored item's extra dims;
             default ``"max"``); ``"uniform"`` takes ``seed`` and ``eager_graphs`` only; for the slice samplers
@@ -98,6 +101,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     check_batch_size(batch_size)
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
+    rate = {} if samples_per_insert is None else {"samples_per_insert": samples_per_insert}
     for name, flag in (("fallback", fallback), ("packed", packed), ("pinned_host", pinned_host)):
         check_bool(name, flag)
     if frame_stack is None and (frames is not None or frame_keys != _FRAME_KEYS):
@@ -127,7 +131,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         slicer.index.slice_shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
         return _GPUUniformReplayBuffer(storage=storage, sampler=slicer, writer=GPURoundRobinWriter(),
                                        batch_size=batch_size, generator=generator, priority_key=priority_key,
-                                       backpressure=backpressure, backpressure_timeout=backpressure_timeout)
+                                       backpressure=backpressure, backpressure_timeout=backpressure_timeout, **rate)
     if sampler == "uniform":
         unknown = sorted(set(sampler_kwargs) - {"seed", "eager_graphs"})
         if unknown:
@@ -140,7 +144,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                                                                             seed=seed),
                                      writer=GPURoundRobinWriter(), batch_size=batch_size,
                                      generator=generator, priority_key=priority_key,
-                                     backpressure=backpressure, backpressure_timeout=backpressure_timeout)
+                                     backpressure=backpressure, backpressure_timeout=backpressure_timeout, **rate)
         return rb
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be 'proportional', 'rank', 'uniform', 'slice' or 'prioritized_slice', "
@@ -154,7 +158,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     rb = GPUPrioritizedReplayBuffer(alpha=alpha, beta=beta, eps=eps, storage=storage, device=device,
                                     sampler=sampler, sampler_kwargs=sampler_kwargs, batch_size=batch_size,
                                     generator=generator, priority_key=priority_key, reduction=reduction,
-                                    backpressure=backpressure, backpressure_timeout=backpressure_timeout)
+                                    backpressure=backpressure, backpressure_timeout=backpressure_timeout, **rate)
     if sampler == "prioritized_slice":
         buffer_parts(rb).sampler.index.slice_shape(batch_size)  # as for "slice": the batch must split into slices
     return rb

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["BACKPRESSURE", "IngressLayout", "IngressStats", "SharedIngress", "WriterHandle"]
+__all__ = ["BACKPRESSURE", "IngressLayout", "IngressStats", "SharedBufferWriter", "SharedIngress", "WriterHandle"]
 
 #: the backpressure policies of a buffer's ingress (see the module docstring)
 BACKPRESSURE = ("block", "drop_oldest")
@@ -59,6 +59,8 @@ BACKPRESSURE = ("block", "drop_oldest")
 _MAGIC = 0x4C50_4552_494E_4731  # "LPERING1": a ring of this module's format
 # header words (int64), who writes them
 _H_MAGIC, _H_CLOSED, _H_TICKET, _H_WRITTEN, _H_BLOCKED_NS, _H_PID = range(6)  # -, owner, writer x4
+# owner, at each ingest: the buffer's write count, and this ring's rows accounted for by then (SharedBufferWriter)
+_H_BASE_COUNT, _H_BASE_SEEN = 6, 7
 _HEADER_WORDS = 8
 _ALIGN = 64
 
@@ -67,23 +69,37 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _flat_key(key: Any) -> str | tuple[str, ...] | None:
+    """``key`` as the layout names it (a string, or a tuple of two or more strings), None if it is neither."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, tuple) and key and all(isinstance(part, str) for part in key):
+        return key[0] if len(key) == 1 else key
+    return None
+
+
 @dataclass(frozen=True)
 class IngressLayout:
-    """The fixed layout of the transitions a buffer's writers send: flat keys with per-item shapes and dtypes.
+    """The fixed layout of the transitions a buffer's writers send: keys with per-item shapes and dtypes.
+
+    A key is a string, or a tuple of strings for a nested TensorDict entry (``("next", "reward")``, as TorchRL's
+    collectors write).
 
     Attributes:
         fields: ``((key, per-item shape, dtype), ...)`` in the example's key order.
     """
 
-    fields: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+    fields: tuple[tuple[str | tuple[str, ...], tuple[int, ...], torch.dtype], ...]
 
     @classmethod
     def of(cls, example: TensorDictBase | Mapping[str, Any]) -> IngressLayout:
-        """The layout of ``example``: a TensorDict ``[n]`` or a mapping of ``(n, ...)`` tensors (flat string keys).
+        """The layout of ``example``: a TensorDict ``[n]`` (nested entries included) or a mapping of ``(n, ...)``
+        tensors keyed by strings or tuples of strings.
 
         Raises:
             TypeError: ``example`` is not a TensorDict or mapping, or holds a value that is not a tensor.
-            ValueError: nested or non-string keys, no key, or a TensorDict with other than one batch dimension.
+            ValueError: a key that is not a string or tuple of strings, no key, or a TensorDict with other than
+                one batch dimension.
         """
         if isinstance(example, TensorDictBase):
             if example.batch_dims != 1:
@@ -98,10 +114,10 @@ class IngressLayout:
         if not items:
             raise ValueError("example holds no key: the writers' layout needs at least one field")
         fields = []
-        for key, value in items:
-            if not isinstance(key, str):
-                raise ValueError(f"example key {key!r}: writers send flat string keys only (nested keys are not "
-                                 f"supported by the ingress)")
+        for given, value in items:
+            key = _flat_key(given)
+            if key is None:
+                raise ValueError(f"example key {given!r}: a key must be a string or a tuple of strings")
             if not isinstance(value, torch.Tensor) or value.ndim < 1:
                 raise TypeError(f"example[{key!r}] must be a tensor (n, ...), got {type(value).__name__}")
             fields.append((key, tuple(value.shape[1:]), value.dtype))
@@ -247,12 +263,13 @@ class WriterHandle:
             if batch.batch_dims != 1:
                 raise ValueError(f"write: batch must have one batch dimension [n], got batch_size "
                                  f"{tuple(batch.batch_size)} (nothing was written)")
-            items = dict(batch.items(include_nested=True, leaves_only=True))
+            items = batch.items(include_nested=True, leaves_only=True)
         elif isinstance(batch, Mapping):
-            items = dict(batch)
+            items = batch.items()
         else:
             raise TypeError(f"write: batch must be a TensorDict [n] or a mapping of (n, ...) tensors, got "
                             f"{type(batch).__name__} (nothing was written)")
+        items = {key if _flat_key(key) is None else _flat_key(key): value for key, value in items}
         expected = [key for key, _, _ in self.layout.fields]
         for key in expected:
             if key not in items:
@@ -316,9 +333,7 @@ class WriterHandle:
 
     # -------------------------------------------------------------------------------------------- writing
     def _ring(self) -> _RingViews:
-        if self._views is None:
-            self._shm = _attach(self.name)
-            self._views = _RingViews(self._shm, self.layout, self.slots, self.rows)
+        self.ring_header()  # mapped
         views = self._views
         if views.header[_H_CLOSED]:
             raise ValueError(f"writer handle {self.name!r}: the buffer that made this handle is closed "
@@ -413,12 +428,110 @@ class WriterHandle:
         finally:
             views.header[_H_BLOCKED_NS] += int((time.monotonic() - start) * 1e9)
 
+    def ring_header(self) -> np.ndarray:
+        """The ring's header words ``(8,)`` int64, a view of the shared memory (mapped on first use).
+
+        Raises:
+            ValueError: the buffer that made this handle is closed or gone.
+        """
+        if self._views is None:
+            self._shm = _attach(self.name)
+            self._views = _RingViews(self._shm, self.layout, self.slots, self.rows)
+        return self._views.header
+
     def close(self) -> None:
         """Unmap the ring in this process (the owner's buffer is not affected). Writing maps it again."""
         if self._shm is not None:
             self._views = None
             self._shm.close()
             self._shm = None
+
+
+class SharedBufferWriter:
+    """A shared buffer as a process it was handed to sees it: the write side of TorchRL's replay-buffer API.
+
+    TorchRL's multiprocess collectors (``MultiSyncCollector`` / ``MultiAsyncCollector``, ``replay_buffer=rb``) call
+    ``rb.share()`` and pickle ``rb`` into each worker, which calls ``extend`` (``add``) and reads ``write_count``. A
+    shared buffer of ours (``rb.share()``, ``shared=True``) pickled for a process being started (``spawn`` or
+    ``forkserver``) becomes one of these, around a new :class:`WriterHandle` (a new ring) for that process: the
+    worker never holds the storage or the priorities, never touches ``torch.cuda``, and its writes enter the buffer
+    at the owner's next ``rb.ingest()`` or ``rb.sample()``.
+
+    Args:
+        handle: the ring this process writes through.
+        priority_key: the buffer's priority key: a batch holding it (and ``update_priority`` not False) sends it as
+            the transitions' initial raw priorities (``(n,)`` or ``(n, 1)``), as TorchRL's ``extend`` would set them.
+
+    Example::
+
+        >>> import torch
+        >>> from multiprocessing.context import set_spawning_popen
+        >>> from tensordict import TensorDict
+        >>> from lightning_per import make_replay_buffer
+        >>> rb = make_replay_buffer(100, 4, device="cpu").share()
+        >>> _ = rb.extend(TensorDict({"obs": torch.zeros(2, 3)}, [2]))
+        >>> set_spawning_popen(object())  # what Process.start() does while it pickles the process's arguments
+        >>> cls, args = rb.__reduce_ex__(4)  # what the pickle holds: how the process rebuilds it
+        >>> set_spawning_popen(None)
+        >>> writer = cls(*args)
+        >>> writer  # doctest: +ELLIPSIS
+        SharedBufferWriter(WriterHandle(ring=..., keys=['obs'], slots=8, rows=1024, ...))
+        >>> writer.extend(TensorDict({"obs": torch.ones(5, 3)}, [5])), writer.write_count
+        (5, 7)
+        >>> rb.ingest(), len(rb), rb.write_count
+        (5, 7, 7)
+        >>> rb.close_writers()
+    """
+
+    def __init__(self, handle: WriterHandle, priority_key: Any = None) -> None:
+        self.handle, self.priority_key = handle, priority_key
+
+    @property
+    def shared(self) -> bool:
+        """Always True (TorchRL's ``shared`` flag: the collector does not share it again)."""
+        return True
+
+    @property
+    def write_count(self) -> int:
+        """Transitions written to the buffer as this process knows it: the owner's write count at its last ingest
+        plus the rows this process wrote since (other writers' rows count once the owner ingests them). TorchRL's
+        collectors compare it with ``init_random_frames``."""
+        header = self.handle.ring_header()
+        return int(header[_H_BASE_COUNT] + header[_H_WRITTEN] - header[_H_BASE_SEEN])
+
+    def extend(self, data, *, update_priority: bool | None = None) -> int:
+        """Write the batch ``data`` ``[n]`` (a TensorDict of the buffer's layout, nested keys included) through the
+        handle; returns ``n`` (the slots are the owner's to choose, at ingest).
+
+        Raises:
+            As :meth:`WriterHandle.write`; ValueError: ``data``'s priority entry holds more than one value per
+            transition.
+        """
+        priority = None
+        if update_priority is not False and self.priority_key is not None and isinstance(data, TensorDictBase):
+            priority = data.get(self.priority_key, None)
+            if priority is not None:
+                if priority.ndim < 1 or priority.numel() != priority.shape[0]:
+                    raise ValueError(f"extend: the batch's priority entry {self.priority_key!r} must hold one value "
+                                     f"per transition, got shape {tuple(priority.shape)} (nothing was written)")
+                priority = priority.reshape(-1)
+        return self.handle.write(data, priority=priority)
+
+    def add(self, data) -> int:
+        """Write one transition ``data`` (a TensorDict ``[]``); returns 1."""
+        return self.extend(data.unsqueeze(0))
+
+    def sample(self, *args, **kwargs):
+        """Refused: a writer process writes; the buffer's owner samples.
+
+        Raises:
+            RuntimeError: always.
+        """
+        raise RuntimeError("a process holding a shared buffer's SharedBufferWriter writes only (extend, add); "
+                           "sample in the process that owns the buffer")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.handle!r})"
 
 
 class _OwnedRing:
@@ -514,6 +627,7 @@ class SharedIngress:
         self._rings: list[_OwnedRing] = []
         self._layout: IngressLayout | None = None
         self._staging: dict[str, torch.Tensor] | None = None
+        self.busy = False  # an ingest is using the staging batch (the buffer's _ingest sets it)
         self._finalizer = weakref.finalize(self, _close_rings, self._rings)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -563,6 +677,13 @@ class SharedIngress:
             return None
         batch = TensorDict({key: value[:offset] for key, value in self._staging.items()}, [offset])
         return batch, self._staging_priority[:offset], self._staging_flag[:offset]
+
+    def publish(self, write_count: int) -> None:
+        """Tell every ring the buffer's write count ``write_count`` (after an ingest): what
+        :attr:`SharedBufferWriter.write_count` starts from."""
+        for ring in self._rings:
+            ring.views.header[_H_BASE_SEEN] = ring.accounted
+            ring.views.header[_H_BASE_COUNT] = write_count
 
     def stats(self) -> IngressStats:
         """The counters summed over the rings (rows; ``blocked_s`` in seconds)."""

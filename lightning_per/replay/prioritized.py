@@ -234,13 +234,16 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         return self.core.probabilities()
 
     # ------------------------------------------------------------------ TorchRL's calls
-    def update_priority(self, index, priority, *, storage=None) -> None:
+    def update_priority(self, index, priority, *, storage=None, live=None) -> None:
         """Set raw priorities (usually ``|td_error|``) of ``index``; stored as ``(p + eps)^alpha``.
 
         Args:
             index: ``(B,)`` integer slots (tensor on any device, int or sequence).
             priority: ``(B,)`` raw priorities, or one number/0-d tensor for all.
             storage: the buffer's storage (gives the filled length); TorchRL passes it.
+            live: optional ``(B,) bool`` (any device): entries where it is False are dropped on the device, no host
+                read (counted in :attr:`dropped_index_count`); the buffer passes the generation check here
+                (:meth:`GPUPrioritizedReplayBuffer.update_priority` with ``generation=``).
 
         Host-side input (CPU tensors, ints, lists) is fully validated before anything changes. Device-side index
         values outside ``[0, len(storage))`` are ignored and counted in :attr:`dropped_index_count`;
@@ -249,11 +252,11 @@ class GPUPrioritizedSampler(PrioritizedSampler):
 
         Raises:
             TypeError: non-integer ``index`` or non-numeric ``priority``.
-            ValueError: ``priority`` shape does not match ``index``.
+            ValueError: ``priority`` shape does not match ``index``; ``live`` is not a ``(B,)`` bool tensor.
             IndexError: a host-side index outside ``[0, len(storage))``.
         """
         with torch.no_grad():  # the stored priorities never join an autograd graph
-            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__))
+            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__, live))
 
     def mark_update(self, index, *, storage=None) -> None:
         """Give slots ``index`` (just written) the default priority (:func:`mark_written`)."""

@@ -303,10 +303,10 @@ class GPURankBasedSampler(PrioritizedSampler):
         return p
 
     # ------------------------------------------------------------------ TorchRL's calls
-    def update_priority(self, index, priority, *, storage=None) -> None:
+    def update_priority(self, index, priority, *, storage=None, live=None) -> None:
         """As :meth:`GPUPrioritizedSampler.update_priority` (raises the same)."""
         with torch.no_grad():  # the stored priorities never join an autograd graph
-            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__))
+            self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__, live))
 
     def mark_update(self, index, *, storage=None) -> None:
         """New slots get the default priority (:func:`mark_written`); the ranking is re-sorted at the next draw."""

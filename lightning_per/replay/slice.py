@@ -450,12 +450,12 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         return self.core.probabilities()
 
     # ------------------------------------------------------------------ TorchRL's calls
-    def update_priority(self, index, priority, *, storage=None) -> None:
+    def update_priority(self, index, priority, *, storage=None, live=None) -> None:
         """One raw priority per transition at slots ``index`` (as :meth:`GPUPrioritizedSampler.update_priority`,
         raising the same); the starts' stored values follow :attr:`index`'s starts rule."""
         with torch.no_grad():  # the stored priorities never join an autograd graph
             self.index.starts.write(self.index, *checked_update(self.core, index, priority, storage,
-                                                                type(self).__name__))
+                                                                type(self).__name__, live))
 
     def mark_update(self, index, *, storage=None) -> None:
         """New slots ``index`` get the default priority (the running max), then the trajectory state is updated
