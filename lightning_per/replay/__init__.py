@@ -9,8 +9,8 @@ from lightning_per.replay.ingress import IngressStats, SharedBufferWriter, Write
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
-from lightning_per.replay.remote_ingress import RemoteIngress, RemoteStats, RemoteWriter
 from lightning_per.replay.rate import SamplesPerInsert
+from lightning_per.replay.remote_ingress import RemoteIngress, RemoteStats, RemoteWriter
 from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.replay.writer import GPURoundRobinWriter

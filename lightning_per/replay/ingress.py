@@ -123,6 +123,89 @@ class IngressLayout:
             fields.append((key, tuple(value.shape[1:]), value.dtype))
         return cls(tuple(fields))
 
+    def check(self, batch: TensorDictBase | Mapping[str, Any], priority=None
+              ) -> tuple[int, dict[str | tuple[str, ...], torch.Tensor], torch.Tensor | None]:
+        """``(n, {key: (n, *shape) CPU tensor}, priority (n,) float32 CPU or None)`` of a writer's ``batch`` after
+        checking it against this layout: the one check every writer (:class:`WriterHandle`, the remote writers)
+        runs before anything is sent or written.
+
+        Raises:
+            TypeError: ``batch`` or a field of another type or dtype; ``priority`` not real.
+            ValueError: a key missing or extra, another per-item shape or row count, a non-CPU tensor, ``priority``
+                of another length or with a NaN, infinite or negative value.
+        """
+        if isinstance(batch, TensorDictBase):
+            if batch.batch_dims != 1:
+                raise ValueError(f"write: batch must have one batch dimension [n], got batch_size "
+                                 f"{tuple(batch.batch_size)} (nothing was written)")
+            items = batch.items(include_nested=True, leaves_only=True)
+        elif isinstance(batch, Mapping):
+            items = batch.items()
+        else:
+            raise TypeError(f"write: batch must be a TensorDict [n] or a mapping of (n, ...) tensors, got "
+                            f"{type(batch).__name__} (nothing was written)")
+        items = {key if _flat_key(key) is None else _flat_key(key): value for key, value in items}
+        expected = [key for key, _, _ in self.fields]
+        for key in expected:
+            if key not in items:
+                raise ValueError(f"write: batch is missing key {key!r}; the buffer's layout holds {expected} "
+                                 f"(nothing was written)")
+        extra = [key for key in items if key not in expected]
+        if extra:
+            raise ValueError(f"write: batch has key {extra[0]!r} that the buffer's layout does not hold; it holds "
+                             f"{expected} (nothing was written)")
+        n = None
+        out = {}
+        for key, shape, dtype in self.fields:
+            value = items[key]
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(value)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"write: batch[{key!r}] must be a tensor, got {type(value).__name__} "
+                                f"(nothing was written)")
+            if value.device.type != "cpu":
+                raise ValueError(f"write: batch[{key!r}] is on {value.device}; writers send CPU tensors (the owner "
+                                 f"moves them to its device) (nothing was written)")
+            if value.dtype != dtype:
+                raise TypeError(f"write: batch[{key!r}] has dtype {value.dtype}, the buffer's layout holds {dtype} "
+                                f"(nothing was written)")
+            if value.ndim < 1 or tuple(value.shape[1:]) != shape:
+                raise ValueError(f"write: batch[{key!r}] has per-item shape {tuple(value.shape[1:])}, the buffer's "
+                                 f"layout holds {shape} (nothing was written)")
+            if n is None:
+                n = value.shape[0]
+            elif value.shape[0] != n:
+                raise ValueError(f"write: batch[{key!r}] holds {value.shape[0]} transitions, batch[{expected[0]!r}] "
+                                 f"{n} (nothing was written)")
+            out[key] = value
+        return n, out, self._priority(priority, n)
+
+    @staticmethod
+    def _priority(priority, n: int) -> torch.Tensor | None:
+        """``priority`` as ``(n,) float32`` CPU after checking it (None for None)."""
+        if priority is None:
+            return None
+        if isinstance(priority, np.ndarray):
+            priority = torch.from_numpy(priority)
+        elif not isinstance(priority, torch.Tensor):
+            priority = torch.as_tensor(priority)
+        if priority.dtype == torch.bool or priority.is_complex():
+            raise TypeError(f"write: priority must hold real numbers, got dtype {priority.dtype} "
+                            f"(nothing was written)")
+        if priority.device.type != "cpu":
+            raise ValueError(f"write: priority is on {priority.device}; writers send CPU tensors "
+                             f"(nothing was written)")
+        if priority.ndim != 1 or priority.shape[0] != n:
+            raise ValueError(f"write: priority must have shape ({n},), one value per transition of the batch, got "
+                             f"{tuple(priority.shape)} (nothing was written)")
+        priority = priority.to(torch.float32)
+        bad = ~(torch.isfinite(priority) & (priority >= 0))
+        if bool(bad.any()):  # sync-ok: a writer's host tensor
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"write: priority must be finite and >= 0, got priority[{i}] = {float(priority[i])} "
+                             f"(nothing was written)")
+        return priority
+
     def row_bytes(self) -> int:
         """Bytes of one transition (all fields), excluding its priority."""
         return sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in self.fields)
@@ -256,82 +339,6 @@ class WriterHandle:
         return (f"WriterHandle(ring={self.name!r}, keys={keys}, slots={self.slots}, rows={self.rows}, "
                 f"backpressure={self.backpressure!r}, timeout={self.timeout})")
 
-    # -------------------------------------------------------------------------------------------- checks
-    def _rows_of(self, batch) -> tuple[int, dict[str, torch.Tensor]]:
-        """``(n, {key: (n, *shape) CPU tensor})`` of ``batch`` after checking it against the layout."""
-        if isinstance(batch, TensorDictBase):
-            if batch.batch_dims != 1:
-                raise ValueError(f"write: batch must have one batch dimension [n], got batch_size "
-                                 f"{tuple(batch.batch_size)} (nothing was written)")
-            items = batch.items(include_nested=True, leaves_only=True)
-        elif isinstance(batch, Mapping):
-            items = batch.items()
-        else:
-            raise TypeError(f"write: batch must be a TensorDict [n] or a mapping of (n, ...) tensors, got "
-                            f"{type(batch).__name__} (nothing was written)")
-        items = {key if _flat_key(key) is None else _flat_key(key): value for key, value in items}
-        expected = [key for key, _, _ in self.layout.fields]
-        for key in expected:
-            if key not in items:
-                raise ValueError(f"write: batch is missing key {key!r}; the buffer's layout holds {expected} "
-                                 f"(nothing was written)")
-        extra = [key for key in items if key not in expected]
-        if extra:
-            raise ValueError(f"write: batch has key {extra[0]!r} that the buffer's layout does not hold; it holds "
-                             f"{expected} (nothing was written)")
-        n = None
-        out = {}
-        for key, shape, dtype in self.layout.fields:
-            value = items[key]
-            if isinstance(value, np.ndarray):
-                value = torch.from_numpy(value)
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"write: batch[{key!r}] must be a tensor, got {type(value).__name__} "
-                                f"(nothing was written)")
-            if value.device.type != "cpu":
-                raise ValueError(f"write: batch[{key!r}] is on {value.device}; writers send CPU tensors (the owner "
-                                 f"moves them to its device) (nothing was written)")
-            if value.dtype != dtype:
-                raise TypeError(f"write: batch[{key!r}] has dtype {value.dtype}, the buffer's layout holds {dtype} "
-                                f"(nothing was written)")
-            if value.ndim < 1 or tuple(value.shape[1:]) != shape:
-                raise ValueError(f"write: batch[{key!r}] has per-item shape {tuple(value.shape[1:])}, the buffer's "
-                                 f"layout holds {shape} (nothing was written)")
-            if n is None:
-                n = value.shape[0]
-            elif value.shape[0] != n:
-                raise ValueError(f"write: batch[{key!r}] holds {value.shape[0]} transitions, batch[{expected[0]!r}] "
-                                 f"{n} (nothing was written)")
-            out[key] = value
-        return n, out
-
-    @staticmethod
-    def _priority_of(priority, n: int) -> torch.Tensor | None:
-        """``priority`` as ``(n,) float32`` CPU after checking it (None for None)."""
-        if priority is None:
-            return None
-        if isinstance(priority, np.ndarray):
-            priority = torch.from_numpy(priority)
-        elif not isinstance(priority, torch.Tensor):
-            priority = torch.as_tensor(priority)
-        if priority.dtype == torch.bool or priority.is_complex():
-            raise TypeError(f"write: priority must hold real numbers, got dtype {priority.dtype} "
-                            f"(nothing was written)")
-        if priority.device.type != "cpu":
-            raise ValueError(f"write: priority is on {priority.device}; writers send CPU tensors "
-                             f"(nothing was written)")
-        if priority.ndim != 1 or priority.shape[0] != n:
-            raise ValueError(f"write: priority must have shape ({n},), one value per transition of the batch, got "
-                             f"{tuple(priority.shape)} (nothing was written)")
-        priority = priority.to(torch.float32)
-        bad = ~(torch.isfinite(priority) & (priority >= 0))
-        if bool(bad.any()):  # sync-ok: a writer's host tensor
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"write: priority must be finite and >= 0, got priority[{i}] = {float(priority[i])} "
-                             f"(nothing was written)")
-        return priority
-
-    # -------------------------------------------------------------------------------------------- writing
     def _ring(self) -> _RingViews:
         self.ring_header()  # mapped
         views = self._views
@@ -364,8 +371,7 @@ class WriterHandle:
             TimeoutError: ``"block"`` backpressure and the ring stayed full for ``timeout`` seconds (the slots
                 written before, when the batch spans several, stay written; the message says how many rows).
         """
-        n, fields = self._rows_of(batch)
-        priority = self._priority_of(priority, n)
+        n, fields, priority = self.layout.check(batch, priority)
         views = self._ring()
         for start in range(0, n, self.rows):
             stop = min(n, start + self.rows)

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
 
-from lightning_per.replay.ingress import IngressLayout, WriterHandle
+from lightning_per.replay.ingress import IngressLayout
 
 __all__ = ["RemoteIngress", "RemoteStats", "RemoteWriter", "REMOTE_BACKENDS"]
 
@@ -388,7 +388,6 @@ class RemoteWriter:
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.store = dist.TCPStore(self.addr, self.port, writers + 1, False, timedelta(seconds=join_timeout))
         self.layout = _layout_of_json(self.store.get(_LAYOUT_KEY))
-        self._check = WriterHandle("", self.layout, 1, 1, "block", self.timeout)  # the layout checks only
         self.group = _group(backend, self.store, rank, writers + 1, self.timeout, join_timeout)
         self._pending: deque[tuple[Any, torch.Tensor]] = deque()
         self._send_lock = threading.Lock()
@@ -445,8 +444,7 @@ class RemoteWriter:
             raise self._gone(RuntimeError(self._error))
         if self._closed.is_set():
             raise ValueError(f"remote writer rank {self.rank} is closed; nothing was sent")
-        n, fields = self._check._rows_of(batch)
-        priority = WriterHandle._priority_of(priority, n)
+        n, fields, priority = self.layout.check(batch, priority)
         if n == 0:
             return 0
         payload = pack(self.layout, {k: v.to(self.device) for k, v in fields.items()},
