@@ -25,9 +25,6 @@ from lightning_per.replay.writer import GPURoundRobinWriter
 
 __all__ = ["make_replay_buffer"]
 
-#: ``frame_keys``' default: the stacked keys of a ``frame_stack`` buffer.
-_FRAME_KEYS = ("observation", "next_observation")
-
 #: Sampler constructor parameters that make_replay_buffer sets itself (not accepted in **sampler_kwargs).
 _SET_BY_FACTORY = {"self", "max_capacity", "alpha", "beta", "eps", "device"}
 
@@ -37,7 +34,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
                        eps: float = 1e-6, generator: torch.Generator | None = None,
                        priority_key: str = "td_error", fallback: bool = True, packed: bool = False,
                        frame_stack: int | None = None, frames: int | None = None, pinned_host: bool = False,
-                       frame_keys: tuple[Any, Any] = _FRAME_KEYS, backpressure: str = "block",
+                       frame_keys: tuple[Any, Any] | None = None, backpressure: str = "block",
                        backpressure_timeout: float = 30.0, **sampler_kwargs) -> TensorDictReplayBuffer:
     """A replay buffer of ``capacity`` transitions on ``device`` with one of our samplers.
 
@@ -53,12 +50,14 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
         priority_key: key of raw priorities read by ``update_tensordict_priority``.
         fallback: on CUDA OOM at allocation use the CPU (one warning) instead of raising.
         packed: store each transition as one row (:class:`GPUTensorStorage` ``packed=True``): a batch read
-            is one gather kernel whatever the number of keys, and the batch's fields are views into it
-            (``torch.save`` of a batch needs ``.clone()`` first). For learners that consume batches at once.
+            is one gather kernel whatever the number of keys (then one copy that gives each field its own
+            contiguous tensor: the batch saves and views like an unpacked one).
         frame_stack: store the stacked-frame ``frame_keys`` with each frame once
             (:class:`~lightning_per.replay.frames.FrameStackStorage` of ``frame_stack`` frames a stack and a ring
             of ``frames`` frames); needs ``sampler="proportional"`` (it masks slots whose frames are gone).
-        frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack`` only).
+        frames, frame_keys: the ring of frames' capacity and the two stacked keys (with ``frame_stack`` only;
+            ``frame_keys=None`` finds flat ``("observation", "next_observation")`` or TorchRL's nested
+            ``("observation", ("next", "observation"))`` at the first write: ``FrameStackStorage`` ``keys``).
         pinned_host: keep the transitions in page-locked host memory
             (:class:`~lightning_per.replay.host.PinnedHostStorage`; priorities, draws and the batch on
             ``device``): for buffers larger than the GPU.
@@ -100,7 +99,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str = "propor
     check_seed(sampler_kwargs.get("seed"))
     for name, flag in (("fallback", fallback), ("packed", packed), ("pinned_host", pinned_host)):
         check_bool(name, flag)
-    if frame_stack is None and (frames is not None or frame_keys != _FRAME_KEYS):
+    if frame_stack is None and (frames is not None or frame_keys is not None):
         given = "frames" if frames is not None else "frame_keys"
         raise ValueError(f"{given} configures the frame ring of a frame_stack buffer: give frame_stack (frames a "
                          f"stack) too, or leave {given} unset")
