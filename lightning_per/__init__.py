@@ -19,12 +19,14 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUPrioritizedSliceSampler,
         GPURandomSampler,
         GPURankBasedSampler,
+        GPUReplayBuffer,
         GPUSamplerWithoutReplacement,
         GPUSliceSampler,
         GPUTensorStorage,
         IngressStats,
         PinnedHostStorage,
         WriterHandle,
+        from_torchrl,
         make_replay_buffer,
     )
 
@@ -39,7 +41,9 @@ __all__ = [
     "GPUPrioritizedSliceSampler",
     "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
+    "GPUReplayBuffer",
     "make_replay_buffer",
+    "from_torchrl",
     "WriterHandle",
     "IngressStats",
 ]
