@@ -198,7 +198,9 @@ class VerifiedDumps:
             TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
         """
         root = Path(path)
-        if not (root / MANIFEST_NAME).exists() and (root / "writer" / "metadata.json").is_file():
+        if (not (root / MANIFEST_NAME).exists() and (root / "storage" / "storage_metadata.json").is_file()
+                and not (root / "storage" / "storage.pt").exists() and not (root / "sampler" / "sampler.pt").exists()):
+            # TorchRL's layout (its storage metadata, no part of ours), not one of our dumps cut short
             raise IntegrityError(f"{root}: no {MANIFEST_NAME}: this is a directory TorchRL's rb.dumps() wrote, which "
                                  f"loads does not read; lightning_per.from_torchrl(path) builds a buffer of it (data, "
                                  f"write cursor, priorities)")
