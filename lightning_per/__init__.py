@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         GPUPrioritizedSliceSampler,
         GPURandomSampler,
         GPURankBasedSampler,
+        GPUReplayBuffer,
         GPUSamplerWithoutReplacement,
         GPUSliceSampler,
         GPUTensorStorage,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # imported on first use (PEP 562): ``import lightning_per`` s
         RemoteWriter,
         SharedBufferWriter,
         WriterHandle,
+        from_torchrl,
         make_replay_buffer,
     )
 
@@ -43,7 +45,9 @@ __all__ = [
     "GPUPrioritizedSliceSampler",
     "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
+    "GPUReplayBuffer",
     "make_replay_buffer",
+    "from_torchrl",
     "WriterHandle",
     "SharedBufferWriter",
     "IngressStats",

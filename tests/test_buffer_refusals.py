@@ -346,5 +346,5 @@ def test_loading_torchrl_sampler_state_names_torchrl_and_the_way_out():
 
     theirs = PrioritizedSampler(8, 0.6, 0.4)
     theirs.update_priority(torch.arange(4), torch.ones(4))
-    with pytest.raises(ValueError, match="TorchRL's PrioritizedSampler.*update_priority"):
+    with pytest.raises(ValueError, match="TorchRL's PrioritizedSampler.*lightning_per.from_torchrl"):
         GPUPrioritizedSampler(8, 0.6, 0.4, device="cpu").load_state_dict(theirs.state_dict())

@@ -398,7 +398,7 @@ def test_packed_and_per_key_states_load_into_each_other(tmp_path, src_packed, ds
 
 
 def test_default_batches_are_plain_tensors_that_torch_save_accepts(tmp_path):
-    """Packing is opt-in: by default a sampled batch's fields are contiguous tensors of their own."""
+    """A sampled batch's fields are contiguous tensors of their own, packed or not."""
     rb = make("proportional", "cpu")
     rb.extend(_mixed(16))
     batch = rb.sample()
@@ -406,8 +406,11 @@ def test_default_batches_are_plain_tensors_that_torch_save_accepts(tmp_path):
     torch.save(batch.to_dict(), tmp_path / "batch.pt")
     assert batch["observation"].view(-1).numel() == 8 * 5
     packed = make("proportional", "cpu", packed=True)
-    packed.extend(transitions(16))  # flat keys: one gather, fields are views into the gathered rows
-    assert packed.storage.ring.rows is not None and not packed.sample()["observation"].is_contiguous()
+    packed.extend(transitions(16))  # flat keys: one gather of rows, then each field copied out of the block
+    batch = packed.sample()
+    assert packed.storage.ring.rows is not None
+    assert all(v.is_contiguous() for v in batch.values(include_nested=True, leaves_only=True))
+    torch.save(batch, tmp_path / "packed.pt")
 
 
 @pytest.mark.parametrize("src_packed", [False, True])

@@ -196,7 +196,8 @@ def test_direct_sample_equals_torchrl_sample(packed, device):
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 64])
 def test_batch_views_are_field_views(n):
-    """The packed batch's field views (fewer ops) have the metadata and bytes of the original views."""
+    """The packed batch's fields hold the bytes of the ring's field views, each as a contiguous tensor in memory of
+    its own (not the block's, not another field's)."""
     spec = {"x": ((2, 1, 3), torch.float16), "y": ((0,), torch.float64), "z": ((1,), torch.int8),
             "w": ((4, 4), torch.complex64), "v": ((), torch.float64), "u": ((1, 1), torch.uint8),
             "t": ((5,), torch.bfloat16), "a": ((), torch.int64), "d": ((), torch.bool)}
@@ -204,12 +205,18 @@ def test_batch_views_are_field_views(n):
     plan = rows_mod.view_plan(layout, row_bytes // 8)
     block = torch.randint(-2**62, 2**62, (n, row_bytes // 8))
     want = rows_mod.field_views(block, layout)
-    got = rows_mod.batch_views(block, layout, plan)
-    assert list(got) == list(want)
-    for key in want:
-        a, b = got[key], want[key]
-        assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.data_ptr()) == \
-               (b.dtype, b.shape, b.stride(), b.storage_offset(), b.data_ptr()), key
+    want["d"].copy_(torch.rand(n) < 0.5)  # a bool's byte is 0 or 1 (a copy of another byte normalises it)
+    for got in (rows_mod.batch_views(block, layout, plan), rows_mod.batch_views(block, layout, None)):
+        assert list(got) == list(want)
+        owners = {block.untyped_storage().data_ptr()}
+        for key in want:
+            a, b = got[key], want[key]
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), key
+            assert a.is_contiguous(), key
+            assert torch.equal(a.view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)), key
+            if a.numel():
+                assert a.untyped_storage().data_ptr() not in owners, key
+                owners.add(a.untyped_storage().data_ptr())
 
 
 def test_packed_write_leaves_every_byte_as_per_key_writes(device):

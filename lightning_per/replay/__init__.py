@@ -1,11 +1,12 @@
 """TorchRL integration of the GPU-resident replay: storage, samplers, buffer and factory."""
 
-from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer
+from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, GPUReplayBuffer
 from lightning_per.replay.errors import EmptyBufferError
 from lightning_per.replay.factory import make_replay_buffer
 from lightning_per.replay.frames import FrameStackStorage
 from lightning_per.replay.host import PinnedHostStorage
 from lightning_per.replay.ingress import IngressStats, SharedBufferWriter, WriterHandle
+from lightning_per.replay.migration import from_torchrl
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -27,8 +28,10 @@ __all__ = [
     "GPUPrioritizedSliceSampler",
     "GPUSamplerWithoutReplacement",
     "GPUPrioritizedReplayBuffer",
+    "GPUReplayBuffer",
     "EmptyBufferError",
     "make_replay_buffer",
+    "from_torchrl",
     "WriterHandle",
     "SharedBufferWriter",
     "IngressStats",

@@ -17,6 +17,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorStorage,
 )
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 
 from lightning_per.replay._rng import GeneratorBytes
 from lightning_per.replay.buffer_checkpoint import BUFFER_SCHEMA_VERSION, VerifiedDumps, checked_state
@@ -40,12 +41,48 @@ from lightning_per.replay.storage import GPUTensorStorage, default_device, resol
 from lightning_per.replay.writer import GPURoundRobinWriter
 from lightning_per.schema import stamp
 
-__all__ = ["GPUPrioritizedReplayBuffer", "BUFFER_SCHEMA_VERSION", "SAMPLERS", "build_sampler", "resolve_storage"]
+__all__ = ["GPUPrioritizedReplayBuffer", "GPUReplayBuffer", "BUFFER_SCHEMA_VERSION", "SAMPLERS", "build_sampler",
+           "check_prioritized_sampler", "resolve_storage"]
 
 
 #: The prioritized samplers by the name ``make_replay_buffer(sampler=...)`` and the buffer take.
 SAMPLERS = {"proportional": GPUPrioritizedSampler, "rank": GPURankBasedSampler,
              "prioritized_slice": GPUPrioritizedSliceSampler}
+
+#: The classes :class:`GPUPrioritizedReplayBuffer` takes as a ``sampler=`` instance.
+PRIORITIZED = tuple(SAMPLERS.values())
+
+
+def check_prioritized_sampler(sampler, *, alpha: float | None, beta: float | None, eps: float | None,
+                              reduction: str | None, capacity: int | None) -> None:
+    """Raise unless ``sampler``, given to a prioritized buffer as an instance, is one of ours and agrees with what
+    the caller also named: ``alpha``, ``beta``, ``eps``, ``reduction`` left None or equal to the sampler's, and the
+    sampler's ``max_size`` equal to ``capacity`` (the storage's slots; None: not known yet). Host values only.
+
+    Raises:
+        TypeError: ``sampler`` is not a :class:`GPUPrioritizedSampler`, :class:`GPURankBasedSampler` or
+            :class:`GPUPrioritizedSliceSampler` (the message says where uniform, slice and TorchRL's samplers go).
+        ValueError: a named value differs from the sampler's (both quoted).
+    """
+    if not isinstance(sampler, PRIORITIZED):
+        if isinstance(sampler, Sampler) and not isinstance(sampler, PrioritizedSampler):
+            where = "; a sampler without priorities goes in GPUReplayBuffer(sampler=...) (TorchRL's " \
+                    "TensorDictReplayBuffer with our storage and writer)"
+        elif isinstance(sampler, Sampler):
+            where = "; TorchRL's own prioritized samplers go in TorchRL's TensorDictReplayBuffer(sampler=...)"
+        else:
+            where = ""
+        raise TypeError(f"sampler must be one of {sorted(SAMPLERS)} or an instance of "
+                        f"{', '.join(c.__name__ for c in PRIORITIZED)}, got {type(sampler).__name__}{where}")
+    ours = {"alpha": sampler.alpha, "beta": sampler.beta, "eps": float(sampler.core.state.eps),
+            "reduction": sampler.reduction}
+    for name, value in (("alpha", alpha), ("beta", beta), ("eps", eps), ("reduction", reduction)):
+        if value is not None and value != ours[name]:
+            raise ValueError(f"{name}={value!r} differs from the sampler's {name}={ours[name]!r}: with a sampler "
+                             f"instance, leave {name} unset (the sampler's is used) or give the same value")
+    if capacity is not None and sampler.max_size != capacity:
+        raise ValueError(f"the sampler holds priorities of {sampler.max_size} slots, the storage max_size="
+                         f"{capacity}: build the sampler with max_capacity={capacity}")
 
 
 def resolve_storage(storage, device: torch.device | None, capacity: int | None) -> TensorStorage:
@@ -335,10 +372,15 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     Same keyword arguments as TorchRL's class, plus:
 
     Args:
+        alpha, beta, eps, reduction: the sampler's PER exponents, offset (default 1e-8) and TorchRL's reduction of
+            an item's priorities (default ``"max"``); required (alpha, beta) with a sampler named by a string, and
+            with a sampler instance left unset or equal to the instance's.
         device: where transitions and priorities live (default CUDA when available, else CPU).
-        sampler: ``"proportional"`` (:class:`GPUPrioritizedSampler`, default), ``"rank"``
-            (:class:`GPURankBasedSampler`) or ``"prioritized_slice"`` (:class:`GPUPrioritizedSliceSampler`).
-        sampler_kwargs: extra arguments of the sampler (``stratified``, ``shuffle_strata``,
+        sampler: as in TorchRL, a sampler instance: a :class:`GPUPrioritizedSampler`,
+            :class:`GPURankBasedSampler` or :class:`GPUPrioritizedSliceSampler` of ``max_capacity`` the storage's
+            ``max_size``; or the name of one built here: ``"proportional"`` (default), ``"rank"`` or
+            ``"prioritized_slice"``. Uniform and slice samplers go in :class:`GPUReplayBuffer`.
+        sampler_kwargs: with a name, extra arguments of the sampler (``stratified``, ``shuffle_strata``,
             ``weight_normalization``, ``sort_every``, ``backend``, ``seed``, ``eager_graphs``; for
             ``sampler="prioritized_slice"`` also ``slice_len`` or ``num_slices`` (one of them is required),
             ``end_key``, ``end_keys``, ``traj_key``, ``strict_length``, ``truncated_key``, ``init_key``, ``span``,
@@ -376,9 +418,11 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
     Raises:
         ValueError: an unknown ``backpressure`` or a ``backpressure_timeout`` <= 0; a ``samples_per_insert`` not
-            finite or not > 0.
+            finite or not > 0; an unknown sampler name; a sampler instance whose capacity, alpha, beta, eps or
+            reduction differs from the storage's or the one given.
         TypeError: ``storage`` is not a TorchRL tensor storage (e.g. a ``ListStorage``); ``samples_per_insert``
-            not a number.
+            not a number; ``sampler`` is neither a name nor one of our prioritized samplers; ``sampler_kwargs`` with
+            an instance; no ``alpha`` / ``beta`` with a name.
 
     Example::
 
@@ -396,26 +440,56 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         (torch.Size([4]), ['index', 'observation', 'priority_weight', 'td_error'])
         >>> batch["td_error"] = torch.full((4,), 2.0)  # e.g. written by TorchRL's DQNLoss
         >>> rb.update_tensordict_priority(batch)
+
+    A sampler instance, as TorchRL's buffers take one::
+
+        >>> from lightning_per import GPURankBasedSampler
+        >>> rank = GPURankBasedSampler(100, alpha=0.7, beta=0.5, device="cpu")
+        >>> rb = GPUPrioritizedReplayBuffer(sampler=rank, storage=LazyTensorStorage(100), batch_size=4)
+        >>> rb.sampler is rank, rb.sampler.alpha
+        (True, 0.7)
     """
 
-    def __init__(self, *, alpha: float, beta: float, priority_key="td_error", eps: float = 1e-8,
-                 storage=None, device: torch.device | str | None = None, sampler: str = "proportional",
-                 sampler_kwargs: dict[str, Any] | None = None, sampler_device=None, sync: bool = True,
-                 reduction: str = "max", backpressure: str = "block", backpressure_timeout: float = 30.0,
-                 samples_per_insert: float | None = None, **kwargs) -> None:
-        self._ingress = SharedIngress(backpressure, backpressure_timeout)
+    def __init__(self, *, alpha: float | None = None, beta: float | None = None, priority_key="td_error",
+                 eps: float | None = None, storage=None, device: torch.device | str | None = None,
+                 sampler: str | PrioritizedSampler = "proportional", sampler_kwargs: dict[str, Any] | None = None,
+                 sampler_device=None, sync: bool = True, reduction: str | None = None, backpressure: str = "block",
+                 backpressure_timeout: float = 30.0, samples_per_insert: float | None = None, **kwargs) -> None:
+        self._ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
         self.rate_limit = _rate_limit(samples_per_insert)
         if kwargs.get("batch_size") is not None:
             check_batch_size(kwargs["batch_size"])
         check_generator(kwargs.get("generator"))
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
+        named = isinstance(sampler, str)
+        if named:
+            if sampler not in SAMPLERS:
+                raise ValueError(f"sampler must be one of {sorted(SAMPLERS)} or a sampler instance, got {sampler!r}")
+            if alpha is None or beta is None:
+                raise TypeError(f"GPUPrioritizedReplayBuffer(sampler={sampler!r}) needs alpha= and beta= (the "
+                                f"PER exponents of the sampler it builds), or pass a sampler instance")
+        else:
+            check_prioritized_sampler(sampler, alpha=alpha, beta=beta, eps=eps, reduction=reduction, capacity=None)
+            if sampler_kwargs:
+                raise TypeError(f"sampler_kwargs configure a sampler built by name; the {type(sampler).__name__} "
+                                f"given is already built (got sampler_kwargs {sorted(sampler_kwargs)})")
+            if device is None and sampler_device is None:
+                device = sampler.device
         device = resolve_device(device) if device is not None else (
             resolve_device(sampler_device, "sampler_device") if sampler_device is not None else None)
-        storage = resolve_storage(storage, device, None)
+        storage = resolve_storage(storage, device, None if named else sampler.max_size)
         device = device or (torch.device(storage.device) if storage.device != "auto" else default_device())
-        prioritized = build_sampler(SAMPLERS[sampler], storage.max_size, device, alpha=alpha, beta=beta,
-                                     eps=eps, reduction=reduction, **(sampler_kwargs or {}))
+        if not named and device != sampler.device:
+            raise ValueError(f"device={device} differs from the sampler's device {sampler.device}: build the sampler "
+                             f"on {device}, or leave device unset")
+        if named:
+            prioritized = build_sampler(SAMPLERS[sampler], storage.max_size, device, alpha=alpha, beta=beta,
+                                         eps=1e-8 if eps is None else eps,
+                                         reduction="max" if reduction is None else reduction,
+                                         **(sampler_kwargs or {}))
+        else:
+            check_prioritized_sampler(sampler, alpha=None, beta=None, eps=None, reduction=None,
+                                      capacity=storage.max_size)
+            prioritized = sampler
         self._sync = True
         self._prioritized_sampler = None
         self._prioritized_sampler_write_count = 0
@@ -621,16 +695,67 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
 
 
-class _GPUUniformReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
-    """TorchRL's TensorDictReplayBuffer with a schema-versioned state (uniform sampling) and writers of other
-    processes (``backpressure``, ``backpressure_timeout``, ``samples_per_insert``: as
-    :class:`GPUPrioritizedReplayBuffer`'s)."""
+class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
+    """TorchRL's :class:`~torchrl.data.TensorDictReplayBuffer` on our storage and writer: uniform or slice sampling
+    on the device, a schema-versioned state and writers of other processes.
 
-    def __init__(self, *, backpressure: str = "block", backpressure_timeout: float = 30.0,
-                 samples_per_insert: float | None = None, **kwargs) -> None:
+    Same keyword arguments as TorchRL's class, plus ``device``, ``backpressure``, ``backpressure_timeout`` and
+    ``samples_per_insert`` (as :class:`GPUPrioritizedReplayBuffer`'s); :func:`make_replay_buffer` builds it for
+    ``sampler="uniform"`` and ``"slice"``.
+
+    Args:
+        storage: None (a :class:`GPUTensorStorage` of 1000 slots on ``device``), an uninitialised TorchRL
+            ``LazyTensorStorage`` (becomes a :class:`GPUTensorStorage` of its size) or a TorchRL tensor storage.
+        sampler: a sampler instance, as in TorchRL (default :class:`GPURandomSampler` on ``device``):
+            :class:`GPURandomSampler`, :class:`GPUSamplerWithoutReplacement`, :class:`GPUSliceSampler` or one of
+            TorchRL's samplers without priorities. Prioritized samplers go in :class:`GPUPrioritizedReplayBuffer`.
+        writer: default :class:`GPURoundRobinWriter`.
+        device: where the default storage and sampler live (default CUDA when available, else CPU).
+
+    ``sample()`` returns a TensorDict ``[B]`` with ``"index"``; ``update_priority`` is a silent no-op (uniform and
+    slice sampling have no priorities), so one training loop serves every buffer of :func:`make_replay_buffer`.
+
+    Raises:
+        TypeError: ``sampler`` is not a TorchRL sampler instance (e.g. a name: :func:`make_replay_buffer` takes
+            those), or is a prioritized one; ``storage`` is not a TorchRL tensor storage.
+        ValueError: an unknown ``backpressure`` or a ``backpressure_timeout`` <= 0; a ``samples_per_insert`` not
+            finite or not > 0.
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from lightning_per import GPURandomSampler, GPUReplayBuffer, GPUTensorStorage
+        >>> rb = GPUReplayBuffer(storage=GPUTensorStorage(16, device="cpu"),
+        ...                      sampler=GPURandomSampler(device="cpu", seed=0), batch_size=4)
+        >>> _ = rb.extend(TensorDict({"reward": torch.arange(8.0)}, [8]))
+        >>> batch = rb.sample()
+        >>> batch.batch_size, sorted(batch.keys())
+        (torch.Size([4]), ['index', 'reward'])
+    """
+
+    def __init__(self, *, storage=None, sampler: Sampler | None = None, writer=None,
+                 device: torch.device | str | None = None, backpressure: str = "block",
+                 backpressure_timeout: float = 30.0, samples_per_insert: float | None = None, **kwargs) -> None:
         self._ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
         self.rate_limit = _rate_limit(samples_per_insert)
-        super().__init__(**kwargs)
+        if sampler is not None and (not isinstance(sampler, Sampler) or isinstance(sampler, PrioritizedSampler)):
+            what = (f"the name {sampler!r} (make_replay_buffer(sampler=...) takes names)" if isinstance(sampler, str)
+                    else type(sampler).__name__)
+            raise TypeError(f"sampler must be a sampler instance without priorities (GPURandomSampler, "
+                            f"GPUSamplerWithoutReplacement, GPUSliceSampler, or TorchRL's), got {what}" + (
+                                "; prioritized samplers go in GPUPrioritizedReplayBuffer(sampler=...)"
+                                if isinstance(sampler, PrioritizedSampler) else ""))
+        if kwargs.get("batch_size") is not None:
+            check_batch_size(kwargs["batch_size"])
+        check_generator(kwargs.get("generator"))
+        device = resolve_device(device) if device is not None else None
+        storage = resolve_storage(storage, device, None)
+        if sampler is None:
+            sampler = GPURandomSampler(device=device or (torch.device(storage.device) if storage.device != "auto"
+                                                         else default_device()))
+        super().__init__(storage=storage, sampler=sampler, writer=GPURoundRobinWriter() if writer is None
+                         else writer, **kwargs)
 
     def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
         """As :meth:`GPUPrioritizedReplayBuffer.writer_handle` (priorities given by writers are ignored)."""

@@ -12,7 +12,13 @@ from typing import Any
 import torch
 from torchrl.data import RoundRobinWriter
 
-from lightning_per.integrity import atomic_directory, refuse_pickled_files, verify_directory
+from lightning_per.integrity import (
+    MANIFEST_NAME,
+    IntegrityError,
+    atomic_directory,
+    refuse_pickled_files,
+    verify_directory,
+)
 from lightning_per.replay.compat import buffer_parts
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import SCHEMA_KEY, check
@@ -187,9 +193,17 @@ class VerifiedDumps:
 
         Raises:
             FileNotFoundError: no directory at ``path``.
-            IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest.
+            IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest (for a
+                directory TorchRL's ``dumps`` wrote, the message names ``lightning_per.from_torchrl``).
             TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
         """
+        root = Path(path)
+        if (not (root / MANIFEST_NAME).exists() and (root / "storage" / "storage_metadata.json").is_file()
+                and not (root / "storage" / "storage.pt").exists() and not (root / "sampler" / "sampler.pt").exists()):
+            # TorchRL's layout (its storage metadata, no part of ours), not one of our dumps cut short
+            raise IntegrityError(f"{root}: no {MANIFEST_NAME}: this is a directory TorchRL's rb.dumps() wrote, which "
+                                 f"loads does not read; lightning_per.from_torchrl(path) builds a buffer of it (data, "
+                                 f"write cursor, priorities)")
         verify_directory(path, kind=_DUMP_KIND)
         refuse_pickled_files(path)
         _check_dumps_dir(self, path)

@@ -372,8 +372,8 @@ class PriorityCore:
         """
         if "_sum_tree" in state_dict or "_min_tree" in state_dict:  # TorchRL's own PrioritizedSampler state
             raise ValueError("this is the state of TorchRL's PrioritizedSampler (its C++ sum and min trees), which "
-                             "this sampler cannot load: load the storage alone and set new priorities with "
-                             "update_priority")
+                             "this sampler cannot load: lightning_per.from_torchrl(buffer_state_dict) builds one of "
+                             "our buffers of a TorchRL buffer's state (data, write cursor, priorities)")
         if "max_capacity" not in state_dict:
             raise ValueError(f"not a prioritized sampler checkpoint (keys {sorted(map(str, state_dict))})")
         check(state_dict, "sampler", SAMPLER_SCHEMA_VERSION, missing=0)  # 0: TorchRL's own sampler state

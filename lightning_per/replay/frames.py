@@ -41,6 +41,11 @@ __all__ = ["FrameStackStorage"]
 FRAMES_SCHEMA_VERSION = 1
 _NEVER = -(1 << 62)  # the oldest-frame serial of a slot never written: never intact
 
+#: The stacked-key layouts ``keys=None`` recognises at the first write, in this order: flat keys, then TorchRL's
+#: nested ``"next"`` entry (what its collectors and ``TransformedEnv`` write) of observations and of pixels.
+FRAME_LAYOUTS = (("observation", "next_observation"), ("observation", ("next", "observation")),
+                 ("pixels", ("next", "pixels")))
+
 
 class FrameStackStorage(GPUTensorStorage):
     """Ring of transitions whose stacked-frame keys share one device ring of frames, each stored once.
@@ -53,7 +58,10 @@ class FrameStackStorage(GPUTensorStorage):
             least ``window + 2 * S * B`` for a write of ``B`` transitions.
         window: how many of the most recently stored frames an incoming frame is compared with (>= 1;
             default 1024, at most half of ``frames`` when that is given).
-        keys: the two stacked keys (observation, next observation), nested keys as tuples.
+        keys: the two stacked keys (observation, next observation), nested keys as tuples; None (default):
+            the first layout of :data:`FRAME_LAYOUTS` the first write holds, flat
+            ``("observation", "next_observation")`` or TorchRL's nested ``("observation", ("next", "observation"))``
+            (then :attr:`frame_keys`).
         device, fallback, packed: as :class:`GPUTensorStorage` (the other keys' storage); with ``fallback``
             an out-of-memory at the first write puts frames and transitions on the CPU (one warning).
 
@@ -85,8 +93,8 @@ class FrameStackStorage(GPUTensorStorage):
     """
 
     def __init__(self, max_size: int, *, frame_stack: int, frames: int | None = None, window: int | None = None,
-                 keys: tuple[Any, Any] = ("observation", "next_observation"),
-                 device: torch.device | str | None = None, fallback: bool = True, packed: bool = False) -> None:
+                 keys: tuple[Any, Any] | None = None, device: torch.device | str | None = None,
+                 fallback: bool = True, packed: bool = False) -> None:
         super().__init__(max_size, device=device, fallback=fallback, packed=packed)
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, int) or frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1, got {frame_stack!r}")
@@ -98,10 +106,11 @@ class FrameStackStorage(GPUTensorStorage):
         n_frames = max_size + max_size // 64 + window if frames is None else frames
         if isinstance(n_frames, bool) or not isinstance(n_frames, int) or not window < n_frames < (1 << 31):
             raise ValueError(f"frames must be an int in ({window} (the window), 2^31), got {frames!r}")
-        if not (isinstance(keys, (tuple, list)) and len(keys) == 2 and keys[0] != keys[1]):
-            raise ValueError(f"keys must be two different keys (observation, next observation), got {keys!r}")
+        if keys is not None and not (isinstance(keys, (tuple, list)) and len(keys) == 2 and keys[0] != keys[1]):
+            raise ValueError(f"keys must be None or two different keys (observation, next observation), got {keys!r}")
         self.frame_stack, self.window, self.n_frames = frame_stack, window, n_frames
-        self.frame_keys = tuple(tuple(k) if isinstance(k, list) else k for k in keys)
+        #: the stacked keys; None until the first write when ``keys=None``
+        self.frame_keys = None if keys is None else tuple(tuple(k) if isinstance(k, list) else k for k in keys)
         self.frames: torch.Tensor | None = None  # (F + 1, *frame) uint8
         self.frame_hash: torch.Tensor | None = None  # (F + 1,) int64
         self.frame_positions: torch.Tensor | None = None  # (max_size, 2S) int32
@@ -122,16 +131,37 @@ class FrameStackStorage(GPUTensorStorage):
     def _frame_shape(self) -> tuple[int, ...] | None:
         return None if self.frames is None else tuple(self.frames.shape[1:])
 
+    def _keys_of(self, data: TensorDictBase) -> tuple[Any, Any]:
+        """The stacked keys a write of ``data`` uses: :attr:`frame_keys`, or when still None the first layout of
+        :data:`FRAME_LAYOUTS` whose keys ``data`` holds.
+
+        Raises:
+            ValueError: ``data`` holds none of them (the message names the ``keys=`` that fixes it).
+        """
+        if self.frame_keys is not None:
+            return self.frame_keys
+        for keys in FRAME_LAYOUTS:
+            if all(isinstance(data.get(k, None), torch.Tensor) for k in keys):
+                return keys
+        raise ValueError(f"data holds none of the stacked-frame layouts {list(FRAME_LAYOUTS)}; name its two "
+                         f"stacked keys: FrameStackStorage(..., keys=(obs_key, next_obs_key)) or "
+                         f"make_replay_buffer(..., frame_keys=(obs_key, next_obs_key)), nested keys as tuples")
+
     def _check_frames(self, data) -> None:
         """Raise if the stacked keys of ``data`` (batch ``[B]``) cannot be written; changes nothing."""
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict with a leading batch dimension, got {type(data).__name__}")
         shape = self._frame_shape()
-        for key in self.frame_keys:
+        keys = self._keys_of(data)
+        for key in keys:
             value = data.get(key, None)
             if not isinstance(value, torch.Tensor):
-                raise ValueError(f"data has no stacked-frame key {key!r} (FrameStackStorage keys="
-                                 f"{self.frame_keys})")
+                nested = key == "next_observation" and isinstance(data.get(("next", "observation"), None),
+                                                                  torch.Tensor)
+                raise ValueError(f"data has no stacked-frame key {key!r} (FrameStackStorage keys={keys})" + (
+                    "; it holds TorchRL's nested ('next', 'observation'): pass keys=('observation', ('next', "
+                    "'observation')) (make_replay_buffer: frame_keys=...), or leave keys unset to detect it"
+                    if nested else ""))
             if value.dtype != torch.uint8:
                 raise TypeError(f"data[{key!r}] must hold uint8 frames, got {value.dtype}")
             if value.dim() < 3 or value.shape[1] != self.frame_stack:
@@ -144,11 +174,16 @@ class FrameStackStorage(GPUTensorStorage):
             raise ValueError(f"data must have one batch dimension, got batch_size {tuple(data.batch_size)}")
         incoming = 2 * self.frame_stack * data.batch_size[0]
         if self.window + incoming > self.n_frames:
-            raise ValueError(f"a write of {data.batch_size[0]} transitions brings {incoming} frames: frames="
-                             f"{self.n_frames} must be at least window ({self.window}) + {incoming}")
+            most = (self.n_frames - self.window) // (2 * self.frame_stack)
+            raise ValueError(
+                f"a write of {data.batch_size[0]} transitions brings up to {incoming} frames (2 x frame_stack="
+                f"{self.frame_stack} each), more than the ring of frames={self.n_frames} holds beside its "
+                f"window={self.window}: extend in batches of at most {most} transitions, or build the storage "
+                f"with frames >= {self.window + incoming} (make_replay_buffer(..., frames={self.window + incoming}))"
+                f" or a smaller FrameStackStorage window (nothing was written)")
 
     def _rest(self, data: TensorDictBase) -> TensorDictBase:
-        drop = [k for k in (*self.frame_keys, "index") if data.get(k, None) is not None]
+        drop = [k for k in (*self._keys_of(data), "index") if data.get(k, None) is not None]
         return data.exclude(*drop)
 
     def check_spec(self, data: TensorDictBase) -> None:
@@ -216,6 +251,7 @@ class FrameStackStorage(GPUTensorStorage):
         self.check_spec(data)
         if data.batch_size[0] == 0:  # nothing to write (TorchRL's storages write nothing for an empty batch)
             return
+        self.frame_keys = self._keys_of(data)  # checked: the layout this storage keeps from now on
         obs, nxt = (data.get(k) for k in self.frame_keys)
         self._ensure_frames(tuple(obs.shape[2:]))
         device = self.frames.device
@@ -299,7 +335,9 @@ class FrameStackStorage(GPUTensorStorage):
             ring = stamp({"frame_stack": self.frame_stack, "n_frames": self.n_frames, "window": self.window,
                           "frames": self.frames[:-1], "frame_hash": self.frame_hash[:-1],
                           "frame_positions": self.frame_positions, "oldest": self.oldest,
-                          "frames_written": self.frames_written}, "frame_ring", FRAMES_SCHEMA_VERSION)
+                          "frames_written": self.frames_written,
+                          "frame_keys": [list(k) if isinstance(k, tuple) else k for k in self.frame_keys]},
+                         "frame_ring", FRAMES_SCHEMA_VERSION)
         state["frame_ring"] = ring
         return state
 
@@ -322,6 +360,9 @@ class FrameStackStorage(GPUTensorStorage):
         if ring.get("frame_stack") != self.frame_stack:
             raise ValueError(f"the saved storage stacks frame_stack={ring.get('frame_stack')!r} frames, this "
                              f"one frame_stack={self.frame_stack}")
+        saved = _saved_keys(ring)
+        if self.frame_keys is not None and saved != self.frame_keys:
+            raise ValueError(f"the saved storage stacks the keys {saved}, this one keys={self.frame_keys}")
         if ring.get("n_frames") != self.n_frames:
             raise ValueError(f"the saved storage holds frames={ring.get('n_frames')!r}, this one "
                              f"frames={self.n_frames}")
@@ -352,6 +393,7 @@ class FrameStackStorage(GPUTensorStorage):
         ring = state_dict["frame_ring"]
         if ring is None:
             return
+        self.frame_keys = _saved_keys(ring)
         self._ensure_frames(tuple(ring["frames"].shape[1:]))
         self.frames[:-1].copy_(ring["frames"])
         self.frame_hash[:-1].copy_(ring["frame_hash"])
@@ -359,3 +401,18 @@ class FrameStackStorage(GPUTensorStorage):
         self.oldest.copy_(ring["oldest"])
         self.frames_written.copy_(ring["frames_written"])
         self._refresh_valid()
+
+
+def _saved_keys(ring: dict[str, Any]) -> tuple[Any, Any]:
+    """The stacked keys a saved ring of frames was written with (nested keys saved as lists); a ring saved
+    before the keys were recorded used the flat ones.
+
+    Raises:
+        ValueError: the saved keys are not two keys.
+    """
+    keys = ring.get("frame_keys", FRAME_LAYOUTS[0])
+    if not (isinstance(keys, (list, tuple)) and len(keys) == 2
+            and all(isinstance(k, str) or (isinstance(k, (list, tuple)) and all(isinstance(p, str) for p in k))
+                    for k in keys)):
+        raise ValueError(f"storage checkpoint's frame_ring['frame_keys'] must be two keys, got {keys!r}")
+    return tuple(tuple(k) if isinstance(k, list) else k for k in keys)

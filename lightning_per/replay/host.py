@@ -61,7 +61,7 @@ class PinnedHostStorage(GPUTensorStorage):
 
     Layout (:attr:`layout` ``"host"``): ``ring.rows`` ``(max_size, row_bytes / 8) int64`` on the host (pinned),
     each transition one row (the layout of :class:`GPUTensorStorage` ``packed=True``); ``get(index)`` returns a
-    TensorDict ``[B]`` on :attr:`device` whose fields are views into the gathered ``(B, row_bytes / 8)`` block.
+    TensorDict ``[B]`` on :attr:`device` whose fields are cut from the gathered ``(B, row_bytes / 8)`` block.
     A batch's bytes cross the bus each read: PCIe bandwidth, not device memory, bounds its cost (see the
     ``storage`` benchmark suite). Reading the host ring on the host (``state_dict``) first waits for the
     device's pending writes (one synchronisation, at checkpoints only).
@@ -158,7 +158,7 @@ class PinnedHostStorage(GPUTensorStorage):
     def read(self, index, extra: dict[str, torch.Tensor] | None = None):
         """The read path: the transitions at slots ``index`` (a ``(B,)`` int64 tensor, or a 0-d one for one
         transition): one gather of their rows from the host ring (zero-copy on CUDA) into a ``(B, row_bytes /
-        8)`` block on :attr:`device`, fields as views into it, plus ``extra`` (moved to :attr:`device`).
+        8)`` block on :attr:`device`, fields copied out of it, plus ``extra`` (moved to :attr:`device`).
 
         Raises:
             RuntimeError: nothing was ever written.

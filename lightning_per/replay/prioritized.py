@@ -287,7 +287,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         """:meth:`sample`, and the batch ``storage.get(index)`` (a TensorDict ``[B]``): ``(index, info, batch)``.
 
         With a packed :class:`~lightning_per.replay.GPUTensorStorage` on this sampler's device the draw and the row
-        gather are one op (:meth:`PriorityCore.gather_rows`) and the batch's fields are views of the gathered rows;
+        gather are one op (:meth:`PriorityCore.gather_rows`) and the batch's fields are cut from the gathered rows;
         the same generator draws give the same index, weights and batch values either way. ``with_info`` also puts
         ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys).
 

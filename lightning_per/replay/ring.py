@@ -153,11 +153,11 @@ def write_rows(ring: RingState, start: int, n: int, pairs) -> bool:
 def read_slots(ring: RingState, index: Tensor, extra: dict[str, Tensor] | None = None) -> TensorDict:
     """The TensorDict ``[B]`` of the transitions at slots ``index`` ``(B,)`` int64 (moved to the ring's device if
     elsewhere) of a ring with flat keys, plus ``extra`` (``(B,)`` tensors on the ring's device, set without
-    validation): one gather of whole rows (the fields views into it) when packed, else one gather per key."""
+    validation): one gather of whole rows (the fields then copied out of it) when packed, else one gather per key."""
     device = ring.device
     if index.device != device:
         index = index.to(device, non_blocking=True)
-    if ring.rows is not None:  # one gather of whole rows; the fields are views into it
+    if ring.rows is not None:  # one gather of whole rows; the fields copied out of it
         return rows_batch(ring, ring.rows[index], extra)
     # one gather per key (advanced indexing: faster than index_select for these batches, python -m benchmarks.gather)
     fields = {k: v[index] for k, v in ring.flat.items()}
@@ -167,8 +167,9 @@ def read_slots(ring: RingState, index: Tensor, extra: dict[str, Tensor] | None =
 
 
 def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None) -> TensorDict:
-    """The TensorDict ``[B]`` of the packed fields' views into ``block`` ``(B, W) int64`` (a fresh gather of the
-    ring's rows) plus ``extra`` (no validation: the callers guarantee the shapes)."""
+    """The TensorDict ``[B]`` of the packed fields of ``block`` ``(B, W) int64`` (a fresh gather of the ring's rows),
+    each a contiguous tensor of its own (:func:`~lightning_per.replay.rows.batch_views`), plus ``extra`` (no
+    validation: the callers guarantee the shapes)."""
     fields = batch_views(block, ring.layout, ring.plan)
     if extra:
         fields.update(extra)

@@ -1,9 +1,10 @@
 """The packed-row codec of :class:`~lightning_per.replay.GPUTensorStorage`: how a transition's fields become one
-row of int64 words, and back (views, no copies).
+row of int64 words, and back.
 
 A packed ring is a ``(max_size, row_bytes / 8) int64`` tensor; each field of a transition lies at a byte offset
-aligned to its element size (:func:`row_layout`), and a batch's fields are views into a gathered block of rows
-(:func:`field_views`, :func:`batch_views`). Pure functions of tensors and layouts; no state.
+aligned to its element size (:func:`row_layout`). The ring's own fields are views into it (:func:`field_views`);
+a batch's fields are fresh tensors cut from a gathered block of rows (:func:`batch_views`). Pure functions of
+tensors and layouts; no state.
 """
 
 from __future__ import annotations
@@ -54,18 +55,22 @@ def field_views(rows: torch.Tensor, layout) -> dict[Any, torch.Tensor]:
 
 
 def view_plan(layout, row_words: int) -> tuple:
-    """How :func:`batch_views` rebuilds :func:`field_views` of a fresh block in one view op per field
-    (plus one ``view(dtype)`` per dtype other than int64): per field, in layout order,
-    ``(key, dtype, scalar, offset, shape, strides)`` in units of the field's element size, taken from
-    ``field_views`` itself (so sizes, strides and offsets are the same tensors' metadata)."""
-    probe = torch.empty((2, row_words), dtype=torch.int64)
-    plan = []
-    for key, view in field_views(probe, layout).items():
-        es = view.element_size()
-        scalar = view.dim() == 1
-        plan.append((key, view.dtype, scalar, view.storage_offset(), tuple(view.shape[1:]),
-                     (row_words * 8 // es,) + tuple(view.stride()[1:])))
-    return tuple(plan)
+    """How :func:`batch_views` cuts a gathered block of ``row_words``-word rows into one fresh tensor per field:
+    ``(split_bytes, fields)``, ``split_bytes`` the byte width of each field in row order and then of the row's
+    tail padding (the widths of ``torch.split_with_sizes_copy`` along the row), ``fields`` per field, in layout
+    order, ``(key, position in split_bytes, dtype, shape)``; None when the fields do not tile the row from byte 0
+    (no such layout comes out of :func:`row_layout`)."""
+    ordered = sorted(layout.items(), key=lambda kv: kv[1][0])
+    split, position, end = [], {}, 0
+    for key, (off, nbytes, _, _) in ordered:
+        if off != end:
+            return None
+        position[key] = len(split)
+        split.append(nbytes)
+        end = off + nbytes
+    if row_words * 8 > end:
+        split.append(row_words * 8 - end)
+    return tuple(split), tuple((key, position[key], dtype, shape) for key, (_, _, dtype, shape) in layout.items())
 
 
 def pack_plan(layout) -> tuple | None:
@@ -85,22 +90,33 @@ def pack_plan(layout) -> tuple | None:
     return (tuple(pack), end) if pack else None
 
 
-def batch_views(block: torch.Tensor, layout, plan: tuple) -> dict[Any, torch.Tensor]:
-    """:func:`field_views` of ``block`` ``(n, row_words) int64``, a fresh contiguous tensor (storage
-    offset 0, e.g. a gather ``rows[index]``): the same views (sizes, strides, offsets), built with fewer
-    ops (hot read path). ``n <= 1`` goes through :func:`field_views` (its size-0/1 batch dim gets other
-    strides)."""
+def batch_views(block: torch.Tensor, layout, plan: tuple | None) -> dict[Any, torch.Tensor]:
+    """The fields of ``block`` ``(n, row_words) int64`` (e.g. a gather ``rows[index]``) as fresh contiguous tensors
+    ``(n, *shape) dtype``, each in memory of its own: a batch read from a packed ring behaves like one read per key
+    (``torch.save`` of the batch, ``.view`` of a field), at the cost of one copy of the block, which
+    ``torch.split_with_sizes_copy`` makes in one kernel on CUDA (``plan``: :func:`view_plan` of ``layout``; None
+    copies field by field). The bytes are :func:`field_views`' (hot read path: no host sync).
+
+    Example::
+
+        >>> import torch
+        >>> layout, row_bytes = row_layout({"x": ((2,), torch.float32), "d": ((), torch.bool)})
+        >>> block = torch.zeros(3, row_bytes // 8, dtype=torch.int64)
+        >>> fields = batch_views(block, layout, view_plan(layout, row_bytes // 8))
+        >>> fields["x"].shape, fields["x"].is_contiguous(), fields["d"].dtype
+        (torch.Size([3, 2]), True, torch.bool)
+    """
     n = block.shape[0]
-    if n <= 1:
-        return field_views(block, layout)
-    bases = {torch.int64: block}
-    out = {}
-    for key, dtype, scalar, offset, shape, strides in plan:
-        base = bases.get(dtype)
-        if base is None:
-            base = bases[dtype] = block.view(dtype)
-        out[key] = base.select(1, offset) if scalar else base.as_strided((n, *shape), strides, offset)
-    return out
+    if plan is None:
+        return {key: view.clone(memory_format=torch.contiguous_format)
+                for key, view in field_views(block, layout).items()}
+    split, fields = plan
+    raw = block.view(torch.uint8)  # (n, row_bytes)
+    parts = [torch.empty((n, width), dtype=torch.uint8, device=block.device) for width in split]
+    torch.split_with_sizes_copy(raw, list(split), dim=1, out=parts)
+    return {key: parts[i].view(dtype).view(n, *shape) if parts[i].numel()
+            else torch.empty((n, *shape), dtype=dtype, device=block.device)  # no bytes: nothing to reinterpret
+            for key, i, dtype, shape in fields}
 
 
 def layout_key(key: Any) -> Any:

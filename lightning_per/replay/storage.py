@@ -96,8 +96,8 @@ class GPUTensorStorage(LazyTensorStorage):
         device: where the data lives; default ``cuda`` when available, else ``cpu``.
         fallback: on CUDA out-of-memory at allocation, keep the data on the CPU instead (one
             :class:`RuntimeWarning`); with ``False`` the OOM error propagates.
-        packed: keep all keys in one ring of rows (one gather per read; batch fields are views, see
-            Layout). Default False: batches are plain contiguous tensors, as TorchRL's.
+        packed: keep all keys in one ring of rows (one gather per read, see Layout). Default False. Either way
+            batches are plain contiguous tensors, as TorchRL's.
         ndim: dimensions of the storage's batch (TorchRL's ``ndim``: ``2`` keeps ``[n_envs, T]`` batches of a
             parallel collector as ``[T, n_envs]`` rows); ``ndim > 1`` uses TorchRL's layout (see Layout).
         compilable, consolidated, shared_init, cleanup_memmap: as TorchRL's ``LazyTensorStorage``
@@ -109,11 +109,9 @@ class GPUTensorStorage(LazyTensorStorage):
     one row-major ``(max_size, row_bytes / 8) int64`` ring (``ring.rows``):
     each transition is one row of ``row_bytes`` bytes (its fields at offsets aligned to their element
     size, the row padded to 8 bytes), so a read of ``B`` transitions is a single gather kernel, whatever
-    the number of keys, and the batch's tensors are views into that gathered ``(B, row_bytes / 8)``
-    block: their batch stride is the row, not the field. Consequences: ``torch.save`` of a batch (or
-    of two of its fields) fails (views of one buffer under different dtypes) and ``.view(-1)`` of a
-    multi-dimensional field fails, until ``.contiguous()``/``.clone()``; one field kept alive keeps the
-    whole gathered block alive. Made for learners that consume a batch at once (the DQN module uses it).
+    the number of keys, then one copy (:func:`lightning_per.replay.rows.batch_views`) cuts the gathered
+    ``(B, row_bytes / 8)`` block into one contiguous tensor per field, each in memory of its own
+    (``torch.save`` of the batch and ``.view`` of a field work as unpacked). The DQN module uses it.
     Keys whose element size exceeds 8 bytes (e.g. complex128) keep one tensor each (``packed`` then
     has no effect). Items the ring does not hold (the module docstring lists them) are stored as TorchRL's
     ``LazyTensorStorage`` stores them, on :attr:`device` (:attr:`layout` ``"torchrl"``, decided at
@@ -429,7 +427,7 @@ class GPUTensorStorage(LazyTensorStorage):
     def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
         """The batch of gathered packed rows: ``block`` ``(B, W) int64`` on :attr:`device`, a fresh contiguous
         gather of :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the
-        TensorDict ``[B]`` that :meth:`read` ``(index)`` returns (the same field views into ``block``,
+        TensorDict ``[B]`` that :meth:`read` ``(index)`` returns (the same fields, copied out of ``block``,
         :func:`lightning_per.replay.ring.rows_batch`), plus the ``(B,)`` tensors of ``extra`` on :attr:`device`
         (e.g. ``"index"``, ``"priority_weight"``), set without validation.
 
