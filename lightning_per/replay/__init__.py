@@ -9,7 +9,8 @@ from lightning_per.replay.ingress import IngressStats, WriterHandle
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutReplacement
 from lightning_per.replay.rank import GPURankBasedSampler
-from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
+from lightning_per.replay.slice import GPUSliceSampler
+from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.replay.writer import GPURoundRobinWriter
 
