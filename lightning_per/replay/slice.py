@@ -40,7 +40,8 @@ from torchrl.data.replay_buffers.samplers import SliceSampler
 from lightning_per.replay import sampler_checkpoint
 from lightning_per.replay._rng import SamplerRNG, check_rng_state
 from lightning_per.replay.errors import check_capacity, check_kind
-from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex, slice_batch
+from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
+from lightning_per.replay.slice_output import expand, slice_batch
 from lightning_per.replay.slice_spec import SliceSpec
 from lightning_per.replay.slice_starts import UniformStarts
 from lightning_per.replay.storage import resolve_device
@@ -205,7 +206,7 @@ class GPUSliceSampler(SliceSampler):
         T, num = self.index.prepare_draw(storage, batch_size)
         self.rng.follow()  # a buffer generator re-seeded in place replays the same slices
         start, cut = self.index.starts.draw(self.index, self.rng, num, T)
-        return self.index.expand(start, cut if self.spec.left(T) else None, T, storage)
+        return expand(self.index, start, cut if self.spec.left(T) else None, T, storage)
 
     def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
         """:meth:`sample`, and the batch with the info's entries set in it: ``(index, info, batch)``."""

@@ -17,29 +17,23 @@ from torch import Tensor
 from lightning_per.ops import block_size_for
 from lightning_per.replay.compat import last_written_row, mutation_revision, stored_data
 from lightning_per.replay.errors import EmptyBufferError
-from lightning_per.replay.rows import set_all
 from lightning_per.replay.slice_ops import chain_order, device_fn, reduce_touched, slice_steps
 from lightning_per.replay.slice_spec import SliceSpec
 from lightning_per.replay.slots import written_slots
-from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
 
-__all__ = ["SLICE_SCHEMA_VERSION", "SliceIndex", "slice_batch"]
+__all__ = ["SLICE_SCHEMA_VERSION", "SliceIndex", "ring_tensor"]
 
 SLICE_SCHEMA_VERSION = 2  # 2: "slots" and "stride" (2-D storages)
 _CHUNK = 1 << 22  # starts recomputed per pass by a rebuild
 _ADOPT = object()  # a loaded state's revision: the storage's, read at the next draw
 
 
-def _replace_last(key, last: str):
-    return (*key[:-1], last) if isinstance(key, tuple) else last
-
-
 def _v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
     return {**state, "slots": state["raw_end"].shape[0], "stride": 1}
 
 
-def _ring_tensor(storage, key, n: int) -> Tensor | None:
+def ring_tensor(storage, key, n: int) -> Tensor | None:
     """The stored tensor of ``key`` (a TorchRL tensor storage's TensorDict) as ``(n, ...)`` row-major slots, or
     None."""
     data = stored_data(storage)
@@ -211,12 +205,12 @@ class SliceIndex:
                 return
             self.traj_ids[slots] = signal.to(torch.int64)[slots]
         elif kind == "traj":
-            self.traj_ids[slots] = _ring_tensor(storage, key, n)[slots].reshape(slots.numel(), -1)[:, 0].to(
+            self.traj_ids[slots] = ring_tensor(storage, key, n)[slots].reshape(slots.numel(), -1)[:, 0].to(
                 torch.int64)
         else:
             flag = None
             for k in key:
-                value = _ring_tensor(storage, k, n)[slots].reshape(slots.numel(), -1).any(1)
+                value = ring_tensor(storage, k, n)[slots].reshape(slots.numel(), -1).any(1)
                 flag = value if flag is None else flag | value
             self.raw_end[slots] = flag
             return
@@ -408,7 +402,7 @@ class SliceIndex:
         Raises:
             ValueError: no trajectory holds enough transitions under ``strict_length=True``.
         """
-        if not bool(self.valid.any()):  # sync-ok: once per start mask, not per step (see the docstring)
+        if not bool(self.starts.usable(self)):  # sync-ok: once per start mask, not per step (see the docstring)
             raise ValueError(f"no valid slice: every stored trajectory is shorter than the slice length {T} "
                              f"(slice_len / batch_size // num_slices) and strict_length=True; store longer "
                              f"trajectories or pass strict_length=False")
@@ -429,49 +423,6 @@ class SliceIndex:
         """The draw's steps: compiled on CUDA when the compiled kernels serve the draws (``torch.compile``, once per
         slice shape: the first draw of a shape compiles, outside any capture), else plain torch."""
         self.steps = device_fn("slice_steps", slice_steps, self.device, self.compiled)
-
-    def expand(self, start: Tensor, cut: Tensor | None, T: int, storage,
-               weight: Tensor | None = None) -> tuple[Any, dict[Any, Tensor]]:
-        """The slices starting at ``start`` ``(S,)`` (at most ``cut`` ``(S,)`` steps each, None for ``T``):
-        ``(index, info)``, ``index`` ``(S * T,)`` int64 slots (a per-dimension tuple on a 2-D storage), with
-        ``weight`` ``(S,)`` repeated over each slice as ``info["priority_weight"]``. A ragged spec without
-        ``pad_output`` keeps the real steps only (TorchRL's shorter batch: a data-dependent length, read on the
-        host); with ``pad_output`` a short slice repeats its last slot and ``("collector", "mask")`` marks the
-        real steps."""
-        spec, n = self.spec, self.slots
-        marks = spec.truncated_key is not None
-        done_key = _replace_last(spec.truncated_key, "done") if marks else None
-        terminated_key = _replace_last(spec.truncated_key, "terminated") if marks else None
-        init = _ring_tensor(storage, spec.init_key, n)
-        index, member, last, done, terminated, init = self.steps(
-            start, cut, self.end_flat, n, self.stride, T, _ring_tensor(storage, done_key, n),
-            _ring_tensor(storage, terminated_key, n), init)
-        info: dict[Any, Tensor] = {}
-        if marks:
-            info[spec.truncated_key], info[done_key], info[terminated_key] = last, done, terminated
-        if init is not None:
-            info[spec.init_key] = init
-        if weight is not None:
-            info["priority_weight"] = weight[:, None].expand(start.shape[0], T).reshape(-1)
-        if spec.pad_output:
-            info[("collector", "mask")] = member
-        elif spec.ragged:  # sync-ok: TorchRL's default output, a batch of the real steps (data-dependent length)
-            keep = member.nonzero().squeeze(1)
-            index, info = index[keep], {k: v[keep] for k, v in info.items()}
-        if self.stride > 1:
-            index = (torch.div(index, self.stride, rounding_mode="floor"), index % self.stride)
-        return index, info
-
-
-def slice_batch(storage, index, info: dict[Any, Tensor], with_info: bool) -> tuple[Any, dict, Any]:
-    """``(index, info, batch)``: the batch ``storage[index]`` with the info's entries (and ``"index"`` with
-    ``with_info``) set in it, what a slice sampler's ``sample_gather`` returns (the replay buffer's direct path)."""
-    extra = dict(info)
-    if with_info:
-        extra["index"] = torch.stack(index, -1) if isinstance(index, tuple) else index
-    direct = isinstance(storage, GPUTensorStorage) and isinstance(index, Tensor)
-    batch = storage.read(index) if direct else storage.get(index)
-    return index, info, set_all(batch, extra)
 
 
 class _KeysOnly:

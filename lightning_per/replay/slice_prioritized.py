@@ -15,7 +15,8 @@ from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import checked_update, dump, mark_written, mask_slots, max_priority, new_core
 from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.rules import Proportional
-from lightning_per.replay.slice_index import SliceIndex, slice_batch
+from lightning_per.replay.slice_index import SliceIndex
+from lightning_per.replay.slice_output import expand, slice_batch
 from lightning_per.replay.slice_spec import SliceSpec, parse_span
 from lightning_per.replay.slice_starts import PriorityStarts
 
@@ -260,7 +261,7 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         """
         T, num = self.index.prepare_draw(storage, batch_size)
         start, weight = self.core.sample(num, len(storage))
-        return self.index.expand(start, None, T, storage, weight)
+        return expand(self.index, start, None, T, storage, weight)
 
     def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
         """:meth:`sample`, and the batch with the info's entries set in it: ``(index, info, batch)``."""
@@ -278,6 +279,9 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
             ValueError: the checkpoint is refused (the message names why).
         """
         check_kind(state_dict, self)
+        if state_dict == {}:
+            raise ValueError(f"an empty state is TorchRL's SliceSampler's (it holds no priorities), not a "
+                             f"{type(self).__name__} checkpoint")
         self.core.check_state_dict(state_dict)
         if state_dict.get("kind") != type(self).__name__:
             raise ValueError(f"sampler checkpoint is from {state_dict.get('kind')!r}, not {type(self).__name__}")

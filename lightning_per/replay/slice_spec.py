@@ -128,6 +128,9 @@ class SliceSpec:
             raise ValueError("ends / trajectories replace the stored trajectory keys: give no end_key, end_keys or "
                              "traj_key with them")
         left, right = parse_span(span)
+        for side, s in zip(("left", "right"), (left, right)):
+            if slice_len is not None and not isinstance(s, bool) and s >= slice_len:
+                raise ValueError(f"span's {side} int ({s}) must be below slice_len ({slice_len})")
         if fragmented and (step_key is None or ends is not None or trajectories is not None or left or right):
             raise ValueError("fragmented=True rebuilds slices from traj_key and step_key: it needs step_key and "
                              "takes no ends, trajectories or span")
@@ -181,7 +184,7 @@ class SliceSpec:
         """The fewest steps a slice from a real start holds: ``T``, ``T - i`` for a right span ``i``, 1 for
         ``True``."""
         right = self.span[1]
-        return T if right is False or right == 0 else 1 if right is True else T - right
+        return T if right is False or right == 0 else 1 if right is True else max(T - right, 1)
 
     def left(self, T: int) -> int:
         """Virtual starts before a trajectory's first step (a left span): 0, ``i``, or ``T - 1`` for ``True``."""

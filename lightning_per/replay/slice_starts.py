@@ -1,8 +1,8 @@
 """The slice samplers' starts rules, values a :class:`~lightning_per.replay.slice_index.SliceIndex` holds: how its
 start mask becomes the leaves a draw searches. :class:`UniformStarts` (TorchRL's ``SliceSampler``) and
 :class:`PriorityStarts` (``"start"`` / ``"max"``: TorchRL's ``PrioritizedSliceSampler`` and the slice-max rule).
-A starts rule offers ``reset(index)`` and ``changed(index, start)`` (the start mask changed at slots ``start`` ``(S,)``:
-its leaves follow)."""
+A starts rule offers ``reset(index)``, ``changed(index, start)`` (the start mask changed at slots ``start`` ``(S,)``:
+its leaves follow) and ``usable(index)`` (some start can be drawn)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,16 @@ class UniformStarts:
     def changed(self, index: SliceIndex, start: Tensor) -> None:
         """The start mask changed at slots ``start`` ``(S,)``: their leaves follow (a trajectory's first slot)."""
         first = index.end_flat[(start - index.stride) % index.slots]  # the step before is an end: a first step
+        T, spec = index.T, index.spec
+        if spec.strict_length and spec.need(T) < T:  # a right span: TorchRL's strict filter keeps L >= T only
+            window = (start[:, None] + torch.arange(T - 1, device=start.device) * index.stride) % index.slots
+            first = first & ~index.end_flat[window].any(1)
         self.leaves.view(-1)[start] = (index.valid[start] & first).to(torch.float32)
         reduce_touched(self.leaves, self.block_sum, self.block_min, start)
+
+    def usable(self, index: SliceIndex) -> Tensor:
+        """0-d bool on the device: some trajectory can be drawn."""
+        return self.block_sum.sum() > 0
 
     def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> tuple[Tensor, Tensor]:
         """``num`` slice starts and their most steps, ``(num,) int64`` each: a trajectory uniformly, then a start
@@ -141,6 +149,10 @@ class PriorityStarts:
             member = (torch.cumsum(ends, 1) - ends) == 0
             raw = state.raw[window].masked_fill(~member, 0.0).amax(1)
         return self.core.ops.transform_priority(raw, state.alpha, state.eps)
+
+    def usable(self, index: SliceIndex) -> Tensor:
+        """0-d bool on the device: some slot can start a slice."""
+        return index.valid.any()
 
     def changed(self, index: SliceIndex, start: Tensor) -> None:
         """The start mask changed at slots ``start`` ``(S,)``: their stored values become ``v_s * valid_s``."""
