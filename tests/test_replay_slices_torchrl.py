@@ -165,7 +165,7 @@ def test_no_capacity_and_tuning_keywords_change_nothing():
 
 
 def test_bad_keywords_are_named():
-    with pytest.raises(ValueError, match="pad_output=True needs strict_length=False"):
+    with pytest.raises(ValueError, match="pad_output=True is incompatible with strict_length=True"):
         GPUSliceSampler(slice_len=4, pad_output=True)
     with pytest.raises(ValueError, match="ends and trajectories are exclusive"):
         GPUSliceSampler(slice_len=4, ends=torch.ones(4, dtype=torch.bool), trajectories=torch.zeros(4))

@@ -204,6 +204,8 @@ class GPUSliceSampler(SliceSampler):
         if self.spec.fragmented:
             return SliceSampler.sample(self, storage, batch_size)  # TorchRL's fragmented mode
         T, num = self.index.prepare_draw(storage, batch_size)
+        if self.traj_key is None and self.index.signal[0] == "traj":
+            self.traj_key = self.index.signal[1]  # the probed key, where TorchRL's sampler sets it
         self.rng.follow()  # a buffer generator re-seeded in place replays the same slices
         start, cut = self.index.starts.draw(self.index, self.rng, num, T)
         return expand(self.index, start, cut if self.spec.left(T) else None, T, storage)

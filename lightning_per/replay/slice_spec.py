@@ -118,8 +118,8 @@ class SliceSpec:
                             ("fragmented", fragmented), ("cache_values", cache_values)):
             check_bool(name, value)
         if pad_output and strict_length:
-            raise ValueError("pad_output=True needs strict_length=False: padding only happens to the short slices "
-                             "that strict_length=False keeps")
+            raise ValueError("pad_output=True is incompatible with strict_length=True: padding only happens to the "
+                             "short slices that strict_length=False keeps")
         ends, trajectories = _static("ends", ends), _static("trajectories", trajectories)
         keyed = traj_key is not None or end_key is not None or end_keys is not None
         if ends is not None and trajectories is not None:
