@@ -133,7 +133,7 @@ def main(argv=None) -> float:
     target = copy.deepcopy(qnet).requires_grad_(False)
     optim = torch.optim.Adam(qnet.parameters(), lr=a.lr)
     rb = make_replay_buffer(a.capacity, S * T, sampler="prioritized_slice", device="cpu", slice_len=T,
-                            strict_length=False, slice_priority="max", alpha=0.6, beta=0.4,
+                            strict_length=False, pad_output=True, slice_priority="max", alpha=0.6, beta=0.4,
                             generator=torch.Generator().manual_seed(a.seed))
 
     # per-env episode buffers, written to the replay when the episode ends

@@ -105,6 +105,10 @@ def check(state: Mapping[str, Any], part: str, current: int, migrations: Mapping
     if ints and max(ints) > current:
         raise error(f"{label} {max(ints)} is newer than this code's (it reads {supported}): upgrade lightning_per")
     version = bad[0] if bad else min(ints)
+    if version is None or (not bad and version < oldest and not any(k in state for k in (key, *legacy_keys))):
+        raise error(f"{label} {version!r} is not supported (this code reads {supported}): the {part} state carries "
+                    f"no version, so lightning_per did not write it (TorchRL's own state_dict carries none, in "
+                    f"TorchRL's layout); build the {part} afresh and load its data from TorchRL's objects")
     if bad or version < oldest:
         raise error(f"{label} {version!r} is not supported (this code reads {supported}): load it with the "
                     f"lightning_per version that wrote it")

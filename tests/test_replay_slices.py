@@ -105,8 +105,8 @@ def slice_starts(index: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
 
 
 def count_starts(sample, capacity: int, n_slices: int, num_per_call: int, T: int, padded: bool) -> np.ndarray:
-    """Start counts of ``n_slices`` slices; ``padded``: every slice fills T steps (ours), else slices end where
-    ``truncated`` is set (TorchRL's, which shortens slices with strict_length=False)."""
+    """Start counts of ``n_slices`` slices; ``padded``: every slice fills T steps (strict_length=True, or
+    pad_output=True), else slices end where ``truncated`` is set (strict_length=False: shorter slices)."""
     counts = np.zeros(capacity, dtype=np.int64)
     drawn = 0
     while drawn < n_slices:
@@ -191,7 +191,7 @@ def test_start_distribution_parity_with_torchrl(scenario, strict, prioritized):
                                  padded=False)
     mine = ours(prioritized, capacity, T, strict, stream, raw)
     counts_mine = count_starts(lambda b: mine._sampler.sample(mine._storage, b), capacity, n, 64, T,
-                               padded=True)
+                               padded=strict)  # strict_length=False: TorchRL's shorter slices, as theirs
     assert chi_square_p(counts_theirs, probs) > SIGNIFICANCE
     assert chi_square_p(counts_mine, probs) > SIGNIFICANCE
 
@@ -258,14 +258,15 @@ def test_is_weights_over_valid_starts():
 
 
 def test_batch_markers_strict_false():
-    """Short slices are padded by their last slot; truncated marks each slice's last real step, the mask
-    its real steps, is_init its first step (OR-ed with the stored flag), done = stored done | truncated."""
+    """pad_output=True: short slices are padded by their last slot; truncated marks each slice's last real step,
+    the mask its real steps, is_init its first step (OR-ed with the stored flag), done = stored done | truncated."""
     stream = episodes([2, 9])
     n = len(stream)
     data = transitions(stream)
     data["is_init"] = torch.zeros(n, 1, dtype=torch.bool)
     data["is_init"][[0, 2]] = True
-    rb = make_replay_buffer(16, 5 * 64, sampler="slice", device="cpu", slice_len=5, strict_length=False)
+    rb = make_replay_buffer(16, 5 * 64, sampler="slice", device="cpu", slice_len=5, strict_length=False,
+                            pad_output=True)
     rb.extend(data)
     batch = rb.sample()
     obs = batch["obs"].reshape(-1, 5)

@@ -129,6 +129,7 @@ def test_cuda_start_probabilities_equal_the_cpu_reference(kind):
     def build(device):
         extra = dict(alpha=0.7, beta=0.5) if kind == "prioritized_slice" else {}
         rb = make_replay_buffer(3000, 64 * 8, sampler=kind, device=device, slice_len=8, strict_length=False,
+                                pad_output=True,
                                 generator=torch.Generator().manual_seed(0), **extra)
         for seed in range(7):
             rb.extend(_episodes(611, device, seed, low=1, high=30))

@@ -228,9 +228,9 @@ def test_replay_buffer_state_under_the_old_key_loads_and_a_newer_is_refused():
 def test_slice_index_of_a_newer_schema_is_refused_naming_it(kind):
     rb = make_replay_buffer(N, 4, sampler=kind, device="cpu", slice_len=2)
     sampler_state = rb.state_dict()["_sampler"]
-    assert sampler_state["slice_schema"] == 1
-    with pytest.raises(ValueError, match="slice sampler checkpoint schema 2 is newer"):
-        rb.sampler.check_state_dict({**sampler_state, "slice_schema": 2})
+    assert sampler_state["slice_schema"] == 2
+    with pytest.raises(ValueError, match="slice sampler checkpoint schema 3 is newer"):
+        rb.sampler.check_state_dict({**sampler_state, "slice_schema": 3})
 
 
 def test_frame_ring_without_a_version_passes_its_checks_and_a_newer_is_refused():

@@ -12,7 +12,8 @@ from lightning_per.replay.random import GPURandomSampler, GPUSamplerWithoutRepla
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.rate import SamplesPerInsert
 from lightning_per.replay.remote_ingress import RemoteIngress, RemoteStats, RemoteWriter
-from lightning_per.replay.slice import GPUPrioritizedSliceSampler, GPUSliceSampler
+from lightning_per.replay.slice import GPUSliceSampler
+from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.replay.writer import GPURoundRobinWriter
 

@@ -122,8 +122,9 @@ class SamplerRNG:
 
     Args:
         device: where the generator lives and the draws land.
-        seed: its seed (default: drawn from torch's default CPU generator, so ``torch.manual_seed`` makes runs
-            reproducible).
+        seed: its seed (default: a fresh non-deterministic one, ``torch.Generator().seed()``: building a sampler
+            leaves torch's global RNG untouched, as TorchRL's; pass ``seed``, or give the replay buffer a
+            ``generator``, for reproducible draws).
         owner: the sampler's class name, for error messages.
 
     Raises:
@@ -138,10 +139,7 @@ class SamplerRNG:
         self.seen: torch.Tensor | None = None  # the buffer generator's state after our last reseed
         self.adopt: torch.Generator | None = None  # the buffer generator attached when a checkpoint loaded
         gen = torch.Generator(device=device)
-        if seed is None:
-            # follows torch.manual_seed: draws one int from the default CPU generator (host only)
-            seed = int(torch.randint(0, 2**62, (1,)))
-        gen.manual_seed(seed)
+        gen.manual_seed(torch.Generator().seed() if seed is None else seed)  # never torch's global generator
         self.generator = gen
 
     def __repr__(self) -> str:

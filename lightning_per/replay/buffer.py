@@ -36,7 +36,7 @@ from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.rate import SamplesPerInsert
-from lightning_per.replay.slice import GPUPrioritizedSliceSampler
+from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage, default_device, resolve_device
 from lightning_per.replay.writer import GPURoundRobinWriter
 from lightning_per.schema import stamp

@@ -16,7 +16,8 @@ import torch
 from tensordict import TensorDict
 
 __all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
-           "bump_mutation_revision", "direct_writer", "is_compilable", "mark_update_entities", "plain_extend",
+           "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row", "mark_update_entities",
+           "mutation_revision", "plain_extend",
            "register_without_replacement", "stored_data", "tree_leaves", "unlocked_len", "unsafe_tensordict",
            "wrapped_gym_env"]
 
@@ -45,6 +46,32 @@ def bump_mutation_revision(storage: Any) -> None:
     bump = getattr(storage, "_bump_mutation_revision", None)
     if bump is not None:
         bump()
+
+
+def mutation_revision(storage: Any) -> int | None:
+    """TorchRL's storage mutation counter (``_mutation_revision``, torchrl >= 0.12; a host int, or a 0-d tensor
+    read once for a ``compilable`` storage), or None for a storage without one."""
+    revision = getattr(storage, "_mutation_revision", None)
+    if isinstance(revision, torch.Tensor):
+        return int(revision)  # sync-ok: a compilable storage's host counter (a CPU tensor)
+    return revision
+
+
+def last_written_row(storage: Any) -> int | None:
+    """The last row (dim 0) a storage's writes reached, from its ``_last_cursor`` (an int, a tensor, a range, a
+    slice or a per-dimension tuple, as TorchRL's ``set`` leaves it), or None when nothing names one. Reads a
+    device cursor's last value (a host sync: for rebuilds, never per step)."""
+    cursor = getattr(storage, "_last_cursor", None)
+    if isinstance(cursor, (tuple, list)) and cursor:
+        cursor = cursor[0]
+    if isinstance(cursor, slice):
+        cursor = range(*cursor.indices(storage.max_size))
+    if isinstance(cursor, range):
+        return cursor[-1] if len(cursor) else None
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.reshape(-1)
+        return int(cursor[-1]) if cursor.numel() else None  # sync-ok: rebuilds only (see the docstring)
+    return cursor if isinstance(cursor, int) and cursor >= 0 else None
 
 
 def unlocked_len(storage: Any) -> int | None:

@@ -153,7 +153,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
             raise TypeError(f"make_replay_buffer got unexpected keyword arguments {unknown} for sampler='slice'; "
                             f"its options are {options}")
         slicer = build_sampler(GPUSliceSampler, capacity, device, **sampler_kwargs)
-        slicer.index.slice_shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
+        slicer.spec.shape(batch_size)  # a batch_size the slices cannot divide fails here, not at sample()
         return GPUReplayBuffer(storage=storage, sampler=slicer, writer=GPURoundRobinWriter(),
                                        batch_size=batch_size, generator=generator, priority_key=priority_key,
                                        backpressure=backpressure, backpressure_timeout=backpressure_timeout, **rate)
@@ -185,7 +185,7 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
                                     generator=generator, priority_key=priority_key, reduction=reduction,
                                     backpressure=backpressure, backpressure_timeout=backpressure_timeout, **rate)
     if sampler == "prioritized_slice":
-        buffer_parts(rb).sampler.index.slice_shape(batch_size)  # as for "slice": the batch must split into slices
+        buffer_parts(rb).sampler.spec.shape(batch_size)  # as for "slice": the batch must split into slices
     return rb
 
 

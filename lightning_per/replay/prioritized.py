@@ -64,8 +64,8 @@ class GPUPrioritizedSampler(PrioritizedSampler):
             order, i.e. sorted by slot (one launch less).
         weight_normalization: ``"buffer"`` (TorchRL's, by min_j P(j)) or ``"batch"`` (by the batch max).
         backend: ``"auto"``, ``"reference"`` or ``"kernels"`` (see :func:`lightning_per.ops.select_backend`).
-        seed: seed of the device generator when no buffer generator is set (default: drawn from
-            torch's default CPU generator, so ``torch.manual_seed`` makes runs reproducible). With the
+        seed: seed of the device generator when no buffer generator is set (default: a fresh one; torch's
+            global RNG is left untouched, :class:`~lightning_per.replay._rng.SamplerRNG`). With the
             compiled kernels the draws take their uniforms inside the sample kernel from a Philox stream
             keyed by the generator's seed (its counters in device memory, restarted whenever the sampler
             is seeded, saved in ``state_dict``; see :meth:`get_rng_state`): one launch less per draw and

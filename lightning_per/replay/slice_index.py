@@ -1,6 +1,11 @@
 """SliceIndex: the trajectory bookkeeping a slice sampler holds (device state of trajectory ends and valid starts,
 updated at every write; see :mod:`lightning_per.replay.slice`) with its starts rule, a value
-(:mod:`lightning_per.replay.slice_starts`)."""
+(:mod:`lightning_per.replay.slice_starts`).
+
+Slots are row-major: on a storage of shape ``[rows, stride]`` (TorchRL's ``ndim=2`` layout ``[time, envs]``: the
+ring runs along time, one trajectory stream per column) slot ``t * stride + e`` is followed in time by slot
+``t * stride + e + stride`` (mod N); ``stride`` is 1 on a flat storage.
+"""
 
 from __future__ import annotations
 
@@ -10,162 +15,161 @@ import torch
 from torch import Tensor
 
 from lightning_per.ops import block_size_for
-from lightning_per.replay.compat import stored_data
-from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_bool, check_key
-from lightning_per.replay.rows import set_all
-from lightning_per.replay.slice_ops import device_fn, reduce_touched, slice_steps
-from lightning_per.replay.storage import GPUTensorStorage
+from lightning_per.replay.compat import last_written_row, mutation_revision, stored_data
+from lightning_per.replay.errors import EmptyBufferError
+from lightning_per.replay.slice_ops import chain_order, device_fn, reduce_touched, slice_steps
+from lightning_per.replay.slice_spec import SliceSpec
+from lightning_per.replay.slots import written_slots
 from lightning_per.schema import check, stamp
 
-__all__ = ["SLICE_SCHEMA_VERSION", "SliceIndex", "set_torchrl_attributes", "slice_batch"]
+__all__ = ["SLICE_SCHEMA_VERSION", "SliceIndex", "ring_tensor"]
 
-SLICE_SCHEMA_VERSION = 1
+SLICE_SCHEMA_VERSION = 2  # 2: "slots" and "stride" (2-D storages)
 _CHUNK = 1 << 22  # starts recomputed per pass by a rebuild
-_AUTO_TRAJ_KEYS = (("collector", "traj_ids"), "episode")  # what TorchRL probes when no key is given
+_ADOPT = object()  # a loaded state's revision: the storage's, read at the next draw
 
 
-def _replace_last(key, last: str):
-    return (*key[:-1], last) if isinstance(key, tuple) else last
+def _v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "slots": state["raw_end"].shape[0], "stride": 1}
 
 
-def _ring_tensor(storage, key) -> Tensor | None:
-    """The stored ``(N, ...)`` tensor of ``key`` (a TorchRL tensor storage's TensorDict), or None."""
+def ring_tensor(storage, key, n: int) -> Tensor | None:
+    """The stored tensor of ``key`` (a TorchRL tensor storage's TensorDict) as ``(n, ...)`` row-major slots, or
+    None."""
     data = stored_data(storage)
-    if data is None or not hasattr(data, "get"):
+    if data is None or not hasattr(data, "get") or key is None:
         return None
     try:
-        return data.get(key, None)
+        value = data.get(key, None)
     except (KeyError, TypeError):
         return None
+    return None if value is None else value.reshape(n, *value.shape[data.batch_dims:])
 
 
-def _has_key(storage, key) -> bool:
+def _keys(storage) -> set:
     data = stored_data(storage)
     if data is None or not hasattr(data, "keys"):
-        return False
-    return key in data.keys(include_nested=True, leaves_only=True) or (
-        isinstance(key, tuple) and len(key) == 1 and key[0] in data.keys())
+        return set()
+    return set(data.keys(include_nested=True, leaves_only=True)) | set(data.keys())
 
 
 class SliceIndex:
     """The trajectory bookkeeping of a slice sampler on ``device`` (module docstring of
     :mod:`lightning_per.replay.slice`): the stored end signal, the effective ends and the start mask, updated at
-    every write, and its starts rule (:class:`~lightning_per.replay.slice_starts.UniformStarts`, or
-    :class:`~lightning_per.replay.slice_starts.PriorityStarts` of ``"start"`` /
-    ``"max"``), which turns the start mask into the leaves a draw searches.
+    every write (or rebuilt from the storage when it changed unseen: a sampler used outside a buffer), and its
+    starts rule (:class:`~lightning_per.replay.slice_starts.UniformStarts`, or
+    :class:`~lightning_per.replay.slice_starts.PriorityStarts`), which turns the start mask into the leaves a
+    draw searches.
 
     Args:
-        capacity: the storage's ``max_size`` (slots N >= 1).
+        capacity: the storage's ``max_size`` (slots N >= 1), or None: taken from the storage at first use.
+        spec: the sampler's keywords (:class:`~lightning_per.replay.slice_spec.SliceSpec`).
         starts: the starts rule; it follows every change of the start mask.
         compiled: the draw's steps are compiled on CUDA (``torch.compile``; the compiled kernels serve the sampler).
         owner: the sampler's class name, for messages.
-        num_slices, slice_len, end_key, end_keys, traj_key, strict_length, truncated_key, init_key, span: as
-            :class:`~lightning_per.replay.GPUSliceSampler`.
 
     Attributes:
+        slots, stride, rows: N, the storage's items per time step and its time steps (host ints; None until the
+            first storage is seen).
         raw_end: ``(N,) bool`` the stored end signal; traj_ids: ``(N,) int64`` the stored trajectory ids.
-        end_leaves, end_bsum: ``(nb, blk) float32`` effective ends (1.0) and their ``(nb,) float64`` row sums.
-        valid: ``(nb * blk,) bool`` the start mask; last: ``() int64`` the last written slot.
-        n_filled, T, signal, checked: host values: the filled length, the slice length the mask is built for,
-            the resolved trajectory marker, and whether a valid start was seen since the mask was rebuilt.
-
-    Raises:
-        ValueError, TypeError: a bad argument (named); NotImplementedError: ``span`` other than False.
+        end_flat: ``(N,) bool`` effective ends; end_leaves, end_bsum: the same as ``(nb, blk) float32`` leaves in
+            column order (:func:`~lightning_per.replay.slice_ops.chain_order`) and their ``(nb,) float64`` sums.
+        valid: ``(nb * blk,) bool`` the start mask (False on the padding); last: ``() int64`` the last written row.
+        n_filled, T, signal, checked, seen, revision, rebuilds: host values: the filled rows, the slice length the
+            mask is built for, the resolved trajectory marker, whether a valid start was seen since the mask was
+            built, whether the state follows the storage, the storage revision last seen, and the count of rebuilds
+            from the storage.
     """
 
-    def __init__(self, capacity: int, *, starts, compiled: bool, owner: str, num_slices, slice_len, end_key,
-                 end_keys, traj_key, strict_length, truncated_key, init_key, span) -> None:
-        if (num_slices is None) == (slice_len is None):
-            raise ValueError(f"give exactly one of num_slices and slice_len, got num_slices={num_slices!r} and "
-                             f"slice_len={slice_len!r}")
-        for name, value in (("num_slices", num_slices), ("slice_len", slice_len)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if end_key is not None and end_keys is not None:
-            raise ValueError("end_key and end_keys are exclusive: give the single end flag as end_key, or the "
-                             "flags to OR together as end_keys")
-        if end_keys is not None and not isinstance(end_keys, (list, tuple)):
-            raise TypeError(f"end_keys must be a list or tuple of keys of the stored TensorDict, got "
-                            f"{type(end_keys).__name__} {end_keys!r}")
-        if end_keys is not None and not len(end_keys):
-            raise ValueError("end_keys must name at least one key")
-        for name, key in (("end_key", end_key), ("traj_key", traj_key), ("truncated_key", truncated_key),
-                          ("init_key", init_key), *((f"end_keys[{i}]", k) for i, k in enumerate(end_keys or ()))):
-            check_key(name, key, allow_none=not name.startswith("end_keys"))
-        check_bool("strict_length", strict_length)
-        if span not in (False, 0, (False, False), (0, 0), (False, 0), (0, False)):
-            raise NotImplementedError(f"span={span!r}: slices that run past a trajectory's ends are not supported "
-                                      f"by the GPU slice samplers (span=False only)")
-        self.starts, self.compiled, self.owner, self.device = starts, compiled, owner, starts.device
-        self.num_slices, self.slice_len = num_slices, slice_len
-        self.end_key = end_key if end_key is not None or end_keys is not None else ("next", "done")
-        self.end_keys = tuple(end_keys) if end_keys is not None else None
-        self.traj_key = traj_key
-        self.truncated_key, self.init_key = truncated_key, init_key
-        self.strict_length = strict_length
-        self.auto_traj_key = traj_key is None and end_key is None and end_keys is None
-        self.signal: tuple[str, Any] | None = None  # ("traj", key) or ("end", keys), resolved at the first write
-        n = self.slots = capacity
-        self.block = block_size_for(n + 1)
-        self.blocks = -(-(n + 1) // self.block)
-        self.T: int | None = slice_len  # the slice length the start mask is built for (host int)
+    def __init__(self, capacity: int | None, *, spec: SliceSpec, starts, compiled: bool, owner: str) -> None:
+        self.spec, self.starts, self.compiled, self.owner, self.device = spec, starts, compiled, owner, starts.device
+        self.capacity = capacity
+        self.slots: int | None = None
+        self.stride = self.rows = None
+        self.signal: tuple[str, Any] | None = None  # ("traj", key) / ("end", keys) / ("static", kind)
+        self.T: int | None = spec.slice_len  # the slice length the start mask is built for (host int)
+        self.revision: int | None = None
+        self.rebuilds = 0
+        self.n_filled, self.checked, self.seen = 0, False, False
         self._init_fns()
-        self.reset()
 
     def __repr__(self) -> str:
-        return (f"SliceIndex(slots={self.slots}, num_slices={self.num_slices}, slice_len={self.slice_len}, "
-                f"strict_length={self.strict_length}, starts={self.starts!r}, compiled={self.compiled})")
+        return (f"SliceIndex(slots={self.slots}, stride={self.stride}, T={self.T}, starts={self.starts!r}, "
+                f"compiled={self.compiled})")
 
-    def check_ring(self, storage) -> None:
-        """Refuse a storage whose ring is not this sampler's: slices wrap at slot N, so the sampler's capacity must
-        be the storage's ``max_size``.
+    # ------------------------------------------------------------------ geometry
+    def bind(self, storage) -> None:
+        """Take the ring's geometry from ``storage`` (first use: allocate the device state), or check it.
 
         Raises:
-            ValueError: the storage's ``max_size`` is another int.
+            ValueError: the storage's ``max_size`` is not the sampler's capacity, or its shape changed.
         """
+        ndim = getattr(storage, "ndim", 1)
+        shape = getattr(storage, "shape", None) if ndim > 1 else None
+        if ndim > 1 and shape is None:
+            return  # a 2-D storage before its first write: nothing to bind yet
+        stride = 1 if ndim == 1 else int(torch.Size(shape[1:]).numel())
         size = getattr(storage, "max_size", None)
-        if isinstance(size, int) and size != self.slots:
-            raise ValueError(f"{self.owner} has {self.slots} slots but the storage's max_size is {size}: "
-                             f"build the sampler with the storage's max_size ({size}); slices wrap at the ring's end")
+        slots = size if isinstance(size, int) else len(storage)
+        want = self.capacity if self.slots is None else self.slots
+        if want is not None and slots != want:
+            raise ValueError(f"{self.owner} has {want} slots but the storage's max_size is {slots}: build the "
+                             f"sampler with the storage's max_size ({slots}) or, for GPUSliceSampler, with none; "
+                             f"slices wrap at the ring's end")
+        if self.stride is not None:
+            if stride != self.stride:
+                raise ValueError(f"{self.owner} was built for storage rows of {self.stride} items, got {stride}")
+            return
+        self.slots, self.stride, self.rows = slots, stride, slots // stride
+        self.block = block_size_for(slots + 1)
+        self.blocks = -(-(slots + 1) // self.block)
+        self.reset()
 
     def reset(self) -> None:
         """Forget every trajectory (fresh device state; the slice length and the resolved marker are kept), and the
         starts rule's own state."""
+        self.revision, self.n_filled, self.checked, self.seen = None, 0, False, False
+        if self.slots is None:
+            return
         d, n, nb, blk = self.device, self.slots, self.blocks, self.block
         self.raw_end = torch.zeros(n, dtype=torch.bool, device=d)  # the stored end signal
         self.traj_ids = torch.zeros(n, dtype=torch.int64, device=d)  # traj_key values (trajectory ids mode)
-        self.end_leaves = torch.ones(nb, blk, dtype=torch.float32, device=d)  # effective ends (1.0)
+        self.end_flat = torch.ones(n, dtype=torch.bool, device=d)
+        self.end_leaves = torch.ones(nb, blk, dtype=torch.float32, device=d)  # effective ends (1.0), column order
         self.end_leaves.view(-1)[n:] = 0  # padding slots are no ends (the search never returns them)
         self.end_bsum = self.end_leaves.sum(1, dtype=torch.float64)
-        self.valid = torch.zeros(nb * blk, dtype=torch.bool, device=d)
-        self.last = torch.full((), -1, dtype=torch.int64, device=d)  # last written slot
-        self.n_filled = 0  # host: len(storage) after the last write seen
-        self.checked = False
-        self.starts.reset()
+        self.valid = torch.zeros(nb * blk, dtype=torch.bool, device=d)  # padded as the core's leaves
+        self.last = torch.full((), -1, dtype=torch.int64, device=d)  # last written row
+        self.starts.reset(self)
+
+    def rows_slots(self, rows: Tensor) -> Tensor:
+        """The row-major slots of every item of ``rows`` ``(R,)``: ``(R * stride,)`` int64."""
+        return (rows[:, None] * self.stride + torch.arange(self.stride, device=rows.device)).reshape(-1)
 
     # ------------------------------------------------------------------ writes
     def resolve_signal(self, storage) -> None:
-        """Which stored key marks trajectories (host, once): ``traj_key``, else (no key given) TorchRL's probe
-        of ``("collector", "traj_ids")`` then ``"episode"``, else ``end_keys`` / ``end_key``.
+        """Which stored key marks trajectories (host, once; see :attr:`SliceSpec.probe_keys`), else ``end_keys`` /
+        ``end_key``; a static ``ends`` / ``trajectories`` signal needs none.
 
         Raises:
             KeyError: none of them is in the storage (the message names the arguments).
         """
-        if self.traj_key is not None and _has_key(storage, self.traj_key):
-            self.signal = ("traj", self.traj_key)
+        spec = self.spec
+        if spec.ends is not None or spec.trajectories is not None:
+            self.signal = ("static", "end" if spec.ends is not None else "traj")
             return
-        if self.auto_traj_key:
-            for key in _AUTO_TRAJ_KEYS:
-                if _has_key(storage, key):
-                    self.signal = ("traj", key)
-                    return
-        keys = self.end_keys if self.end_keys is not None else (self.end_key,)
-        present = tuple(k for k in keys if _has_key(storage, k))
+        keys = _keys(storage)
+        for key in spec.probe_keys:
+            if key in keys:
+                self.signal = ("traj", key)
+                return
+        ends = spec.end_keys if spec.end_keys is not None else (spec.end_key,)
+        present = tuple(k for k in ends if k in keys)
         if present:
             self.signal = ("end", present)
             return
-        wanted = (f"traj_key={self.traj_key!r}" if self.traj_key is not None else
-                  f"end_keys={list(keys)!r}" if self.end_keys is not None else f"end_key={self.end_key!r}")
+        wanted = (f"traj_key={spec.traj_key!r}" if spec.traj_key is not None else
+                  f"end_keys={list(ends)!r}" if spec.end_keys is not None else f"end_key={spec.end_key!r}")
         raise KeyError(f"{self.owner}: the stored data has no trajectory marker: {wanted} is not among "
                        f"its keys (give end_key, end_keys or traj_key naming a stored entry)")
 
@@ -176,99 +180,150 @@ class SliceIndex:
         Raises:
             KeyError: no ``traj_key`` / ``end_key`` / ``end_keys`` entry in ``data``.
         """
+        if self.spec.ends is not None or self.spec.trajectories is not None:
+            return
         keys = set(data.keys(include_nested=True, leaves_only=True))
+        spec = self.spec
         if self.signal is not None:
             wanted = (self.signal[1],) if self.signal[0] == "traj" else self.signal[1]
-            if any(k in keys for k in wanted):
-                return
         else:
-            candidates = ([self.traj_key] if self.traj_key is not None else []) + (
-                list(_AUTO_TRAJ_KEYS) if self.auto_traj_key else []) + list(
-                self.end_keys if self.end_keys is not None else (self.end_key,))
-            if any(k in keys for k in candidates):
-                return
-        self.resolve_signal(_KeysOnly(keys))  # raises the named error
+            wanted = (*spec.probe_keys, *(spec.end_keys if spec.end_keys is not None else (spec.end_key,)))
+        if not any(k in keys for k in wanted):
+            self.resolve_signal(_KeysOnly(keys))  # raises the named error
 
-    def written(self, index: Tensor, storage) -> None:
-        """The ring just took slots ``index`` ``(n,)`` (consecutive modulo N): new end flags, then the
-        starts they affect (no host sync; ``n`` and ``len(storage)`` are host ints)."""
-        n = index.numel()
-        if n == 0 or storage is None:
-            return
-        if self.signal is None:
-            self.resolve_signal(storage)
-        if index.device != self.device:
-            index = index.to(self.device, non_blocking=True)
-        N = self.slots
-        if n > N:
-            index = index[-N:]  # a batch longer than the ring: its last N items survive
-            n = N
+    def _read_signal(self, storage, slots: Tensor, pos: Tensor) -> None:
+        """Stored end flags: ``traj_ids`` at ``slots`` from the storage (ids mode), then ``raw_end`` at ``pos``."""
         kind, key = self.signal
-        if kind == "traj":
-            self.traj_ids[index] = _ring_tensor(storage, key)[index].reshape(n, -1)[:, 0].to(torch.int64)
-            pos = (index[0] - 1 + torch.arange(n + 1, device=self.device)) % N  # c-1 .. c+n-1
-            self.raw_end[pos] = self.traj_ids[pos] != self.traj_ids[(pos + 1) % N]
+        n, stride = self.slots, self.stride
+        if kind == "static":
+            signal = (self.spec.ends if key == "end" else self.spec.trajectories).to(self.device)
+            if signal.numel() != n:
+                raise ValueError(f"{self.owner}: the static {key} signal has {signal.numel()} entries, the storage "
+                                 f"{n} slots")
+            if key == "end":
+                self.raw_end[pos] = signal.bool()[pos]
+                return
+            self.traj_ids[slots] = signal.to(torch.int64)[slots]
+        elif kind == "traj":
+            self.traj_ids[slots] = ring_tensor(storage, key, n)[slots].reshape(slots.numel(), -1)[:, 0].to(
+                torch.int64)
         else:
             flag = None
             for k in key:
-                value = _ring_tensor(storage, k)[index].reshape(n, -1).any(1)
+                value = ring_tensor(storage, k, n)[slots].reshape(slots.numel(), -1).any(1)
                 flag = value if flag is None else flag | value
-            self.raw_end[index] = flag
-            pos = (index[0] - 1 + torch.arange(n + 1, device=self.device)) % N
-        self.last.copy_(index[-1])
-        self.n_filled = len(storage)
-        self.refresh_ends(pos)
-        T = self.T
-        if T is None:
+            self.raw_end[slots] = flag
             return
-        if n + T >= N:
+        self.raw_end[pos] = self.traj_ids[pos] != self.traj_ids[(pos + stride) % n]
+
+    def written(self, index, storage) -> None:
+        """The ring just took the items ``index`` (what a writer hands ``mark_update``: rows, consecutive modulo the
+        ring): new end flags, then the starts they affect (no host sync; the counts are host ints)."""
+        if storage is None:
+            return
+        self.bind(storage)
+        if self.slots is None:
+            return
+        slots = written_slots(index, storage)
+        if not isinstance(slots, Tensor):
+            slots = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+        if slots.numel() == 0:
+            return
+        if self.signal is None:
+            self.resolve_signal(storage)
+        if not self.seen and len(storage) > slots.numel():
+            return self.rebuild(storage)  # the storage held items this index never saw
+        slots = slots.to(self.device, non_blocking=True)
+        stride, rows = self.stride, self.rows
+        m = min(slots.numel() // stride, rows)
+        if slots.numel() > self.slots:
+            slots = slots[-self.slots:]  # a batch longer than the ring: its last N items survive
+        first_row = torch.div(slots[0], stride, rounding_mode="floor")
+        pos = self.rows_slots((first_row - 1 + torch.arange(m + 1, device=self.device)) % rows)  # rows c-1 .. c+m-1
+        self._read_signal(storage, slots, pos)
+        self.last.copy_(torch.div(slots[-1], stride, rounding_mode="floor"))
+        self.n_filled = -(-len(storage) // stride)
+        self.refresh_ends(pos)
+        self.revision, self.seen = mutation_revision(storage), True
+        if self.T is None:
+            return
+        need = self.spec.need(self.T)
+        if m + need >= rows:
             self.refresh_all()
         else:
-            self.refresh_starts(index[0] - (T - 1), n + T)
+            self.refresh_starts(first_row - (need - 1), m + need)
+
+    def rebuild(self, storage) -> None:
+        """Rebuild the whole trajectory state from ``storage`` (its writes were not all seen: a sampler used outside
+        a buffer, TorchRL's ``storage.set`` then ``sampler.sample``). Host-triggered, O(N) on the device, and a
+        read of the storage's last cursor."""
+        self.bind(storage)
+        if self.signal is None:
+            self.resolve_signal(storage)
+        every = torch.arange(self.slots, device=self.device)
+        self._read_signal(storage, every, every)
+        self.n_filled = -(-len(storage) // self.stride)
+        last = last_written_row(storage)
+        self.last.fill_(last if last is not None else self.n_filled - 1 if self.n_filled < self.rows else -1)
+        self.revision, self.seen = mutation_revision(storage), True
+        self.rebuilds += 1
+        self.refresh_ends()
+        if self.T is not None:
+            self.refresh_all()
 
     # ------------------------------------------------------------------ derived state
     def refresh_ends(self, pos: Tensor | None = None) -> None:
-        """Effective end flags at slots ``pos`` (all when None): stored end, write head, or unfilled."""
+        """Effective end flags at slots ``pos`` (all when None): stored end, write head's row, or unfilled row."""
         if pos is None:
             pos = torch.arange(self.slots, device=self.device)
-        end = self.raw_end[pos] | (pos >= self.n_filled) | (pos == self.last)
-        self.end_leaves.view(-1)[pos] = end.to(torch.float32)
-        reduce_touched(self.end_leaves, self.end_bsum, None, pos)
+        row = torch.div(pos, self.stride, rounding_mode="floor")
+        end = self.raw_end[pos] | (row >= self.n_filled) | (row == self.last)
+        self.end_flat[pos] = end
+        chain = chain_order(pos, self.stride, self.rows)
+        self.end_leaves.view(-1)[chain] = end.to(torch.float32)
+        reduce_touched(self.end_leaves, self.end_bsum, None, chain)
 
     def refresh_all(self) -> None:
         self.refresh_ends()
-        self.refresh_starts(0, self.slots)
+        self.refresh_starts(0, self.rows)
         self.checked = False
 
     def refresh_starts(self, first: Tensor | int, count: int) -> None:
-        """Recompute the start mask at slots ``first .. first + count - 1`` (mod N, ``count <= N``)."""
-        N, T, d = self.slots, self.T, self.device
-        if count > _CHUNK:  # bounded temporaries (a full rebuild of 1e8 slots): pieces of _CHUNK starts
-            for at in range(0, count, _CHUNK):
-                self.refresh_starts(first + at, min(_CHUNK, count - at))
+        """Recompute the start mask at rows ``first .. first + count - 1`` (mod rows, ``count <= rows``): a start
+        is valid when its slice holds at least ``need`` steps (:meth:`SliceSpec.need`) or, with
+        ``strict_length=False``, when it is a trajectory's first step."""
+        R, E, d = self.rows, self.stride, self.device
+        if count * E > _CHUNK and count > 1:  # bounded temporaries (a full rebuild of 1e8 slots): pieces
+            step = max(1, _CHUNK // E)
+            for at in range(0, count, step):
+                self.refresh_starts(first + at, min(step, count - at))
             return
+        need = self.spec.need(self.T)
         first = torch.as_tensor(first, device=d)
-        start = (first + torch.arange(count, device=d)) % N  # [count]
-        window = (first - 1 + torch.arange(count + T - 1, device=d)) % N  # pred of the first .. last window slot
-        ends = self.end_leaves.view(-1)[window] > 0  # [count + T - 1]
-        cum = torch.nn.functional.pad(torch.cumsum(ends, 0), (1, 0))  # [count + T]
-        inside = cum[T:T + count] - cum[1:1 + count]  # ends among s .. s + T - 2
-        fits = inside == 0
-        if not self.strict_length:
-            fits = fits | ends[:count]  # a trajectory's first slot: a shorter slice
-        valid = fits & (start < self.n_filled)
-        self.valid[start] = valid
+        rows = (first + torch.arange(count, device=d)) % R  # [count]
+        window = (first - 1 + torch.arange(count + need - 1, device=d)) % R  # pred of the first .. last window row
+        ends = self.end_flat.view(R, E)[window]  # [count + need - 1, E]
+        cum = torch.nn.functional.pad(torch.cumsum(ends, 0), (0, 0, 1, 0))  # [count + need, E]
+        fits = (cum[need:need + count] - cum[1:1 + count]) == 0  # no end among s .. s + need - 2
+        if not self.spec.strict_length:
+            fits = fits | ends[:count]  # a trajectory's first step: a shorter slice
+        start = self.rows_slots(rows)
+        self.valid[start] = (fits & (rows < self.n_filled)[:, None]).reshape(-1)
         self.starts.changed(self, start)
 
+    # ------------------------------------------------------------------ persistence
     def state(self) -> dict[str, Any]:
         """The checkpoint entries of the trajectory state (schema :data:`SLICE_SCHEMA_VERSION`)."""
+        bound = self.slots is not None
         # the index shares its sampler's dict (which holds the sampler's own version): a key of its own
-        return stamp({"raw_end": self.raw_end.clone(), "traj_ids": self.traj_ids.clone(), "last": self.last.clone(),
-                      "filled": self.n_filled, "slice_T": self.T, "signal": self.signal},
+        return stamp({"raw_end": self.raw_end.clone() if bound else None,
+                      "traj_ids": self.traj_ids.clone() if bound else None,
+                      "last": self.last.clone() if bound else None, "filled": self.n_filled, "slice_T": self.T,
+                      "signal": self.signal, "slots": self.slots, "stride": self.stride},
                      "slice sampler", SLICE_SCHEMA_VERSION, key="slice_schema")
 
-    def check_state(self, state: dict[str, Any]) -> None:
-        """Raise what :meth:`load_state` refuses, changing nothing.
+    def check_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Raise what :meth:`load_state` refuses, changing nothing; returns the state at this schema.
 
         Raises:
             ValueError: missing or misshapen entries, or a newer schema.
@@ -276,55 +331,63 @@ class SliceIndex:
         missing = sorted(k for k in ("slice_schema", "raw_end", "traj_ids", "last", "filled", "slice_T", "signal")
                          if k not in state)
         if missing:
-            raise ValueError(f"slice sampler checkpoint lacks {missing}")
-        check(state, "slice sampler", SLICE_SCHEMA_VERSION, key="slice_schema")
+            raise ValueError(f"slice sampler checkpoint lacks {missing} (a TorchRL sampler's state holds no "
+                             f"trajectory state: load the storage, then let the sampler rebuild it at its first draw)")
+        state = check(state, "slice sampler", SLICE_SCHEMA_VERSION, {1: _v1_to_v2}, key="slice_schema")
+        slots, stride = state["slots"], state["stride"]
+        want = self.slots if self.slots is not None else self.capacity
+        if slots is not None and want is not None and slots != want:
+            raise ValueError(f"slice sampler checkpoint holds {slots} slots, this sampler {want}")
         for key in ("raw_end", "traj_ids"):
             value = state[key]
-            if not isinstance(value, Tensor) or value.shape != (self.slots,):
-                raise ValueError(f"slice sampler checkpoint's {key!r} must be a ({self.slots},) tensor")
+            if slots is not None and (not isinstance(value, Tensor) or value.shape != (slots,)):
+                raise ValueError(f"slice sampler checkpoint's {key!r} must be a ({slots},) tensor")
         filled = state["filled"]
-        if isinstance(filled, bool) or not isinstance(filled, int) or not 0 <= filled <= self.slots:
-            raise ValueError(f"slice sampler checkpoint's 'filled' must be an int in [0, {self.slots}], "
-                             f"got {filled!r}")
+        if isinstance(filled, bool) or not isinstance(filled, int) or not 0 <= filled <= (slots or 0):
+            raise ValueError(f"slice sampler checkpoint's 'filled' must be an int in [0, {slots}], got {filled!r}")
+        if stride is not None and self.stride is not None and stride != self.stride:
+            raise ValueError(f"slice sampler checkpoint has rows of {stride} items, this sampler {self.stride}")
+        return state
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state` (checked by :meth:`check_state`), then rebuild the ends and the start mask."""
+        """Restore a state checked by :meth:`check_state`, then rebuild the ends and the start mask."""
+        self.T = state["slice_T"] if self.spec.slice_len is None else self.spec.slice_len
+        self.signal = state["signal"]
+        if state["slots"] is None:
+            return self.reset()
+        if self.slots is None:
+            self.slots, self.stride, self.rows = state["slots"], state["stride"], state["slots"] // state["stride"]
+            self.block = block_size_for(self.slots + 1)
+            self.blocks = -(-(self.slots + 1) // self.block)
+            self.reset()
         self.raw_end.copy_(state["raw_end"].to(self.device))
         self.traj_ids.copy_(state["traj_ids"].to(self.device))
         self.last.copy_(state["last"].to(self.device))
         self.n_filled = state["filled"]
-        self.signal = state["signal"]
-        self.T = state["slice_T"] if self.slice_len is None else self.slice_len
+        self.seen, self.revision = True, _ADOPT  # the storage's counter restarts with it: the next draw adopts it
         self.refresh_ends()
         if self.T is not None:
             self.refresh_all()
 
     # ------------------------------------------------------------------ draws
-    def slice_shape(self, batch_size: int) -> tuple[int, int]:
-        """``(T, num_slices)`` for a batch of ``batch_size`` transitions.
+    def prepare_draw(self, storage, batch_size: int) -> tuple[int, int]:
+        """Checks before a draw; rebuilds the state after writes it did not see, and the start mask for a new slice
+        length (host-decided; the storage's revision is a host int).
 
         Raises:
-            ValueError: ``batch_size`` is not a multiple of ``slice_len`` / ``num_slices`` (named).
+            ValueError: a bad ``batch_size`` (:meth:`SliceSpec.shape`), another ring, or no valid slice.
+            EmptyBufferError: the storage is empty.
         """
-        check_batch_size(batch_size)
-        if self.num_slices is not None:
-            if batch_size % self.num_slices:
-                raise ValueError(f"batch_size ({batch_size}) must be a multiple of num_slices ({self.num_slices})")
-            return batch_size // self.num_slices, self.num_slices
-        if batch_size % self.slice_len:
-            raise ValueError(f"batch_size ({batch_size}) must be a multiple of slice_len ({self.slice_len})")
-        return self.slice_len, batch_size // self.slice_len
-
-    def prepare_draw(self, storage, batch_size: int) -> tuple[int, int]:
-        """Checks before a draw; (re)builds the start mask for a new slice length (host-decided)."""
-        T, num = self.slice_shape(batch_size)
-        if storage is not None:
-            self.check_ring(storage)
+        T, num = self.spec.shape(batch_size)
         if storage is None or len(storage) == 0:
             raise EmptyBufferError("Cannot sample from an empty storage (the replay buffer holds no transition): "
                                    "extend it first")
-        if self.signal is None:
-            self.resolve_signal(storage)
+        self.bind(storage)
+        revision = mutation_revision(storage)
+        if self.revision is _ADOPT:
+            self.revision = revision
+        if not self.seen or (revision is not None and revision != self.revision):
+            self.rebuild(storage)
         if T != self.T:
             self.T = T
             self.refresh_all()
@@ -337,9 +400,9 @@ class SliceIndex:
         is first built, or rebuilt for another slice length or a load); later draws trust it.
 
         Raises:
-            ValueError: no trajectory holds ``T`` transitions under ``strict_length=True``.
+            ValueError: no trajectory holds enough transitions under ``strict_length=True``.
         """
-        if not bool(self.valid.any()):  # sync-ok: once per start mask, not per step (see the docstring)
+        if not bool(self.starts.usable(self)):  # sync-ok: once per start mask, not per step (see the docstring)
             raise ValueError(f"no valid slice: every stored trajectory is shorter than the slice length {T} "
                              f"(slice_len / batch_size // num_slices) and strict_length=True; store longer "
                              f"trajectories or pass strict_length=False")
@@ -361,52 +424,16 @@ class SliceIndex:
         slice shape: the first draw of a shape compiles, outside any capture), else plain torch."""
         self.steps = device_fn("slice_steps", slice_steps, self.device, self.compiled)
 
-    def expand(self, start: Tensor, T: int, storage) -> tuple[Tensor, dict[Any, Tensor]]:
-        """Slots of the slices starting at ``start`` ``(S,)``: ``(index (S * T,) int64, info)``."""
-        marks = self.truncated_key is not None
-        done_key = _replace_last(self.truncated_key, "done") if marks else None
-        terminated_key = _replace_last(self.truncated_key, "terminated") if marks else None
-        init = _ring_tensor(storage, self.init_key) if self.init_key is not None else None
-        index, member, last, done, terminated, init = self.steps(
-            start, self.end_leaves.view(-1), self.slots, T, _ring_tensor(storage, done_key) if marks else None,
-            _ring_tensor(storage, terminated_key) if marks else None, init)
-        info: dict[Any, Tensor] = {}
-        if marks:
-            info[self.truncated_key], info[done_key], info[terminated_key] = last, done, terminated
-        if not self.strict_length:
-            info[("collector", "mask")] = member
-        if init is not None:
-            info[self.init_key] = init
-        return index, info
-
-
-def slice_batch(storage, index: Tensor, info: dict[Any, Tensor], with_info: bool) -> tuple[Tensor, dict, Any]:
-    """``(index, info, batch)``: the batch ``storage[index]`` with the info's entries (and ``"index"`` with
-    ``with_info``) set in it, what a slice sampler's ``sample_gather`` returns (the replay buffer's direct path)."""
-    extra = dict(info)
-    if with_info:
-        extra["index"] = index
-    batch = storage.read(index) if isinstance(storage, GPUTensorStorage) else storage.get(index)
-    return index, info, set_all(batch, extra)
-
-
-def set_torchrl_attributes(sampler, index: SliceIndex) -> None:
-    """The attributes of TorchRL's ``SliceSampler`` that its inherited methods and TorchRL's code read
-    (``__getstate__``, ``_used_traj_key``, ...), set on ``sampler`` once from ``index``'s arguments; its private
-    ones the sampler sets on itself."""
-    sampler.num_slices, sampler.slice_len = index.num_slices, index.slice_len
-    sampler.strict_length, sampler.pad_output = index.strict_length, not index.strict_length
-    sampler.end_key, sampler.end_keys, sampler.traj_key = index.end_key, index.end_keys, index.traj_key
-    sampler.truncated_key, sampler.init_key, sampler.span = index.truncated_key, index.init_key, (False, False)
-    sampler.step_key, sampler.fragmented, sampler.cache_values, sampler.compile = None, False, False, False
-    sampler.use_gpu = index.device.type == "cuda"
-
 
 class _KeysOnly:
     """A stand-in storage exposing only a key set (for :meth:`SliceIndex.check_signal`)."""
 
     def __init__(self, keys) -> None:
-        self._storage = self
+        self._storage = _Keys(keys)
+
+
+class _Keys:
+    def __init__(self, keys) -> None:
         self._keys = keys
 
     def keys(self, include_nested: bool = True, leaves_only: bool = True):

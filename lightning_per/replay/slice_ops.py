@@ -11,7 +11,7 @@ from torch import Tensor
 
 from lightning_per.ops import reduce_blocks
 
-__all__ = ["device_fn", "next_end", "reduce_touched", "slice_steps", "uniform_starts"]
+__all__ = ["chain_order", "device_fn", "next_end", "reduce_touched", "row_major", "slice_steps", "uniform_starts"]
 
 
 def reduce_touched(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, pos: Tensor) -> None:
@@ -30,13 +30,20 @@ def reduce_touched(leaves: Tensor, block_sum: Tensor, block_min: Tensor | None, 
         block_min[rows] = low
 
 
-def next_end(end_leaves: Tensor, end_bsum: Tensor, pos: Tensor) -> Tensor:
-    """The first effective end at or after each slot ``pos`` ``(B,)`` int64, cyclically: ``(B,)`` int64.
+def chain_order(pos: Tensor, stride: int, rows: int) -> Tensor:
+    """Row-major slots ``pos`` (``t * stride + e`` of a ``[rows, stride]`` storage) as positions in column order
+    (``e * rows + t``), where each column's time steps are consecutive: the order the end search walks."""
+    return pos if stride == 1 else (pos % stride) * rows + torch.div(pos, stride, rounding_mode="floor")
 
-    ``end_leaves`` ``(nb, blk)`` float32 holds 1.0 at ends, ``end_bsum`` ``(nb,)`` float64 its row sums. The
-    count of ends before ``pos`` (block prefix + row prefix) is ``k``; the answer is the ``(k + 1)``-th end (the
-    first one when none follows ``pos``): a two-level inverse-CDF search for ``k + 0.5``.
-    """
+
+def row_major(pos: Tensor, stride: int, rows: int) -> Tensor:
+    """The inverse of :func:`chain_order`."""
+    return pos if stride == 1 else (pos % rows) * stride + torch.div(pos, rows, rounding_mode="floor")
+
+
+def _first_end(end_leaves: Tensor, end_bsum: Tensor, pos: Tensor) -> Tensor:
+    """The first end at or after column-order position ``pos`` in the whole array, cyclically (two-level search for
+    ``k + 0.5``, ``k`` the count of ends before ``pos``)."""
     blk = end_leaves.shape[1]
     cdf = torch.cumsum(end_bsum, 0)  # [nb] float64
     row = torch.div(pos, blk, rounding_mode="floor")
@@ -51,18 +58,45 @@ def next_end(end_leaves: Tensor, end_bsum: Tensor, pos: Tensor) -> Tensor:
     return b * blk + j
 
 
-def uniform_starts(first: Tensor, pick: Tensor, end_leaves: Tensor, end_bsum: Tensor, n: int, T: int) -> Tensor:
-    """TorchRL's uniform start inside each drawn trajectory: ``first`` ``(S,)`` its first slot, ``pick`` ``(S,)``
-    float64 U[0, 1); ``n_k = max(L_k - T + 1, 1)`` starts; returns ``(S,)`` int64 slots."""
-    length = (next_end(end_leaves, end_bsum, first) - first) % n + 1  # [S] trajectory lengths
-    n_starts = (length - T + 1).clamp_min(1)
-    return (first + (pick * n_starts).floor().to(torch.int64).clamp_max(n_starts - 1)) % n
+def next_end(end_leaves: Tensor, end_bsum: Tensor, pos: Tensor, rows: int) -> Tensor:
+    """The first effective end at or after each column-order position ``pos`` ``(B,)`` int64 in its own column of
+    ``rows`` steps, cyclically within the column: ``(B,)`` int64 column-order positions.
+
+    ``end_leaves`` ``(nb, blk)`` float32 holds 1.0 at ends (column order), ``end_bsum`` ``(nb,)`` float64 its row
+    sums; every column holds an end (the write head's row is one). A search from ``pos`` that leaves the column
+    (or wraps) is answered by a search from the column's first step instead.
+    """
+    found = _first_end(end_leaves, end_bsum, pos)
+    base = pos - pos % rows
+    wrapped = _first_end(end_leaves, end_bsum, base)
+    return torch.where((found >= pos) & (found < base + rows), found, wrapped)
 
 
-def slice_steps(start: Tensor, ends: Tensor, n: int, T: int, done: Tensor | None, terminated: Tensor | None,
-                init: Tensor | None) -> tuple[Tensor, ...]:
-    """The slots and markers of the slices starting at ``start`` ``(S,)`` (``ends``: ``(>= n,)`` float32
-    effective end flags; ``done`` / ``terminated`` / ``init``: the stored ``(n, ...)`` flags or None).
+def uniform_starts(first: Tensor, pick: Tensor, end_leaves: Tensor, end_bsum: Tensor, geometry: tuple[int, int],
+                   T: int, need: int, left: int) -> tuple[Tensor, Tensor]:
+    """TorchRL's uniform start inside each drawn trajectory: ``first`` ``(S,)`` its first slot (row-major),
+    ``pick`` ``(S,)`` float64 U[0, 1); ``geometry`` ``(stride, rows)`` of the storage.
+
+    A trajectory of ``L`` steps has ``n = max(L - need + 1, 1)`` starts (``need``: the fewest steps a slice must
+    hold, ``T`` without a right span) plus ``left`` virtual ones before its first step (a left span); the
+    relative start ``r`` is uniform over ``[-left, n)``. Returns ``(start, cut)`` ``(S,)`` int64: the start slot
+    and the slice's most steps (``T + r`` for a virtual start, which begins at ``first``; ``T`` otherwise).
+    """
+    stride, rows = geometry
+    n = stride * rows
+    end = row_major(next_end(end_leaves, end_bsum, chain_order(first, stride, rows), rows), stride, rows)
+    row = torch.div(first, stride, rounding_mode="floor")
+    length = (torch.div(end, stride, rounding_mode="floor") - row) % rows + 1  # [S] trajectory lengths
+    n_starts = (length - need + 1).clamp_min(1)
+    r = (pick * (n_starts + left)).floor().to(torch.int64).clamp_max(n_starts + left - 1) - left
+    return (first + r.clamp_min(0) * stride) % n, T + r.clamp_max(0)
+
+
+def slice_steps(start: Tensor, cut: Tensor | None, ends: Tensor, n: int, stride: int, T: int, done: Tensor | None,
+                terminated: Tensor | None, init: Tensor | None) -> tuple[Tensor, ...]:
+    """The slots and markers of the slices starting at ``start`` ``(S,)`` (``cut``: ``(S,)`` the most steps of each
+    slice, None for ``T``; ``ends``: ``(n,)`` bool effective end flags, row-major; ``stride``: slots between two
+    time steps; ``done`` / ``terminated`` / ``init``: the stored ``(n, ...)`` flags or None).
 
     Returns:
         ``index (S*T,) int64`` (a short slice repeats its last slot), ``member (S*T,) bool`` (real steps),
@@ -70,11 +104,13 @@ def slice_steps(start: Tensor, ends: Tensor, n: int, T: int, done: Tensor | None
         (``(S*T, 1)`` bool; None where the stored flag is None).
     """
     offsets = torch.arange(T, device=start.device)
-    window = (start[:, None] + offsets) % n  # [S, T]
-    e = (ends[window] > 0).to(torch.int32)
+    window = (start[:, None] + offsets * stride) % n  # [S, T]
+    e = ends[window].to(torch.int32)
     member = (torch.cumsum(e, 1) - e) == 0  # no end before step j: inside the slice
+    if cut is not None:
+        member = member & (offsets < cut[:, None])
     length = member.sum(1, keepdim=True)  # [S, 1]
-    index = ((start[:, None] + torch.minimum(offsets, length - 1)) % n).reshape(-1)
+    index = ((start[:, None] + torch.minimum(offsets, length - 1) * stride) % n).reshape(-1)
     last = (offsets == length - 1).reshape(-1, 1)
     done_out = last if done is None else done[index].reshape(-1, 1).bool() | last
     term_out = torch.zeros_like(last) if terminated is None else terminated[index].reshape(-1, 1).bool()

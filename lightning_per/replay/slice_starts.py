@@ -1,8 +1,8 @@
 """The slice samplers' starts rules, values a :class:`~lightning_per.replay.slice_index.SliceIndex` holds: how its
 start mask becomes the leaves a draw searches. :class:`UniformStarts` (TorchRL's ``SliceSampler``) and
 :class:`PriorityStarts` (``"start"`` / ``"max"``: TorchRL's ``PrioritizedSliceSampler`` and the slice-max rule).
-A starts rule offers ``reset()`` and ``changed(index, start)`` (the start mask changed at slots ``start`` ``(S,)``:
-its leaves follow)."""
+A starts rule offers ``reset(index)``, ``changed(index, start)`` (the start mask changed at slots ``start`` ``(S,)``:
+its leaves follow) and ``usable(index)`` (some start can be drawn)."""
 
 from __future__ import annotations
 
@@ -31,21 +31,20 @@ class UniformStarts:
     start uniformly among its valid ones (:func:`~lightning_per.replay.slice_ops.uniform_starts`).
 
     Args:
-        capacity: slots N; device: where its leaves live; backend: the ops (:func:`lightning_per.ops.select_backend`).
+        device: where its leaves live; backend: the ops (:func:`lightning_per.ops.select_backend`).
 
     Attributes:
-        leaves, block_sum, block_min: ``(nb, blk) float32``, ``(nb,) float64``, ``(nb,) float32`` on ``device``.
+        leaves, block_sum, block_min: ``(nb, blk) float32``, ``(nb,) float64``, ``(nb,) float32`` on ``device``
+            (allocated for the index's slots at its first storage).
         compiled: the compiled kernels serve the draws (the start pick is compiled on CUDA).
     """
 
-    def __init__(self, capacity: int, device: torch.device, backend: str = "auto") -> None:
+    def __init__(self, device: torch.device, backend: str = "auto") -> None:
         self.device, self.backend = device, backend
         self.ops = select_backend(device, backend)
         self.compiled = self.ops is not reference
-        self.block = block_size_for(capacity + 1)
-        self.blocks = -(-(capacity + 1) // self.block)
         self.pick = device_fn("uniform_starts", uniform_starts, device, self.compiled)
-        self.reset()
+        self.leaves = self.block_sum = self.block_min = None
 
     def __repr__(self) -> str:
         return f"UniformStarts(device={self.device}, compiled={self.compiled})"
@@ -61,27 +60,59 @@ class UniformStarts:
         self.ops = select_backend(self.device, self.backend)
         self.pick = device_fn("uniform_starts", uniform_starts, self.device, self.compiled)
 
-    def reset(self) -> None:
-        """No usable trajectory start (fresh leaves)."""
-        nb, blk, d = self.blocks, self.block, self.device
+    def reset(self, index: SliceIndex) -> None:
+        """No usable trajectory start (fresh leaves for ``index``'s slots)."""
+        blk = block_size_for(index.slots + 1)
+        nb, d = -(-(index.slots + 1) // blk), self.device
         self.leaves = torch.zeros(nb, blk, dtype=torch.float32, device=d)  # 1 at usable trajectory starts
         self.block_sum = torch.zeros(nb, dtype=torch.float64, device=d)
         self.block_min = torch.full((nb,), float("inf"), dtype=torch.float32, device=d)
 
     def changed(self, index: SliceIndex, start: Tensor) -> None:
         """The start mask changed at slots ``start`` ``(S,)``: their leaves follow (a trajectory's first slot)."""
-        ends = index.end_leaves.view(-1)
-        first = ends[(start - 1) % index.slots] > 0  # the slot before is an end: a trajectory's first slot
+        first = index.end_flat[(start - index.stride) % index.slots]  # the step before is an end: a first step
+        T, spec = index.T, index.spec
+        if spec.strict_length and spec.need(T) < T:  # a right span: TorchRL's strict filter keeps L >= T only
+            window = (start[:, None] + torch.arange(T - 1, device=start.device) * index.stride) % index.slots
+            first = first & ~index.end_flat[window].any(1)
         self.leaves.view(-1)[start] = (index.valid[start] & first).to(torch.float32)
         reduce_touched(self.leaves, self.block_sum, self.block_min, start)
 
-    def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> Tensor:
-        """``num`` slice starts ``(num,) int64``: a trajectory uniformly, then a start uniformly inside it."""
+    def usable(self, index: SliceIndex) -> Tensor:
+        """0-d bool on the device: some trajectory can be drawn."""
+        return self.block_sum.sum() > 0
+
+    def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> tuple[Tensor, Tensor]:
+        """``num`` slice starts and their most steps, ``(num,) int64`` each: a trajectory uniformly, then a start
+        uniformly inside it (:func:`~lightning_per.replay.slice_ops.uniform_starts`)."""
         u = rng.rand((num,))
         first, _ = self.ops.sample_proportional(PriorityTree(self.leaves, self.block_sum, self.block_min), u, False,
                                                 "buffer")
         pick = rng.rand((num,))
-        return self.pick(first, pick, index.end_leaves, index.end_bsum, index.slots, T)
+        spec = index.spec
+        return self.pick(first, pick, index.end_leaves, index.end_bsum, (index.stride, index.rows), T, spec.need(T),
+                         spec.left(T))
+
+    def probabilities(self, index: SliceIndex) -> Tensor:
+        """Exact ``P(s)`` of every slot as a start, ``(N,)`` float64 on the host (a host loop over trajectories,
+        for tests and diagnostics; no span)."""
+        N, E = index.slots, index.stride
+        starts = self.leaves.view(-1)[:N].to(torch.float64).cpu()  # sync-ok: diagnostics
+        ends = index.end_flat.cpu()  # sync-ok: diagnostics
+        valid = index.valid[:N].cpu()  # sync-ok: diagnostics
+        k = starts.sum()
+        p = torch.zeros(N, dtype=torch.float64)
+        for s in torch.nonzero(starts).flatten().tolist():  # sync-ok: host copy (diagnostics)
+            members, j = [], s
+            while True:
+                members.append(j)
+                if ends[j]:
+                    break
+                j = (j + E) % N
+            ok = [m for m in members if valid[m]]
+            for m in ok:
+                p[m] += 1.0 / (k * len(ok))
+        return p
 
 
 class PriorityStarts:
@@ -105,7 +136,7 @@ class PriorityStarts:
     def __repr__(self) -> str:
         return f"PriorityStarts(rule={self.rule!r})"
 
-    def reset(self) -> None:
+    def reset(self, index: SliceIndex) -> None:
         """Nothing of its own: the sampler resets its core."""
         return None
 
@@ -115,11 +146,15 @@ class PriorityStarts:
         if self.rule == "start" or index.T is None or index.T == 1:
             raw = state.raw[start]
         else:
-            window = (start[:, None] + torch.arange(index.T, device=start.device)) % index.slots  # [S, T]
-            ends = (index.end_leaves.view(-1)[window] > 0).to(torch.int32)
+            window = (start[:, None] + torch.arange(index.T, device=start.device) * index.stride) % index.slots
+            ends = index.end_flat[window].to(torch.int32)  # [S, T]
             member = (torch.cumsum(ends, 1) - ends) == 0
             raw = state.raw[window].masked_fill(~member, 0.0).amax(1)
         return self.core.ops.transform_priority(raw, state.alpha, state.eps)
+
+    def usable(self, index: SliceIndex) -> Tensor:
+        """0-d bool on the device: some slot can start a slice."""
+        return index.valid.any()
 
     def changed(self, index: SliceIndex, start: Tensor) -> None:
         """The start mask changed at slots ``start`` ``(S,)``: their stored values become ``v_s * valid_s``."""
@@ -130,7 +165,7 @@ class PriorityStarts:
 
     def refresh(self, index: SliceIndex) -> None:
         """Recompute every start's stored value (after the core re-transformed them for a new alpha), O(N)."""
-        if index.T is not None:
+        if index.T is not None and index.slots is not None:
             self.changed(index, torch.arange(index.slots, device=self.device))
 
     def write(self, index: SliceIndex, slots: Tensor, raw: Tensor, n_valid: int) -> None:
@@ -141,12 +176,12 @@ class PriorityStarts:
         max folds in, and stores the value 0; nothing else recomputed). ``"max"``: the plain write, then the
         ``B * T`` starts whose slices hold the slots are recomputed.
         """
-        if index.T is None or slots.numel() == 0:  # no start mask yet: plain values (masked when it is built)
+        if index.T is None or index.slots is None or slots.numel() == 0:  # no mask yet: plain values (masked later)
             return self.core.write(slots, raw, n_valid)
         if self.rule == "max" and index.T > 1:
             self.core.write(slots, raw, n_valid)
             near = slots.clamp(0, index.slots - 1)  # slots the write dropped: recomputing a valid one is harmless
-            starts = (near[:, None] - torch.arange(index.T, device=self.device)) % index.slots
+            starts = (near[:, None] - torch.arange(index.T, device=self.device) * index.stride) % index.slots
             self.changed(index, starts.reshape(-1))
             return
         self.core.write(slots, raw, n_valid, index.valid)

@@ -43,8 +43,17 @@ from lightning_per.replay.storage_checkpoint import (
     stored_fields,
     without_index,
 )
+from lightning_per.schema import SCHEMA_KEY
 
 __all__ = ["LAYOUTS", "GPUTensorStorage", "default_device", "resolve_device"]
+
+
+def _writer_tag(value, slots: torch.Tensor) -> bool:
+    """Whether a first write's ``"index"`` entry is a writer's tag (TorchRL's writers set each item's slot under
+    ``"index"`` before the write): one int64 per item, equal to the slots. Else it is a field, stored."""
+    if not (isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.shape == slots.shape):
+        return False
+    return bool((value.cpu() == slots).all())  # sync-ok: once, at the storage's first write
 
 
 def default_device() -> torch.device:
@@ -205,7 +214,7 @@ class GPUTensorStorage(LazyTensorStorage):
 
     def _allocate(self, item: TensorDictBase, device: torch.device) -> None:
         """Preallocate the ring for items like ``item`` (batch ``[]``) on ``device``."""
-        leaves = {k: v for k, v in item.items(include_nested=True, leaves_only=True) if k != "index"}
+        leaves = dict(item.items(include_nested=True, leaves_only=True))  # a field named "index" too
         layout, row_bytes = row_layout({k: (tuple(v.shape), v.dtype) for k, v in leaves.items()})
         ring = self.ring = RingState()
         if self.packed and layout is not None:
@@ -248,8 +257,9 @@ class GPUTensorStorage(LazyTensorStorage):
         keys = list(self._storage.keys(include_nested=True, leaves_only=True))
         ring.flat = {k: self._storage.get(k) for k in keys}
         ring.nested = any(isinstance(k, tuple) for k in keys)
-        # per flat key: (ring tensor, dtype, per-item shape), what a write checks a batch against
-        ring.flat_spec = {k: (v, v.dtype, v.shape[1:]) for k, v in ring.flat.items()}
+        # per flat key: (ring tensor, dtype, per-item shape), what a write checks a batch against; a stored "index"
+        # field is written on its own (:meth:`_with_index`)
+        ring.flat_spec = {k: (v, v.dtype, v.shape[1:]) for k, v in ring.flat.items() if k != "index"}
         if ring.device is None:
             ring.device = self._storage.device
         self._spec = item_spec(self._storage)
@@ -291,7 +301,7 @@ class GPUTensorStorage(LazyTensorStorage):
         if self._spec is None:
             return
         got = item_spec(data.exclude("index") if "index" in data.keys() else data)
-        want = self._spec
+        want = {k: v for k, v in self._spec.items() if k != "index"}  # "index": see _with_index
         if set(got) != set(want):
             missing, extra = sorted(map(str, set(want) - set(got))), sorted(map(str, set(got) - set(want)))
             raise ValueError(f"data keys differ from the stored spec: missing {missing}, unexpected {extra}")
@@ -324,8 +334,9 @@ class GPUTensorStorage(LazyTensorStorage):
         if not data.batch_size[0]:
             return  # nothing to write (an empty batch)
         if not self.initialized:
-            self._init(data[0])
-        pairs = match_pairs(self.ring, data)
+            tag = "index" in data.keys() and _writer_tag(data.get("index"), cursor_slots(cursor, self.max_size, "cpu"))
+            self._init((data.exclude("index") if tag else data)[0])
+        pairs = self._with_index(match_pairs(self.ring, data), data)
         if pairs is None:
             raise ValueError(f"data must be a TensorDict of batch [n] holding the stored keys, got batch "
                              f"{tuple(data.batch_size)}")
@@ -342,12 +353,32 @@ class GPUTensorStorage(LazyTensorStorage):
         (:func:`lightning_per.replay.ring.match_pairs`)."""
         if not self.initialized:
             return None
-        return match_pairs(self.ring, data)
+        return self._with_index(match_pairs(self.ring, data), data)
+
+    def _with_index(self, pairs, data):
+        """``pairs`` plus the stored ``"index"`` field's pair, when the ring holds one (its first write held a field
+        named ``"index"``: stored like any other): ``data``'s ``"index"``, or None where ``data`` has none (the
+        written slots are stored, what TorchRL's writer tags a batch with). A ring without one ignores a batch's
+        ``"index"`` (a writer's tag)."""
+        column = self.ring.flat.get("index") if pairs is not None else None
+        if column is None:
+            return pairs
+        value = data.get("index") if "index" in data.keys() else None
+        if value is not None and value.shape[1:] != column.shape[1:] and value.shape != data.batch_size:
+            raise ValueError(f"data['index'] has per-item shape {tuple(value.shape[1:])}, the storage holds "
+                             f"{tuple(column.shape[1:])}")
+        return {**pairs, "index": (column, value)}
 
     def write_direct(self, cursor: torch.Tensor, pairs, start: int | None = None, *, set_cursor: bool = True) -> None:
         """The write path: ``pairs`` from :meth:`direct_pairs` (already checked) at slots ``cursor`` ``(n,)`` int64,
         through :func:`lightning_per.replay.ring.write_pairs` (``start``: ``cursor`` is ``range(start, start +
         n)``, one slot per value), then, with ``set_cursor``, the host length; then TorchRL's mutation counter."""
+        index = pairs.get("index")
+        if index is not None:  # the stored "index" field: the batch's values, else the slots (_with_index)
+            column, value = index
+            value = (cursor if value is None else value).to(column.dtype)
+            value = value.reshape(value.shape + (1,) * (column.dim() - value.dim()))
+            pairs = {**pairs, "index": (column, value.expand(cursor.shape[0], *column.shape[1:]).contiguous())}
         cursor = write_pairs(self.ring, cursor, pairs, start, self.max_size)
         if set_cursor:
             self._last_cursor = cursor
@@ -488,7 +519,7 @@ class GPUTensorStorage(LazyTensorStorage):
                     self._storage.get(key).copy_(value)
             self._loaded(state_dict)
             return
-        stored = without_index(state_dict["_storage"])
+        stored = without_index(state_dict["_storage"], SCHEMA_KEY not in state_dict)
         if not self.initialized and not isinstance(stored, dict):
             self.layout = "torchrl"  # e.g. a storage of plain tensors
         leaves = saved_leaves(stored) if self.layout != "torchrl" else {}

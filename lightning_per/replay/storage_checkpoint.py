@@ -20,7 +20,7 @@ from tensordict import TensorDict, TensorDictBase
 from lightning_per.integrity import IntegrityError, refuse_pickled_files, walk_files
 from lightning_per.replay.ring import RingState
 from lightning_per.replay.rows import layout_key
-from lightning_per.schema import check, stamp
+from lightning_per.schema import SCHEMA_KEY, check, stamp
 from lightning_per.utils import atomic_write
 
 __all__ = ["STORAGE_MIGRATIONS", "STORAGE_SCHEMA_VERSION", "check_storage_state", "check_torchrl_layout",
@@ -57,10 +57,11 @@ def state_leaves(stored, prefix: tuple[str, ...] = ()) -> dict[Any, torch.Tensor
     return leaves
 
 
-def without_index(stored: Any) -> Any:
-    """A saved ``TensorDict`` state without the round-robin writer's ``"index"`` tag (TorchRL's storages keep it
-    as a field; this ring never stores it)."""
-    if isinstance(stored, dict) and "index" in stored:
+def without_index(stored: Any, foreign: bool) -> Any:
+    """A saved ``TensorDict`` state, without the round-robin writer's ``"index"`` tag when it is ``foreign``
+    (TorchRL's: its storages keep the writer's tag as a field). Our own states keep an ``"index"`` field: the ring
+    stores one like any other field when its first write holds it."""
+    if foreign and isinstance(stored, dict) and "index" in stored:
         stored = copy.copy(stored)  # keeps the state's own attributes (tensordict's nesting metadata)
         del stored["index"]
     return stored
@@ -79,6 +80,7 @@ def check_storage_state(state_dict: Any, *, max_size: int, ndim: int, generic: b
     """
     if not isinstance(state_dict, dict):
         raise ValueError(f"storage checkpoint must be a dict, got {type(state_dict).__name__}")
+    foreign = SCHEMA_KEY not in state_dict  # TorchRL's state (no version of ours)
     state_dict = check(state_dict, "storage", STORAGE_SCHEMA_VERSION, STORAGE_MIGRATIONS, missing=0)
     missing = [k for k in ("_storage", "initialized", "_len") if k not in state_dict]
     if missing:
@@ -86,7 +88,7 @@ def check_storage_state(state_dict: Any, *, max_size: int, ndim: int, generic: b
     if "packed_rows" in state_dict:
         slots, saved = _packed_fields(state_dict)
     else:
-        stored = without_index(state_dict["_storage"])
+        stored = without_index(state_dict["_storage"], foreign)
         leaves = state_leaves(stored) if isinstance(stored, dict) else {}
         if generic or not isinstance(stored, dict) or ndim > 1:
             leaves = {}  # TorchRL's layout (a tensor, a pytree, batch dims of their own): TorchRL's load
