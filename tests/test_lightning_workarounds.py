@@ -1,7 +1,7 @@
 """What Lightning 2.6.6 would do to a user, kept away: the per-step SIGTERM check under DDP (a host sync each
 step, Lightning PR #21640) runs once an epoch, counted by a host-read counter in two real gloo processes; and no
 ``self.log`` in code that ``torch.compile`` traces (it crashes on torch 2.12/2.13 with Lightning 2.6.6).
-About 40 s on 2 cores (two 2-rank fits, most of it process start-up)."""
+About 19 CPU-seconds (two 2-rank fits, most of it process start-up)."""
 
 from __future__ import annotations
 
