@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -118,9 +119,13 @@ def _class_name(cfg: Any) -> str:
 
 
 def _short_message(message: str) -> str:
-    """jsonargparse's message for a bad value inside an optional dataclass (``model.replay: Does not validate
+    """jsonargparse's message for a bad value inside a nested config (``Parser key "model.replay.sampler":
+    Expected ...``) or an optional dataclass (``model.replay: Does not validate
     against any of the Union subtypes ... Parser key "sampler": Expected ... Got value: bogus ...``) as one line
     naming the full option: ``--model.replay.sampler: Expected ... Got value: bogus``; other messages as given."""
+    plain = re.fullmatch(r'Parser key "([^"]+)":\s*\n\s*(Expected[^\n]*)\s*', message)
+    if plain:  # a bad value of a nested config's field: one line naming the full option
+        return f"--{plain[1]}: {plain[2]}"
     if "Union subtypes" not in message:
         return message
     lines = [line.strip() for line in message.splitlines()]
@@ -515,7 +520,8 @@ class LightningPerCLI(LightningCLI):
     def _log_run_config(self, cfg: Any) -> None:
         """Send the run's settings besides the model's (Lightning logs those, ``hparams_initial``) to every logger:
         ``trainer`` (the Trainer's config), ``seed_everything``, ``torch_num_threads``,
-        ``float32_matmul_precision``, ``ckpt_path``, and :func:`~lightning_per.callbacks.run_metadata`'s
+        ``float32_matmul_precision``, ``ckpt_path``, the user's ``env_factory`` and ``q_network`` (their
+        ``class_path`` and ``init_args``), and :func:`~lightning_per.callbacks.run_metadata`'s
         ``versions`` and ``machine``; the GPU names are read unless a launcher forks processes after this."""
         trainer = self.trainer
         if cfg is None or not trainer.loggers:
@@ -525,6 +531,11 @@ class LightningPerCLI(LightningCLI):
         for key in ("seed_everything", "torch_num_threads", "float32_matmul_precision", "ckpt_path"):
             value = cfg.get(key)
             config[key] = os.fspath(value) if isinstance(value, os.PathLike) else value
+        model = cfg.get("model") or {}
+        for key in ("env_factory", "q_network"):  # the user's code by class_path (not in the model's hparams)
+            value = model.get(key)
+            if value is not None:
+                config[key] = value.as_dict() if hasattr(value, "as_dict") else str(value)
         launcher = trainer.strategy.launcher
         config.update(run_metadata(query_gpus=launcher is None or not launcher.is_interactive_compatible))
         for logger in trainer.loggers:
@@ -612,6 +623,8 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
     ``friendly_errors``: report a bad configuration value as a one-line error and exit with status 2
     (what the console command does) instead of raising the ValueError."""
     _cheap_cuda_check_without_gpu()
+    # --help shows each field's docstring of the nested configs (--model.replay.alpha, --model.env.id)
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)

@@ -150,13 +150,16 @@ def test_an_abbreviated_or_misspelt_option_is_refused_with_the_closest_ones(tmp_
 
 
 @pytest.mark.parametrize("option, message", [
-    ("--model.replay.capacty=10", "--model.replay.capacty: no such option; did you mean --model.replay.capacity?"),
-    ("--model.env.idd=x", "--model.env.idd: no such option; did you mean --model.env.id?"),
-    ("--model.replay.zzzz=1", "--model.replay.zzzz: no such option"),
+    ("--model.replay.capacty=10", "unrecognized arguments: --model.replay.capacty=10 (did you mean "
+                                  "--model.replay.capacity or --model.replay.alpha?)"),
+    ("--model.env.idd=x", "unrecognized arguments: --model.env.idd=x (did you mean --model.env.id or --model.env?)"),
+    ("--model.replay.zzzz=1", "unrecognized arguments: --model.replay.zzzz=1 (did you mean --model.replay or "
+                              "--model.replay.eps?)"),
 ])
 def test_a_misspelt_nested_option_is_one_line_with_the_closest_fields(tmp_path, capsys, option, message):
     """A typo inside a nested config names the full option and the fields it may have meant (ReplayConfig's and
-    EnvConfig's own field names), not jsonargparse's union report (NestedArg, NoneType, class paths)."""
+    EnvConfig's own field names, options of their own since the nested fields are listed), as any misspelt option
+    is reported, not jsonargparse's union report (NestedArg, NoneType, class paths)."""
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["fit", "--config", str(Path(__file__).parents[1] / "configs" / "dqn_cartpole.yaml"),
                   f"--trainer.default_root_dir={tmp_path}", option])

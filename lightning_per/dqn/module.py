@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+from torchrl.envs import EnvBase
 
 from lightning_per import make_replay_buffer
 from lightning_per.dqn.collector import NStepCollector
@@ -34,6 +35,7 @@ from lightning_per.dqn.networks import make_q_network
 from lightning_per.dqn.state import CheckpointHooks
 from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.dqn.updates import Learner, UpdateStrategy, choose_update
+from lightning_per.dqn.user import UserEnv, check_user_env, check_user_objects, user_q_network
 from lightning_per.envs import EnvConfig, make_env
 from lightning_per.integrity import new_generation
 from lightning_per.metrics.accumulator import MetricAccumulator
@@ -76,9 +78,20 @@ class DQN(CheckpointHooks, LightningModule):
     et al. 2016, arXiv:1511.05952) kept on the learner's device.
 
     Args:
-        env: environment (see :class:`lightning_per.envs.EnvConfig`).
+        env: environment (see :class:`lightning_per.envs.EnvConfig`); unused with ``env_factory``.
         replay: replay buffer and IS-exponent schedule (see :class:`lightning_per.dqn.ReplayConfig`).
+        env_factory: a TorchRL env of your own instead of ``env``: an ``EnvBase`` (used as it is), or a callable
+            returning one (in YAML a ``class_path`` to an ``EnvBase`` class or a function; called once to read
+            the specs and once per fit). Contract (:func:`lightning_per.dqn.user.check_user_env`):
+            ``batch_size == (E,)``, an ``observation`` entry, a categorical ``action``; seeded with
+            ``set_seed(seed + 1000 rank)``; it may live on any device. Never stored in checkpoints: a resume
+            takes it from your settings again.
         network: ``mlp`` for state vectors, ``nature_cnn`` for stacked frames (Mnih et al. 2015).
+        q_network: a Q-network of your own instead of ``network``: ``q_network(obs_shape, n_actions) ->
+            nn.Module`` (in YAML a ``class_path`` to a module class whose first two arguments are those, the
+            others in ``init_args``), mapping ``(B, *obs_shape)`` observations to ``(B, n_actions)`` float32;
+            checked on a zero batch (:func:`lightning_per.dqn.user.user_q_network`). ``hidden_sizes``
+            and ``dueling`` then do nothing. Never stored in checkpoints (its ``state_dict`` is).
         hidden_sizes: MLP widths (for ``nature_cnn``, the last one is the fully connected width).
         dueling: dueling head ``Q = V + A - mean A``.
         gamma: discount factor in [0, 1].
@@ -136,8 +149,11 @@ class DQN(CheckpointHooks, LightningModule):
         (16, 96)
     """
 
-    def __init__(self, env: EnvConfig | None = None, replay: ReplayConfig | None = None,
-                 network: Literal["mlp", "nature_cnn"] = "mlp", hidden_sizes: Sequence[int] = (256, 256),
+    def __init__(self, env: EnvConfig = EnvConfig(), replay: ReplayConfig = ReplayConfig(),  # noqa: B008
+                 env_factory: EnvBase | Callable[[], EnvBase] | None = None,
+                 network: Literal["mlp", "nature_cnn"] = "mlp",
+                 q_network: Callable[[tuple[int, ...], int], nn.Module] | None = None,
+                 hidden_sizes: Sequence[int] = (256, 256),
                  dueling: bool = False, gamma: float = 0.99, n_step: int = 3, double_dqn: bool = True,
                  lr: float = 5e-4, adam_eps: float = 1e-8, huber_delta: float = 1.0,
                  grad_clip_norm: float | None = 10.0, target_update_interval: int = 500,
@@ -149,24 +165,43 @@ class DQN(CheckpointHooks, LightningModule):
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
                  checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
         super().__init__()
-        env = EnvConfig(**env) if isinstance(env, dict) else (env or EnvConfig())
-        replay = ReplayConfig(**replay) if isinstance(replay, dict) else (replay or ReplayConfig())
+        env = EnvConfig(**env) if isinstance(env, dict) else replace(env)  # a copy: the default is shared
+        replay = ReplayConfig(**replay) if isinstance(replay, dict) else replace(replay)
         env.validate()
         replay.validate()
         validate_dqn_arguments(locals())
+        check_user_objects(env_factory, q_network)
         # the flat arguments (and LightningCLI's keys), then with the nested configs as plain dicts: the second
-        # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*` and `replay.*` included)
-        self.save_hyperparameters(ignore=["env", "replay"], logger=False)
+        # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*` and `replay.*` included).
+        # The user's env factory and Q-network are code, never checkpoint data: a resume takes them from the
+        # user's own settings again (nothing read from a checkpoint is imported)
+        self.save_hyperparameters(ignore=["env", "replay", "env_factory", "q_network"], logger=False)
         self.save_hyperparameters({**self.hparams, "env": asdict(env), "replay": asdict(replay)})
         self.env_config, self.replay_config = env, replay
+        self.user_env = None if env_factory is None else UserEnv(env_factory)  # a holder: no submodule
         self.automatic_optimization = False
 
-        obs_shape, self.n_actions = _probe_env(env)
+        if env_factory is None:
+            obs_shape, self.n_actions = _probe_config_env(env)
+        else:
+            probe = self.user_env.make(seed)
+            try:
+                obs_shape, self.n_actions = check_user_env(probe)
+                observation = probe.observation_spec["observation"].zero().cpu()  # (E, *obs), the env's dtype
+            finally:
+                if self.user_env.owned:
+                    probe.close()
+        #: the Q-network is the user's (``q_network``), not one of ``network``'s
+        self.custom_q_network = q_network is not None
         if replay.frame_dedup and len(obs_shape) < 2:
             raise ValueError(f"replay.frame_dedup needs stacked frames (frame_stack, *frame) as observations, "
                              f"got observation shape {tuple(obs_shape)}")
         self._frame_stack = int(obs_shape[0]) if replay.frame_dedup else None
-        self.q_net = make_q_network(network, obs_shape, self.n_actions, list(hidden_sizes), dueling)
+        if q_network is None:
+            self.q_net = make_q_network(network, obs_shape, self.n_actions, list(hidden_sizes), dueling)
+        else:
+            sample = observation if env_factory is not None else torch.zeros((1, *obs_shape))
+            self.q_net = user_q_network(q_network, obs_shape, self.n_actions, sample)
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates"))
         ring, count = new_episode_ring(_RING)  # (100,) float32 NaN / () int64, see metrics.episodes
@@ -208,6 +243,19 @@ class DQN(CheckpointHooks, LightningModule):
             raise ValueError(f"compile=True captures the update in a CUDA graph and needs a CUDA device; "
                              f"this run is on {device}. Set model.compile=false (or use a GPU).")
 
+    def make_env(self, device: torch.device | str, seed: int) -> EnvBase:
+        """The training env: the user's ``env_factory`` (an ``EnvBase`` used as it is, or a new one from the
+        factory), seeded with ``env.set_seed(seed)``; otherwise the env ``env`` describes
+        (:func:`lightning_per.envs.make_env`, on ``device`` for the ``torch`` backend, else on the CPU).
+
+        Raises:
+            ValueError: the factory returned something other than a TorchRL ``EnvBase``.
+        """
+        if self.user_env is None:
+            env_device = torch.device(device) if self.env_config.backend == "torch" else torch.device("cpu")
+            return make_env(self.env_config, env_device, seed=seed)
+        return self.user_env.make(seed)
+
     def build_runtime(self, device: torch.device | str) -> None:
         """Create the env, collector, replay buffer, device-side metrics and the update strategy on ``device``.
 
@@ -216,8 +264,7 @@ class DQN(CheckpointHooks, LightningModule):
         """
         device, h, r = torch.device(device), self.hparams, self.replay_config
         seed = h.seed + 1000 * self.global_rank
-        env_device = device if self.env_config.backend == "torch" else torch.device("cpu")
-        env = make_env(self.env_config, env_device, seed=seed)
+        env = self.make_env(device, seed)
         self.collector = NStepCollector(env, h.n_step, h.gamma, self.n_actions, device, seed=seed + 1)
         self._replay_rng = torch.Generator()  # the buffer derives its device generator from this one
         self._replay_rng.manual_seed(seed + 2)
@@ -228,7 +275,7 @@ class DQN(CheckpointHooks, LightningModule):
                                      alpha=r.alpha, beta=r.beta, eps=r.eps, generator=self._replay_rng,
                                      packed=r.packed, frame_stack=self._frame_stack, **extra)
         self.metrics.to(device)
-        if device.type == "cuda" and h.network == "nature_cnn":
+        if device.type == "cuda" and h.network == "nature_cnn" and not self.custom_q_network:
             # NHWC convolutions: cuDNN's tensor-core kernels without a layout conversion around each one
             for net in (self.q_net, self.target_net):
                 net.to(memory_format=torch.channels_last)
@@ -413,7 +460,7 @@ def _state_in_param_layout(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
-def _probe_env(env: EnvConfig) -> tuple[tuple[int, ...], int]:
+def _probe_config_env(env: EnvConfig) -> tuple[tuple[int, ...], int]:
     """(observation shape without batch dims, number of actions) from a one-member env on the CPU."""
     import gymnasium.error
 

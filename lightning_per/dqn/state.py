@@ -20,7 +20,7 @@ import torch
 from lightning_per import make_replay_buffer
 from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
 from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, replay_shard_path
-from lightning_per.envs import check_env_state, make_env
+from lightning_per.envs import check_env_state
 from lightning_per.integrity import IntegrityError, new_generation, verify_file
 from lightning_per.replay.buffer_checkpoint import checked_state
 from lightning_per.schema import check, stamp
@@ -239,13 +239,14 @@ class CheckpointHooks:
             raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
         env_state = state["collector"].get("env") if isinstance(state.get("collector"), Mapping) else None
         if env_state is not None:  # against an env of this run's config, before anything is built
-            env = make_env(self.env_config, env_device if self.env_config.backend == "torch" else "cpu", seed=0)
+            env = self.make_env(env_device, seed=0)
             try:
                 check_env_state(env, env_state)
             except ValueError as err:
                 raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
             finally:
-                env.close()
+                if self.user_env is None or self.user_env.owned:  # a user's own env instance stays open
+                    env.close()
         if "replay" in state and self.hparams.checkpoint_replay:
             r = self.replay_config
             extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
