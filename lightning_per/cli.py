@@ -719,7 +719,7 @@ class GA3CCLI(LightningCLI):
                 continue
             if key in GA3C_TRAINER_FROM_MODEL:
                 field = GA3C_TRAINER_FROM_MODEL[key]
-                where = f" from --model.{field}; set that instead" if field else " (ga3c.cli.trainer_settings)"
+                where = f" from --model.{field}; set that instead" if field else " itself (lightning_per.ga3c.cli.run)"
                 raise ValueError(f"--trainer.{key}: a GA3C run sets it{where}")
             if isinstance(value, dict) and "class_path" in value:
                 raise ValueError(f"--trainer.{key}: a GA3C run takes plain values here, not a class_path")
