@@ -36,6 +36,7 @@ config's file name.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import statistics
@@ -67,7 +68,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="time budget of each run in seconds (default: the config's own limit)")
     ap.add_argument("--run-arg", action="append", default=[], metavar="ARG",
-                    help="one more command-line argument for every run (repeat it: --run-arg=--agents "
+                    help="one more command-line argument for every run (repeat it: --run-arg=--model.agents "
                          "--run-arg=32)")
     ap.add_argument("--wandb", action="store_true", help="keep the config's W&B logging (default: disabled)")
     ap.add_argument("--runs-dir", default=None,
@@ -82,7 +83,8 @@ def add_arguments(ap) -> None:
 
 # ---------------------------------------------------------------------------------------------- runs
 def config_kind(path: str | os.PathLike[str]) -> str:
-    """``"dqn"`` for a LightningCLI config (a ``model:`` or ``trainer:`` section), else ``"ga3c"``.
+    """``"ga3c"`` for a config whose ``model:`` section holds only fields of
+    :class:`~lightning_per.ga3c.config.GA3CConfig` (or the old flat GA3C layout, no sections), else ``"dqn"``.
 
     Raises:
         ValueError: the file is not a YAML mapping.
@@ -92,7 +94,13 @@ def config_kind(path: str | os.PathLike[str]) -> str:
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a YAML mapping, got {type(data).__name__}")
-    return "dqn" if "model" in data or "trainer" in data else "ga3c"
+    from lightning_per.ga3c.config import GA3CConfig
+
+    if "model" not in data and "trainer" not in data:
+        return "ga3c"
+    model = data.get("model") or {}
+    fields = {f.name for f in dataclasses.fields(GA3CConfig)}
+    return "ga3c" if isinstance(model, dict) and model and set(model) <= fields else "dqn"
 
 
 def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path, budget_s: float | None,
@@ -106,10 +114,10 @@ def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path,
         if budget_s is not None:
             cmd += ["--trainer.max_time", _hms(budget_s)]
     else:
-        cmd += ["ga3c", "--config", config, "--seed", str(seed), "--target_return", str(target),
-                "--return_window", str(window), "--run_dir", str(run_dir)]
+        cmd += ["ga3c", "--config", config, "--model.seed", str(seed), "--model.target_return", str(target),
+                "--model.return_window", str(window), "--model.run_dir", str(run_dir)]
         if budget_s is not None:
-            cmd += ["--max_time_s", str(budget_s)]
+            cmd += ["--model.max_time_s", str(budget_s)]
     return cmd + list(extra)
 
 
@@ -302,7 +310,7 @@ def run(args) -> Results:
     if args.quick and kind == "dqn":
         extra = QUICK_DQN_ARGS + extra
     if args.quick and kind == "ga3c":
-        extra = ["--max_time_s", "8", "--agents", "2", "--updates_per_epoch", "20"] + extra
+        extra = ["--model.max_time_s", "8", "--model.agents", "2", "--model.updates_per_epoch", "20"] + extra
     if args.device == "cpu" and kind == "dqn":
         extra = ["--trainer.accelerator", "cpu"] + extra
     env = {**os.environ}

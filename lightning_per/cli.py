@@ -5,8 +5,7 @@ Usage::
     lightning-per fit --config configs/dqn_cartpole.yaml            # train the DQN
     lightning-per fit --config configs/dqn_cartpole.yaml --ckpt_path runs/dqn_cartpole/checkpoints/last.ckpt
     lightning-per fit --print_config                                  # every knob with its default
-    lightning-per ga3c ...                                            # GA3C (lightning_per.ga3c.cli, via
-                                                                      # lightning_per.console)
+    lightning-per ga3c --config configs/ga3c_cartpole.yaml            # GA3C (GA3CCLI, same layout)
 
 Defaults added to every ``fit`` (each replaceable in YAML under ``trainer:``): a W&B logger that runs
 offline without credentials (:class:`~lightning_per.callbacks.AutoModeWandbLogger`), the
@@ -50,8 +49,8 @@ from lightning_per.envs import check_checkpoint_env_id
 from lightning_per.integrity import IntegrityError, verify_file
 from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, subcommand_parser
 
-__all__ = ["LightningPerCLI", "main", "TRAINER_DEFAULTS", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS",
-           "check_lightning_checkpoint"]
+__all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
+           "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -601,8 +600,187 @@ class LightningPerCLI(LightningCLI):
             self._report(ValueError(f"{type(err).__name__}: {err}"))
 
 
+#: Trainer settings a GA3C run derives from its model fields (:func:`lightning_per.ga3c.cli.trainer_settings`,
+#: its run directory and W&B logger): given under ``trainer:`` they are refused, naming the field that sets them.
+GA3C_TRAINER_FROM_MODEL = {
+    "accelerator": "device", "devices": "devices", "num_nodes": "num_nodes", "strategy": "devices",
+    "max_steps": "max_updates", "max_time": "max_time_s", "gradient_clip_val": "grad_clip",
+    "default_root_dir": "run_dir", "logger": "wandb_mode", "max_epochs": "max_updates",
+    "enable_checkpointing": None, "callbacks": None, "num_sanity_val_steps": None, "limit_val_batches": None,
+}
+
+
+def ga3c_new_spelling(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``lightning-per ga3c``'s command line in the LightningCLI layout, and what was spelt the old way.
+
+    An option named like a :class:`~lightning_per.ga3c.config.GA3CConfig` field (``--agents 4``, the flat flags of
+    the last release) becomes ``--model.agents 4``; a ``--config`` file whose top level holds fields (the old flat
+    layout: no ``model:`` or ``trainer:`` section) is read with its text under ``model:``. Returns the new command
+    line and one note per old spelling (``--agents -> --model.agents``); everything else is kept as given.
+    """
+    from lightning_per.ga3c.config import GA3CConfig
+
+    fields = {f.name for f in dataclasses.fields(GA3CConfig)}
+    out: list[str] = []
+    notes: list[str] = []
+    args = [str(a) for a in argv]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if name in fields:
+            out.append(f"--model.{name}{eq}{value}")
+            notes.append(f"--{name} -> --model.{name}")
+        elif name == "config" and (eq or i + 1 < len(args)):
+            path = value if eq else args[i + 1]
+            i += 0 if eq else 1
+            flat = _flat_ga3c_file(path, fields)
+            out += ["--config", path if flat is None else flat]
+            if flat is not None:
+                notes.append(f"{path}: its keys under 'model:'")
+        else:
+            out.append(arg)
+        i += 1
+    return out, notes
+
+
+def _flat_ga3c_file(path: str, fields: set[str]) -> str | None:
+    """The text of the YAML file ``path`` under ``model:`` when it is in the old flat layout (a mapping whose keys
+    include a GA3C field and no ``model``/``trainer``); None for anything else (the parser reports it)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict) or {"model", "trainer"} & set(data) or not fields & set(data):
+        return None
+    return "model:\n" + "".join(f"  {line}" if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+class GA3CCLI(LightningCLI):
+    """``lightning-per ga3c``: GA3C's LightningCLI, in ``lightning-per fit``'s layout.
+
+    ``--model.<field>`` is a field of :class:`~lightning_per.ga3c.config.GA3CConfig` (the dataclass is the source:
+    a new field is a new option, documented by its docstring), ``--trainer.<arg>`` a Trainer argument, and a config
+    file holds ``model:`` and ``trainer:`` sections; one-line errors, abbreviations refused (``--model.agent``) and
+    the closest option suggested, as in ``fit``. Trainer settings that GA3C derives from model fields
+    (:data:`GA3C_TRAINER_FROM_MODEL`) are refused under ``trainer:``; the others (e.g. ``precision``,
+    ``log_every_n_steps``) go to the run's Trainer. ``seed_everything`` is ``false``: a GA3C run seeds from
+    ``--model.seed`` (its agents' environments too). Nothing runs here: :attr:`ga3c_config` (validated),
+    :attr:`model` (the :class:`~lightning_per.ga3c.GA3C` module, its environment probed) and
+    :attr:`trainer_extra` are for :func:`lightning_per.ga3c.cli.run`.
+
+    Raises:
+        SystemExit: a command-line error (status 2: a usage line and the error, with ``friendly_errors``), ``--help``.
+        ValueError: a bad value (``model.t_max must be ...``), an environment that cannot be made, a Trainer setting
+            GA3C derives from a model field.
+    """
+
+    def __init__(self, args: Sequence[str] | None = None, friendly_errors: bool = False) -> None:
+        from lightning_per.ga3c.module import GA3C
+
+        self.friendly_errors = friendly_errors
+        self.ga3c_config: Any = None
+        self.trainer_extra: dict[str, Any] = {}
+        super().__init__(GA3C, seed_everything_default=False, save_config_callback=None, run=False,
+                         auto_configure_optimizers=False, args=None if args is None else list(args),
+                         parser_kwargs={"prog": "lightning-per ga3c", "description": _GA3C_DESCRIPTION})
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """The parser; short usage lines with ``friendly_errors``; abbreviations refused."""
+        if self.friendly_errors:
+            self.parser_class = _ShortUsageParser
+        kwargs.setdefault("allow_abbrev", False)
+        return super().init_parser(**kwargs)
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """``--trainer.*`` (the Trainer's arguments) and ``--model.*`` (:class:`GA3CConfig`'s fields)."""
+        from lightning_per.ga3c.config import GA3CConfig
+
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.add_class_arguments(GA3CConfig, "model", sub_configs=True)
+
+    def instantiate_classes(self) -> None:
+        """Validate the model fields into :attr:`ga3c_config`, check the Trainer settings into
+        :attr:`trainer_extra`, and build the module (:func:`lightning_per.ga3c.cli.prepare`: the device, the
+        environment): every setting error before a run directory is written."""
+        from lightning_per.ga3c.cli import prepare
+        from lightning_per.ga3c.config import GA3CConfig
+
+        seed = self.config.get("seed_everything")
+        if seed is not False:
+            raise ValueError(f"--seed_everything={seed!r}: a GA3C run seeds every process from --model.seed; set "
+                             f"that instead")
+        defaults = self.parser.get_defaults().get("trainer").as_dict()
+        for key, value in self.config.get("trainer").as_dict().items():
+            if _plain(value) == _plain(defaults.get(key)):
+                continue
+            if key in GA3C_TRAINER_FROM_MODEL:
+                field = GA3C_TRAINER_FROM_MODEL[key]
+                where = f" from --model.{field}; set that instead" if field else " itself (lightning_per.ga3c.cli.run)"
+                raise ValueError(f"--trainer.{key}: a GA3C run sets it{where}")
+            if isinstance(value, dict) and "class_path" in value:
+                raise ValueError(f"--trainer.{key}: a GA3C run takes plain values here, not a class_path")
+            self.trainer_extra[key] = value
+        model = self.config.get("model").as_dict()
+        try:
+            self.ga3c_config = GA3CConfig(**model).validate()
+        except ValueError as err:  # the message starts with the field's name
+            raise ValueError(f"model.{err}") from None
+        self.model = prepare(self.ga3c_config)
+
+
+_GA3C_DESCRIPTION = ("lightning-per ga3c: GA3C, the hybrid CPU/GPU A3C, through Lightning's Trainer; --model.* are "
+                     "GA3CConfig's fields, --trainer.* the Trainer's.")
+
+
+def ga3c_main(argv: Sequence[str] | None = None) -> int:
+    """``lightning-per ga3c ...``: parse with :class:`GA3CCLI` and train (:func:`lightning_per.ga3c.cli.train`:
+    SIGTERM stops the run as Ctrl-C does, summary and CSVs written). The old flat spelling (``--agents 4``, a
+    flat config file) is accepted for this release with one deprecation line naming the new spelling
+    (:func:`ga3c_new_spelling`). Returns the exit status: 0, or 2 with one line for a setting error.
+
+    Raises:
+        SystemExit: ``--help``, a command-line error (status 2, one usage line and one error line).
+
+    Example::
+
+        ga3c_main(["--config", "configs/ga3c_cartpole.yaml", "--model.max_time_s", "30"])
+    """
+    from lightning_per.ga3c.cli import RunDirError, train
+
+    args, notes = ga3c_new_spelling(sys.argv[1:] if argv is None else argv)
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help: each field's docstring
+    # the command line, rewritten, is given to the LightningCLI as `args` (sys.argv holds the old spelling)
+    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")  # Lightning's
+    if notes:
+        sys.stderr.write(f"lightning-per ga3c: deprecated flat layout, accepted in this release only; new spelling: "
+                         f"{'; '.join(notes)}\n")
+    try:
+        cli = GA3CCLI(args, friendly_errors=True)
+    except ValueError as err:  # a setting: nothing was written
+        return _ga3c_error(err)
+    try:
+        return train(cli.ga3c_config, cli.model, cli.trainer_extra)
+    except RunDirError as err:  # before training: nothing was written
+        return _ga3c_error(err)
+
+
+def _ga3c_error(err: ValueError) -> int:
+    """A setting error of ``lightning-per ga3c`` on stderr in one line; exit status 2 (``LIGHTNING_PER_TRACEBACK=1``
+    raises it)."""
+    if os.environ.get("LIGHTNING_PER_TRACEBACK"):
+        raise err
+    sys.stderr.write(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)\n")
+    return 2
+
+
 _DESCRIPTION = ("lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer "
-                "(lightning-per fit), and GA3C (lightning-per ga3c: its own options, see lightning-per ga3c --help).")
+                "(lightning-per fit), and GA3C (lightning-per ga3c, the same layout: see lightning-per ga3c --help).")
 _EPILOG = ("Examples: lightning-per fit --config configs/dqn_cartpole.yaml | lightning-per fit --help | "
            "lightning-per ga3c --config configs/ga3c_cartpole.yaml | lightning-per ga3c --help")
 

@@ -2,14 +2,12 @@
 
 Answers ``--help`` and unknown commands at once, without importing torch, TorchRL or Lightning (seconds of
 imports); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_per.cli.main`
-(the DQN's LightningCLI), ``ga3c ...`` to GA3C's command line (``lightning_per.ga3c.cli``). Run it as
+(the DQN's LightningCLI), ``ga3c ...`` to :func:`lightning_per.cli.ga3c_main` (GA3C's LightningCLI). Run it as
 ``lightning-per ...`` or ``python -m lightning_per.console ...``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -18,12 +16,12 @@ __all__ = ["main", "COMMANDS"]
 #: The commands and what they do (the top-level help).
 COMMANDS = {
     "fit": "train the DQN LightningModule through Lightning's Trainer (every option: lightning-per fit --help)",
-    "ga3c": "train GA3C, the hybrid CPU/GPU A3C, from a YAML config (lightning-per ga3c --help)",
+    "ga3c": "train GA3C, the hybrid CPU/GPU A3C, through Lightning's Trainer (every option: lightning-per ga3c --help)",
 }
 
 _HELP = """usage: lightning-per {{fit,ga3c}} [options]
 
-lightning-per: DQN with GPU-resident prioritized replay through Lightning's Trainer, and GA3C.
+lightning-per: DQN with GPU-resident prioritized replay, and GA3C, through Lightning's Trainer.
 
 commands:
 {commands}
@@ -44,11 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-per``; returns the exit status.
 
     ``--help`` (or nothing: status 2) prints the commands; an unknown command is a one-line error naming every
-    command (status 2); ``ga3c ...`` runs GA3C's command line on the rest; ``fit ...`` and bare options go to
-    :func:`lightning_per.cli.main` (a ``fit`` stopped by SIGTERM returns 143).
+    command (status 2); ``ga3c ...`` goes to :func:`lightning_per.cli.ga3c_main` with the rest; ``fit ...`` and bare
+    options go to :func:`lightning_per.cli.main` (a ``fit`` stopped by SIGTERM returns 143).
 
     Raises:
-        SystemExit: ``ga3c`` when ``lightning_per.ga3c.cli`` is not installed; the LightningCLI's own exits.
+        SystemExit: the LightningCLI's own exits (``--help``, a command-line error).
 
     Example:
         >>> from lightning_per.console import main
@@ -64,10 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"see lightning-per --help)\n")
         return 2
     if args[0] == "ga3c":
-        if importlib.util.find_spec("lightning_per.ga3c.cli") is None:
-            raise SystemExit("lightning-per ga3c: lightning_per.ga3c.cli is not installed in this version")
-        ga3c = importlib.import_module("lightning_per.ga3c.cli")
-        return getattr(ga3c, "console_main", ga3c.main)(args[1:]) or 0
+        from lightning_per.cli import ga3c_main  # torch, TorchRL and Lightning from here on
+
+        return ga3c_main(args[1:])
     from lightning_per.cli import main as cli_main  # torch, TorchRL and Lightning from here on
 
     return cli_main(argv)  # None: the LightningCLI reads sys.argv itself (given both, it warns)

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from lightning_per.ga3c import cli
+from lightning_per.cli import ga3c_main
 from lightning_per.ga3c.module import GA3C
 
 _on_train_end = GA3C.on_train_end
@@ -26,4 +26,4 @@ def _save_then_end(self: GA3C) -> None:
 GA3C.on_train_end = _save_then_end
 
 if __name__ == "__main__":
-    sys.exit(cli.main(sys.argv[1:]))
+    sys.exit(ga3c_main(sys.argv[1:]))

@@ -90,7 +90,7 @@ def test_config_kind_and_commands(tmp_path):
     assert {"--model.seed", "--model.target_return", "--trainer.max_time"} <= set(dqn)
     assert dqn[dqn.index("--trainer.max_time") + 1] == "00:00:01:50"
     ga3c = learning.run_command("ga3c", "c.yaml", 2, 18.0, tmp_path, None, [], window=20)
-    assert ga3c[3] == "ga3c" and ga3c[ga3c.index("--seed") + 1] == "2" and "--max_time_s" not in ga3c
+    assert ga3c[3] == "ga3c" and ga3c[ga3c.index("--model.seed") + 1] == "2" and "--model.max_time_s" not in ga3c
     assert SUITES["learning"] == "benchmarks.learning"
 
 

@@ -76,10 +76,12 @@ def test_two_nodes_train_checkpoint_per_global_rank_and_resume(tmp_path):
 def test_two_node_ga3c_trains_with_one_run_directory(tmp_path):
     run = tmp_path / "ga3c-run"
     args = [sys.executable, str(ROOT / "tests" / "_ga3c_ddp_script.py"),
-            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--devices", "1", "--num_nodes", "2",
-            "--device", "cpu", "--agents", "2", "--envs_per_agent", "2", "--train_min_batch_size", "20",
-            "--max_updates", "20", "--updates_per_epoch", "10", "--max_time_s", "150", "--target_return", "null",
-            "--dynamic_adjustment", "false", "--wandb_mode", "disabled", "--status_interval_s", "0"]
+            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--model.devices", "1", "--model.num_nodes", "2",
+            "--model.device", "cpu", "--model.agents", "2", "--model.envs_per_agent", "2",
+            "--model.train_min_batch_size", "20",
+            "--model.max_updates", "20", "--model.updates_per_epoch", "10", "--model.max_time_s", "150",
+            "--model.target_return", "null",
+            "--model.dynamic_adjustment", "false", "--model.wandb_mode", "disabled", "--model.status_interval_s", "0"]
     port = _free_port()
     procs = []
     for node in range(2):

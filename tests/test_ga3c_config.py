@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_per.ga3c.cli import build_parser, parse_config
+from lightning_per.cli import ga3c_main
+from lightning_per.ga3c.cli import parse_config
 from lightning_per.ga3c.config import GA3CConfig, field_docs, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,31 +37,38 @@ def test_count_above_its_maximum():
 
 def test_unknown_field_is_rejected(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("agents: 2\nagnets: 3\n")
+    path.write_text("model:\n  agents: 2\n  agnets: 3\n")
     with pytest.raises(ValueError, match="agnets"):
         load_config(path)
 
 
 def test_yaml_numbers_are_coerced(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("lr: 1e-3\ngamma: 1\nreward_clip: 1\n")  # YAML 1.1 reads 1e-3 as a string
+    path.write_text("model:\n  lr: 1e-3\n  gamma: 1\n  reward_clip: 1\n")  # YAML 1.1 reads 1e-3 as a string
     cfg = load_config(path)
     assert cfg.lr == 1e-3 and cfg.gamma == 1.0 and cfg.reward_clip == 1.0
 
 
-def test_cli_overrides_take_precedence():
-    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "3",
-                        "--reward_clip", "null", "--hidden_sizes", "[32, 32]", "--lr", "2e-3"])
+def test_cli_overrides_take_precedence(capsys):
+    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.agents", "3",
+                        "--model.reward_clip", "null", "--model.hidden_sizes", "[32, 32]", "--model.lr", "2e-3"])
     assert cfg.agents == 3 and cfg.reward_clip is None and cfg.hidden_sizes == [32, 32] and cfg.lr == 2e-3
     assert cfg.env == "CartPole-v1"  # from the file
-    assert "--beta" in build_parser().format_help()
+    assert "--model.beta" in _command_help(capsys)
 
 
-def test_cli_bad_value_raises():
-    from lightning_per.ga3c.cli import main
+def _command_help(capsys) -> str:
+    """``lightning-per ga3c --help``, the command's own (GA3CCLI's)."""
+    with pytest.raises(SystemExit) as exit_info:
+        ga3c_main(["--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
 
+
+def test_cli_bad_value_raises(monkeypatch):
+    monkeypatch.setenv("LIGHTNING_PER_TRACEBACK", "1")  # the error itself, not its one-line report
     with pytest.raises(ValueError, match="t_max"):
-        main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--t_max", "0"])
+        ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.t_max", "0"])
 
 
 def test_every_field_is_documented():
@@ -68,46 +76,43 @@ def test_every_field_is_documented():
 
 
 def test_console_reports_a_bad_value_in_one_line(capsys):
-    from lightning_per.ga3c.cli import console_main
-
-    code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--t_max", "0"])
+    code = ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.t_max", "0"])
     err = capsys.readouterr().err
     assert code == 2 and "t_max" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--env", "CartPol-v1"], "env 'CartPol-v1' cannot be made"),
-    (["--device", "cuda"], "no CUDA device"),
+    (["--model.env", "CartPol-v1"], "env 'CartPol-v1' cannot be made"),
+    (["--model.device", "cuda"], "no CUDA device"),
 ])
 def test_setting_errors_are_one_line_and_write_no_run_directory(tmp_path, capsys, args, match):
     import torch
 
-    from lightning_per.ga3c.cli import console_main
-
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--run_dir", str(tmp_path / "runs"),
-                         *args])
+    code = ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.run_dir", str(tmp_path / "runs"),
+                      *args])
     err = capsys.readouterr().err
     assert code == 2 and match in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_config_file_is_one_line(capsys):
-    from lightning_per.ga3c.cli import console_main
-
-    assert console_main(["--config", "no/such/ga3c.yaml"]) == 2
-    assert "config file 'no/such/ga3c.yaml' not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # as lightning-per fit: usage, tip, error
+        ga3c_main(["--config", "no/such/ga3c.yaml"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 3
+    assert "File does not exist" in err[-1] and "no/such/ga3c.yaml" in err[-1]
+    with pytest.raises(ValueError, match="config file 'no/such/ga3c.yaml' not found"):  # the Python reader's
+        load_config("no/such/ga3c.yaml")
 
 
 def test_an_unknown_option_prints_one_usage_line(capsys):
-    from lightning_per.ga3c.cli import console_main
-
     with pytest.raises(SystemExit) as exit_info:
-        console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--bogus", "1"])
+        ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--bogus", "1"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 2  # usage, then the error (not every option's usage)
-    assert err[0].startswith("usage: lightning-per ga3c") and "unrecognized arguments: --bogus" in err[1]
+    assert exit_info.value.code == 2 and len(err) == 3  # as fit's: usage, tip, the error (not every option's usage)
+    assert err[0].startswith("usage: lightning-per ga3c") and "unrecognized arguments: --bogus" in err[-1]
 
 
 def test_num_nodes_makes_a_multi_node_ddp_trainer(tmp_path):
@@ -124,17 +129,17 @@ def test_num_nodes_makes_a_multi_node_ddp_trainer(tmp_path):
         GA3CConfig(num_nodes=0).validate()
 
 
-def test_help_shows_each_fields_docstring():
-    text = " ".join(build_parser().format_help().split())
+def test_help_shows_each_fields_docstring(capsys):
+    text = " ".join(_command_help(capsys).split())
     for name, doc in field_docs().items():
-        assert f"--{name}" in text and doc[:40] in text, name
+        assert f"--model.{name}" in text and doc[:40] in text, name
 
 
 def test_a_value_of_the_wrong_type_names_the_field():
     with pytest.raises(ValueError, match="agents"):
-        parse_config(["--agents", "2.5"])
+        parse_config(["--model.agents", "2.5"])
     with pytest.raises(ValueError, match="cuda_graph"):
-        parse_config(["--cuda_graph", "1"])
+        parse_config(["--model.cuda_graph", "1"])
 
 
 def test_load_config_overrides_are_typed_like_the_command_line():
@@ -162,13 +167,13 @@ def test_print_config_prints_the_merged_config(capsys):
     import yaml
 
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "3", "--print_config"])
+        parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.agents", "3", "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert exit_info.value.code == 0
-    assert printed == {**load_config(ROOT / "configs/ga3c_cartpole.yaml", {"agents": 3}).to_dict()}
+    assert printed["model"] == load_config(ROOT / "configs/ga3c_cartpole.yaml", {"agents": 3}).to_dict()
 
 
-@pytest.mark.parametrize("flag", ["--agent", "--max_time"])
+@pytest.mark.parametrize("flag", ["--model.agent", "--model.max_time"])
 def test_an_abbreviated_option_is_refused(flag):
     # argparse would take a unique prefix for the field (--agents, --max_time_s): a typo must not set a field
     with pytest.raises(ValueError, match=rf"unrecognized arguments: {flag} 3"):
@@ -176,10 +181,10 @@ def test_an_abbreviated_option_is_refused(flag):
 
 
 @pytest.mark.parametrize("argv, yaml_text, hint", [
-    (["--agnets", "2"], None, "did you mean agents?"),
-    (["--max_time", "3"], None, "did you mean max_time_s?"),
-    ([], "agnets: 2\n", "Option 'agnets' is not accepted; did you mean agents?"),
-    (["--zzzz", "1"], None, None),
+    (["--model.agnets", "2"], None, "did you mean agents?"),
+    (["--model.max_time", "3"], None, "did you mean max_time_s?"),
+    ([], "model:\n  agnets: 2\n", "does not accept option 'agnets'; did you mean agents?"),
+    (["--model.zzzz", "1"], None, None),
 ])
 def test_a_misspelt_option_or_key_names_the_closest_fields(tmp_path, argv, yaml_text, hint):
     if yaml_text is not None:

@@ -24,11 +24,11 @@ UPDATES = 30
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=_TWO_GPUS)])
 def test_two_rank_ga3c_splits_agents_and_keeps_weights_identical(tmp_path, device):
     args = [sys.executable, str(ROOT / "tests" / "_ga3c_ddp_script.py"),
-            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--devices", "2", "--device", device,
-            "--agents", "3", "--envs_per_agent", "2", "--train_min_batch_size", "20",
-            "--max_updates", str(UPDATES), "--updates_per_epoch", "15", "--max_time_s", "150",
-            "--target_return", "null", "--dynamic_adjustment", "false", "--wandb_mode", "disabled",
-            "--status_interval_s", "0", "--run_dir", str(tmp_path), "--run_name", "ddp"]
+            "--config", str(ROOT / "configs" / "ga3c_cartpole.yaml"), "--model.devices", "2", "--model.device", device,
+            "--model.agents", "3", "--model.envs_per_agent", "2", "--model.train_min_batch_size", "20",
+            "--model.max_updates", str(UPDATES), "--model.updates_per_epoch", "15", "--model.max_time_s", "150",
+            "--model.target_return", "null", "--model.dynamic_adjustment", "false", "--model.wandb_mode", "disabled",
+            "--model.status_interval_s", "0", "--model.run_dir", str(tmp_path), "--model.run_name", "ddp"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("LIGHTNING_PER_GA3C_RUN_DIR", None)
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -149,7 +149,7 @@ def test_the_pong_config_takes_another_ale_id():
     from lightning_per.ga3c.cli import parse_config
 
     root = Path(__file__).resolve().parents[1]
-    cfg = parse_config(["--config", str(root / "configs/ga3c_pong.yaml"), "--env", "ALE/Breakout-v5"])
+    cfg = parse_config(["--config", str(root / "configs/ga3c_pong.yaml"), "--model.env", "ALE/Breakout-v5"])
     ale = ale_py.ALEInterface()
     ale.loadROM(ale_py.roms.get_rom_path("breakout"))
     spec = {"env": cfg.env, "backend": cfg.env_backend, "kwargs": dict(cfg.env_kwargs),
@@ -173,7 +173,7 @@ def test_the_pong_config_on_a_cpu_warns_that_it_is_meant_for_a_gpu():
     root = Path(__file__).resolve().parents[1]
     try:
         prepare(parse_config(["--config", str(root / "configs/ga3c_pong.yaml")]))
-        prepare(parse_config(["--config", str(root / "configs/ga3c_cartpole.yaml"), "--device", "auto"]))
+        prepare(parse_config(["--config", str(root / "configs/ga3c_cartpole.yaml"), "--model.device", "auto"]))
     finally:
         logger.removeHandler(handler)
     assert len(warned) == 1 and "ALE/Pong-v5 on the CPU" in warned[0]  # CartPole's vector network: no warning

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_per.ga3c.cli import console_main
+from lightning_per.cli import ga3c_main
 from lightning_per.ga3c.config import GA3CConfig, load_config
 from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.loss import a3c_loss, lag_weights
@@ -45,14 +45,14 @@ def test_bad_lag_policy_is_one_line_naming_the_field():
 def test_lag_settings_parse_from_yaml_and_default_off(tmp_path):
     assert GA3CConfig().max_policy_lag is None and GA3CConfig().lag_policy == "drop"
     path = tmp_path / "c.yaml"
-    path.write_text("max_policy_lag: 8\nlag_policy: downweight\n")
+    path.write_text("model:\n  max_policy_lag: 8\n  lag_policy: downweight\n")
     cfg = load_config(path)
     assert (cfg.max_policy_lag, cfg.lag_policy) == (8, "downweight")
     assert load_config(path, {"max_policy_lag": None}).max_policy_lag is None
 
 
 def test_console_refuses_a_zero_bound_in_one_line(capsys):
-    code = console_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--max_policy_lag", "0"])
+    code = ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_policy_lag", "0"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "max_policy_lag must be an int >= 1" in err
 

@@ -35,8 +35,9 @@ def _group_members(pgid: int) -> list[int]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_sigterm_to_the_process_group_stops_without_replacing_agents(tmp_path):
     cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", "--config", str(ROOT / "configs/ga3c_cartpole.yaml"),
-           "--agents", "3", "--envs_per_agent", "2", "--max_time_s", "120", "--target_return", "null",
-           "--status_interval_s", "0.5", "--updates_per_epoch", "2", "--run_dir", str(tmp_path)]
+           "--model.agents", "3", "--model.envs_per_agent", "2", "--model.max_time_s", "120",
+           "--model.target_return", "null",
+           "--model.status_interval_s", "0.5", "--model.updates_per_epoch", "2", "--model.run_dir", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group: pgid == proc.pid

@@ -29,8 +29,8 @@ from lightning_per.ga3c.module import GA3C
 from lightning_per.ga3c.system import GA3CSystem
 
 ROOT = Path(__file__).resolve().parents[1]
-CARTPOLE = ["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "2", "--envs_per_agent", "2",
-            "--target_return", "null", "--updates_per_epoch", "20"]
+CARTPOLE = ["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.agents", "2", "--model.envs_per_agent", "2",
+            "--model.target_return", "null", "--model.updates_per_epoch", "20"]
 N_ENVS = 2 * 2  # agents x envs_per_agent above
 CSV_HEADER = ["episode", "env_steps", "time_s", "return", "return_mean"]
 
@@ -76,8 +76,8 @@ def _assert_agree(run_dir: Path, window: int = 20) -> tuple[dict, list[dict[str,
 
 # ---- (a) the summary and the CSV agree after any stop ---------------------------------------------------
 def _cli(tmp_path: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", *CARTPOLE, "--max_time_s", "120",
-           "--status_interval_s", "0.5", "--run_dir", str(tmp_path), *args]
+    cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", *CARTPOLE, "--model.max_time_s", "120",
+           "--model.status_interval_s", "0.5", "--model.run_dir", str(tmp_path), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group: pgid == proc.pid
@@ -108,7 +108,8 @@ def test_a_signal_to_the_group_leaves_a_summary_that_agrees_with_episodes_csv(tm
 
 
 def test_max_updates_end_leaves_files_that_agree(tmp_path):
-    cfg = parse_config([*CARTPOLE, "--max_updates", "70", "--status_interval_s", "0", "--run_dir", str(tmp_path)])
+    cfg = parse_config([*CARTPOLE, "--model.max_updates", "70", "--model.status_interval_s", "0", "--model.run_dir",
+                       str(tmp_path)])
     summary = run(cfg, prepare(cfg))
     (run_dir,) = list(tmp_path.iterdir())
     written, rows = _assert_agree(run_dir)
@@ -118,8 +119,8 @@ def test_max_updates_end_leaves_files_that_agree(tmp_path):
 
 def test_max_time_before_any_batch_leaves_files_that_agree(tmp_path):
     # no batch is ever complete: Lightning never reaches an epoch end, episodes end all the same
-    cfg = parse_config([*CARTPOLE, "--max_time_s", "3", "--train_min_batch_size", "1000000",
-                        "--status_interval_s", "0", "--run_dir", str(tmp_path)])
+    cfg = parse_config([*CARTPOLE, "--model.max_time_s", "3", "--model.train_min_batch_size", "1000000",
+                        "--model.status_interval_s", "0", "--model.run_dir", str(tmp_path)])
     run(cfg, prepare(cfg))
     (run_dir,) = list(tmp_path.iterdir())
     summary, rows = _assert_agree(run_dir)
@@ -136,7 +137,8 @@ class _Failing(GA3C):
 
 
 def test_an_exception_in_training_leaves_files_that_agree(tmp_path):
-    cfg = parse_config([*CARTPOLE, "--max_time_s", "120", "--status_interval_s", "0", "--run_dir", str(tmp_path)])
+    cfg = parse_config([*CARTPOLE, "--model.max_time_s", "120", "--model.status_interval_s", "0", "--model.run_dir",
+                       str(tmp_path)])
     with pytest.raises(RuntimeError, match="injected failure"):
         run(cfg, _Failing(cfg))
     (run_dir,) = list(tmp_path.iterdir())
@@ -262,13 +264,13 @@ def test_agent_stall_timeout_is_validated(value):
 
 # ---- (c) setting errors of the command line are one line, exit status 2 ----------------------------------
 def _console(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", *CARTPOLE, "--max_time_s", "5", *args]
+    cmd = [sys.executable, "-m", "lightning_per.console", "ga3c", *CARTPOLE, "--model.max_time_s", "5", *args]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_an_env_of_a_missing_module_is_one_line_exit_2(tmp_path):
-    out = _console(tmp_path, "--env", "missing_module:Id", "--run_dir", str(tmp_path / "runs"))
+    out = _console(tmp_path, "--model.env", "missing_module:Id", "--model.run_dir", str(tmp_path / "runs"))
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("lightning-per ga3c: error: env 'missing_module:Id'") and "'missing_module'" in line
@@ -278,7 +280,7 @@ def test_an_env_of_a_missing_module_is_one_line_exit_2(tmp_path):
 def test_a_run_dir_under_a_file_is_one_line_exit_2(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("keep me\n")
-    out = _console(tmp_path, "--run_dir", str(blocker / "runs"))
+    out = _console(tmp_path, "--model.run_dir", str(blocker / "runs"))
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"lightning-per ga3c: error: run_dir '{blocker / 'runs'}'"), line
@@ -291,7 +293,7 @@ def test_a_read_only_run_dir_is_one_line_exit_2(tmp_path):
     parent.mkdir()
     parent.chmod(0o555)
     try:
-        out = _console(tmp_path, "--run_dir", str(parent))
+        out = _console(tmp_path, "--model.run_dir", str(parent))
     finally:
         parent.chmod(0o755)
     assert out.returncode == 2, out.stderr

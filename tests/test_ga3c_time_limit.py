@@ -28,9 +28,10 @@ END_TOLERANCE_S = 2.0
 
 def test_max_time_s_holds_when_no_batch_ever_arrives(tmp_path):
     # one batch needs a million transitions: the agents (2 x 4 CartPoles) deliver a few thousand per second
-    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--max_time_s", str(MAX_TIME_S),
-                        "--train_min_batch_size", "1000000", "--agents", "2", "--target_return", "null",
-                        "--status_interval_s", "0", "--run_dir", str(tmp_path)])
+    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_time_s", str(MAX_TIME_S),
+                        "--model.train_min_batch_size", "1000000", "--model.agents", "2", "--model.target_return",
+                        "null",
+                        "--model.status_interval_s", "0", "--model.run_dir", str(tmp_path)])
     model = prepare(cfg)
     summary = run(cfg, model)
     ended = time.monotonic() - model.stats.t0  # the max_time_s clock: since fit started the GA3C system
@@ -50,9 +51,9 @@ def test_max_time_s_holds_when_no_batch_ever_arrives(tmp_path):
 
 
 def test_max_time_s_stop_is_recorded_when_batches_flow(tmp_path):
-    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--max_time_s", str(MAX_TIME_S),
-                        "--updates_per_epoch", "50", "--agents", "2", "--target_return", "null",
-                        "--status_interval_s", "0", "--run_dir", str(tmp_path)])
+    cfg = parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_time_s", str(MAX_TIME_S),
+                        "--model.updates_per_epoch", "50", "--model.agents", "2", "--model.target_return", "null",
+                        "--model.status_interval_s", "0", "--model.run_dir", str(tmp_path)])
     summary = run(cfg, prepare(cfg))
     assert summary["updates"] > 0 and summary["status"] == "done"
     assert summary["stop_reason"] == "max_time_s", summary

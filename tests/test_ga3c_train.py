@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 
-from lightning_per.ga3c.cli import main
+from lightning_per.cli import ga3c_main
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.module import GA3C
@@ -29,9 +29,9 @@ def _trainer(cfg, **kw):
 
 def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
     # cuda_graph true on the CPU: the run trains eagerly (configs are shared between machines)
-    assert main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--max_time_s", "8",
-                 "--updates_per_epoch", "50", "--agents", "2", "--run_dir", str(tmp_path),
-                 "--target_return", "null", "--cuda_graph", "true"]) == 0
+    assert ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_time_s", "8",
+                 "--model.updates_per_epoch", "50", "--model.agents", "2", "--model.run_dir", str(tmp_path),
+                 "--model.target_return", "null", "--model.cuda_graph", "true"]) == 0
     (run_dir,) = list(tmp_path.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in GA3C_KEYS:

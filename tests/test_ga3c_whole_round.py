@@ -66,5 +66,5 @@ def test_whole_round_with_graph_mode_is_refused():
 def test_the_cap_parses_from_yaml_and_defaults_off(tmp_path):
     assert GA3CConfig().train_max_batch_size is None
     path = tmp_path / "c.yaml"
-    path.write_text("train_min_batch_size: 40\ntrain_max_batch_size: 160\n")
+    path.write_text("model:\n  train_min_batch_size: 40\n  train_max_batch_size: 160\n")
     assert load_config(path).train_max_batch_size == 160

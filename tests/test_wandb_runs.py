@@ -104,21 +104,28 @@ def test_fit_run_config_holds_the_model_replay_env_trainer_seed_and_versions(wan
 
 
 def test_ga3c_run_config_holds_every_field_the_trainer_seed_and_versions(wandb_env):
-    from lightning_per.ga3c.cli import parse_config, run
+    """``lightning-per ga3c`` with W&B left at its default (offline without credentials, as ``fit``'s) and the
+    config's ``wandb_mode: disabled`` overridden back to that default: the same groups as ``fit``'s run config."""
     from lightning_per.ga3c.config import GA3CConfig
 
-    summary = run(parse_config(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--agents", "1",
-                                "--envs_per_agent", "2", "--target_return", "null", "--updates_per_epoch", "5",
-                                "--max_updates", "10", "--max_time_s", "120", "--seed", "7",
-                                "--dynamic_adjustment", "false", "--status_interval_s", "0",
-                                "--run_dir", str(wandb_env / "runs"), "--wandb_mode", "offline"]))
-    (part,) = _parts(Path(summary["run_dir"]))
+    runs = wandb_env / "runs"
+    assert cli.ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.agents", "1",
+                          "--model.envs_per_agent", "2", "--model.target_return", "null",
+                          "--model.updates_per_epoch", "5", "--model.max_updates", "10", "--model.max_time_s", "120",
+                          "--model.seed", "7", "--model.dynamic_adjustment", "false", "--model.status_interval_s", "0",
+                          "--model.run_dir", str(runs), f"--model.wandb_mode={GA3CConfig().wandb_mode}",
+                          "--trainer.log_every_n_steps", "3"]) == 0
+    (run_dir,) = runs.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (part,) = _parts(run_dir)
     config = read_wandb_config(part)
-    given = yaml.safe_load((ROOT / "configs/ga3c_cartpole.yaml").read_text())
+    given = yaml.safe_load((ROOT / "configs/ga3c_cartpole.yaml").read_text())["model"]
     assert {f.name for f in dataclasses.fields(GA3CConfig)} <= set(config)  # every field
     assert config["env"] == given["env"] and config["seed"] == 7 and config["agents"] == 1
+    assert config["wandb_mode"] == "auto" and config["seed_everything"] == 7  # the one seed of a GA3C run
     assert config["trainer"]["max_epochs"] == -1  # GA3C runs on updates and time, no epoch bound
     assert config["trainer"]["max_steps"] == 10 and config["trainer"]["max_time"] == 120
+    assert config["trainer"]["log_every_n_steps"] == 3  # --trainer.* reaches the Trainer and the run config
     assert config["trainer"]["devices"] == 1 and config["trainer"]["default_root_dir"] == summary["run_dir"]
     _check_versions_and_machine(config)
 

@@ -1,25 +1,21 @@
-"""``lightning-per ga3c``: train GA3C from a YAML config (``lightning_per.cli`` dispatches here).
+"""GA3C's runs: the run directory, the Trainer and the outputs of ``lightning-per ga3c``.
 
-Usage::
+The command itself is :class:`lightning_per.cli.GA3CCLI` (LightningCLI, as ``lightning-per fit``)::
 
     lightning-per ga3c --config configs/ga3c_cartpole.yaml
-    lightning-per ga3c --config configs/ga3c_pong.yaml --agents 16 --dynamic_adjustment true
-    lightning-per ga3c --help                 # every field of GA3CConfig with its documentation
+    lightning-per ga3c --config configs/ga3c_pong.yaml --model.agents 16 --model.dynamic_adjustment true
+    lightning-per ga3c --help                 # every field of GA3CConfig (--model.*) and the Trainer's (--trainer.*)
 
-The parser is jsonargparse's, the machinery under ``lightning-per fit``'s LightningCLI
-(:func:`~lightning_per.ga3c.config.config_parser`): every field of
-:class:`~lightning_per.ga3c.config.GA3CConfig` is a typed ``--field value`` option (values parsed as YAML:
-``--reward_clip null``, ``--hidden_sizes [64,64]``), documented by the field's docstring; options after
-``--config`` override the file (jsonargparse applies them in order), and ``--print_config`` prints the
-resulting config as YAML. The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml``,
+The run directory ``<run_dir>/<run_name>-<timestamp>/`` receives ``config.yaml`` (the run's ``model:`` and
+``trainer:`` sections, a config file for ``--config``),
 ``summary.json`` (:class:`~lightning_per.callbacks.RunArtifactsCallback`'s keys plus GA3C's
 ``mean_return``, ``tps``, ``pps``, ``steps_per_s``, ``fps``, ``policy_lag_mean``, ``policy_lag_p50``,
 ``policy_lag_p95``, ``policy_lag_max``, ``lag_dropped``, ``lag_dropped_frac``, ``wall_time_s``...),
 ``learning_curve.png`` (episode returns against env steps and wall time; policy and value loss, entropy,
 TPS and PPS against env steps), ``episodes.csv`` (one row per finished episode; it and ``summary.json`` agree
 however the run stops: :func:`run`), ``history.csv`` (Lightning's ``CSVLogger``:
-:class:`~lightning_per.ga3c.history.EpochCSVLogger`) and the W&B files (when ``wandb_mode`` is
-not ``disabled``).
+:class:`~lightning_per.ga3c.history.EpochCSVLogger`) and the W&B files (unless ``wandb_mode`` is
+``disabled``; ``auto``, the default, runs offline without W&B credentials, as ``fit``'s logger).
 
 Times (seconds; see "Run length" in :mod:`lightning_per.ga3c.module`). The run's clock starts when
 ``Trainer.fit`` starts the GA3C system (agents, predictors, trainers), after the imports and the
@@ -46,25 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "console_main", "run", "parse_config", "build_parser", "build_trainer", "trainer_settings",
-           "RunDirError"]
+__all__ = ["train", "run", "prepare", "parse_config", "build_trainer", "trainer_settings", "RunDirError"]
 
 log = logging.getLogger("lightning_per.ga3c")
-
-
-def _print_short_usage(prog: str) -> None:
-    """The usage on a command-line error: one line (``--help`` still lists every option), as
-    ``lightning-per fit`` does."""
-    sys.stderr.write(f"usage: {prog} [--config YAML] [--<field> VALUE ...] (see {prog} --help)\n")
-
-
-def build_parser():
-    """The ``ga3c`` command's jsonargparse parser (:func:`~lightning_per.ga3c.config.config_parser`):
-    ``--config`` plus one typed ``--<field>`` per :class:`~lightning_per.ga3c.config.GA3CConfig` field,
-    documented by the field's docstring, and jsonargparse's ``--print_config``."""
-    from lightning_per.ga3c.config import config_parser
-
-    return config_parser(prog="lightning-per ga3c", description=__doc__.split("\n\n")[0].replace("``", ""))
 
 
 def _setup_logging() -> None:
@@ -105,12 +85,13 @@ def prepare(cfg):
     return model
 
 
-def run(cfg, model=None) -> dict[str, Any]:
+def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with :class:`~lightning_per.ga3c.GA3C` under ``Trainer.fit`` and write the run directory.
 
     Args:
         cfg: the validated config.
         model: the module from :func:`prepare` (built here if None).
+        trainer_extra: Trainer arguments besides :func:`trainer_settings`' (``lightning-per ga3c --trainer.*``).
 
     Returns:
         The summary written to ``summary.json`` (also on interruption or failure; then re-raises). It and
@@ -154,7 +135,8 @@ def run(cfg, model=None) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         if is_rank_zero:
             history.open()  # while run_dir is empty
-            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            layout = {"model": cfg.to_dict(), **({"trainer": dict(trainer_extra)} if trainer_extra else {})}
+            atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(layout, sort_keys=False))
     except (OSError, ValueError) as err:  # ValueError: atomic_write_text's "is a directory"
         if inherited is None and cfg.devices > 1:
             os.environ.pop(_RUN_DIR_ENV, None)
@@ -167,15 +149,16 @@ def run(cfg, model=None) -> dict[str, Any]:
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     loggers: list[Any] = []
     if cfg.wandb_mode != "disabled":
-        wandb = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name, mode=cfg.wandb_mode,
-                                  finish_on_end=True)
-        # every field, the Trainer's settings (`trainer.*`), the package versions and the machine
-        wandb.log_hyperparams({**cfg.to_dict(), "trainer": {**trainer_settings(cfg, cuda),
-                                                            "default_root_dir": str(run_dir)}, **run_metadata()})
+        wandb = make_wandb_logger(run_dir, project=cfg.wandb_project, name=run_dir.name,
+                                  mode=None if cfg.wandb_mode == "auto" else cfg.wandb_mode, finish_on_end=True)
+        # as fit's: every model field, the Trainer's settings (`trainer.*`), the seed, the versions and the machine
+        wandb.log_hyperparams({**cfg.to_dict(), "trainer": {**trainer_settings(cfg, cuda), **(trainer_extra or {}),
+                                                            "default_root_dir": str(run_dir)},
+                               "seed_everything": cfg.seed, **run_metadata()})
         loggers.append(wandb)
     artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None,
                                      panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
-    trainer = build_trainer(cfg, cuda, [*loggers, history], [metrics, artifacts], run_dir)
+    trainer = build_trainer(cfg, cuda, [*loggers, history], [metrics, artifacts], run_dir, trainer_extra)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")
     summary: dict[str, Any] = {}
@@ -235,12 +218,13 @@ def trainer_settings(cfg, cuda: bool) -> dict[str, Any]:
             "num_sanity_val_steps": 0, "limit_val_batches": 0, "log_every_n_steps": 1}
 
 
-def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path):
+def build_trainer(cfg, cuda: bool, logger: Any, callbacks: list, run_dir: str | Path,
+                  extra: dict[str, Any] | None = None):
     """The ``pl.Trainer`` a GA3C run fits with (also the ``ga3c-learner`` benchmark suite), on
-    :func:`trainer_settings`."""
+    :func:`trainer_settings` and the ``extra`` Trainer arguments (``--trainer.*``: none of those settings)."""
     import lightning.pytorch as pl
 
-    settings = trainer_settings(cfg, cuda)
+    settings = {**trainer_settings(cfg, cuda), **(extra or {})}
     settings["max_time"] = datetime.timedelta(seconds=settings["max_time"])
     return pl.Trainer(**settings, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
@@ -254,68 +238,31 @@ def _sigterm(signum, frame) -> None:
 
 
 def parse_config(argv: Sequence[str]):
-    """The validated :class:`~lightning_per.ga3c.config.GA3CConfig` of a ``ga3c`` command line.
+    """The validated :class:`~lightning_per.ga3c.config.GA3CConfig` of ``--config`` / ``--model.<field>`` options
+    (:func:`~lightning_per.ga3c.config.config_parser`; the command is :class:`lightning_per.cli.GA3CCLI`).
 
     Raises:
         ValueError: an unknown option (:class:`~lightning_per.ga3c.config.UnknownOption`), a missing config
             file or a bad value (the message names the field).
     """
-    from lightning_per.ga3c.config import parse_args
+    from lightning_per.ga3c.config import config_parser, parse_args
 
-    return parse_args(build_parser(), list(argv))
+    return parse_args(config_parser(prog="lightning-per ga3c"), list(argv))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lightning-per ga3c``. Returns the exit status (0 on success).
+def train(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> int:
+    """:func:`run` with SIGTERM handled as an interrupt (Ctrl-C's clean shutdown; main thread only); 0 on success.
 
     Raises:
-        ValueError: a bad config value (the message names the field).
+        RunDirError: the run directory cannot be written (before training; nothing was written).
     """
-    return _train(parse_config(sys.argv[1:] if argv is None else argv))
-
-
-def _train(cfg, model=None) -> int:
-    """Run a parsed config with SIGTERM handled as an interrupt (main thread only); 0 on success."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm) if in_main else None
     try:
-        run(cfg, model)
+        run(cfg, model, trainer_extra)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
     return 0
 
 
-def console_main(argv: Sequence[str] | None = None) -> int:
-    """``lightning-per ga3c``: :func:`main`, with a bad config value, an environment that cannot be made and a
-    run directory that cannot be written (:class:`RunDirError`) reported as one line on stderr and exit
-    status 2 (``LIGHTNING_PER_TRACEBACK=1`` raises it instead)."""
-    from lightning_per.ga3c.config import UnknownOption
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = parse_config(argv)
-        model = prepare(cfg)  # setting errors surface here, before a run directory is written
-    except UnknownOption as err:  # a command-line mistake: the usage line, then the error (argparse's way)
-        parser = build_parser()
-        _print_short_usage(parser.prog)
-        parser.exit(2, f"{parser.prog}: error: {str(err).split('; known fields')[0]}\n")
-    except ValueError as err:
-        return _one_line(err)
-    try:
-        return _train(cfg, model)
-    except RunDirError as err:  # before training: nothing was written
-        return _one_line(err)
-
-
-def _one_line(err: ValueError) -> int:
-    """Report a setting error on stderr in one line and return the exit status 2 (``LIGHTNING_PER_TRACEBACK=1``
-    re-raises it)."""
-    if os.environ.get("LIGHTNING_PER_TRACEBACK"):
-        raise err
-    sys.stderr.write(f"lightning-per ga3c: error: {err} (set LIGHTNING_PER_TRACEBACK=1 for the traceback)\n")
-    return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(console_main())

@@ -1,12 +1,12 @@
-"""GA3C configuration: one typed, documented, validated dataclass, read from YAML.
+"""GA3C configuration: one typed, documented, validated dataclass, read from YAML under ``model:``.
 
-Why one flat dataclass and not LightningCLI's ``--model.*`` / ``--trainer.*`` groups: a GA3C run configures
-processes, threads, queues and shared memory as much as it configures the LightningModule and the Trainer
-(whose settings follow from these fields: :func:`lightning_per.ga3c.cli.build_trainer`), and the dynamic
-adjustment changes several of those knobs at run time. The dataclass keeps every knob named, typed,
-documented (the attribute docstrings below) and validated in one place; jsonargparse, the parser under
-LightningCLI, builds the command line and reads the YAML from it (:func:`config_parser`), so YAML, command
-line and code cannot drift apart.
+The dataclass is the source of the ``lightning-per ga3c`` command's ``--model.*`` options (LightningCLI, as
+``lightning-per fit``: :class:`lightning_per.cli.GA3CCLI`) and of the ``model:`` section of its config files: a
+new field is a new option. A GA3C run configures processes, threads, queues and shared memory as much as the
+LightningModule, and the Trainer's budget and devices follow from these fields
+(:func:`lightning_per.ga3c.cli.trainer_settings`). Every knob is named, typed, documented (the attribute docstrings
+below) and validated in one place; jsonargparse, the parser under LightningCLI, reads the YAML
+(:func:`config_parser`), so YAML, command line and code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _NETWORKS = ("auto", "mlp", "conv")
 _BACKENDS = ("gym", "ale_vector")
 _REDUCTIONS = ("mean", "sum")
 _DEVICES = ("auto", "cpu", "cuda")
-_WANDB = ("disabled", "offline", "online")
+_WANDB = ("auto", "disabled", "offline", "online")
 _LAG_POLICIES = ("drop", "downweight")
 _LOSSES = ("a3c", "appo")
 
@@ -234,8 +234,9 @@ class GA3CConfig:
     """Parent directory; each run writes to ``run_dir/<name>-<timestamp>/``."""
     run_name: str = "ga3c"
     """Run name (directory prefix, W&B name)."""
-    wandb_mode: str = "disabled"
-    """W&B logging: ``disabled``, ``offline`` or ``online``."""
+    wandb_mode: str = "auto"
+    """W&B logging: ``auto`` (offline without W&B credentials, online with them: ``lightning-per fit``'s default
+    logger, :class:`~lightning_per.callbacks.AutoModeWandbLogger`), ``offline``, ``online`` or ``disabled``."""
     wandb_project: str = "lightning_per"
     """W&B project."""
     status_interval_s: float = 5.0
@@ -354,11 +355,12 @@ def _check_float(cfg: GA3CConfig, name: str, low: float = -math.inf, high: float
 
 
 def config_parser(**kwargs: Any):
-    """The jsonargparse parser of :class:`GA3CConfig` (the ``ga3c`` command's, and :func:`load_config`'s):
+    """The jsonargparse parser of :class:`GA3CConfig` in the config files' layout (:func:`load_config`'s):
     ``--config FILE`` (jsonargparse's ``ActionConfigFile``: YAML, later options override earlier ones) and
-    one typed ``--<field>`` per field, its help the field's attribute docstring. Values are YAML
-    (``--reward_clip null``, ``--hidden_sizes [64,64]``). It raises ``argparse.ArgumentError`` instead of
-    exiting; :func:`parse_args` turns that into a ``ValueError``.
+    one typed ``--model.<field>`` per field, its help the field's attribute docstring; a file's ``trainer:``
+    section (Trainer settings, :class:`lightning_per.cli.GA3CCLI`'s) is read as a mapping and not checked here.
+    Values are YAML (``--model.reward_clip null``, ``--model.hidden_sizes [64,64]``). It raises
+    ``argparse.ArgumentError`` instead of exiting; :func:`parse_args` turns that into a ``ValueError``.
 
     Args:
         **kwargs: for ``jsonargparse.ArgumentParser`` (``prog``, ``description``...).
@@ -366,7 +368,7 @@ def config_parser(**kwargs: Any):
     Example::
 
         >>> from lightning_per.ga3c.config import config_parser, parse_args
-        >>> cfg = parse_args(config_parser(), ["--agents", "2", "--reward_clip", "null"])
+        >>> cfg = parse_args(config_parser(), ["--model.agents", "2", "--model.reward_clip", "null"])
         >>> cfg.agents, cfg.reward_clip
         (2, None)
     """
@@ -383,8 +385,10 @@ def config_parser(**kwargs: Any):
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # the fields' docstrings become the help
     parser = ArgumentParser(exit_on_error=False, allow_abbrev=False, **kwargs)
-    parser.add_argument("--config", action=_ConfigFile, help="YAML file of GA3CConfig fields")
-    parser.add_class_arguments(GA3CConfig)
+    parser.add_argument("--config", action=_ConfigFile, help="YAML file: GA3CConfig fields under model:")
+    parser.add_class_arguments(GA3CConfig, "model")
+    parser.add_argument("--trainer", type=dict | None, default=None, help="Trainer settings (lightning-per ga3c's)")
+    parser.add_argument("--seed_everything", type=bool | int, default=False, help="lightning-per ga3c's")
     return parser
 
 
@@ -410,17 +414,17 @@ def parse_args(parser, argv: list[str], overrides: dict[str, Any] | None = None)
             unknown = sorted(set(overrides) - set(names))
             if unknown:  # e.g. "config", which parse_object would not take as a file
                 raise UnknownOption(f"overrides: {unknown} are no fields of GA3CConfig; known fields: {names}")
-            ns = parser.parse_object(dict(overrides), ns)  # positional: the keyword's name differs across versions
+            ns = parser.parse_object({"model": dict(overrides)}, ns)  # positional: the name differs across versions
     except ArgumentError as err:
         message = " ".join(str(err).split())
-        if message.startswith("unrecognized arguments") or "is not accepted" in message:
-            given = re.findall(r"--([\w.]+)|Option '([^']+)' is not accepted", message)
+        if message.startswith("unrecognized arguments") or "not accept option" in message:
+            given = re.findall(r"--(?:model\.)?([\w.]+)|does not accept option '([^']+)'", message)
             close = sorted({c for dashed, quoted in given
                             for c in difflib.get_close_matches(dashed or quoted, names, n=2, cutoff=0.75)})
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             raise UnknownOption(f"{message}{hint}; known fields: {names}") from None
         raise ValueError(message) from None
-    values = ns.as_dict()
+    values = ns.as_dict()["model"]
     return GA3CConfig(**{name: values[name] for name in names}).validate()
 
 
@@ -429,8 +433,8 @@ def field_docs() -> dict[str, str]:
     parser read them."""
     from lightning_per.lightning_compat import parser_actions  # imports Lightning: only when asked
 
-    return {a.dest: " ".join(str(a.help).split()) for a in parser_actions(config_parser())
-            if a.dest in GA3CConfig.__dataclass_fields__}
+    return {a.dest[len("model."):]: " ".join(str(a.help).split()) for a in parser_actions(config_parser())
+            if a.dest[len("model."):] in GA3CConfig.__dataclass_fields__ and a.dest.startswith("model.")}
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GA3CConfig:
@@ -438,7 +442,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     :func:`config_parser` (the command line's types and checks).
 
     Args:
-        path: YAML file whose top level maps field names to values (None: defaults only).
+        path: YAML file whose ``model:`` section maps field names to values (None: defaults only).
         overrides: field values applied after the file (e.g. from the command line).
 
     Raises:
