@@ -1,8 +1,9 @@
-"""Agent processes of the GA3C system: their handles, and a ``spawn`` start that skips ``__main__``.
+"""Agent processes: their handles, and a ``spawn`` start that skips ``__main__``.
 
-An agent runs :func:`lightning_per.ga3c.agent.agent_main` in a ``spawn`` child through
-:mod:`._agent_boot` (a file run by path: the child imports neither this package's ``__init__`` nor the
-parent's main script). :class:`AgentHandle` is what the learner keeps of one incarnation of an agent
+An agent runs :func:`lightning_per.actors.agent.agent_main` in a ``spawn`` child through
+:mod:`lightning_per.actors._agent_boot` (a file run by path: the child imports neither this package's
+``__init__`` nor the parent's main script).
+:class:`AgentHandle` is what the learner keeps of one incarnation of an agent
 index (see "incarnations" in :mod:`lightning_per.ga3c.system`).
 """
 
@@ -65,9 +66,10 @@ def _no_main_reimport():
 
 def agent_process(ctx: Any, index: int, kwargs: dict[str, Any]) -> Any:
     """The (not yet started) daemon process ``ga3c-agent-<index>`` of the ``spawn`` context ``ctx``, which
-    runs ``agent_main(**kwargs)`` through :mod:`._agent_boot`; start it with :func:`start_process`."""
+    runs ``agent_main(**kwargs)`` through :mod:`lightning_per.actors._agent_boot`; start it with
+    :func:`start_process`."""
     return ctx.Process(target=runpy.run_path, args=(_BOOT,), name=f"ga3c-agent-{index}", daemon=True,
-                       kwargs={"init_globals": {"GA3C_AGENT_KWARGS": kwargs}, "run_name": "__ga3c_agent__"})
+                       kwargs={"init_globals": {"AGENT_KWARGS": kwargs}, "run_name": "__actor_agent__"})
 
 
 def start_process(proc: Any) -> None:

@@ -6,7 +6,7 @@ An environment is described by a plain ``dict`` spec (picklable without importin
 
 Every group auto-resets in the same step: where an episode ended, ``step`` returns the first
 observation of the next episode (the terminal observation is never needed: terminal steps do not
-bootstrap, truncated steps bootstrap from V(s_t), see :mod:`lightning_per.ga3c.returns`).
+bootstrap, truncated steps bootstrap from V(s_t), see :mod:`lightning_per.actors.returns`).
 """
 
 from __future__ import annotations

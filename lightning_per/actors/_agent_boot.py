@@ -1,4 +1,4 @@
-"""Entry script of GA3C agent processes, run by path with ``runpy.run_path`` (stdlib only).
+"""Entry script of agent processes, run by path with ``runpy.run_path`` (stdlib only).
 
 Why not a plain ``Process(target=agent_main)``: unpickling that target in the spawned child
 imports ``lightning_per`` first, whose ``__init__`` imports torch, TorchRL and the replay code
@@ -6,19 +6,22 @@ imports ``lightning_per`` first, whose ``__init__`` imports torch, TorchRL and t
 learner starts each one with ``runpy.run_path`` (a stdlib target) on this file, which registers a
 bare package object for ``lightning_per`` and then imports only the NumPy-only agent modules. A
 side effect we want: an agent cannot touch CUDA, it never imports torch.
+
+The learner injects ``AGENT_KWARGS`` (the keyword arguments of the entry function), always
+GA3C's n-step rollout agent (:func:`lightning_per.actors.agent.agent_main`).
 """
 
 import os
 import sys
 import types
 
-if __name__ == "__ga3c_agent__":
+if __name__ == "__actor_agent__":
     if "lightning_per" not in sys.modules:
         _pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         _stub = types.ModuleType("lightning_per")
         _stub.__path__ = [_pkg_dir]
         _stub.__file__ = os.path.join(_pkg_dir, "__init__.py")
         sys.modules["lightning_per"] = _stub
-    from lightning_per.ga3c.agent import agent_main
+    from lightning_per.actors.agent import agent_main
 
-    agent_main(**GA3C_AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)
+    agent_main(**AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)
