@@ -4,6 +4,13 @@
 ``pending`` flags of the shared buffers), gathers the observations in place, runs one forward pass on the model
 device, writes actions/values/policy version back and releases each agent's response semaphore. One host
 synchronisation per batch: the agents need the actions.
+
+The system it serves (GA3C's :class:`~lightning_per.ga3c.system.GA3CSystem`, Ape-X's
+:class:`~lightning_per.actors.apex.ApexActors`) holds: ``predict_batch_size``, ``records_log_prob``,
+``claim_requests(limit) -> (rows (B,) int64, agent handles)``, the shared host views ``obs_rows`` [R, E, *obs],
+``action_rows``/``value_rows`` [R, E], ``version_rows`` [R] (and ``log_prob_rows`` when ``records_log_prob``),
+``policy(obs) -> (action, value[, log_prob])``, ``version_fn()``, ``device``, ``pred_sem``, ``stats``, ``stopping``
+and ``fail(error)``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ class PredictorThread(WorkerThread):
         # default-priority streams that CUDA-graph captures take theirs from (torch hands out pooled streams
         # round robin: a predictor on the capture's own stream would be recorded into the learner's graph)
         stream = torch.cuda.Stream(sys_.device, priority=-1) if cuda else None
-        limit = sys_.cfg.predict_batch_size
+        limit = sys_.predict_batch_size
         # CUDA: requests are gathered straight into this pinned buffer (one host copy, no per-batch
         # allocation); reusing it is safe because _serve waits for its stream before returning.
         self._pinned = (torch.empty((limit, *sys_.obs_rows.shape[1:]), dtype=sys_.obs_rows.dtype, pin_memory=True)
@@ -62,7 +69,7 @@ class PredictorThread(WorkerThread):
         value = value.view(len(agents), -1).to("cpu", torch.float32)
         sys_.action_rows.index_copy_(0, rows, action)
         sys_.value_rows.index_copy_(0, rows, value)
-        if sys_.cfg.vtrace:
+        if sys_.records_log_prob:
             if not log_prob:
                 raise ValueError("vtrace: the policy must return (action, value, log_prob): V-trace's importance "
                                  "weights need log mu(a|s) of the acting policy, and it returned two tensors")

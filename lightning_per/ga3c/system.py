@@ -96,6 +96,8 @@ class GA3CSystem:
         self.obs_shape, self.obs_dtype = tuple(obs_shape), str(obs_dtype)
         self.policy, self.version_fn, self.device = policy, version_fn, torch.device(device)
         self.stats = stats or Stats()
+        self.predict_batch_size = cfg.predict_batch_size  # what a predictor claims at most (PredictorThread)
+        self.records_log_prob = cfg.vtrace  # predictors also write log mu(a|s) (V-trace)
         self.ctx = mp.get_context("spawn")
         self.stopping = threading.Event()
         self.error: BaseException | None = None
