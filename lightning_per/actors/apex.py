@@ -106,7 +106,8 @@ class ApexActors:
         device: the learner's device.
         sink: ``sink(batch)`` takes a dict of host tensors, ``TRANSITION_KEYS``, (T*E,) rows of one slot:
             ``observation``/``next_observation`` (T*E, *obs), ``action`` and ``version`` int64, ``reward`` and
-            ``discount`` float32; called from the ingest thread, in slot order of each agent; it may block.
+            ``discount`` float32; called from the ingest thread (slots of one agent may come out of order); it may
+            block.
         seed: base seed (agent i of incarnation k seeds its envs with ``seed + 10_007 * k``).
 
     Raises:
