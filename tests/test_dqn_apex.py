@@ -96,3 +96,45 @@ def test_a_checkpoint_resumes_learner_replay_and_counters_and_the_actors_restart
     # the counters go on from the checkpoint, the replay kept its transitions and received 400 more (0.25 ratio)
     assert resumed.env_steps >= steps + 400 and len(resumed.rb) == stored + (resumed.env_steps - steps)
     assert resumed.feed.actors.error is None
+
+
+def test_sigterm_to_the_process_group_stops_the_run_within_5_s_and_its_checkpoint_resumes(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "lightning_per.console", "fit", "--config", str(root / "configs/dqn_cartpole_apex.yaml"),
+            "--model.updates_per_epoch=20", "--model.warmup_steps=64", "--model.actors.agents=2",
+            "--model.target_return=null", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(base, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own process group, agents included
+    ckpt = run / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():  # the first epoch's checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not finish an epoch"
+            time.sleep(0.1)
+        first = ckpt.stat().st_mtime_ns
+        while ckpt.stat().st_mtime_ns == first:  # rewritten at the second epoch's end
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not finish two epochs"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        stopped_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert stopped_s < 5.0, stopped_s
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    done = subprocess.run([*base, "--trainer.max_epochs=4", f"--ckpt_path={ckpt}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["epochs"] == 4 and summary["updates"] == 4 * 20
