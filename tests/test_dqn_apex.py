@@ -107,8 +107,9 @@ def test_sigterm_to_the_process_group_stops_the_run_within_5_s_and_its_checkpoin
 
     root = Path(__file__).resolve().parents[1]
     run = tmp_path / "run"
-    base = [sys.executable, "-m", "lightning_per.console", "fit", "--config", str(root / "configs/dqn_cartpole_apex.yaml"),
-            "--model.updates_per_epoch=20", "--model.warmup_steps=64", "--model.actors.agents=2",
+    base = [sys.executable, "-m", "lightning_per.console", "fit",
+            "--config", str(root / "configs/dqn_cartpole_apex.yaml"), "--model.updates_per_epoch=20",
+            "--model.warmup_steps=64", "--model.actors.agents=2",
             "--model.target_return=null", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={run}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
     proc = subprocess.Popen(base, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
