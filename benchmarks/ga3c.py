@@ -103,8 +103,8 @@ def ga3c_config(args, dynamic: bool):
 def bench_ga3c(args, dynamic: bool) -> dict:
     import lightning.pytorch as pl
 
+    from lightning_per.actors.stats import rates
     from lightning_per.ga3c.module import GA3C
-    from lightning_per.ga3c.stats import rates
 
     cfg = ga3c_config(args, dynamic)
     model = GA3C(cfg)

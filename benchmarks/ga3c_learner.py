@@ -5,7 +5,7 @@ The real :class:`~lightning_per.ga3c.GA3C` module, its loss, optimiser and ``Tra
 its data loader over the bounded batch queue, and the real :class:`~lightning_per.ga3c.workers.TrainerThread`
 threads that claim rollouts from the shared buffers, copy them out and merge them into (pinned) batches.
 What is missing: agent processes, and predictor threads unless ``--synthetic-pps`` asks for them (then
-the real :class:`~lightning_per.ga3c.workers.PredictorThread` serves paced synthetic requests, to measure
+the real :class:`~lightning_per.actors.predictor.PredictorThread` serves paced synthetic requests, to measure
 how much they slow the learner down: GIL, CPU, device). Every rollout slot of the shared buffers holds
 random Pong-shaped data (``(4, S, S)`` uint8 frames, 6 actions) and is marked ready again as soon as a
 trainer took it, so the trainers are never starved and the learner runs as fast as it can.
@@ -47,11 +47,12 @@ import torch
 
 from benchmarks._harness import timed
 from benchmarks._results import Results
+from lightning_per.actors.predictor import PredictorThread
 from lightning_per.ga3c import module as ga3c_module
 from lightning_per.ga3c.loss import a3c_loss
 from lightning_per.ga3c.module import GA3C
 from lightning_per.ga3c.system import GA3CSystem, _Agent
-from lightning_per.ga3c.workers import PredictorThread, TrainerThread
+from lightning_per.ga3c.workers import TrainerThread
 
 __all__ = ["add_arguments", "bench_learner", "run", "PHASES"]
 

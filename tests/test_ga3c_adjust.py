@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lightning_per.ga3c.adjust import Counts, DynamicAdjuster, Window
+from lightning_per.actors.adjust import Counts, DynamicAdjuster, Window
 
 
 class FakeSystem:
@@ -162,7 +162,7 @@ def test_a_start_over_the_bound_walks_back_within_it():
 def test_each_decision_and_its_reason_is_logged(caplog):
     fake = LaggingSystem(start=(3, 1, 1))  # lag 7, within 8; one more agent: 10, over it
     adj = make(fake, max_lag_p95=8.0)
-    with caplog.at_level(logging.INFO, logger="lightning_per.ga3c.adjust"):
+    with caplog.at_level(logging.INFO, logger="lightning_per.actors.adjust"):
         for _ in range(40):
             adj.step()
     lines = [r.getMessage() for r in caplog.records]

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_ga3c_vtrace import _random_rollouts, _vtrace_model
 
+from lightning_per.actors.envs import TOY_ENV_ID
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.loss import appo_loss, normalize_advantage, vtrace_targets
 from lightning_per.ga3c.module import GA3C
 

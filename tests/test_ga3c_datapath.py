@@ -13,8 +13,8 @@ import _ga3c_probe_env as probe
 import pytest
 import torch
 
+from lightning_per.actors.envs import probe_env
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.system import GA3CSystem
 
 GAMMA, CLIP, T_MAX = 0.9, 2.0, 5

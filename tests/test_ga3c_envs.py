@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_per.ga3c.envs import make_env_group, probe_env
+from lightning_per.actors.envs import make_env_group, probe_env
 
 pytest.importorskip("ale_py")
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_per.actors.envs import TOY_ENV_ID
+from lightning_per.actors.stats import Stats, rates
 from lightning_per.cli import ga3c_main
 from lightning_per.ga3c.config import GA3CConfig, load_config
-from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.loss import a3c_loss, lag_weights
 from lightning_per.ga3c.module import GA3C
 from lightning_per.ga3c.networks import make_network
-from lightning_per.ga3c.stats import Stats, rates
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND = 2

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lightning_per.ga3c.returns import clip_rewards, nstep_returns
+from lightning_per.actors.returns import clip_rewards, nstep_returns
 
 G = 0.9
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_per.actors.envs import TOY_ENV_ID, probe_env
 from lightning_per.ga3c.cli import parse_config, prepare, run
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import TOY_ENV_ID, probe_env
 from lightning_per.ga3c.module import GA3C
 from lightning_per.ga3c.system import GA3CSystem
 

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
+from lightning_per.actors.envs import probe_env
+from lightning_per.actors.stats import Stats
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import probe_env
-from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 
 SPEC = {"env": "CartPole-v1", "backend": "gym", "kwargs": {}, "frame_stack": 4}
@@ -158,7 +158,7 @@ def test_agents_never_load_torch():
 
 
 def test_counts_change_at_run_time():
-    from lightning_per.ga3c.adjust import Counts
+    from lightning_per.actors.adjust import Counts
 
     system = _system(agents=1, max_agents=4).start()
     try:

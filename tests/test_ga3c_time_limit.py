@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from lightning_per.actors.envs import probe_env
 from lightning_per.ga3c.cli import parse_config, prepare, run
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.system import GA3CSystem
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 
+from lightning_per.actors.envs import TOY_ENV_ID
 from lightning_per.cli import ga3c_main
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import TOY_ENV_ID
 from lightning_per.ga3c.module import GA3C
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_per.actors.envs import probe_env
+from lightning_per.actors.returns import nstep_returns
 from lightning_per.ga3c import module as ga3c_module
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.loss import a3c_loss, vtrace_targets
 from lightning_per.ga3c.module import GA3C
-from lightning_per.ga3c.returns import nstep_returns
 from lightning_per.ga3c.system import GA3CSystem
 
 GAMMA = 0.9
@@ -273,7 +273,7 @@ def test_clip_errors_state_the_open_bound():
 def test_policy_lag_quantiles_count_every_transition():
     """Stats' histogram of per-transition lags: its quantiles are NumPy's lower (inverted-CDF) quantiles of the
     lags themselves, over the whole run and over a snapshot window; lags past the histogram land in its last bin."""
-    from lightning_per.ga3c.stats import LAG_BINS, Stats, lag_quantile, rates
+    from lightning_per.actors.stats import LAG_BINS, Stats, lag_quantile, rates
 
     rng = np.random.default_rng(0)
     batches = [rng.geometric(0.1, size=160) - 1 for _ in range(50)]  # lags 0, 1, 2, ... (updates)

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
+from lightning_per.actors.envs import probe_env
 from lightning_per.ga3c.config import GA3CConfig, load_config
-from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.system import GA3CSystem
 
 SPEC = {"env": "CartPole-v1", "backend": "gym", "kwargs": {}, "frame_stack": 4}

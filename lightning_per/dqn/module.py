@@ -15,6 +15,7 @@ state :mod:`lightning_per.dqn.state`. Graph mode, blocks and DDP: docs/dqn.md, d
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -28,6 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchrl.envs import EnvBase
 
 from lightning_per import make_replay_buffer
+from lightning_per.actors.apex import ApexConfig
+from lightning_per.dqn.apex import ApexFeed
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.config import ReplayConfig, validate_dqn_arguments
 from lightning_per.dqn.ddp import WholeEpochPerRank, all_ranks_reached, bypass_ddp_reducer, setup_ddp
@@ -55,6 +58,9 @@ _METRICS = {"loss": "mean", "td_abs_mean": "mean", "td_abs_max": "max", "q_mean"
             "is_weight_mean": "mean", "episode_return": "mean", "episode_length": "mean",
             "env_steps": "last", "updates": "last", "clamped_priorities": "last", "epsilon": "last",
             "beta": "last"}
+#: with ``collector: actors``: mean actor weight lag (updates), updates per inserted transition, throughput
+_ACTOR_METRICS = {"actor_weight_lag": "mean", "replay_ratio_achieved": "last", "env_steps_per_s": "last",
+                  "updates_per_s": "last", "learner_wait_s": "last", "actor_queue_full": "last"}
 
 
 class StepIndices(Dataset):
@@ -163,7 +169,9 @@ class DQN(CheckpointHooks, LightningModule):
                  max_env_steps: int | None = None,
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
-                 checkpoint_replay: bool = True, sigterm_check_interval: int = 0) -> None:
+                 checkpoint_replay: bool = True, sigterm_check_interval: int = 0,
+                 collector: Literal["in_process", "actors"] = "in_process", actors: ApexConfig | None = None,
+                 initial_priority: Literal["max", "td"] = "max", actor_sync_interval: int = 8) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else replace(env)  # a copy: the default is shared
         replay = ReplayConfig(**replay) if isinstance(replay, dict) else replace(replay)
@@ -171,12 +179,25 @@ class DQN(CheckpointHooks, LightningModule):
         replay.validate()
         validate_dqn_arguments(locals())
         check_user_objects(env_factory, q_network)
+        actors = ApexConfig(**actors) if isinstance(actors, dict) else (actors or ApexConfig())
+        if collector not in ("in_process", "actors"):
+            raise ValueError(f"collector must be 'in_process' or 'actors', got {collector!r}")
+        if collector == "actors":
+            actors.validate()
+            if env_factory is not None:
+                raise ValueError("collector='actors' steps the env that env= describes in agent processes: leave "
+                                 "env_factory unset (a TorchRL env object cannot cross into the torch-free agents)")
+            if env.backend != "gymnasium":
+                raise ValueError(f"collector='actors' steps Gymnasium envs in agent processes: env.backend must be "
+                                 f"'gymnasium', got {env.backend!r}")
+        self.actors_config = actors
         # the flat arguments (and LightningCLI's keys), then with the nested configs as plain dicts: the second
-        # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*` and `replay.*` included).
-        # The user's env factory and Q-network are code, never checkpoint data: a resume takes them from the
-        # user's own settings again (nothing read from a checkpoint is imported)
-        self.save_hyperparameters(ignore=["env", "replay", "env_factory", "q_network"], logger=False)
-        self.save_hyperparameters({**self.hparams, "env": asdict(env), "replay": asdict(replay)})
+        # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*`, `replay.*` and `actors.*`
+        # included). The user's env factory and Q-network are code, never checkpoint data: a resume takes them
+        # from the user's own settings again (nothing read from a checkpoint is imported)
+        self.save_hyperparameters(ignore=["env", "replay", "actors", "env_factory", "q_network"], logger=False)
+        self.save_hyperparameters({**self.hparams, "env": asdict(env), "replay": asdict(replay),
+                                   "actors": asdict(actors)})
         self.env_config, self.replay_config = env, replay
         self.user_env = None if env_factory is None else UserEnv(env_factory)  # a holder: no submodule
         self.automatic_optimization = False
@@ -191,6 +212,7 @@ class DQN(CheckpointHooks, LightningModule):
             finally:
                 if self.user_env.owned:
                     probe.close()
+        self.q_net_obs_shape = tuple(obs_shape)
         #: the Q-network is the user's (``q_network``), not one of ``network``'s
         self.custom_q_network = q_network is not None
         if replay.frame_dedup and len(obs_shape) < 2:
@@ -203,7 +225,8 @@ class DQN(CheckpointHooks, LightningModule):
             sample = observation if env_factory is not None else torch.zeros((1, *obs_shape))
             self.q_net = user_q_network(q_network, obs_shape, self.n_actions, sample)
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
-        self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates"))
+        self.metrics = MetricAccumulator(_METRICS | _ACTOR_METRICS if collector == "actors" else _METRICS,
+                                         persistent=("env_steps", "updates"))
         ring, count = new_episode_ring(_RING)  # (100,) float32 NaN / () int64, see metrics.episodes
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
@@ -212,6 +235,7 @@ class DQN(CheckpointHooks, LightningModule):
         self.register_buffer("episode_log", log, persistent=False)
         self.register_buffer("episode_log_count", log_count, persistent=False)
         self.collector: NStepCollector | None = None
+        self.feed: ApexFeed | None = None  # collector="actors": Ape-X actor processes (dqn/apex.py)
         self.rb = None
         self._replay_rng: torch.Generator | None = None
         self.learner: Learner | None = None  # one update's math (plain or Inductor), built with the runtime
@@ -229,7 +253,7 @@ class DQN(CheckpointHooks, LightningModule):
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
-        if self.collector is not None:
+        if self.collector is not None or self.feed is not None:
             return
         device = self.trainer.strategy.root_device if self._trainer is not None else self.device
         self._check_device(device)
@@ -264,8 +288,9 @@ class DQN(CheckpointHooks, LightningModule):
         """
         device, h, r = torch.device(device), self.hparams, self.replay_config
         seed = h.seed + 1000 * self.global_rank
-        env = self.make_env(device, seed)
-        self.collector = NStepCollector(env, h.n_step, h.gamma, self.n_actions, device, seed=seed + 1)
+        if h.collector == "in_process":
+            env = self.make_env(device, seed)
+            self.collector = NStepCollector(env, h.n_step, h.gamma, self.n_actions, device, seed=seed + 1)
         self._replay_rng = torch.Generator()  # the buffer derives its device generator from this one
         self._replay_rng.manual_seed(seed + 2)
         # a full-batch loss does not see the batch order: strata in order (the kernels draw their own uniforms)
@@ -283,6 +308,14 @@ class DQN(CheckpointHooks, LightningModule):
                                huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, target_tau=h.target_tau,
                                inductor_mode=h.inductor_mode if h.inductor else None)
         self.updater = choose_update(self, device)
+        if h.collector == "actors":
+            e = self.env_config
+            spec = {"env": e.id, "backend": "gym",
+                    "kwargs": {} if e.max_episode_steps is None else {"max_episode_steps": e.max_episode_steps}}
+            obs_shape = tuple(self.q_net_obs_shape)
+            self.feed = ApexFeed(self.q_net, self.target_net, self.rb, self.actors_config, spec, obs_shape, h.n_step,
+                                 h.gamma, h.double_dqn, h.initial_priority, h.actor_sync_interval, device,
+                                 seed=seed + 1)
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
             self._pending_state = None
@@ -317,6 +350,15 @@ class DQN(CheckpointHooks, LightningModule):
             bypass_ddp_reducer(self.trainer.strategy.model)  # before the first training_step, which captures
             self._grad_world_size = self.trainer.world_size
         batch = self.replay_config.batch_size
+        if self.feed is not None:  # Ape-X: the actors explore on their ladder from the first step
+            self._t0, self._updates0 = time.monotonic(), self.updates
+            self.feed.counters.inserted = self.env_steps  # a resumed run's count goes on (0 on a fresh one)
+            self.feed.sync(self.updates, force=True)
+            self.feed.start()
+            self.feed.fill(max(self.hparams.warmup_steps, self.feed.counters.inserted + max(0, batch - len(self.rb))))
+            self._record_actor_steps()
+            self._inserted0 = self.feed.counters.inserted  # the replay ratio counts from here
+            return
         while self.env_steps < self.hparams.warmup_steps or len(self.rb) < batch:
             self._collect(random=True)
 
@@ -351,6 +393,22 @@ class DQN(CheckpointHooks, LightningModule):
         push_episode_log(self.episode_log, self.episode_log_count, out.episode_return.to(ring.device),
                          out.done.to(ring.device), env_steps=env_steps, time_s=time.monotonic())
 
+    def _record_actor_steps(self) -> None:
+        """Ape-X: env steps = transitions inserted; the episodes the actors finished into the metrics."""
+        self.env_steps = self.feed.counters.inserted
+        episodes = self.feed.episodes()
+        if not episodes:
+            return
+        ret = torch.tensor([r for _, _, r, _ in episodes], dtype=torch.float32, device=self.metrics.device)
+        length = torch.tensor([n for _, _, _, n in episodes], dtype=torch.float32, device=ret.device)
+        done = torch.ones_like(ret, dtype=torch.bool)
+        self.metrics.add("episode_return", ret.sum(), count=len(episodes))
+        self.metrics.add("episode_length", length.sum(), count=len(episodes))
+        ring, count = self.episode_returns_ring, self.episode_returns_count
+        push_episode_returns(ring, count, ret.to(ring.device), done.to(ring.device))
+        push_episode_log(self.episode_log, self.episode_log_count, ret.to(ring.device), done.to(ring.device),
+                         env_steps=self.env_steps, time_s=time.monotonic())
+
     # ------------------------------------------------------------------ learning
     @property
     def _steps_per_epoch(self) -> int:
@@ -376,7 +434,12 @@ class DQN(CheckpointHooks, LightningModule):
         # updates: each vector step is started here and recorded at the next one (docs/dqn.md, "The loop").
         self._credit += n / h.replay_ratio
         c = self.collector
-        while self._credit >= c.num_envs:
+        if self.feed is not None:  # Ape-X: the learner takes the transitions it owes, waiting if the actors lag;
+            before = self.feed.counters.inserted  # whole slots come in: the surplus is credit for later blocks
+            self.feed.fill(before + math.ceil(self._credit))
+            self._credit -= self.feed.counters.inserted - before
+            self._record_actor_steps()
+        while c is not None and self._credit >= c.num_envs:
             if c.overlaps:
                 received = c.wait() if c.in_flight else None
                 self._start_collect()
@@ -392,6 +455,8 @@ class DQN(CheckpointHooks, LightningModule):
         out = self.updater(n)
         # update the target network: the hard copy when an interval boundary was passed (host counter)
         self.updates, interval = self.updates + n, h.target_update_interval
+        if self.feed is not None:
+            self.feed.sync(self.updates)
         if h.target_tau is None and self.updates // interval > (self.updates - n) // interval:
             hard_update(self.learner.target, self.learner.online)
         if h.max_env_steps is not None and self.env_steps >= h.max_env_steps:
@@ -417,6 +482,14 @@ class DQN(CheckpointHooks, LightningModule):
             m.add("epsilon", self._epsilon)
         if self.replay_config.sampler != "uniform":
             m.add("beta", self.rb.sampler.beta)
+        if self.feed is not None:
+            f, wall = self.feed.counters, max(time.monotonic() - self._t0, 1e-9)
+            m.add("actor_weight_lag", f.lag_sum / max(f.inserted, 1))
+            m.add("replay_ratio_achieved", (self.updates - self._updates0) / max(f.inserted - self._inserted0, 1))
+            m.add("env_steps_per_s", f.inserted / wall)
+            m.add("updates_per_s", (self.updates - self._updates0) / wall)
+            m.add("learner_wait_s", f.learner_wait_s)
+            m.add("actor_queue_full", f.queue_full)
 
     def teardown(self, stage: str) -> None:
         """End of fit (also after an exception): release the captured CUDA graph. Under DDP it holds NCCL
@@ -425,6 +498,8 @@ class DQN(CheckpointHooks, LightningModule):
         ``fit`` captures again (:attr:`graph_captures` counts the captures)."""
         if self.updater is not None:
             self.updater.release()
+        if self.feed is not None:
+            self.feed.close()
 
     def on_train_epoch_end(self) -> None:
         self._stop_if_solved("")

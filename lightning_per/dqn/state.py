@@ -180,7 +180,7 @@ class CheckpointHooks:
             check_state_types(state, self.metrics.state_dict(), collector_rng)
         except ValueError as err:
             raise ValueError(f"{where}{err}") from None
-        if self.collector is None:  # e.g. DQN.load_from_checkpoint: applied by build_runtime()
+        if self.learner is None:  # runtime not built (e.g. DQN.load_from_checkpoint): applied by build_runtime()
             self._pending_state = state
             return
         self._load_dqn_state(state)

@@ -194,6 +194,6 @@ class AleVectorEnv(EnvBase):
 def ale_game(env_id: str) -> str:
     """ale-py ROM name of a Gymnasium ALE id: ``ALE/MsPacman-v5`` -> ``ms_pacman``.
 
-    (``lightning_per.ga3c.envs`` has its own copy: GA3C's agent processes import NumPy-only modules.)"""
+    (``lightning_per.actors.envs`` has its own copy: GA3C's agent processes import NumPy-only modules.)"""
     name = env_id.split("/", 1)[-1].split("-", 1)[0]
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -1,7 +1,9 @@
 """GA3C: hybrid CPU/GPU asynchronous advantage actor-critic (Babaeizadeh et al., ICLR 2017,
 arXiv:1611.06256), trained through Lightning.
 
-Agents (CPU processes) -> prediction requests (shared-memory flags + a semaphore) -> predictor
+The agents, predictors, shared rollouts, supervision pieces, stats and dynamic adjustment live in
+:mod:`lightning_per.actors` (shared with the DQN's Ape-X acting); this package keeps the trainers, the losses
+and the module. Agents (CPU processes) -> prediction requests (shared-memory flags + a semaphore) -> predictor
 threads (batched forward on the model device) -> actions back through shared memory; finished
 rollouts (flags + a semaphore) -> trainer threads (merge rollouts into batches) ->
 ``GA3C.training_step`` under ``Trainer.fit``. See ``module.py`` for how
@@ -16,14 +18,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "DynamicAdjuster", "Window", "RMSpropTF", "a3c_loss", "appo_loss",
-           "load_config", "nstep_returns", "make_network", "TerminalRewardEnv"]
+__all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "RMSpropTF", "a3c_loss", "appo_loss", "load_config", "make_network"]
 
 _WHERE = {
     "GA3C": "module", "GA3CConfig": "config", "load_config": "config", "GA3CSystem": "system",
-    "DynamicAdjuster": "adjust", "Window": "adjust", "RMSpropTF": "optim", "a3c_loss": "loss", "appo_loss": "loss",
-    "nstep_returns": "returns",
-    "make_network": "networks", "TerminalRewardEnv": "envs",
+    "RMSpropTF": "optim", "a3c_loss": "loss", "appo_loss": "loss", "make_network": "networks",
 }
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_per.ga3c.stats import lag_max, lag_quantile, rates
+from lightning_per.actors.stats import lag_max, lag_quantile, rates
 from lightning_per.metrics.episodes import episode_table
 
 if TYPE_CHECKING:

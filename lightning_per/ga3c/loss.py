@@ -265,7 +265,7 @@ def vtrace_targets(log_pi: Tensor, log_mu: Tensor, value: Tensor, bootstrap: Ten
         A_s     = rho_s (r_s + gamma_s v_{s+1} - V(x_s)),   v_T = V(x_T) (``bootstrap``)
 
     An episode end cuts the traces. At a time-limit truncation the state after it is not observed (the
-    env has reset), so V(x_{t+1}) is approximated by V(x_t), as :func:`~lightning_per.ga3c.returns.nstep_returns`
+    env has reset), so V(x_{t+1}) is approximated by V(x_t), as :func:`~lightning_per.actors.returns.nstep_returns`
     does: the step's reward becomes r_t + gamma V(x_t) and the step ends its trace. With pi = mu
     (on-policy) and both clips >= 1, v_s is the n-step return of ``nstep_returns``. The recursion is
     TorchRL's ``vtrace_advantage_estimate``; no host synchronisation (capturable, given the clips as

@@ -27,14 +27,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_per.actors.envs import probe_env
+from lightning_per.actors.stats import Stats
 from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.envs import probe_env
 from lightning_per.ga3c.host_state import RING, HostState
 from lightning_per.ga3c.loss import a3c_loss, appo_loss, lag_weights, normalize_advantage, vtrace_targets
 from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF, linear_schedule
-from lightning_per.ga3c.stats import Stats
 from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
 from lightning_per.metrics import MetricAccumulator, new_episode_log, new_episode_ring

@@ -1,7 +1,7 @@
 """The GA3C runtime of the learner process: shared buffers, agents, predictors, trainers.
 
 Lifecycle: :meth:`GA3CSystem.start` allocates the shared rollout buffers, starts NP predictor
-threads, NT trainer threads, NA agent processes (``spawn``, see :mod:`._agent_boot`), a supervisor
+threads, NT trainer threads, NA agent processes (``spawn``, see :mod:`lightning_per.actors._agent_boot`), a supervisor
 thread (replaces dead agents, prints the status line) and, if configured, the dynamic adjustment.
 :meth:`GA3CSystem.close` (idempotent; also registered with ``atexit``) stops everything within
 ``timeout`` seconds: it raises the stop flag that agents poll every step and every 0.1 s of
@@ -19,9 +19,9 @@ stayed dead for ``_STOP_SIGNAL_GRACE_S`` without the system stopping, which cove
 the signal and the learner's handler; any other death (a crash, SIGKILL) is replaced at once.
 
 Liveness is watched by progress, not only by ``is_alive()``: an agent counts a ``heartbeat`` in shared memory
-at every step and every 0.1 s it waits (:mod:`.agent`). At each pass (every ``_SUPERVISE_S``) the supervisor
-adds the time since its previous pass, at most ``_MAX_PASS_S``, to the silence of each started agent whose
-heartbeat has not changed; one silent for ``agent_stall_timeout_s`` (SIGSTOPped, hung in its environment) is
+at every step and every 0.1 s it waits (:mod:`lightning_per.actors.agent`). At each pass (every ``_SUPERVISE_S``)
+the supervisor adds the time since its previous pass, at most ``_MAX_PASS_S``, to the silence of each started agent
+whose heartbeat has not changed; one silent for ``agent_stall_timeout_s`` (SIGSTOPped, hung in its environment) is
 reported in one line naming it and its pid, killed (SIGKILL ends a stopped process too) and then handled as
 a dead agent: replaced, or reaped if it was retiring, and counted with the deaths. The cap per pass keeps
 time the supervisor did not watch (the whole process group stopped with Ctrl-Z, a starved learner) from
@@ -30,7 +30,7 @@ counting as silence.
 Agent indices have *incarnations*: a replaced agent gets the same rows of the shared buffers
 (flags cleared), a new incarnation number and fresh semaphores; work claimed from the previous
 incarnation is answered on the old semaphores or dropped, so a dead agent cannot wake or corrupt its
-successor. Agents hold no lock shared with anyone (see :mod:`.shared`), so killing one at any
+successor. Agents hold no lock shared with anyone (see :mod:`lightning_per.actors.shared`), so killing one at any
 moment cannot stall the others.
 """
 
@@ -50,13 +50,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from lightning_per.ga3c.adjust import Counts, DynamicAdjuster, Window
+from lightning_per.actors.adjust import Counts, DynamicAdjuster, Window
+from lightning_per.actors.predictor import PredictorThread
+from lightning_per.actors.shared import SharedRollouts, make_layout
+from lightning_per.actors.sigterm import SigtermRecorder
+from lightning_per.actors.spawn import AgentHandle, agent_process, start_process
+from lightning_per.actors.stats import Stats, rates
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.shared import SharedRollouts, make_layout
-from lightning_per.ga3c.sigterm import SigtermRecorder
-from lightning_per.ga3c.spawn import AgentHandle, agent_process, start_process
-from lightning_per.ga3c.stats import Stats, rates
-from lightning_per.ga3c.workers import PredictorThread, TrainerThread
+from lightning_per.ga3c.workers import TrainerThread
 
 __all__ = ["GA3CSystem"]
 
@@ -76,7 +77,7 @@ class GA3CSystem:
 
     Args:
         cfg: validated configuration.
-        env_spec: environment spec dict (:func:`~lightning_per.ga3c.envs.make_env_group`).
+        env_spec: environment spec dict (:func:`~lightning_per.actors.envs.make_env_group`).
         obs_shape: one observation's shape; obs_dtype: ``uint8`` or ``float32``.
         policy: ``policy(obs) -> (action, value[, log_prob])``: obs (N, *obs_shape) on ``device``; action
             (N,) int64 sampled from pi, value (N,) float V(s), log_prob (N,) float log pi(action|s) (what
@@ -95,6 +96,8 @@ class GA3CSystem:
         self.obs_shape, self.obs_dtype = tuple(obs_shape), str(obs_dtype)
         self.policy, self.version_fn, self.device = policy, version_fn, torch.device(device)
         self.stats = stats or Stats()
+        self.predict_batch_size = cfg.predict_batch_size  # what a predictor claims at most (PredictorThread)
+        self.records_log_prob = cfg.vtrace  # predictors also write log mu(a|s) (V-trace)
         self.ctx = mp.get_context("spawn")
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -372,7 +375,7 @@ class GA3CSystem:
         self.replaced += 1  # after the new handle is in place: a reader seeing the count sees the handle
         return True
 
-    # ---- signals (see :mod:`.sigterm`) ----------------------------------------------------------
+    # ---- signals (see :mod:`lightning_per.actors.sigterm`) ----------------------------------------------------------
     def _record_signal(self, signum: int) -> None:
         self.stop_signal = signum
 

@@ -1,12 +1,9 @@
-"""Predictor and trainer threads of the learner process (GA3C section 4.1).
+"""Trainer threads of the learner process (GA3C section 4.1); the predictors are shared with Ape-X
+(:mod:`lightning_per.actors.predictor`).
 
-Both are daemon threads with their own stop event (the dynamic adjustment removes one by setting
-it) that wait on their wake-up semaphore with a 50 ms timeout, so they notice a stop quickly.
+A trainer is a :class:`~lightning_per.actors.threads.WorkerThread` that waits on its wake-up semaphore with a 50 ms
+timeout, so it notices a stop quickly.
 
-- :class:`PredictorThread`: claims up to ``predict_batch_size`` pending requests (the prediction
-  "queue" is the ``pending`` flags of the shared buffers), gathers the observations in place, runs
-  one forward pass on the model device, writes actions/values/policy version back and releases each
-  agent's response semaphore. One host synchronisation per batch: the agents need the actions.
 - :class:`TrainerThread`: claims finished rollouts (``ready`` flags), copies each straight out of
   shared memory into its rows of the batch being assembled (pinned host memory when the model is on
   CUDA; then frees the agent's slot) until at least ``train_min_batch_size`` transitions (with
@@ -17,96 +14,22 @@ it) that wait on their wake-up semaphore with a 50 ms timeout, so they notice a 
 
 from __future__ import annotations
 
-import logging
 import queue
-import threading
 from typing import TYPE_CHECKING
 
 import torch
 
+from lightning_per.actors.threads import WorkerThread
+
 if TYPE_CHECKING:  # pragma: no cover
-    from lightning_per.ga3c.system import GA3CSystem
+    pass
 
-__all__ = ["PredictorThread", "TrainerThread"]
+__all__ = ["TrainerThread"]
 
-log = logging.getLogger(__name__)
 _POLL_S = 0.05
 
 
-class _Worker(threading.Thread):
-    def __init__(self, system: GA3CSystem, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self.system = system
-        self.stop_event = threading.Event()
-
-    def stopped(self) -> bool:
-        return self.stop_event.is_set() or self.system.stopping.is_set()
-
-    def run(self) -> None:
-        try:
-            self.loop()
-        except Exception as err:  # a worker that dies must not hang the run: stop everything, loudly
-            log.exception("%s failed", self.name)
-            self.system.fail(err)
-
-
-class PredictorThread(_Worker):
-    """Batches prediction requests and answers them (see the module docstring)."""
-
-    _pinned: torch.Tensor | None = None  # (predict_batch_size, E, *obs) pinned host buffer on CUDA
-
-    def loop(self) -> None:
-        sys_ = self.system
-        cuda = sys_.device.type == "cuda"
-        # high priority: agents wait for these answers. It also keeps this stream out of the pool of
-        # default-priority streams that CUDA-graph captures take theirs from (torch hands out pooled streams
-        # round robin: a predictor on the capture's own stream would be recorded into the learner's graph)
-        stream = torch.cuda.Stream(sys_.device, priority=-1) if cuda else None
-        limit = sys_.cfg.predict_batch_size
-        # CUDA: requests are gathered straight into this pinned buffer (one host copy, no per-batch
-        # allocation); reusing it is safe because _serve waits for its stream before returning.
-        self._pinned = (torch.empty((limit, *sys_.obs_rows.shape[1:]), dtype=sys_.obs_rows.dtype, pin_memory=True)
-                        if cuda else None)  # [limit, E, *obs]
-        while not self.stopped():
-            sys_.pred_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
-            rows, agents = sys_.claim_requests(limit)
-            if not agents:
-                continue
-            for _ in range(len(agents) - 1):  # consume the other wake-ups we just served
-                if not sys_.pred_sem.acquire(block=False):
-                    break
-            if stream is None:
-                self._serve(rows, agents)
-            else:
-                with torch.cuda.stream(stream):
-                    self._serve(rows, agents)
-
-    def _serve(self, rows: torch.Tensor, agents: list) -> None:
-        """rows: (B,) int64 flat rows of the requested steps; agents: their handles (same order)."""
-        sys_ = self.system
-        if self._pinned is None:
-            obs = sys_.obs_rows.index_select(0, rows)  # [B, E, *obs] on the host
-        else:
-            obs = torch.index_select(sys_.obs_rows, 0, rows, out=self._pinned[: rows.shape[0]])  # [B, E, *obs]
-            obs = obs.to(sys_.device, non_blocking=True)  # the blocking copy of the actions below waits for it
-        version = sys_.version_fn()
-        action, value, *log_prob = sys_.policy(obs.flatten(0, 1))  # [B*E] each, on the model device
-        action = action.view(len(agents), -1).to("cpu", torch.int64)  # sync: agents need the actions
-        value = value.view(len(agents), -1).to("cpu", torch.float32)
-        sys_.action_rows.index_copy_(0, rows, action)
-        sys_.value_rows.index_copy_(0, rows, value)
-        if sys_.cfg.vtrace:
-            if not log_prob:
-                raise ValueError("vtrace: the policy must return (action, value, log_prob): V-trace's importance "
-                                 "weights need log mu(a|s) of the acting policy, and it returned two tensors")
-            sys_.log_prob_rows.index_copy_(0, rows, log_prob[0].view(len(agents), -1).to("cpu", torch.float32))
-        sys_.version_rows.index_fill_(0, rows, version)
-        for agent in agents:
-            agent.response_sem.release()
-        sys_.stats.add_predictions(action.numel())
-
-
-class TrainerThread(_Worker):
+class TrainerThread(WorkerThread):
     """Merges rollouts into training batches (see the module docstring)."""
 
     def loop(self) -> None:

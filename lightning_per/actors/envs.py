@@ -5,8 +5,9 @@ An environment is described by a plain ``dict`` spec (picklable without importin
 ``{"env": id, "backend": "gym" | "ale_vector", "num_envs": E, "kwargs": {...}, "frame_stack": 4}``.
 
 Every group auto-resets in the same step: where an episode ended, ``step`` returns the first
-observation of the next episode (the terminal observation is never needed: terminal steps do not
-bootstrap, truncated steps bootstrap from V(s_t), see :mod:`lightning_per.ga3c.returns`).
+observation of the next episode (GA3C never needs the terminal observation: terminal steps do not
+bootstrap, truncated steps bootstrap from V(s_t), see :mod:`lightning_per.actors.returns`). Ape-X's n-step
+transitions do: :class:`GymEnvGroup` keeps it in ``final_obs``; the ale-py vector group does not.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ class GymEnvGroup(EnvGroup):
         self.obs_dtype = np.dtype(np.uint8) if space.dtype == np.uint8 else np.dtype(np.float32)
         self.n_actions = int(self.envs[0].action_space.n)
         self._obs = np.zeros((num_envs, *self.obs_shape), dtype=self.obs_dtype)
+        #: (E, *obs): the observation each env's last step ended in, the true final one where an episode ended
+        #: (``step`` returns the next episode's first there); what Ape-X's n-step transitions bootstrap from
+        self.final_obs = np.zeros_like(self._obs)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         for k, env in enumerate(self.envs):
@@ -154,6 +158,7 @@ class GymEnvGroup(EnvGroup):
         for k, env in enumerate(self.envs):
             obs, r, te, tr, _ = env.step(int(actions[k]))
             reward[k], term[k], trunc[k] = r, te, tr
+            self.final_obs[k] = obs
             self._obs[k] = env.reset()[0] if (te or tr) else obs
         return self._obs.copy(), reward, term, trunc
 

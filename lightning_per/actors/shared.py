@@ -47,7 +47,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-__all__ = ["SharedRollouts", "make_layout"]
+__all__ = ["SharedRollouts", "make_layout", "make_transition_layout"]
 
 _ALIGN = 64
 _STILL_MAPPED: list = []  # segments closed while views were alive: unmapped at process exit
@@ -84,6 +84,52 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         layout["log_probs"] = ((a, s, t, e), "float32")
         layout["next_obs"] = ((a, s, e, *obs_shape), str(np.dtype(obs_dtype)))
     return layout
+
+
+def make_transition_layout(max_agents: int, slots: int, steps: int, num_envs: int, obs_shape: tuple[int, ...],
+                           obs_dtype: str, n_step: int) -> dict:
+    """Plain-dict layout of Ape-X's agents (n-step transitions instead of rollouts), ``name -> (shape, dtype)``.
+
+    For A agents, S slots of T vector steps of E envs::
+
+        obs         (A, E, *obs)         the observations agent i asks Q(s) for (its pending request)
+        actions     (A, E)     int64     argmax_a Q(s, a), written by predictors
+        values      (A, E)     float32   max_a Q(s, a), written by predictors
+        versions    (A,)       int64     learner updates of the weights that answered
+        t_obs       (A, S, T, E, *obs)   n-step transitions (:class:`~lightning_per.actors.nstep.NStepWindow`)
+        t_action    (A, S, T, E)  int64  the action taken (epsilon-greedy)
+        t_reward    (A, S, T, E)  float32  n-step return G
+        t_discount  (A, S, T, E)  float32  bootstrap factor
+        t_next_obs  (A, S, T, E, *obs)   bootstrap observation
+        t_version   (A, S, T)  int64     weights version that chose the transition's first action
+
+    plus ``ep_count``, ``ep_return``, ``ep_length`` (room for (T + n_step) * E episodes a slot: an agent's first
+    slot also sees the n - 1 steps that fill its window), ``busy``, ``ready``, ``pending``, ``started``,
+    ``heartbeat`` and ``flags`` as in :func:`make_layout`.
+    """
+    a, s, t, e = max_agents, slots, steps, num_envs
+    dt = str(np.dtype(obs_dtype))
+    return {
+        "obs": ((a, e, *obs_shape), dt),
+        "actions": ((a, e), "int64"),
+        "values": ((a, e), "float32"),
+        "versions": ((a,), "int64"),
+        "t_obs": ((a, s, t, e, *obs_shape), dt),
+        "t_action": ((a, s, t, e), "int64"),
+        "t_reward": ((a, s, t, e), "float32"),
+        "t_discount": ((a, s, t, e), "float32"),
+        "t_next_obs": ((a, s, t, e, *obs_shape), dt),
+        "t_version": ((a, s, t), "int64"),
+        "ep_count": ((a, s), "int64"),
+        "ep_return": ((a, s, (t + n_step) * e), "float64"),
+        "ep_length": ((a, s, (t + n_step) * e), "int64"),
+        "busy": ((a, s), "uint8"),
+        "ready": ((a, s), "uint8"),
+        "pending": ((a,), "uint8"),
+        "started": ((a,), "uint8"),
+        "heartbeat": ((a,), "int64"),
+        "flags": ((a + 1,), "uint8"),
+    }
 
 
 def _offsets(layout: dict) -> tuple[dict[str, int], int]:

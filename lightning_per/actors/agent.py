@@ -1,9 +1,9 @@
 """GA3C agents: CPU processes that step environments and emit n-step experience (section 4.1).
 
 An agent never imports torch, let alone CUDA: it is started with the ``spawn`` method through
-:mod:`lightning_per.ga3c._agent_boot`, imports only NumPy, Gymnasium (ale-py) and the NumPy
+:mod:`lightning_per.actors._agent_boot`, imports only NumPy, Gymnasium (ale-py) and the NumPy
 modules of this package, and talks to the learner only through shared memory and semaphores
-(:mod:`lightning_per.ga3c.shared`):
+(:mod:`lightning_per.actors.shared`):
 
 - per step: it writes the observations of its E envs into its rollout slot, sets
   ``req_slot/req_t`` and ``pending``, releases the learner's prediction semaphore and waits on its
@@ -19,7 +19,7 @@ modules of this package, and talks to the learner only through shared memory and
   semaphore.
 
 Rollouts have a fixed length T = t_max for all E environments (lockstep); an episode that ends
-inside a rollout cuts the return recursion there (see :func:`~lightning_per.ga3c.returns.nstep_returns`),
+inside a rollout cuts the return recursion there (see :func:`~lightning_per.actors.returns.nstep_returns`),
 which gives every transition the same target as emitting "at episode end" in the reference. The
 return of a rollout is computed when the prediction for the first step of the next rollout brings
 V(s_T), the bootstrap value; so an agent holds two slots at a time (``rollout_slots >= 2``).
@@ -32,9 +32,9 @@ import signal
 
 import numpy as np
 
-from lightning_per.ga3c.envs import make_env_group
-from lightning_per.ga3c.returns import clip_rewards, nstep_returns
-from lightning_per.ga3c.shared import SharedRollouts
+from lightning_per.actors.envs import make_env_group
+from lightning_per.actors.returns import clip_rewards, nstep_returns
+from lightning_per.actors.shared import SharedRollouts
 
 __all__ = ["agent_main"]
 
@@ -51,8 +51,8 @@ def agent_main(index: int, env_spec: dict, layout: dict, shm_name: str, pred_sem
 
     Args:
         index: agent index i in [0, max_agents) (its rows of the shared buffers).
-        env_spec: environment spec dict (:func:`~lightning_per.ga3c.envs.make_env_group`).
-        layout: shared buffer layout (:func:`~lightning_per.ga3c.shared.make_layout`).
+        env_spec: environment spec dict (:func:`~lightning_per.actors.envs.make_env_group`).
+        layout: shared buffer layout (:func:`~lightning_per.actors.shared.make_layout`).
         shm_name: name of the shared-memory segment.
         pred_sem, train_sem: the learner's wake-up semaphores (prediction requests, rollouts).
         response_sem: released by a predictor when this agent's actions are ready.

@@ -1,4 +1,4 @@
-"""Entry script of GA3C agent processes, run by path with ``runpy.run_path`` (stdlib only).
+"""Entry script of agent processes, run by path with ``runpy.run_path`` (stdlib only).
 
 Why not a plain ``Process(target=agent_main)``: unpickling that target in the spawned child
 imports ``lightning_per`` first, whose ``__init__`` imports torch, TorchRL and the replay code
@@ -6,19 +6,26 @@ imports ``lightning_per`` first, whose ``__init__`` imports torch, TorchRL and t
 learner starts each one with ``runpy.run_path`` (a stdlib target) on this file, which registers a
 bare package object for ``lightning_per`` and then imports only the NumPy-only agent modules. A
 side effect we want: an agent cannot touch CUDA, it never imports torch.
+
+The learner injects ``AGENT_ENTRY`` (``"ga3c"``: the rollout agent :func:`lightning_per.actors.agent.agent_main`;
+``"apex"``: the transition agent :func:`lightning_per.actors.apex_agent.apex_agent_main`; a fixed table, nothing
+named by a user is imported) and ``AGENT_KWARGS`` (the entry's keyword arguments).
 """
 
 import os
 import sys
 import types
 
-if __name__ == "__ga3c_agent__":
+if __name__ == "__actor_agent__":
     if "lightning_per" not in sys.modules:
         _pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         _stub = types.ModuleType("lightning_per")
         _stub.__path__ = [_pkg_dir]
         _stub.__file__ = os.path.join(_pkg_dir, "__init__.py")
         sys.modules["lightning_per"] = _stub
-    from lightning_per.ga3c.agent import agent_main
+    if AGENT_ENTRY == "apex":  # noqa: F821 - injected by runpy.run_path(init_globals=...)
+        from lightning_per.actors.apex_agent import apex_agent_main as main
+    else:
+        from lightning_per.actors.agent import agent_main as main
 
-    agent_main(**GA3C_AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)
+    main(**AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)
