@@ -147,6 +147,69 @@ def test_2d_exact_probabilities_follow_the_columns():
     np.testing.assert_allclose(sampler.probabilities().numpy(), p.reshape(-1), atol=1e-12)
 
 
+def _trajectories_of_5_to_25_steps() -> TensorDict:
+    """Two columns of the same 5 trajectories (5, 10, ..., 25 steps): 150 items as ``[envs=2, time=75]``."""
+    done = torch.zeros(75, 1, dtype=torch.bool)
+    done[torch.tensor([5, 15, 30, 50, 75]) - 1] = True
+    one = TensorDict({"done": done, "obs": torch.arange(75)}, [75])
+    data = torch.stack([one, one.clone()])
+    data["obs"] = torch.arange(150).reshape(2, 75)
+    return data
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_2d_storage_rounding_the_capacity_up_is_accepted_as_torchrls(prioritized):
+    """``max_size=149`` on a ``ndim=2`` storage of rows of 2 holds 150 slots (TorchRL's rounding up to whole rows);
+    TorchRL's samplers built with 149 serve all of them, and so do ours: the same set of slices as TorchRL's
+    sampler on TorchRL's storage (68 slices of 10 steps; 600 batches of 5 slices expect each >= 23 times), slot
+    149 among them, and priorities writable at every slot."""
+    data = _trajectories_of_5_to_25_steps()
+    kw = dict(end_key="done", slice_len=10)
+    if prioritized:
+        theirs = PrioritizedSliceSampler(149, 1.0, 1.0, **kw)
+        mine = GPUPrioritizedSliceSampler(149, 1.0, 1.0, device="cpu", seed=0, **kw)
+    else:
+        theirs, mine = SliceSampler(**kw), GPUSliceSampler(149, device="cpu", seed=0, **kw)
+    rb_theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(149, ndim=2), sampler=theirs, batch_size=50)
+    rb_mine = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=mine,
+                                     batch_size=50)
+    for rb in (rb_theirs, rb_mine):
+        index = rb.extend(data)
+        if prioritized:
+            rb.update_priority(index, torch.ones(2, 75))
+    assert rb_mine.storage.max_size == rb_theirs.storage.max_size == 150 and len(rb_mine) == 150
+    assert mine.index.slots == 150
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TorchRL's numpy call
+        got_theirs = slices_of(rb_theirs, 600)
+    got_mine = slices_of(rb_mine, 600)
+    assert len(got_theirs) == 68 and any(149 in s for s in got_theirs)
+    assert got_mine == got_theirs
+
+
+def test_2d_capacity_rounding_keeps_the_prioritized_streams_and_refuses_other_sizes():
+    """The rebuilt core draws as a sampler built with the storage's 150 slots and the same seed; a capacity that
+    does not round up to the storage's slots (140 against 150) is still refused, naming the storage's max_size."""
+    data = _trajectories_of_5_to_25_steps()
+    batches = []
+    for capacity in (149, 150):
+        sampler = GPUPrioritizedSliceSampler(capacity, 0.7, 0.5, end_key="done", slice_len=10, device="cpu", seed=4)
+        rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,
+                                    batch_size=50)
+        index = rb.extend(data)
+        rb.update_priority(index, torch.arange(150.0).reshape(2, 75) + 1)
+        assert sampler.max_size == 150
+        batches.append([rb.sample() for _ in range(3)])
+    for a, b in zip(*batches):
+        assert torch.equal(a["obs"], b["obs"]) and torch.equal(a["priority_weight"], b["priority_weight"])
+    for sampler in (GPUSliceSampler(140, end_key="done", slice_len=10, device="cpu"),
+                    GPUPrioritizedSliceSampler(140, 1.0, 1.0, end_key="done", slice_len=10, device="cpu")):
+        rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,
+                                    batch_size=50)
+        with pytest.raises(ValueError, match=r"has 140 slots but the storage's max_size is 150"):
+            rb.extend(data)
+
+
 # ------------------------------------------------------------------------------ TorchRL's constructor
 def test_no_capacity_and_tuning_keywords_change_nothing():
     """``GPUSliceSampler(slice_len=4, traj_key="episode")`` takes N from the storage; cache_values / compile /

@@ -46,6 +46,12 @@ def ring_tensor(storage, key, n: int) -> Tensor | None:
     return None if value is None else value.reshape(n, *value.shape[data.batch_dims:])
 
 
+def whole_rows(size: int, stride: int) -> int:
+    """``size`` slots rounded up to whole rows of ``stride`` items: the ``max_size`` a storage of ``ndim > 1`` keeps
+    (TorchRL's ``TensorStorage._max_size_along_dim0``: ``ceil(size / stride)`` rows), a host int."""
+    return -(-size // stride) * stride
+
+
 def _keys(storage) -> set:
     data = stored_data(storage)
     if data is None or not hasattr(data, "keys"):
@@ -101,8 +107,12 @@ class SliceIndex:
     def bind(self, storage) -> None:
         """Take the ring's geometry from ``storage`` (first use: allocate the device state), or check it.
 
+        A capacity that a storage of ``ndim > 1`` rounds up to whole rows (``GPUTensorStorage(149, ndim=2)`` of rows of
+        2 items holds 150 slots, as TorchRL's ``LazyTensorStorage``) is the storage's: the index takes its slots.
+
         Raises:
-            ValueError: the storage's ``max_size`` is not the sampler's capacity, or its shape changed.
+            ValueError: the storage's ``max_size`` is not the sampler's capacity (nor that capacity rounded up to
+                whole rows), or its shape changed.
         """
         ndim = getattr(storage, "ndim", 1)
         shape = getattr(storage, "shape", None) if ndim > 1 else None
@@ -112,6 +122,8 @@ class SliceIndex:
         size = getattr(storage, "max_size", None)
         slots = size if isinstance(size, int) else len(storage)
         want = self.capacity if self.slots is None else self.slots
+        if self.slots is None and want is not None and whole_rows(want, stride) == slots:
+            want = slots  # the storage rounded the same max_size up to whole rows, as TorchRL's storages do
         if want is not None and slots != want:
             raise ValueError(f"{self.owner} has {want} slots but the storage's max_size is {slots}: build the "
                              f"sampler with the storage's max_size ({slots}) or, for GPUSliceSampler, with none; "

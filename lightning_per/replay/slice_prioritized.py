@@ -231,9 +231,26 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
             ValueError: the storage's ``max_size`` is not this sampler's capacity.
         """
         if storage is not None:
-            self.index.bind(storage)
+            self._bind(storage)
         mark_written(self.core, index, storage, type(self).__name__)
         self.index.written(index, storage)
+
+    def _bind(self, storage) -> None:
+        """Take the ring's geometry from ``storage`` (:meth:`SliceIndex.bind`); when a storage of ``ndim > 1``
+        rounded ``max_capacity`` up to whole rows (149 -> 150 slots for rows of 2, as TorchRL's storages do), the
+        core, still empty at this first bind, is rebuilt with the storage's slots (TorchRL's sum tree, rounded up
+        to a power of two, holds them too)."""
+        self.index.bind(storage)
+        slots = self.index.slots
+        if slots is not None and slots != self.core.capacity:
+            old = self.core
+            self.core = new_core(type(self).__name__, slots, old.alpha, old.beta, old.state.eps, old.rule,
+                                 device=old.device, backend=old.backend, seed=None, dtype=self.dtype,
+                                 eager_graphs=old.graphs is not None,
+                                 max_priority_within_buffer=old.max_within_buffer)
+            self.core.set_rng_state(old.get_rng_state())  # the same streams, as if built with these slots
+            self.core.rng.attach(old.rng.buffer)
+            self.index.starts.core = self.core
 
     def mask_slots(self, valid: Tensor) -> None:
         """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
@@ -259,6 +276,8 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         Raises:
             As :meth:`GPUSliceSampler.sample`.
         """
+        if storage is not None:
+            self._bind(storage)
         T, num = self.index.prepare_draw(storage, batch_size)
         start, weight = self.core.sample(num, len(storage))
         return expand(self.index, start, None, T, storage, weight)
