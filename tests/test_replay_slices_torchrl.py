@@ -210,6 +210,40 @@ def test_2d_capacity_rounding_keeps_the_prioritized_streams_and_refuses_other_si
             rb.extend(data)
 
 
+@pytest.mark.parametrize("key", ["end", "traj"])
+def test_a_wide_trajectory_marker_is_refused_as_torchrls(key):
+    """An end signal (or trajectory ids) of 5 values per item on a 1-D storage: TorchRL's SliceSampler raises
+    RuntimeError "Expected the end-of-trajectory signal to be 1-dimensional" (TorchRL's test_samplers), and so do
+    ours, naming the key; our buffer refuses the write before anything is stored."""
+    done = torch.zeros(100, 1, dtype=torch.bool)
+    done[torch.tensor([29, 54, 69])] = True
+    data = TensorDict({"obs": torch.arange(100)}, [100])
+    if key == "end":
+        data["next", "done"] = done.unsqueeze(1).expand(100, 5, 1).clone()
+        kw = dict(end_key=("next", "done"))
+    else:
+        data["episode"] = done.cumsum(0).expand(100, 5).clone()
+        kw = dict(traj_key="episode")
+    theirs_storage, mine_storage = LazyTensorStorage(100), GPUTensorStorage(100, device="cpu")
+    theirs_storage.set(range(100), data)
+    mine_storage.set(range(100), data)
+    match = "Expected the end-of-trajectory signal to be 1-dimensional"
+    samplers = [(SliceSampler(num_slices=10, **kw), theirs_storage),
+                (GPUSliceSampler(num_slices=10, device="cpu", **kw), mine_storage),
+                (GPUPrioritizedSliceSampler(100, 1.0, 1.0, num_slices=10, device="cpu", **kw), mine_storage)]
+    for i, (sampler, storage) in enumerate(samplers):
+        named = r".*'episode'" if key == "traj" else r".*\('next', 'done'\)"
+        with pytest.raises(RuntimeError, match=match if i == 0 else match + named):  # ours name the key
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # TorchRL's numpy call
+                sampler.sample(storage, batch_size=20)
+    kind_kw = dict(alpha=ALPHA, beta=BETA, sampler="prioritized_slice")
+    rb = make_replay_buffer(100, 20, device="cpu", num_slices=10, **kind_kw, **kw)
+    with pytest.raises(RuntimeError, match=match):
+        rb.extend(data)
+    assert len(rb) == 0
+
+
 # ------------------------------------------------------------------------------ TorchRL's constructor
 def test_no_capacity_and_tuning_keywords_change_nothing():
     """``GPUSliceSampler(slice_len=4, traj_key="episode")`` takes N from the storage; cache_values / compile /
