@@ -191,7 +191,7 @@ def test_2d_capacity_rounding_keeps_the_prioritized_streams_and_refuses_other_si
     """The rebuilt core draws as a sampler built with the storage's 150 slots and the same seed; a capacity that
     does not round up to the storage's slots (140 against 150) is still refused, naming the storage's max_size."""
     data = _trajectories_of_5_to_25_steps()
-    batches = []
+    batches, built = [], []
     for capacity in (149, 150):
         sampler = GPUPrioritizedSliceSampler(capacity, 0.7, 0.5, end_key="done", slice_len=10, device="cpu", seed=4)
         rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,
@@ -200,8 +200,18 @@ def test_2d_capacity_rounding_keeps_the_prioritized_streams_and_refuses_other_si
         rb.update_priority(index, torch.arange(150.0).reshape(2, 75) + 1)
         assert sampler.max_size == 150
         batches.append([rb.sample() for _ in range(3)])
+        built.append((sampler, rb))
     for a, b in zip(*batches):
         assert torch.equal(a["obs"], b["obs"]) and torch.equal(a["priority_weight"], b["priority_weight"])
+    # a checkpoint of the rounded sampler loads into a fresh one built alike (nothing bound yet), drawing as it
+    sampler, rb = built[0]  # the one built with 149
+    fresh = GPUPrioritizedSliceSampler(149, 0.7, 0.5, end_key="done", slice_len=10, device="cpu", seed=9)
+    fresh.load_state_dict(sampler.state_dict())
+    assert fresh.max_size == 150
+    index_a, info_a = sampler.sample(rb.storage, 50)
+    index_b, info_b = fresh.sample(rb.storage, 50)
+    assert all(torch.equal(x, y) for x, y in zip(index_a, index_b))
+    assert torch.equal(info_a["priority_weight"], info_b["priority_weight"])
     for sampler in (GPUSliceSampler(140, end_key="done", slice_len=10, device="cpu"),
                     GPUPrioritizedSliceSampler(140, 1.0, 1.0, end_key="done", slice_len=10, device="cpu")):
         rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,

@@ -369,6 +369,9 @@ class SliceIndex:
         state = check(state, "slice sampler", SLICE_SCHEMA_VERSION, {1: _v1_to_v2}, key="slice_schema")
         slots, stride = state["slots"], state["stride"]
         want = self.slots if self.slots is not None else self.capacity
+        if self.slots is None and want is not None and isinstance(stride, int) and stride >= 1 \
+                and whole_rows(want, stride) == slots:
+            want = slots  # written through a storage that rounded this capacity up to whole rows (see bind)
         if slots is not None and want is not None and slots != want:
             raise ValueError(f"slice sampler checkpoint holds {slots} slots, this sampler {want}")
         for key in ("raw_end", "traj_ids"):
