@@ -147,6 +147,113 @@ def test_2d_exact_probabilities_follow_the_columns():
     np.testing.assert_allclose(sampler.probabilities().numpy(), p.reshape(-1), atol=1e-12)
 
 
+def _trajectories_of_5_to_25_steps() -> TensorDict:
+    """Two columns of the same 5 trajectories (5, 10, ..., 25 steps): 150 items as ``[envs=2, time=75]``."""
+    done = torch.zeros(75, 1, dtype=torch.bool)
+    done[torch.tensor([5, 15, 30, 50, 75]) - 1] = True
+    one = TensorDict({"done": done, "obs": torch.arange(75)}, [75])
+    data = torch.stack([one, one.clone()])
+    data["obs"] = torch.arange(150).reshape(2, 75)
+    return data
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_2d_storage_rounding_the_capacity_up_is_accepted_as_torchrls(prioritized):
+    """``max_size=149`` on a ``ndim=2`` storage of rows of 2 holds 150 slots (TorchRL's rounding up to whole rows);
+    TorchRL's samplers built with 149 serve all of them, and so do ours: the same set of slices as TorchRL's
+    sampler on TorchRL's storage (68 slices of 10 steps; 600 batches of 5 slices expect each >= 23 times), slot
+    149 among them, and priorities writable at every slot."""
+    data = _trajectories_of_5_to_25_steps()
+    kw = dict(end_key="done", slice_len=10)
+    if prioritized:
+        theirs = PrioritizedSliceSampler(149, 1.0, 1.0, **kw)
+        mine = GPUPrioritizedSliceSampler(149, 1.0, 1.0, device="cpu", seed=0, **kw)
+    else:
+        theirs, mine = SliceSampler(**kw), GPUSliceSampler(149, device="cpu", seed=0, **kw)
+    rb_theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(149, ndim=2), sampler=theirs, batch_size=50)
+    rb_mine = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=mine,
+                                     batch_size=50)
+    for rb in (rb_theirs, rb_mine):
+        index = rb.extend(data)
+        if prioritized:
+            rb.update_priority(index, torch.ones(2, 75))
+    assert rb_mine.storage.max_size == rb_theirs.storage.max_size == 150 and len(rb_mine) == 150
+    assert mine.index.slots == 150
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TorchRL's numpy call
+        got_theirs = slices_of(rb_theirs, 600)
+    got_mine = slices_of(rb_mine, 600)
+    assert len(got_theirs) == 68 and any(149 in s for s in got_theirs)
+    assert got_mine == got_theirs
+
+
+def test_2d_capacity_rounding_keeps_the_prioritized_streams_and_refuses_other_sizes():
+    """The rebuilt core draws as a sampler built with the storage's 150 slots and the same seed; a capacity that
+    does not round up to the storage's slots (140 against 150) is still refused, naming the storage's max_size."""
+    data = _trajectories_of_5_to_25_steps()
+    batches, built = [], []
+    for capacity in (149, 150):
+        sampler = GPUPrioritizedSliceSampler(capacity, 0.7, 0.5, end_key="done", slice_len=10, device="cpu", seed=4)
+        rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,
+                                    batch_size=50)
+        index = rb.extend(data)
+        rb.update_priority(index, torch.arange(150.0).reshape(2, 75) + 1)
+        assert sampler.max_size == 150
+        batches.append([rb.sample() for _ in range(3)])
+        built.append((sampler, rb))
+    for a, b in zip(*batches):
+        assert torch.equal(a["obs"], b["obs"]) and torch.equal(a["priority_weight"], b["priority_weight"])
+    # a checkpoint of the rounded sampler loads into a fresh one built alike (nothing bound yet), drawing as it
+    sampler, rb = built[0]  # the one built with 149
+    fresh = GPUPrioritizedSliceSampler(149, 0.7, 0.5, end_key="done", slice_len=10, device="cpu", seed=9)
+    fresh.load_state_dict(sampler.state_dict())
+    assert fresh.max_size == 150
+    index_a, info_a = sampler.sample(rb.storage, 50)
+    index_b, info_b = fresh.sample(rb.storage, 50)
+    assert all(torch.equal(x, y) for x, y in zip(index_a, index_b))
+    assert torch.equal(info_a["priority_weight"], info_b["priority_weight"])
+    for sampler in (GPUSliceSampler(140, end_key="done", slice_len=10, device="cpu"),
+                    GPUPrioritizedSliceSampler(140, 1.0, 1.0, end_key="done", slice_len=10, device="cpu")):
+        rb = TensorDictReplayBuffer(storage=GPUTensorStorage(149, ndim=2, device="cpu"), sampler=sampler,
+                                    batch_size=50)
+        with pytest.raises(ValueError, match=r"has 140 slots but the storage's max_size is 150"):
+            rb.extend(data)
+
+
+@pytest.mark.parametrize("key", ["end", "traj"])
+def test_a_wide_trajectory_marker_is_refused_as_torchrls(key):
+    """An end signal (or trajectory ids) of 5 values per item on a 1-D storage: TorchRL's SliceSampler raises
+    RuntimeError "Expected the end-of-trajectory signal to be 1-dimensional" (TorchRL's test_samplers), and so do
+    ours, naming the key; our buffer refuses the write before anything is stored."""
+    done = torch.zeros(100, 1, dtype=torch.bool)
+    done[torch.tensor([29, 54, 69])] = True
+    data = TensorDict({"obs": torch.arange(100)}, [100])
+    if key == "end":
+        data["next", "done"] = done.unsqueeze(1).expand(100, 5, 1).clone()
+        kw = dict(end_key=("next", "done"))
+    else:
+        data["episode"] = done.cumsum(0).expand(100, 5).clone()
+        kw = dict(traj_key="episode")
+    theirs_storage, mine_storage = LazyTensorStorage(100), GPUTensorStorage(100, device="cpu")
+    theirs_storage.set(range(100), data)
+    mine_storage.set(range(100), data)
+    match = "Expected the end-of-trajectory signal to be 1-dimensional"
+    samplers = [(SliceSampler(num_slices=10, **kw), theirs_storage),
+                (GPUSliceSampler(num_slices=10, device="cpu", **kw), mine_storage),
+                (GPUPrioritizedSliceSampler(100, 1.0, 1.0, num_slices=10, device="cpu", **kw), mine_storage)]
+    for i, (sampler, storage) in enumerate(samplers):
+        named = r".*'episode'" if key == "traj" else r".*\('next', 'done'\)"
+        with pytest.raises(RuntimeError, match=match if i == 0 else match + named):  # ours name the key
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # TorchRL's numpy call
+                sampler.sample(storage, batch_size=20)
+    kind_kw = dict(alpha=ALPHA, beta=BETA, sampler="prioritized_slice")
+    rb = make_replay_buffer(100, 20, device="cpu", num_slices=10, **kind_kw, **kw)
+    with pytest.raises(RuntimeError, match=match):
+        rb.extend(data)
+    assert len(rb) == 0
+
+
 # ------------------------------------------------------------------------------ TorchRL's constructor
 def test_no_capacity_and_tuning_keywords_change_nothing():
     """``GPUSliceSampler(slice_len=4, traj_key="episode")`` takes N from the storage; cache_values / compile /

@@ -46,6 +46,18 @@ def ring_tensor(storage, key, n: int) -> Tensor | None:
     return None if value is None else value.reshape(n, *value.shape[data.batch_dims:])
 
 
+def whole_rows(size: int, stride: int) -> int:
+    """``size`` slots rounded up to whole rows of ``stride`` items: the ``max_size`` a storage of ``ndim > 1`` keeps
+    (TorchRL's ``TensorStorage._max_size_along_dim0``: ``ceil(size / stride)`` rows), a host int."""
+    return -(-size // stride) * stride
+
+
+def _wide_signal(key, item_shape, ndim: int, owner: str) -> str:
+    """The message for a trajectory marker with more than one value per item (TorchRL's first words)."""
+    return (f"Expected the end-of-trajectory signal to be {ndim}-dimensional: {owner} reads {key!r}, which holds "
+            f"{tuple(item_shape)} values per item; store one value per item (shape [*batch] or [*batch, 1])")
+
+
 def _keys(storage) -> set:
     data = stored_data(storage)
     if data is None or not hasattr(data, "keys"):
@@ -101,8 +113,12 @@ class SliceIndex:
     def bind(self, storage) -> None:
         """Take the ring's geometry from ``storage`` (first use: allocate the device state), or check it.
 
+        A capacity that a storage of ``ndim > 1`` rounds up to whole rows (``GPUTensorStorage(149, ndim=2)`` of rows of
+        2 items holds 150 slots, as TorchRL's ``LazyTensorStorage``) is the storage's: the index takes its slots.
+
         Raises:
-            ValueError: the storage's ``max_size`` is not the sampler's capacity, or its shape changed.
+            ValueError: the storage's ``max_size`` is not the sampler's capacity (nor that capacity rounded up to
+                whole rows), or its shape changed.
         """
         ndim = getattr(storage, "ndim", 1)
         shape = getattr(storage, "shape", None) if ndim > 1 else None
@@ -112,6 +128,8 @@ class SliceIndex:
         size = getattr(storage, "max_size", None)
         slots = size if isinstance(size, int) else len(storage)
         want = self.capacity if self.slots is None else self.slots
+        if self.slots is None and want is not None and whole_rows(want, stride) == slots:
+            want = slots  # the storage rounded the same max_size up to whole rows, as TorchRL's storages do
         if want is not None and slots != want:
             raise ValueError(f"{self.owner} has {want} slots but the storage's max_size is {slots}: build the "
                              f"sampler with the storage's max_size ({slots}) or, for GPUSliceSampler, with none; "
@@ -179,6 +197,7 @@ class SliceIndex:
 
         Raises:
             KeyError: no ``traj_key`` / ``end_key`` / ``end_keys`` entry in ``data``.
+            RuntimeError: such an entry holds more than one value per item.
         """
         if self.spec.ends is not None or self.spec.trajectories is not None:
             return
@@ -190,6 +209,10 @@ class SliceIndex:
             wanted = (*spec.probe_keys, *(spec.end_keys if spec.end_keys is not None else (spec.end_key,)))
         if not any(k in keys for k in wanted):
             self.resolve_signal(_KeysOnly(keys))  # raises the named error
+        for key in wanted:
+            if key in keys and data.get(key).shape[data.batch_dims:].numel() != 1:
+                raise RuntimeError(_wide_signal(key, data.get(key).shape[data.batch_dims:], data.batch_dims,
+                                                self.owner))
 
     def _read_signal(self, storage, slots: Tensor, pos: Tensor) -> None:
         """Stored end flags: ``traj_ids`` at ``slots`` from the storage (ids mode), then ``raw_end`` at ``pos``."""
@@ -205,16 +228,26 @@ class SliceIndex:
                 return
             self.traj_ids[slots] = signal.to(torch.int64)[slots]
         elif kind == "traj":
-            self.traj_ids[slots] = ring_tensor(storage, key, n)[slots].reshape(slots.numel(), -1)[:, 0].to(
-                torch.int64)
+            self.traj_ids[slots] = self._signal(storage, key)[slots].reshape(-1).to(torch.int64)
         else:
             flag = None
             for k in key:
-                value = ring_tensor(storage, k, n)[slots].reshape(slots.numel(), -1).any(1)
+                value = self._signal(storage, k)[slots].reshape(-1)
                 flag = value if flag is None else flag | value
             self.raw_end[slots] = flag
             return
         self.raw_end[pos] = self.traj_ids[pos] != self.traj_ids[(pos + stride) % n]
+
+    def _signal(self, storage, key) -> Tensor:
+        """The stored trajectory marker ``key`` as ``(N, ...)`` slots, one value per item (a trailing 1 allowed).
+
+        Raises:
+            RuntimeError: ``key`` holds more than one value per item (TorchRL's wording, and the key and shapes).
+        """
+        value = ring_tensor(storage, key, self.slots)
+        if value[0].numel() != 1:
+            raise RuntimeError(_wide_signal(key, value.shape[1:], getattr(storage, "ndim", 1), self.owner))
+        return value
 
     def written(self, index, storage) -> None:
         """The ring just took the items ``index`` (what a writer hands ``mark_update``: rows, consecutive modulo the
@@ -336,6 +369,9 @@ class SliceIndex:
         state = check(state, "slice sampler", SLICE_SCHEMA_VERSION, {1: _v1_to_v2}, key="slice_schema")
         slots, stride = state["slots"], state["stride"]
         want = self.slots if self.slots is not None else self.capacity
+        if self.slots is None and want is not None and isinstance(stride, int) and stride >= 1 \
+                and whole_rows(want, stride) == slots:
+            want = slots  # written through a storage that rounded this capacity up to whole rows (see bind)
         if slots is not None and want is not None and slots != want:
             raise ValueError(f"slice sampler checkpoint holds {slots} slots, this sampler {want}")
         for key in ("raw_end", "traj_ids"):

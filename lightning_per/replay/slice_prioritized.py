@@ -15,7 +15,7 @@ from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import checked_update, dump, mark_written, mask_slots, max_priority, new_core
 from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.rules import Proportional
-from lightning_per.replay.slice_index import SliceIndex
+from lightning_per.replay.slice_index import SliceIndex, whole_rows
 from lightning_per.replay.slice_output import expand, slice_batch
 from lightning_per.replay.slice_spec import SliceSpec, parse_span
 from lightning_per.replay.slice_starts import PriorityStarts
@@ -231,9 +231,41 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
             ValueError: the storage's ``max_size`` is not this sampler's capacity.
         """
         if storage is not None:
-            self.index.bind(storage)
+            self._bind(storage)
         mark_written(self.core, index, storage, type(self).__name__)
         self.index.written(index, storage)
+
+    def _bind(self, storage) -> None:
+        """Take the ring's geometry from ``storage`` (:meth:`SliceIndex.bind`); when a storage of ``ndim > 1``
+        rounded ``max_capacity`` up to whole rows (149 -> 150 slots for rows of 2, as TorchRL's storages do), the
+        core, still empty at this first bind, is rebuilt with the storage's slots (TorchRL's sum tree, rounded up
+        to a power of two, holds them too)."""
+        self.index.bind(storage)
+        if self.index.slots is not None and self.index.slots != self.core.capacity:
+            self._use(self._resized(self.index.slots))
+
+    def _resized(self, slots: int):
+        """A fresh core of ``slots`` slots with this core's exponents, rule, device, backend and random streams."""
+        old = self.core
+        core = new_core(type(self).__name__, slots, old.alpha, old.beta, old.state.eps, old.rule, device=old.device,
+                        backend=old.backend, seed=None, dtype=self.dtype, eager_graphs=old.graphs is not None,
+                        max_priority_within_buffer=old.max_within_buffer)
+        core.set_rng_state(old.get_rng_state())  # the same streams, as if built with these slots
+        core.rng.attach(old.rng.buffer)
+        return core
+
+    def _use(self, core) -> None:
+        self.core = core
+        self.index.starts.core = core
+
+    def _core_for(self, state_dict: dict[str, Any]):
+        """The core a checkpoint loads into: this one, or, before the first bind, one resized to the checkpoint's
+        slots when they are this capacity rounded up to whole rows (a checkpoint of a sampler built alike)."""
+        slots, stride = state_dict.get("slots"), state_dict.get("stride")
+        if (self.index.slots is None and isinstance(slots, int) and isinstance(stride, int) and stride >= 1
+                and slots != self.core.capacity and whole_rows(self.core.capacity, stride) == slots):
+            return self._resized(slots)
+        return self.core
 
     def mask_slots(self, valid: Tensor) -> None:
         """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
@@ -259,6 +291,8 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         Raises:
             As :meth:`GPUSliceSampler.sample`.
         """
+        if storage is not None:
+            self._bind(storage)
         T, num = self.index.prepare_draw(storage, batch_size)
         start, weight = self.core.sample(num, len(storage))
         return expand(self.index, start, None, T, storage, weight)
@@ -282,7 +316,7 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         if state_dict == {}:
             raise ValueError(f"an empty state is TorchRL's SliceSampler's (it holds no priorities), not a "
                              f"{type(self).__name__} checkpoint")
-        self.core.check_state_dict(state_dict)
+        self._core_for(state_dict).check_state_dict(state_dict)
         if state_dict.get("kind") != type(self).__name__:
             raise ValueError(f"sampler checkpoint is from {state_dict.get('kind')!r}, not {type(self).__name__}")
         return self.index.check_state(state_dict)
@@ -290,7 +324,9 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (raises as :meth:`check_state_dict`, before anything changes)."""
         state = self.check_state_dict(state_dict)
-        self.core.load_state_dict(state_dict)  # plain values; the slice state then masks them
+        core = self._core_for(state_dict)
+        core.load_state_dict(state_dict)  # plain values; the slice state then masks them
+        self._use(core)
         self.index.load_state(state)
 
     def dumps(self, path) -> None:
