@@ -170,7 +170,7 @@ class DQN(CheckpointHooks, LightningModule):
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
                  checkpoint_replay: bool = True, sigterm_check_interval: int = 0,
-                 collector: Literal["in_process", "actors"] = "in_process", actors: ApexConfig | None = None,
+                 collector: Literal["in_process", "actors"] = "in_process", actors: ApexConfig = ApexConfig(),
                  initial_priority: Literal["max", "td"] = "max", actor_sync_interval: int = 8) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else replace(env)  # a copy: the default is shared
@@ -179,7 +179,7 @@ class DQN(CheckpointHooks, LightningModule):
         replay.validate()
         validate_dqn_arguments(locals())
         check_user_objects(env_factory, q_network)
-        actors = ApexConfig(**actors) if isinstance(actors, dict) else (actors or ApexConfig())
+        actors = ApexConfig(**actors) if isinstance(actors, dict) else replace(actors)  # a copy, as env
         if collector not in ("in_process", "actors"):
             raise ValueError(f"collector must be 'in_process' or 'actors', got {collector!r}")
         if collector == "actors":
