@@ -1,7 +1,9 @@
 """Replay benchmark: one training-step's replay work (sample B + read the batch + update B priorities).
 
 Rows, measured side by side in one process per implementation family:
-  ours-eager        GPUPrioritizedReplayBuffer (proportional), eager
+  ours-eager        GPUPrioritizedReplayBuffer (proportional), eager; on a CPU its default serial layout
+  ours-eager-parallel  the same in the parallel layout (``serial=False``, a GPU's blocks of ~sqrt(N) leaves): on a
+                    CPU, what a CPU sampler ran before the serial layout (docs/replay.md, "On a CPU")
   ours-graph        the same step captured in one CUDA graph and replayed
   *-sample-update   the graph rows without the step's priority math: the new priorities are a given (B,)
                     tensor, so the graph holds only the replay's work (sample + read + update_priority)
@@ -20,7 +22,9 @@ Rows, measured side by side in one process per implementation family:
   torchrl-uniform   TorchRL TensorDictReplayBuffer + RandomSampler
   bare-gather       torch.randint + index of the raw tensors (the floor)
 plus extend of 64 transitions, host syncs per step (torch.cuda.set_sync_debug_mode("warn")) and
-memory per slot. Transition: observation 51 f32, next_observation 51 f32, action i64, reward f32,
+memory per slot. On a CPU every row is measured at each of ``--threads`` intra-op thread counts (default 1 and
+the interpreter's default), and ``--quick`` measures N = 1e6, B = 256: ours against TorchRL's C++ tree where a
+laptop or CI starts. Transition: observation 51 f32, next_observation 51 f32, action i64, reward f32,
 done bool (421 bytes).
 
 Where TorchRL's C++ sum tree does not load against the installed torch, run ``--family torchrl`` in an
@@ -114,6 +118,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
     rows = []
     for name, kind, backend, eager_graphs, shuffle in (
             ("ours-eager", "proportional", "reference", True, True),
+            ("ours-eager-parallel", "proportional", "reference", True, True),
             ("ours-eager-ordered", "proportional", "reference", True, False),
             ("ours-rank-eager", "rank", "reference", True, True),
             ("ours-rank-kernels-eager", "rank", "kernels", True, True),
@@ -122,13 +127,16 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
             ("ours-kernels-eager-launches", "proportional", "kernels", False, True)):
         if backend == "kernels" and device.type != "cuda":
             continue
+        if name == "ours-eager-parallel" and device.type == "cuda":  # the CUDA sampler's layout already
+            continue
+        layout = {"serial": False} if name == "ours-eager-parallel" else {}
         if device.type == "cuda":  # the previous buffer (held by reference cycles of its graphs) freed first
             gc.collect()
             torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         rb = make_replay_buffer(N, B, sampler=kind, device=device, backend=backend, packed=True,  # one gather
                                 eager_graphs=eager_graphs, generator=torch.Generator().manual_seed(0),
-                                shuffle_strata=shuffle)
+                                shuffle_strata=shuffle, **layout)
         fill(rb, N, device)
         mem = (torch.cuda.memory_allocated(device) - base) / N if device.type == "cuda" else float("nan")
         step = step_fn(rb, B)
@@ -196,10 +204,10 @@ def table(rows: list[dict]) -> str:
         value = r.get(key)
         return format(float("nan") if value is None else value, fmt)
 
-    lines = ["| impl | N | B | step (us) | syncs/step | extend 64 (us) | bytes/slot |",
-             "|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["N"], r["B"], r["impl"])):
-        lines.append(f"| {r['impl']} | {r['N']:.0e} | {r['B']} | {r['step_us']:.1f} "
+    lines = ["| impl | N | B | threads | step (us) | syncs/step | extend 64 (us) | bytes/slot |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["N"], r["B"], r.get("threads") or 0, r["impl"])):
+        lines.append(f"| {r['impl']} | {r['N']:.0e} | {r['B']} | {r.get('threads') or '-'} | {r['step_us']:.1f} "
                      f"| {num(r, 'syncs_per_step', '.2f')} | {num(r, 'extend64_us', '.1f')} "
                      f"| {num(r, 'bytes_per_slot', '.1f')} |")
     return "\n".join(lines)
@@ -231,9 +239,14 @@ def add_arguments(ap) -> None:
                     help="implementations to run (default all; torchrl rows are skipped where TorchRL's "
                          "prioritized buffer does not load)")
     ap.add_argument("--sizes", default=None,
-                    help="capacities N, comma-separated (default 1e6,1e7 on CUDA, 1e4,1e5 on CPU)")
-    ap.add_argument("--batches", default=None, help="batch sizes B, comma-separated (default 256)")
-    ap.add_argument("--iters", type=int, default=200, help="timed steps per row")
+                    help="capacities N, comma-separated (default 1e6,1e7 on CUDA, 1e4,1e5 on CPU; --quick: 1e3 on "
+                         "CUDA, 1e6 on CPU)")
+    ap.add_argument("--batches", default=None, help="batch sizes B, comma-separated (default 256; --quick on CUDA: 32)")
+    ap.add_argument("--iters", type=int, default=None, help="timed steps per row (default 200; --quick: 5 on a GPU, "
+                                                               "50 on a CPU)")
+    ap.add_argument("--threads", default=None,
+                    help="on a CPU: intra-op thread counts, comma-separated, each row measured at each (default 1 "
+                         "and the interpreter's default, torch.get_num_threads() at start)")
     ap.add_argument("--merge", nargs="*", default=None,
                     help="results JSON files of earlier runs (e.g. each family in its own interpreter): "
                          "one table of all their rows, nothing measured")
@@ -246,20 +259,28 @@ def run(args) -> Results:
     else:
         device = torch.device(args.device)
         cuda = device.type == "cuda"
-        sizes = "1e3" if args.quick else args.sizes or ("1e6,1e7" if cuda else "1e4,1e5")
-        batches = "32" if args.quick else args.batches or "256"
-        iters = 5 if args.quick else args.iters
+        if args.quick:  # a GPU: a smoke test; a CPU: the one size where laptops and CI meet TorchRL's tree
+            sizes, batches, iters = ("1e3", "32", 5) if cuda else ("1e6", "256", 50)
+        else:
+            sizes, batches, iters = ("1e6,1e7" if cuda else "1e4,1e5"), "256", 200
+        sizes, batches, iters = args.sizes or sizes, args.batches or batches, args.iters or iters
+        default_threads = torch.get_num_threads()
+        threads = [None] if cuda else sorted({int(t) for t in (args.threads or f"1,{default_threads}").split(",")})
         families = ("ours", "torchrl") if args.family == "all" else (args.family,)
         rows = []
         for N in [int(float(s)) for s in sizes.split(",")]:
             for B in [int(b) for b in batches.split(",")]:
-                for family in families:
-                    fn = ours_rows if family == "ours" else torchrl_rows
-                    try:
-                        rows += fn(N, B, device, iters)
-                    except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree missing for this torch
-                        print(f"{family} rows skipped ({type(err).__name__}: {err})", file=sys.stderr)
+                for n_threads in threads:
+                    if n_threads is not None:
+                        torch.set_num_threads(n_threads)
+                    for family in families:
+                        fn = ours_rows if family == "ours" else torchrl_rows
+                        try:
+                            rows += [{**r, "threads": n_threads} for r in fn(N, B, device, iters)]
+                        except (ImportError, RuntimeError) as err:  # e.g. TorchRL's C++ tree missing for this torch
+                            print(f"{family} rows skipped ({type(err).__name__}: {err})", file=sys.stderr)
                 print(table([r for r in rows if r["N"] == N and r["B"] == B]), flush=True)
+        torch.set_num_threads(default_threads)
     return Results(rows=rows, table=table(rows), plot=lambda path: plot(rows, path),
                    title="One replay step = sample B + read the batch + update B priorities: microseconds per step "
                          "(CUDA events on a GPU, wall clock on a CPU), host syncs per step, extend of 64 "
@@ -270,10 +291,13 @@ def run(args) -> Results:
 def ratios(rows: list[dict]) -> str:
     """Ratios of rows of this run, per (N, B): TorchRL's prioritized step / ours in one graph and eager."""
     lines = []
-    for N, B in sorted({(r["N"], r["B"]) for r in rows}):
-        by = {r["impl"]: r["step_us"] for r in rows if r["N"] == N and r["B"] == B}
+    for N, B, threads in sorted({(r["N"], r["B"], r.get("threads") or 0) for r in rows}):
+        by = {r["impl"]: r["step_us"] for r in rows
+              if r["N"] == N and r["B"] == B and (r.get("threads") or 0) == threads}
         ref = by.get("torchrl-per")
-        for impl in ("ours-kernels-graph", "ours-kernels-eager", "ours-eager"):
+        where = f"N = {N:.0e}, B = {B}" + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")
+        for impl in ("ours-kernels-graph", "ours-kernels-eager", "ours-eager", "ours-eager-parallel"):
             if ref and impl in by:
-                lines.append(f"- N = {N:.0e}, B = {B}: torchrl-per / {impl} = {ref / by[impl]:.1f}x")
+                lines.append(f"- {where}: torchrl-per / {impl} = {ref / by[impl]:.2f}x "
+                             f"({impl} / torchrl-per = {by[impl] / ref:.2f}x)")
     return "\n".join(lines)

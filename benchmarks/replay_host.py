@@ -6,8 +6,8 @@ paths of ``benchmarks/replay.py`` on the CPU with a small capacity (so the ops' 
 reports, per call:
 
 * ``us``: mean time per call, the minimum over ``--repeats`` runs of ``--iters`` calls, as CPU time of this
-  process (``time.process_time``, one torch thread: the wall time of an unloaded machine, robust to other
-  jobs on a shared one);
+  process (``time.process_time``, one torch thread by default: the wall time of an unloaded machine, robust to
+  other jobs on a shared one; with ``--threads`` above 1 the CPU time of every thread, spinning included);
 * ``aten``: ATen ops dispatched (a ``TorchDispatchMode`` counter: what reaches the kernels, after
   composite ops decompose), and ``kern``: those that are not views / allocations (``empty``), i.e. the
   ops that launch a device kernel on the GPU; ``triton``: Triton kernel launches (``--backend kernels``);
@@ -19,6 +19,9 @@ Paths (``make_replay_buffer(N, B, sampler="proportional", packed=...)``, the rep
 ``sample`` = ``rb.sample(B)``; ``update`` = ``rb.update_priority(index, priority)`` with ``(B,)`` tensors
 prepared once; ``step`` = ``benchmarks/replay.py``'s step (sample, then update with
 ``data["reward"].abs() + 0.01``); ``extend64`` = ``rb.extend(td)`` of 64 transitions.
+
+Rows: ours packed and not, in the CPU's serial layout (the default there), and ``ours packed=False parallel``:
+the parallel layout (``serial=False``, a GPU's blocks of ~sqrt(N) leaves) that a CPU sampler ran before.
 
 Backends: ``reference`` (plain torch, the CPU path) and ``kernels``: the compiled ``ext/`` wrappers under
 ``TRITON_INTERPRET=1`` with every Triton launch replaced by a no-op stub, so the wrappers' own host work
@@ -56,6 +59,8 @@ def _parse(argv):
     ap.add_argument("--iters", type=int, default=300, help="timed calls per repeat")
     ap.add_argument("--repeats", type=int, default=15, help="timing repeats; the minimum mean is reported")
     ap.add_argument("--backend", choices=["reference", "kernels"], default="reference")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (CPU time then counts every thread's, spinning included)")
     ap.add_argument("--no-torchrl", action="store_true", help="skip TorchRL's buffers")
     ap.add_argument("--cprofile", action="store_true", help="print a cProfile top-15 (tottime) per path")
     ap.add_argument("--ops", action="store_true", help="list the ATen ops of each path")
@@ -210,6 +215,10 @@ def buffers(a):
         yield (f"ours packed={packed}",
                make_replay_buffer(N, B, sampler="proportional", device="cpu", backend=a.backend, packed=packed,
                                   generator=torch.Generator().manual_seed(0)))
+    if a.backend == "reference":  # the parallel layout a CPU sampler had before its serial one (a GPU's blocks)
+        yield ("ours packed=False parallel",
+               make_replay_buffer(N, B, sampler="proportional", device="cpu", backend=a.backend, packed=False,
+                                  generator=torch.Generator().manual_seed(0), serial=False))
     if a.no_torchrl:
         return
     from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
@@ -220,7 +229,7 @@ def buffers(a):
 
 
 def main(a) -> int:
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     if a.backend == "kernels":
         _stub_kernels()
     rows, profiles = [], {}
@@ -248,7 +257,8 @@ def main(a) -> int:
 
 
 def table(rows, a) -> str:
-    lines = [f"N={a.capacity}, B={a.batch}, extend {a.extend}, obs {a.obs}, backend={a.backend}, CPU, 1 thread",
+    lines = [f"N={a.capacity}, B={a.batch}, extend {a.extend}, obs {a.obs}, backend={a.backend}, CPU, "
+             f"{a.threads} thread{'s' * (a.threads > 1)}",
              "| buffer | path | us / call | ATen ops | kernel ops | Triton launches | py calls |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

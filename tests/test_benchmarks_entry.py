@@ -22,8 +22,8 @@ from benchmarks._results import Results, machine_name, markdown_table, write  # 
 def test_replay_quick_on_cpu_writes_the_canonical_files(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "replay", "--quick", "--device", "cpu",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           "--sizes", "1e3", "--batches", "32", "--threads", "1,2", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["replay-cpu.json", "replay-cpu.md", "replay-cpu.png"]
     data = json.loads((out / "replay-cpu.json").read_text())
@@ -32,10 +32,14 @@ def test_replay_quick_on_cpu_writes_the_canonical_files(tmp_path):
     assert env["torch"] == torch.__version__ and env["gpu"] is None and env["args"]["quick"] is True
     assert {"triton", "driver", "cpu", "cpu_cores", "command"} <= set(env)
     impls = {r["impl"] for r in data["rows"]}
-    assert {"ours-eager", "ours-rank-eager", "bare-gather"} <= impls  # the CPU rows (no kernels, no graphs)
+    assert {"ours-eager", "ours-eager-parallel", "ours-rank-eager", "bare-gather"} <= impls  # no kernels, graphs
     assert all(r["N"] == 1000 and r["B"] == 32 and r["step_us"] > 0 for r in data["rows"])
+    assert {(r["impl"], r["threads"]) for r in data["rows"]} == {(i, t) for i in impls for t in (1, 2)}
     md = (out / "replay-cpu.md").read_text()
-    assert "| impl | N | B | step (us) |" in md and "Reproduce: `python -m benchmarks run replay --quick" in md
+    assert "| impl | N | B | threads | step (us) |" in md
+    assert "Reproduce: `python -m benchmarks run replay --quick" in md
+    if "torchrl-per" in impls:  # both layouts against TorchRL's tree, at each thread count
+        assert "1 thread: torchrl-per / ours-eager = " in md and "2 threads: torchrl-per / ours-eager-parallel" in md
     assert (out / "replay-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

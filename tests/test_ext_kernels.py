@@ -185,7 +185,8 @@ def test_one_launch_write_many_entries_in_one_block(kdev, gen, n):  # block and 
 def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
     """The compiled backend's sampler makes the write's persistent tensors (the one-launch kernel's counters, the
     O(B) path's scratch and flags) with its state (outside any CUDA-graph capture that may record its first
-    write), and makes new ones when it reallocates; the reference backend's state holds none."""
+    write), and makes new ones when it reallocates; the reference backend's state holds none in the parallel
+    layout, and in the serial one (a CPU's default) the last-writer scratch its write uses, left at -1."""
     from lightning_per import GPUPrioritizedSampler
 
     s = GPUPrioritizedSampler(100, 0.6, 0.4, backend="kernels", device=kdev)
@@ -196,7 +197,12 @@ def test_sampler_makes_the_write_counters_when_it_allocates(kdev):
     s.core.reset()  # a reallocation (e.g. empty())
     assert s.core.state.scratch is not None and s.core.state.scratch.tickets is not counters
     assert s.core.state.scratch.last_writer.shape == (s.core.state.leaves.numel(),)
-    assert GPUPrioritizedSampler(100, 0.6, 0.4, backend="reference", device=kdev).core.state.scratch is None
+    assert GPUPrioritizedSampler(100, 0.6, 0.4, backend="reference", device=kdev,
+                                 serial=False).core.state.scratch is None
+    serial = GPUPrioritizedSampler(100, 0.6, 0.4, backend="reference", device="cpu", serial=True)
+    serial.update_priority(torch.tensor([3, 5, 3]), torch.tensor([1.0, 2.0, 4.0]))
+    assert torch.equal(serial.core.state.raw[[3, 5]], torch.tensor([4.0, 2.0]))  # the last write of slot 3 wins
+    assert bool((serial.core.state.scratch.last_writer == -1).all())
 
 
 def test_write_priorities_public_op_and_validation(kdev, gen):
@@ -333,7 +339,7 @@ def test_sampler_with_kernel_backend_draws_like_reference(kdev, cls, monkeypatch
         warnings.simplefilter("error", RuntimeWarning)  # no fallback allowed here
         fast = cls(45, 0.6, 0.4, device=kdev, backend="kernels", seed=3, shuffle_strata=False)  # device RNG
     slow = cls(45, 0.6, 0.4, device=kdev, backend="reference", seed=3, eager_graphs=False,
-               shuffle_strata=False)  # (host uniforms)
+               shuffle_strata=False, serial=False)  # (host uniforms; the kernels' layout)
     assert fast.core.ops is not reference and "two_level_search_with_values" in fast.core.ops.COMPILED
     assert (fast.core.state.rng is not None) == (cls is GPUPrioritizedSampler)
     if fast.core.state.rng is not None:

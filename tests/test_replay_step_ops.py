@@ -3,7 +3,8 @@ op with a ``TorchDispatchMode`` on the CPU: what a CUDA graph of the step record
 
 A shuffled stratified draw (``shuffle_strata``, the default) may add only its permutation's few elementwise ops
 of ``B`` (or ``B * B``) elements to the step: no sort (for a short row a sort kernel runs in a single thread
-block) and no op over the ``N`` slots.
+block) and no op over the ``N`` slots. These steps are the parallel layout's (``serial=False``, what a CUDA
+sampler runs); the serial layout a CPU sampler takes by default is counted against them at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lightning_per.replay.rules import RANK_PERMUTATION_MAX, random_permutation
 
 N, B = 1 << 17, 256  # N > B * B: the permutation's (B, B) comparison is not mistaken for work over the slots
 SORTS = ("sort", "argsort", "msort", "randperm", "topk", "kthvalue")
+INDEXING = {"index", "index_select", "index_put_", "scatter_reduce_", "index_fill_", "gather", "scatter_"}
 
 
 class _Ops(TorchDispatchMode):
@@ -40,9 +42,9 @@ class _Ops(TorchDispatchMode):
         return out
 
 
-def _step_ops(**sampler_kwargs) -> list[tuple[str, int]]:
+def _step_ops(serial: bool = False, **sampler_kwargs) -> list[tuple[str, int]]:
     rb = make_replay_buffer(N, B, sampler="proportional", device="cpu", backend="reference", packed=True,
-                            generator=torch.Generator().manual_seed(0), **sampler_kwargs)
+                            generator=torch.Generator().manual_seed(0), serial=serial, **sampler_kwargs)
     rb.extend(TensorDict({"observation": torch.randn(N, 51), "action": torch.randint(0, 4, (N,)),
                           "reward": torch.randn(N)}, [N]))
     sampler, storage = rb.sampler, rb.storage
@@ -89,3 +91,20 @@ def test_random_permutation_is_a_permutation_of_the_key_order(b):
     order = torch.from_numpy(keys.numpy().argsort(kind="stable"))
     assert torch.equal(perm, order if b > RANK_PERMUTATION_MAX else torch.empty_like(order).scatter_(
         0, order, torch.arange(b)))
+
+
+def test_serial_step_does_less_work_than_the_parallel_step():
+    """The CPU's serial layout (the default there): no more ops than the parallel step; the (N,) arrays (leaves,
+    raw priorities, the last-writer buffer, the ring) only indexed at the B slots, never scanned; no sort but the
+    strata permutation's one of B keys; every other op but the batch read's copies over at most B * 32 elements
+    (blocks of 32 leaves at N = 2^17, against 512 in the parallel layout): a quarter of the parallel step's
+    elements or less."""
+    for shuffle in (False, True):
+        parallel, serial = _step_ops(shuffle_strata=shuffle), _step_ops(serial=True, shuffle_strata=shuffle)
+        assert len(serial) <= len(parallel)
+        assert {op for op, n in serial if n >= N} <= INDEXING
+        assert [n for op, n in serial if op in SORTS] == ([B] if shuffle else [])
+        big = collections.Counter((op, n) for op, n in serial if op not in INDEXING and n > B * 32)
+        assert big <= collections.Counter(parallel)  # only the batch read's copies, which both steps make
+        work = [sum(n for op, n in ops if op not in INDEXING) for ops in (serial, parallel)]
+        assert work[0] < work[1] / 4, work

@@ -47,14 +47,46 @@ __all__ = [
 ]
 
 
-def block_size_for(capacity: int) -> int:
-    """Leaves per block: the power of two nearest above sqrt(capacity) (>= 1).
+#: The batch a serial layout (:func:`block_size_for` with ``serial=True``) is chosen for.
+SERIAL_BATCH = 256
 
-    Balances the two passes of a draw (a scan over ``capacity / block`` block sums, then a scan of one
-    block per draw): both cost O(sqrt(capacity)).
+
+def block_size_for(capacity: int, serial: bool = False) -> int:
+    """Leaves per block of a two-level array over ``capacity`` slots: a power of two (>= 1).
+
+    A draw scans the ``capacity / block`` block sums once (their prefix sums, searched by
+    ``torch.searchsorted``) and one block per draw; a write reduces one block per written slot.
+
+    * ``serial=False`` (parallel devices, the compiled kernels): the power of two nearest above
+      ``sqrt(capacity)``, which balances the two passes of a draw when each pass runs in parallel.
+    * ``serial=True`` (these reference ops on a CPU, one thread): the power of two nearest above
+      ``sqrt(capacity / SERIAL_BATCH)``, which balances the work a step of ``B = SERIAL_BATCH`` draws and
+      writes does: a few passes over the ``capacity / block`` block sums against a few over the ``B * block``
+      leaves of the drawn and written blocks (``block = 64`` at a million slots: 16k leaves a pass instead
+      of 262k; docs/replay.md, "On a CPU", measures it).
+
+    The layout changes no result: every draw has the same probabilities ``P(i) = leaf_i / S`` and
+    every checkpoint loads under either layout (docs/replay.md, "On a CPU").
+
+    Args:
+        capacity: slots (>= 1).
+        serial: choose for one CPU thread (see above).
+
+    Returns:
+        The block size, an int power of two.
+
+    Raises:
+        ValueError: ``capacity`` < 1.
+
+    Example::
+
+        >>> block_size_for(1_000_000), block_size_for(1_000_000, serial=True)
+        (1024, 64)
     """
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if serial:
+        return 1 << max(0, math.ceil(math.log2(math.sqrt(capacity / SERIAL_BATCH))))
     return 1 << max(0, math.ceil(math.log2(math.sqrt(capacity))))
 
 
@@ -74,9 +106,9 @@ def sanitize_priority(priority: Tensor, max_priority: Tensor) -> tuple[Tensor, T
         values. Both on ``priority.device``; no host sync.
     """
     p = priority.to(torch.float32)
-    high = ~(p < float("inf"))  # NaN and +inf
-    clean = torch.where(high, max_priority.to(torch.float32), p.clamp_min(0))  # -inf, negatives -> 0
-    return clean, (high | (p < 0)).sum()
+    clean = torch.where(p < float("inf"), p.clamp_min(0), max_priority.to(torch.float32))  # NaN, +inf -> max
+    # replaced exactly where the value changed: NaN (never equal), +/-inf and negatives (-0.0 == 0 stays)
+    return clean, (clean != p).sum()
 
 
 def transform_priority(clean: Tensor, alpha: Tensor | float, eps: float) -> Tensor:
@@ -227,7 +259,7 @@ def two_level_search_with_values(leaves: Tensor, block_sum: Tensor, u: Tensor) -
     target = u * (cdf[-1] * (1.0 - 2.0**-40))  # [B]
     blk = torch.searchsorted(cdf, target, right=True)  # [B] < n_blocks, a block with mass
     offset = target - (cdf - block_sum)[blk]  # [B] mass left inside the block (may be ~ -1 ulp)
-    rows = leaves[blk]  # [B, block]
+    rows = leaves.index_select(0, blk)  # [B, block] (whole rows: one copy each, cheaper than indexing)
     row_cdf = torch.cumsum(rows, 1, dtype=torch.float64)  # [B, block]; row_cdf[:, -1] == block_sum[blk]
     offset = torch.minimum(offset, row_cdf[:, -1] * (1.0 - 2.0**-40))
     j = torch.searchsorted(row_cdf, offset.unsqueeze(1), right=True)  # [B, 1] < block
@@ -313,11 +345,11 @@ def sample_proportional_gather(tree: PriorityTree, u: Tensor, rows: Tensor, stra
 
 def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_valid: int,
                      valid: Tensor | None = None) -> None:
-    """In-place priority write into ``tree`` (arguments as ``ext.update.write_priorities``; ``tree.scratch`` is
-    not used): sanitize against the running max (1 before any), reject slots outside ``[0, n_valid)`` to the trash
-    slot ``tree.capacity`` with value 0, transform (the value 0 where the optional bool mask ``valid`` is False;
-    the raw priority is still stored), last write wins, recompute the touched blocks from their leaves, fold the
-    counters.
+    """In-place priority write into ``tree`` (arguments as ``ext.update.write_priorities``; of ``tree.scratch``, when
+    there is one, only ``last_writer`` is used, and left as found): sanitize against the running max (1 before any),
+    reject slots outside ``[0, n_valid)`` to the trash slot ``tree.capacity`` with value 0, transform (the value 0
+    where the optional bool mask ``valid`` is False; the raw priority is still stored), last write wins, recompute
+    the touched blocks from their leaves, fold the counters.
 
     Example::
 
@@ -334,7 +366,7 @@ def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_vali
     raw_store, leaves, block_sum, block_min = tree.raw, tree.leaves, tree.block_sum, tree.block_min
     max_raw, n_clamped, n_dropped, trash = tree.max_raw, tree.n_clamped, tree.n_dropped, tree.capacity
     alpha, eps = tree.alpha, tree.eps
-    default = torch.where(torch.isinf(max_raw), torch.ones_like(max_raw), max_raw)
+    default = torch.nan_to_num(max_raw, nan=float("nan"), posinf=1.0, neginf=1.0)  # 1 before any write
     clean, n_bad = sanitize_priority(priority, default)  # [B] float32
     ok = (index >= 0) & (index < n_valid)  # [B]
     idx = index.where(ok, trash)  # [B]
@@ -342,7 +374,12 @@ def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_vali
     stored = transform_priority(clean, alpha, eps).where(ok, 0.0)  # [B]
     if valid is not None:
         stored = stored.where(valid[idx.clamp(max=valid.numel() - 1)], 0.0)
-    last = last_write_wins(idx, torch.arange(idx.numel(), device=idx.device))  # [B]
+    scratch = tree.scratch
+    if scratch is None:  # O(B log B), no persistent buffer
+        last = last_write_wins(idx, torch.arange(idx.numel(), device=idx.device))  # [B]
+    else:  # O(B) through the persistent (N,) int32 buffer, left at -1 as found (the compiled write's invariant)
+        last = last_writer(idx, scratch.last_writer, torch.arange(idx.numel(), dtype=torch.int32, device=idx.device))
+        scratch.last_writer.index_fill_(0, idx, -1)
     raw_store.index_put_((idx,), clean[last])
     leaves.view(-1).index_put_((idx,), stored[last])
     if idx.numel() * leaves.shape[1] >= leaves.numel():  # large batch (a fill): one O(N) pass is cheaper
@@ -351,7 +388,7 @@ def write_priorities(tree: PriorityTree, index: Tensor, priority: Tensor, n_vali
         block_min.copy_(m)
     else:
         blk = torch.div(idx, leaves.shape[1], rounding_mode="floor")  # [B]
-        s, m = reduce_blocks(leaves[blk])  # repeated blocks write equal values
+        s, m = reduce_blocks(leaves.index_select(0, blk))  # [B], [B]; repeated blocks write equal values
         block_sum.index_put_((blk,), s)
         block_min.index_put_((blk,), m)
     torch.maximum(max_raw, clean.where(ok, float("-inf")).amax(), out=max_raw)

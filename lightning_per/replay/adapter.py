@@ -25,7 +25,7 @@ __all__ = ["checked_update", "draw", "draw_gather", "dump", "filled", "mark_writ
 
 def new_core(owner: str, max_capacity: int, alpha: float, beta: float, eps: float, rule, *,
              device: torch.device | str | None, backend: str, seed: int | None, dtype: torch.dtype,
-             eager_graphs: bool, max_priority_within_buffer: bool) -> PriorityCore:
+             eager_graphs: bool, max_priority_within_buffer: bool, serial: bool | None = None) -> PriorityCore:
     """The core of a prioritized sampler named ``owner``, its TorchRL-shaped arguments checked
     (:class:`~lightning_per.replay.GPUPrioritizedSampler` documents them).
 
@@ -40,7 +40,7 @@ def new_core(owner: str, max_capacity: int, alpha: float, beta: float, eps: floa
         raise ValueError(f"dtype: priorities are stored in float32 (sums in float64), got {dtype}")
     return PriorityCore(max_capacity, alpha=alpha, beta=beta, eps=eps, rule=rule, device=resolve_device(device),
                         backend=backend, seed=seed, eager_graphs=eager_graphs,
-                        max_within_buffer=max_priority_within_buffer, owner=owner)
+                        max_within_buffer=max_priority_within_buffer, owner=owner, serial=serial)
 
 
 def filled(core: PriorityCore, storage, owner: str) -> int:

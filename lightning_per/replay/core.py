@@ -21,7 +21,8 @@ Example::
     >>> core.write(torch.arange(4), torch.tensor([1.0, 1.0, 1.0, 3.0]), 4)
     >>> index, weight = core.sample(8, 4)  # one draw per 1/8 of the mass: slot 3 holds half of it
     >>> int((index == 3).sum()), core
-    (4, PriorityCore(capacity=4, rule=proportional, device=cpu, compiled=False, device_rng=False, graphs=False))
+    (4, PriorityCore(capacity=4, rule=proportional, device=cpu, compiled=False, device_rng=False, graphs=False,
+    block=1, serial=True))
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ import torch
 from torch import Tensor
 
 from lightning_per.graphs.eager import EagerGraphs
-from lightning_per.ops import block_size_for, reference, select_backend
+from lightning_per.ops import reference, select_backend
 from lightning_per.replay import priority
 from lightning_per.replay._rng import SamplerRNG, _fingerprint, check_rng_state
-from lightning_per.replay.errors import check_eps, check_exponent, check_seed
+from lightning_per.replay.errors import check_bool, check_eps, check_exponent, check_seed
 from lightning_per.replay.priority import PriorityState
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
@@ -69,14 +70,22 @@ class PriorityCore:
         max_within_buffer: the default priority is the max over the slots holding data (TorchRL's
             ``max_priority_within_buffer``), not the running max.
         owner: the sampler's class name, for messages.
+        serial: lay the priorities out for ops that run one CPU thread at a time (True), or for parallel devices
+            (False); None (default): True for the reference ops on a CPU (docs/replay.md, "On a CPU"). A serial
+            core has blocks of ``~sqrt(N / 256)`` leaves (:func:`lightning_per.ops.reference.block_size_for`), an
+            ``(N,) int32`` last-writer buffer for its writes, and ranks its strata permutations by a sort;
+            draws, weights and checkpoints are the same under both.
 
     Raises:
-        TypeError, ValueError: an exponent, ``eps`` or ``seed`` out of its range (named).
+        TypeError, ValueError: an exponent, ``eps`` or ``seed`` out of its range (named); ``serial`` is not a bool
+            or None, or True with the compiled kernels (their layout is theirs).
     """
 
     def __init__(self, capacity: int, *, alpha: float, beta: float, eps: float, rule, device: torch.device,
                  backend: str = "auto", seed: int | None = None, eager_graphs: bool = True,
-                 max_within_buffer: bool = False, owner: str = "sampler") -> None:
+                 max_within_buffer: bool = False, owner: str = "sampler", serial: bool | None = None) -> None:
+        if serial is not None:
+            check_bool("serial", serial)
         alpha = check_exponent("alpha", alpha)
         eps = check_eps(eps, alpha)  # (1 + eps)^alpha, the default priority's stored value, must be finite
         alpha, beta = check_exponent("alpha", alpha, eps=eps), check_exponent("beta", beta)
@@ -89,11 +98,17 @@ class PriorityCore:
         #: the draw source, chosen once: the compiled kernels' device counters, or the generator
         self.device_rng = self.compiled and rule.device_rng
         self.rng = SamplerRNG(device, seed, owner)
-        self.block = block_size_for(capacity + 1)  # slot N is the trash slot (always 0)
+        if serial and self.compiled:
+            raise ValueError(f"serial=True lays the priorities out for the reference ops on one CPU thread; this "
+                             f"{owner} runs the compiled kernels (backend={backend!r}): pass serial=None or False")
+        #: the layout and the strata permutation are chosen for ops that run one CPU thread at a time (by default
+        #: the reference ops on a CPU), not for a parallel device (docs/replay.md, "On a CPU")
+        self.serial = (device.type == "cpu" and not self.compiled) if serial is None else serial
+        self.block = self.ops.block_size_for(capacity + 1, self.serial)  # slot N is the trash slot (always 0)
         self.n_blocks = -(-(capacity + 1) // self.block)
         counters = self.ops.new_rng_state(self.rng.generator.initial_seed(), device) if self.device_rng else None
         self.state = PriorityState.empty(capacity, block=self.block, alpha=self.alpha, beta=self.beta, eps=eps,
-                                         device=device, rng=counters, scratch=self.compiled)
+                                         device=device, rng=counters, scratch=self.compiled or self.serial)
         self.graphs = EagerGraphs() if eager_graphs and device.type == "cuda" else None
         #: the storage's ``slot_valid`` mask once a write showed one (``FrameStackStorage``), else None
         self.slot_valid: Tensor | None = None
@@ -101,7 +116,7 @@ class PriorityCore:
     def __repr__(self) -> str:
         return (f"PriorityCore(capacity={self.capacity}, rule={self.rule.name}, "
                 f"device={self.device}, compiled={self.compiled}, device_rng={self.device_rng}, "
-                f"graphs={self.graphs is not None})")
+                f"graphs={self.graphs is not None}, block={self.block}, serial={self.serial})")
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / ``copy.deepcopy`` state: the device counters as a copy of their own (a draw advances them: a
@@ -346,7 +361,8 @@ class PriorityCore:
         """Forget every priority (a fresh state; the device counters and the generator are kept)."""
         old = self.state
         self.state = PriorityState.empty(self.capacity, block=self.block, alpha=self.alpha, beta=self.beta,
-                                         eps=old.eps, device=self.device, rng=old.rng, scratch=self.compiled)
+                                         eps=old.eps, device=self.device, rng=old.rng,
+                                         scratch=self.compiled or self.serial)
         if self.graphs is not None:
             self.graphs.clear()  # they point at the tensors just replaced
 
@@ -394,13 +410,25 @@ class PriorityCore:
             check_exponent("beta", state_dict["beta"])
         except (TypeError, ValueError) as err:
             raise ValueError(f"sampler checkpoint's {err}") from None
-        shape = self.state.raw.shape
-        shapes = {"raw": shape, "written": shape, **{key: torch.Size([]) for key in scalars}}
-        for key, want in shapes.items():
+        for key in scalars:
             value = state_dict[key]
-            if not isinstance(value, Tensor) or value.shape != want:
+            if not isinstance(value, Tensor) or value.shape != torch.Size([]):
                 got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ValueError(f"sampler checkpoint's {key!r} must be a tensor of shape {tuple(want)}, got {got}")
+                raise ValueError(f"sampler checkpoint's {key!r} must be a tensor of shape (), got {got}")
+        # raw and written span the saving sampler's layout: n_blocks * block > max_capacity slots, whatever its
+        # block (a GPU's or a CPU's, docs/replay.md "On a CPU"); the slots past max_capacity hold nothing
+        length = None
+        for key in ("raw", "written"):
+            value = state_dict[key]
+            if not isinstance(value, Tensor) or value.dim() != 1 or value.numel() <= self.capacity or (
+                    length is not None and value.numel() != length):
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(f"sampler checkpoint's {key!r} must be a 1-d tensor of more than max_capacity "
+                                 f"{self.capacity} entries (the raw priorities' length), got {got}")
+            length = value.numel()
+        if bool(state_dict["written"][self.capacity:].bool().any()):  # sync-ok: checkpoint load, not a step
+            raise ValueError(f"sampler checkpoint's 'written' marks slots at or past max_capacity {self.capacity}: "
+                             "the checkpoint is corrupted")
         raw = state_dict["raw"]
         if not bool(((raw >= 0) & torch.isfinite(raw)).all()):  # sync-ok: checkpoint load, not a step
             raise ValueError("sampler checkpoint's raw priorities must be finite and >= 0 (every write sanitizes "
@@ -430,9 +458,13 @@ class PriorityCore:
         s.raw_limit = priority.raw_limit(self.alpha, s.eps)
         s.alpha.fill_(self.alpha)
         s.beta.fill_(self.beta)
-        for key in ("raw", "max_raw", "n_clamped", "n_dropped"):
+        for key in ("max_raw", "n_clamped", "n_dropped"):
             getattr(s, key).copy_(state_dict[key].to(d))
-        s.leaves.view(-1).copy_(state_dict["written"].to(d).to(torch.float32))  # mask, then values
+        cap, leaves = self.capacity, s.leaves.view(-1)  # slots past cap (trash, padding) hold 0 in every layout
+        s.raw[cap:].zero_()
+        s.raw[:cap].copy_(state_dict["raw"][:cap].to(d))
+        leaves[cap:].zero_()
+        leaves[:cap].copy_(state_dict["written"][:cap].to(d).to(torch.float32))  # mask, then values
         self.rebuild()
         self.rng.load(state_dict["rng"])
         if s.rng is not None:  # the draws' stream as saved

@@ -81,16 +81,20 @@ class GPUPrioritizedSampler(PrioritizedSampler):
             The first capture of each shape synchronises the device once. Ignored on CPU, under
             ``torch.compile``, inside an outer CUDA-graph capture and during a capture's warm-up. The
             rank-based sampler serves its re-sort + draw too, once the buffer is full.
+        serial: lay the priorities out for ops that run one CPU thread at a time (True) or for a parallel device
+            (False); None (default): True for the reference ops on a CPU, the layout that keeps a CPU step
+            within reach of TorchRL's C++ tree (docs/replay.md, "On a CPU"). Shown in the repr with ``block``.
+            Draws, IS weights and checkpoints are the same under both.
 
     Repeated indices in one :meth:`update_priority` call: the value given *last* wins.
 
     Memory: raw ``float32`` + stored ``float32`` per slot, plus ``O(sqrt(N))`` block sums; with the compiled
-    kernels also the large writes' ``int32`` last-writer scratch per slot.
+    kernels or a ``serial`` layout also the writes' ``int32`` last-writer scratch per slot.
 
     Raises:
         ValueError: a bad argument (named in the message, with the range it must lie in).
-        TypeError: a flag (``stratified``, ``shuffle_strata``, ``eager_graphs``, ``max_priority_within_buffer``)
-            that is not a bool, or an exponent that is not a number.
+        TypeError: a flag (``stratified``, ``shuffle_strata``, ``eager_graphs``, ``max_priority_within_buffer``,
+            ``serial``) that is not a bool, or an exponent that is not a number.
 
     Example::
 
@@ -116,7 +120,8 @@ class GPUPrioritizedSampler(PrioritizedSampler):
                  device: torch.device | str | None = None, stratified: bool = True,
                  weight_normalization: str = "buffer", backend: str = "auto", seed: int | None = None,
                  dtype: torch.dtype = torch.float32, reduction: str = "max", eager_graphs: bool = True,
-                 max_priority_within_buffer: bool = False, shuffle_strata: bool = True, rule=None) -> None:
+                 max_priority_within_buffer: bool = False, shuffle_strata: bool = True, rule=None,
+                 serial: bool | None = None) -> None:
         check_bool("stratified", stratified)
         check_bool("shuffle_strata", shuffle_strata)
         if rule is None:
@@ -125,7 +130,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         #: priorities, draws, IS weights and the random streams (:class:`~lightning_per.replay.core.PriorityCore`)
         self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
                              seed=seed, dtype=dtype, eager_graphs=eager_graphs,
-                             max_priority_within_buffer=max_priority_within_buffer)
+                             max_priority_within_buffer=max_priority_within_buffer, serial=serial)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / ``copy.deepcopy`` state (also what a ``spawn``ed process receives): the attributes, the core
@@ -135,7 +140,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
     def __repr__(self) -> str:
         c = self.core
         return (f"{type(self).__name__}(max_capacity={c.capacity}, alpha={c.alpha}, beta={c.beta}, "
-                f"eps={c.state.eps}, device={c.device}, block={c.block})")
+                f"eps={c.state.eps}, device={c.device}, block={c.block}, serial={c.serial})")
 
     @property
     def _rng(self) -> torch.Generator | None:

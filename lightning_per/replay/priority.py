@@ -54,8 +54,9 @@ class PriorityState:
         alpha: ``() float32`` the priority exponent (a device copy of the host value).
         beta: ``() float32`` the IS-weight exponent (a device copy: captured graphs see new values).
         rng: ``(1 + 65536,) int64`` the compiled draws' seed and counters, or None (draws from ``torch.rand``).
-        scratch: the compiled write's persistent tensors (:class:`lightning_per.ext.state.WriteScratch`, made with
-            the leaves), or None (the reference ops need none).
+        scratch: the write's persistent tensors (:class:`lightning_per.ext.state.WriteScratch`, made with the
+            leaves): the compiled write's, or a serial CPU sampler's (the reference write finds each slot's last
+            writer through its ``last_writer`` in O(B)); or None (the reference write sorts instead).
         capacity: number of slots N (host int).
         eps: added to raw priorities before the exponent (host float > 0).
         raw_limit: largest raw priority whose stored value is finite under ``alpha`` (host float, :func:`raw_limit`).

@@ -183,7 +183,8 @@ class GPURankBasedSampler(PrioritizedSampler):
                  device: torch.device | str | None = None, sort_every: int = 1, stratified: bool = True,
                  shuffle_strata: bool = True, weight_normalization: str = "buffer", backend: str = "auto",
                  seed: int | None = None, dtype: torch.dtype = torch.float32, reduction: str = "max",
-                 eager_graphs: bool = True, max_priority_within_buffer: bool = False) -> None:
+                 eager_graphs: bool = True, max_priority_within_buffer: bool = False,
+                 serial: bool | None = None) -> None:
         check_bool("stratified", stratified)
         check_bool("shuffle_strata", shuffle_strata)
         rule = RankIndex(sort_every=sort_every, stratified=stratified, shuffle_strata=shuffle_strata,
@@ -192,7 +193,7 @@ class GPURankBasedSampler(PrioritizedSampler):
         #: priorities, the ranking (``core.rule``), draws, IS weights and the random streams
         self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
                              seed=seed, dtype=dtype, eager_graphs=eager_graphs,
-                             max_priority_within_buffer=max_priority_within_buffer)
+                             max_priority_within_buffer=max_priority_within_buffer, serial=serial)
         rule.allocate(max_capacity, self.core.alpha, self.core.device)  # its tensors exist from the start
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,7 +203,8 @@ class GPURankBasedSampler(PrioritizedSampler):
     def __repr__(self) -> str:
         c = self.core
         return (f"{type(self).__name__}(max_capacity={c.capacity}, alpha={c.alpha}, beta={c.beta}, "
-                f"eps={c.state.eps}, sort_every={c.rule.sort_every}, device={c.device}, block={c.block})")
+                f"eps={c.state.eps}, sort_every={c.rule.sort_every}, device={c.device}, block={c.block}, "
+                f"serial={c.serial})")
 
     @property
     def _rng(self) -> torch.Generator | None:
