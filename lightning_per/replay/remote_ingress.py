@@ -403,6 +403,10 @@ class RemoteWriter:
     def _gone(self, err: BaseException) -> ConnectionError:
         self._error = self._error or _first_line(err)
         self._closed.set()  # the heartbeat stops
+        try:  # end this side of the group now: a send still pending in the heartbeat fails instead of outliving
+            self.group.abort()  # the process, whose exit would then tear down a live Gloo context
+        except RuntimeError:
+            pass
         if "Timed out" in self._error:
             return ConnectionError(f"remote writer rank {self.rank}: the owner at {self.addr}:{self.port} did not "
                                    f"answer for {self.timeout} s (it stopped calling ingest(), or its host is "
