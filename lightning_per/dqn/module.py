@@ -170,7 +170,7 @@ class DQN(CheckpointHooks, LightningModule):
                  target_return: float | None = None, seed: int = 0, compile: bool = False,
                  inductor: bool = False, inductor_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default",
                  checkpoint_replay: bool = True, sigterm_check_interval: int = 0,
-                 collector: Literal["in_process", "actors"] = "in_process", actors: ApexConfig = ApexConfig(),
+                 collector: Literal["in_process", "actors"] = "in_process", actors: ApexConfig = ApexConfig(),  # noqa: B008 (copied below)
                  initial_priority: Literal["max", "td"] = "max", actor_sync_interval: int = 8) -> None:
         super().__init__()
         env = EnvConfig(**env) if isinstance(env, dict) else replace(env)  # a copy: the default is shared
