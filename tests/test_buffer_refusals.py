@@ -148,7 +148,7 @@ def test_other_refusals_change_nothing(kind, tmp_path):
         rb.load_state_dict(dict(state, _sampler=bad_rng))
     if kind != "uniform":
         short = dict(state["_sampler"], raw=state["_sampler"]["raw"][:-1])
-        with pytest.raises(ValueError, match="'raw' must be a tensor of shape"):
+        with pytest.raises(ValueError, match="'raw' must be a 1-d tensor of more than max_capacity"):
             rb.load_state_dict(dict(state, _sampler=short))
         with pytest.raises(ValueError, match=r"lacks \['eps'\]"):
             rb.load_state_dict(dict(state, _sampler={k: v for k, v in state["_sampler"].items() if k != "eps"}))
