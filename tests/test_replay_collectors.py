@@ -7,6 +7,7 @@ costs about 40 s on 2 cores (two collector runs, each spawning 2 workers that im
 
 from __future__ import annotations
 
+import importlib.metadata
 import pickle
 from multiprocessing.context import set_spawning_popen
 
@@ -19,6 +20,10 @@ from torchrl.envs import GymEnv
 
 from lightning_per import GPUPrioritizedReplayBuffer, make_replay_buffer
 from lightning_per.replay.ingress import SharedBufferWriter
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(p) for p in importlib.metadata.version("torchrl").split(".")[:2]) < (0, 14),
+    reason="checks behaviour against TorchRL >= 0.14's own classes (features older TorchRL lacks)")
 
 _WORKERS, _FRAMES_PER_BATCH, _TOTAL = 2, 64, 640
 

@@ -5,12 +5,18 @@ CPU only, well under a second."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer, TensorDictRoundRobinWriter
 
 from lightning_per.replay import GPUPrioritizedReplayBuffer, GPURoundRobinWriter, GPUTensorStorage
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(p) for p in importlib.metadata.version("torchrl").split(".")[:2]) < (0, 14),
+    reason="checks behaviour against TorchRL >= 0.14's own classes (features older TorchRL lacks)")
 
 _N = 8
 _EPS = 1e-8

@@ -8,6 +8,7 @@ Set comparisons draw with fixed seeds, enough slices that every start of the mod
 
 from __future__ import annotations
 
+import importlib.metadata
 import warnings
 
 import numpy as np
@@ -30,6 +31,10 @@ from lightning_per.replay import (
     GPUSamplerWithoutReplacement,
     compat,
 )
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(p) for p in importlib.metadata.version("torchrl").split(".")[:2]) < (0, 14),
+    reason="checks behaviour against TorchRL >= 0.14's own classes (features older TorchRL lacks)")
 
 ALPHA, BETA = 0.7, 0.5
 

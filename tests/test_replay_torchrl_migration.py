@@ -5,6 +5,7 @@ prefetch.pkl stays unopened, other files and links are refused. CPU only; about 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pickle
 
@@ -23,6 +24,10 @@ from lightning_per import (
     from_torchrl,
 )
 from lightning_per.integrity import IntegrityError
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(p) for p in importlib.metadata.version("torchrl").split(".")[:2]) < (0, 14),
+    reason="checks behaviour against TorchRL >= 0.14's own classes (features older TorchRL lacks)")
 
 CAP = 16
 

@@ -29,6 +29,7 @@ from lightning_per.replay.compat import (
     is_compilable,
     plain_extend,
     stored_data,
+    tracks_generations,
 )
 from lightning_per.replay.errors import check_batch_size, check_generator
 from lightning_per.replay.ingress import IngressLayout, IngressStats, SharedBufferWriter, SharedIngress, WriterHandle
@@ -500,7 +501,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         self._direct_sample = not (kwargs.get("collate_fn") is not None or kwargs.get("pin_memory")
                                    or kwargs.get("prefetch") or kwargs.get("sample_unit") is not None
                                    or kwargs.get("delayed_init") or kwargs.get("transform_factory") is not None
-                                   or getattr(self._writer, "tracks_generations", False))  # (torchrl >= 0.14)
+                                   or tracks_generations(self._writer))
 
     def writer_handle(self, example=None, *, slots: int = 8, rows: int = 1024) -> WriterHandle:
         """A picklable handle through which another process of this host writes transitions into this buffer.
@@ -641,7 +642,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
 
     def _live(self, index, generation) -> torch.Tensor:
         """``(B,) bool``: which slots of ``index`` still hold what was sampled with stamps ``generation``."""
-        if not self._writer.tracks_generations:
+        if not tracks_generations(self._writer):
             raise ValueError("update_priority: generation= needs a writer that tracks generations "
                              "(writer=GPURoundRobinWriter(track_generations=True))")
         index = torch.as_tensor(index)
@@ -657,7 +658,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     def update_tensordict_priority(self, data) -> None:
         """TorchRL's ``update_tensordict_priority``; a batch ``[B]`` holding ``"index_generation"`` (sampled with
         a writer ``track_generations=True``) passes it as :meth:`update_priority`'s ``generation``."""
-        generation = data.get("index_generation", None) if self._writer.tracks_generations else None
+        generation = data.get("index_generation", None) if tracks_generations(self._writer) else None
         if generation is None or data.ndim != 1 or self._storage.ndim != 1:
             return super().update_tensordict_priority(data)
         self.update_priority(data.get("index"), self._get_priority_vector(data), generation=generation)

@@ -18,8 +18,8 @@ from tensordict import TensorDict
 __all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
            "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row", "mark_update_entities",
            "mutation_revision", "plain_extend",
-           "register_without_replacement", "stored_data", "tree_leaves", "unlocked_len", "unsafe_tensordict",
-           "wrapped_gym_env"]
+           "register_without_replacement", "stored_data", "tracks_generations", "tree_leaves", "unlocked_len",
+           "unsafe_tensordict", "wrapped_gym_env"]
 
 
 def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
@@ -173,3 +173,9 @@ def buffer_generator(rb: Any) -> torch.Generator | None:
 def wrapped_gym_env(env: Any) -> Any:
     """The Gymnasium env (or vector env) a TorchRL ``GymWrapper`` drives (its private ``_env``), or None."""
     return getattr(env, "_env", None)
+
+
+def tracks_generations(writer: Any) -> bool:
+    """Whether ``writer`` stamps write generations (TorchRL's ``Writer.tracks_generations``, torchrl >= 0.14;
+    older writers have no stamps: False)."""
+    return bool(getattr(writer, "tracks_generations", False))

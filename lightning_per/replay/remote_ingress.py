@@ -282,8 +282,6 @@ class RemoteIngress:
         with self._lock:
             batches = list(self._queue)
             self._queue.clear()
-            errors = list(self._errors)
-            self._errors.clear()
         total = 0
         if batches:
             total = sum(n for _, n, _, _ in batches)
@@ -299,6 +297,9 @@ class RemoteIngress:
                 start += n
             self.ingested += total
         self._reap_acks()
+        with self._lock:  # the receivers' errors and those of the acknowledgements just sent
+            errors = list(self._errors)
+            self._errors.clear()
         if errors:
             ranks = [rank for rank, _ in errors]
             self._lost.extend(ranks)
@@ -310,7 +311,10 @@ class RemoteIngress:
         if rank in self._lost:
             return
         slots = slots.to(device=self.device, dtype=torch.int64).contiguous()
-        self._acks.append((rank, self.group.send([slots], rank, _TAG_SLOTS), slots))
+        try:
+            self._acks.append((rank, self.group.send([slots], rank, _TAG_SLOTS), slots))
+        except RuntimeError as err:  # the writer died after its batch arrived (Gloo may fail the send at once)
+            self._record_error(rank, err)
 
     def _reap_acks(self) -> None:
         """Wait for the acknowledgements sent (each writer pre-posts their receives: no wait blocks long)."""
@@ -319,9 +323,12 @@ class RemoteIngress:
             try:
                 work.wait()
             except RuntimeError as err:
-                with self._lock:
-                    if rank not in self._closed_ranks and all(rank != r for r, _ in self._errors):
-                        self._errors.append((rank, _first_line(err)))
+                self._record_error(rank, err)
+
+    def _record_error(self, rank: int, err: BaseException) -> None:
+        with self._lock:
+            if rank not in self._closed_ranks and all(rank != r for r, _ in self._errors):
+                self._errors.append((rank, _first_line(err)))
 
     @property
     def stats(self) -> RemoteStats:
