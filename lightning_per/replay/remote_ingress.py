@@ -35,6 +35,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,6 +152,11 @@ def _group(backend: str, store, rank: int, size: int, timeout: float, join_timeo
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
     return dist.ProcessGroupNCCL(store, rank, size)  # NCCL's own watchdog timeout (TORCH_NCCL_* variables)
+
+
+def _stop_heartbeat(closed: threading.Event, heartbeat: threading.Thread, timeout: float) -> None:
+    closed.set()
+    heartbeat.join(timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,8 @@ class RemoteWriter:
         self.keep_slots = keep_slots
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="remote-writer-heartbeat")
         self._heartbeat.start()
+        # a writer left open at exit: the heartbeat stops before the interpreter does, not inside a Gloo call
+        weakref.finalize(self, _stop_heartbeat, self._closed, self._heartbeat, self.timeout)
 
     def _gone(self, err: BaseException) -> ConnectionError:
         self._error = self._error or _first_line(err)
@@ -414,6 +422,8 @@ class RemoteWriter:
             self.group.abort()  # the process, whose exit would then tear down a live Gloo context
         except RuntimeError:
             pass
+        self._heartbeat.join(timeout=self.timeout)  # no Gloo call of this writer outlives it, nor a pending
+        self._pending.clear()  # receive its group's teardown (either ends the process: "terminate called")
         if "Timed out" in self._error:
             return ConnectionError(f"remote writer rank {self.rank}: the owner at {self.addr}:{self.port} did not "
                                    f"answer for {self.timeout} s (it stopped calling ingest(), or its host is "
