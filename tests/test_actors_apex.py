@@ -56,7 +56,7 @@ def test_config_refuses_bad_fields_and_backends():
     with pytest.raises(ValueError, match="actors.agents"):
         ApexConfig(agents=0).validate()
     with pytest.raises(ValueError, match="backend"):
-        ApexActors(ApexConfig(), {**SPEC, "backend": "ale_vector"}, (3,), "float32", N, GAMMA, _greedy_policy,
+        ApexActors(ApexConfig(), {**SPEC, "backend": "ale"}, (3,), "float32", N, GAMMA, _greedy_policy,
                    lambda: 0, "cpu", lambda b: None)
 
 

@@ -180,7 +180,8 @@ def test_main_dispatches_ga3c_to_its_own_cli(capsys):
     assert exit_info.value.code == 0 and out.startswith("usage: lightning-per ga3c") and "--model.agents" in out
 
 
-@pytest.mark.parametrize("name", ["dqn_cartpole.yaml", "dqn_cartpole_gpu.yaml", "dqn_pong.yaml", "dqn_atari.yaml"])
+@pytest.mark.parametrize("name", ["dqn_cartpole.yaml", "dqn_cartpole_gpu.yaml", "dqn_pong.yaml", "dqn_atari.yaml",
+                                  "dqn_cartpole_apex.yaml", "dqn_pong_apex.yaml"])
 def test_shipped_configs_build_the_model_and_name_real_trainer_arguments(name):
     cfg = yaml.safe_load((Path(__file__).parents[1] / "configs" / name).read_text())
     assert set(cfg["trainer"]) <= set(inspect.signature(Trainer.__init__).parameters)

@@ -8,6 +8,7 @@ import signal
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from lightning_per.actors.apex import ApexConfig
 from lightning_per.dqn import DQN
@@ -139,3 +140,24 @@ def test_sigterm_to_the_process_group_stops_the_run_within_5_s_and_its_checkpoin
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "done" and summary["epochs"] == 4 and summary["updates"] == 4 * 20
+
+
+def test_atari_frames_reach_the_replay_as_uint8_stacks_with_true_final_frames(tmp_path):
+    """``env.backend: ale_vector`` (configs/dqn_pong_apex.yaml): the agents step ale-py's vector env; with 1-step
+    transitions every stored next observation is its observation shifted by one frame (frame stack order: oldest
+    first), also where the episode was cut (``max_episode_steps`` 20): there the agents must keep the true final
+    frames, not the next episode's first stack."""
+    pytest.importorskip("ale_py")
+    model = _dqn(env={"id": "ALE/Pong-v5", "backend": "ale_vector", "num_envs": 1, "noop_max": 0,
+                      "repeat_action_probability": 0.0, "max_episode_steps": 20},
+                 network="nature_cnn", hidden_sizes=[32], n_step=1, warmup_steps=160, updates_per_epoch=5,
+                 replay={"capacity": 1000, "batch_size": 8})
+    _trainer(tmp_path, max_steps=5).fit(model)
+    n = len(model.rb)
+    stored = model.rb.storage[:n]
+    obs, nxt = stored["observation"], stored["next_observation"]
+    assert obs.dtype == nxt.dtype == torch.uint8 and obs.shape[1:] == (4, 84, 84)
+    assert n >= 160 and n // 20 >= 6  # at least six cut episodes among the rows
+    assert torch.equal(nxt[:, :3], obs[:, 1:]), "a next observation is not its observation one frame on"
+    moving = (nxt[:, 3] != obs[:, 3]).flatten(1).any(1)
+    assert moving.float().mean() > 0.5  # the frames are the game's, not a constant

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lightning_per.actors.envs import ENV_BACKENDS
 from lightning_per.actors.ladder import epsilon_ladder
 from lightning_per.actors.predictor import PredictorThread
 from lightning_per.actors.shared import SharedRollouts, make_transition_layout
@@ -95,8 +96,8 @@ class ApexActors:
 
     Args:
         cfg: the actors' configuration.
-        env_spec: environment spec (:func:`~lightning_per.actors.envs.make_env_group`), backend ``"gym"`` (it
-            keeps the true final observation, which n-step transitions bootstrap from).
+        env_spec: environment spec (:func:`~lightning_per.actors.envs.make_env_group`); every group keeps the true
+            final observation, which n-step transitions bootstrap from.
         obs_shape: one observation's shape; obs_dtype: ``"uint8"`` or ``"float32"``.
         n_step: horizon n >= 1; gamma: discount in [0, 1] (the learner's).
         policy: ``policy(obs) -> (greedy_action, max_q)``: obs (N, *obs_shape) on ``device``; returns (N,) int64
@@ -111,7 +112,7 @@ class ApexActors:
         seed: base seed (agent i of incarnation k seeds its envs with ``seed + 10_007 * k``).
 
     Raises:
-        ValueError: an invalid ``cfg``, an env backend other than ``"gym"``, ``n_step`` < 1.
+        ValueError: an invalid ``cfg``, an env backend outside ``ENV_BACKENDS``, ``n_step`` < 1.
     """
 
     def __init__(self, cfg: ApexConfig, env_spec: dict, obs_shape: tuple[int, ...], obs_dtype: str, n_step: int,
@@ -119,9 +120,9 @@ class ApexActors:
                  version_fn: Callable[[], int], device: torch.device | str,
                  sink: Callable[[dict[str, torch.Tensor]], None], seed: int = 0) -> None:
         self.cfg = dataclasses.replace(cfg).validate()
-        if env_spec.get("backend") != "gym":
-            raise ValueError(f"env_spec['backend'] must be 'gym' for Ape-X actors (n-step transitions bootstrap "
-                             f"from the true final observation), got {env_spec.get('backend')!r}")
+        if env_spec.get("backend") not in ENV_BACKENDS:
+            raise ValueError(f"env_spec['backend'] must be one of {list(ENV_BACKENDS)}, "
+                             f"got {env_spec.get('backend')!r}")
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.env_spec = dict(env_spec, num_envs=cfg.envs_per_agent)

@@ -45,7 +45,7 @@ def apex_agent_main(index: int, env_spec: dict, layout: dict, shm_name: str, pre
 
     Args:
         index: agent index i in [0, max_agents) (its rows of the shared buffers).
-        env_spec: environment spec dict (:func:`~lightning_per.actors.envs.make_env_group`, backend ``"gym"``).
+        env_spec: environment spec dict (:func:`~lightning_per.actors.envs.make_env_group`).
         layout: :func:`~lightning_per.actors.shared.make_transition_layout`; shm_name: the segment's name.
         pred_sem, ready_sem: the learner's wake-up semaphores (prediction requests, finished slots).
         response_sem: released by a predictor when this agent's greedy actions are written.

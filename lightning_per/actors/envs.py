@@ -7,7 +7,7 @@ An environment is described by a plain ``dict`` spec (picklable without importin
 Every group auto-resets in the same step: where an episode ended, ``step`` returns the first
 observation of the next episode (GA3C never needs the terminal observation: terminal steps do not
 bootstrap, truncated steps bootstrap from V(s_t), see :mod:`lightning_per.actors.returns`). Ape-X's n-step
-transitions do: :class:`GymEnvGroup` keeps it in ``final_obs``; the ale-py vector group does not.
+transitions do: every group keeps it in ``final_obs``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvGroup", "GymEnvGroup", "AleVectorGroup", "TerminalRewardEnv", "make_env_group", "probe_env",
-           "TOY_ENV_ID"]
+__all__ = ["ENV_BACKENDS", "EnvGroup", "GymEnvGroup", "AleVectorGroup", "TerminalRewardEnv", "make_env_group",
+           "probe_env", "TOY_ENV_ID"]
 
 TOY_ENV_ID = "GA3CTerminalReward-v0"
+ENV_BACKENDS = ("gym", "ale_vector")  # the spec's "backend": GymEnvGroup, AleVectorGroup
 
 
 class TerminalRewardEnv(gym.Env):
@@ -79,7 +80,8 @@ if TOY_ENV_ID not in gym.registry:
 
 class EnvGroup:
     """E environments stepped together. Attributes: ``num_envs``, ``obs_shape``, ``obs_dtype``,
-    ``n_actions``.
+    ``n_actions``, ``final_obs`` ``(E, *obs_shape)``: the observation each env's last step ended in, the true
+    final one where an episode ended.
 
     ``reset(seed) -> obs (E, *obs_shape)``;
     ``step(actions (E,) int64) -> (obs (E, *obs_shape), reward (E,) float32, terminated (E,) bool,
@@ -191,12 +193,16 @@ class AleVectorGroup(EnvGroup):
         self.obs_shape = tuple(self.env.single_observation_space.shape)
         self.obs_dtype = np.dtype(np.uint8)
         self.n_actions = int(self.env.single_action_space.n)
+        self.final_obs = np.zeros((num_envs, *self.obs_shape), dtype=self.obs_dtype)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         return self.env.reset(seed=seed)[0]
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        obs, reward, term, trunc, _ = self.env.step(np.asarray(actions, dtype=np.int64))
+        obs, reward, term, trunc, info = self.env.step(np.asarray(actions, dtype=np.int64))
+        done = term | trunc
+        # SameStep autoreset: the ended members' true final frames come in info["final_obs"] (ale-py >= 0.10)
+        self.final_obs = np.where(done[:, None, None, None], info["final_obs"], obs) if done.any() else obs
         return obs, reward.astype(np.float32), term.astype(bool), trunc.astype(bool)
 
     def close(self) -> None:
@@ -205,9 +211,9 @@ class AleVectorGroup(EnvGroup):
 
 def make_env_group(spec: dict) -> EnvGroup:
     """Build the group described by a spec dict (see the module docstring)."""
-    cls = {"gym": GymEnvGroup, "ale_vector": AleVectorGroup}.get(spec["backend"])
-    if cls is None:
-        raise ValueError(f"env_backend must be 'gym' or 'ale_vector', got {spec['backend']!r}")
+    if spec["backend"] not in ENV_BACKENDS:
+        raise ValueError(f"env_backend must be one of {list(ENV_BACKENDS)}, got {spec['backend']!r}")
+    cls = GymEnvGroup if spec["backend"] == "gym" else AleVectorGroup
     return cls(spec["env"], int(spec["num_envs"]), dict(spec.get("kwargs") or {}),
                int(spec.get("frame_stack", 4)))
 

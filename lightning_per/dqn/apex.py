@@ -29,11 +29,41 @@ from tensordict import TensorDict
 from torch import nn
 
 from lightning_per.actors.apex import ApexActors, ApexConfig
+from lightning_per.actors.envs import probe_env
 from lightning_per.dqn.targets import dqn_target
+from lightning_per.envs.factory import EnvConfig
 
-__all__ = ["ApexFeed", "FeedCounters"]
+__all__ = ["ApexFeed", "FeedCounters", "actor_env_spec"]
 
 _GET_POLL_S = 0.1
+
+
+def actor_env_spec(env: EnvConfig) -> dict:
+    """The agents' environment spec (:func:`~lightning_per.actors.envs.make_env_group`) for ``env``: the same
+    observations as the learner's own env of that config. ``backend="gymnasium"``: ``gym.make(env.id)``;
+    ``"ale_vector"``: ale-py's vector env with the config's frame skip, screen size, frame stack, no-op starts and
+    sticky actions, one C++ thread per agent process.
+
+    Raises:
+        ValueError: another ``env.backend``.
+
+    Example::
+
+        >>> from lightning_per.envs.factory import EnvConfig
+        >>> actor_env_spec(EnvConfig(id="CartPole-v1"))
+        {'env': 'CartPole-v1', 'backend': 'gym', 'kwargs': {}}
+    """
+    steps = {} if env.max_episode_steps is None else {"max_episode_steps": env.max_episode_steps}
+    if env.backend == "gymnasium":
+        return {"env": env.id, "backend": "gym", "kwargs": steps}
+    if env.backend == "ale_vector":
+        frames = {} if env.max_episode_steps is None else {
+            "max_num_frames_per_episode": env.max_episode_steps * env.frame_skip}  # as AleVectorEnv counts them
+        return {"env": env.id, "backend": "ale_vector", "frame_stack": env.frame_stack,
+                "kwargs": {"frameskip": env.frame_skip, "img_height": env.screen_size, "img_width": env.screen_size,
+                           "noop_max": env.noop_max, "repeat_action_probability": env.repeat_action_probability,
+                           "num_threads": 1, **frames}}
+    raise ValueError(f"env.backend must be 'gymnasium' or 'ale_vector' for Ape-X actors, got {env.backend!r}")
 
 
 @dataclass
@@ -57,7 +87,8 @@ class ApexFeed:
         q_net: the online network (its weights are copied to the actors' network); target_net: the target network.
         rb: the replay buffer (``extend`` returns the indices, ``update_priority(index, priority)``).
         cfg: the actors (:class:`~lightning_per.actors.apex.ApexConfig`).
-        env_spec: the actors' environment spec (backend ``"gym"``); obs_shape: one observation's shape.
+        env_spec: the actors' environment spec (:func:`actor_env_spec`); obs_shape: one observation's shape (the
+            agents' must match).
         n_step, gamma: the learner's n-step horizon and discount (the actors' transitions follow them).
         double_dqn: TD priorities with double DQN's target.
         initial_priority: ``"max"`` (the running max) or ``"td"`` (Ape-X).
@@ -65,7 +96,8 @@ class ApexFeed:
         device: the learner's device; seed: the actors' base seed; queue_slots: slots the queue holds.
 
     Raises:
-        ValueError: ``initial_priority`` or ``sync_interval`` out of range (and what ``ApexActors`` refuses).
+        ValueError: ``initial_priority`` or ``sync_interval`` out of range, the agents' observation shape other than
+            ``obs_shape`` (and what ``ApexActors`` refuses).
     """
 
     def __init__(self, q_net: nn.Module, target_net: nn.Module, rb, cfg: ApexConfig, env_spec: dict,
@@ -86,7 +118,11 @@ class ApexFeed:
         self.counters = FeedCounters()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_slots)
         self._episodes_read = 0
-        self.actors = ApexActors(cfg, env_spec, obs_shape, "float32", n_step, gamma, self._policy,
+        shape, dtype, _ = probe_env(env_spec)  # the agents' observations: uint8 frames stay uint8 to the replay
+        if tuple(shape) != tuple(obs_shape):
+            raise ValueError(f"env_spec: the agents' observations have shape {tuple(shape)}, the Q-network's "
+                             f"{tuple(obs_shape)}")
+        self.actors = ApexActors(cfg, env_spec, obs_shape, dtype.name, n_step, gamma, self._policy,
                                  lambda: self._version, self.device, self._sink, seed=seed)
 
     # ---- actor side (predictor and ingest threads) ----------------------------------------------

@@ -30,7 +30,7 @@ from torchrl.envs import EnvBase
 
 from lightning_per import make_replay_buffer
 from lightning_per.actors.apex import ApexConfig
-from lightning_per.dqn.apex import ApexFeed
+from lightning_per.dqn.apex import ApexFeed, actor_env_spec
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.config import ReplayConfig, validate_dqn_arguments
 from lightning_per.dqn.ddp import WholeEpochPerRank, all_ranks_reached, bypass_ddp_reducer, setup_ddp
@@ -187,9 +187,9 @@ class DQN(CheckpointHooks, LightningModule):
             if env_factory is not None:
                 raise ValueError("collector='actors' steps the env that env= describes in agent processes: leave "
                                  "env_factory unset (a TorchRL env object cannot cross into the torch-free agents)")
-            if env.backend != "gymnasium":
-                raise ValueError(f"collector='actors' steps Gymnasium envs in agent processes: env.backend must be "
-                                 f"'gymnasium', got {env.backend!r}")
+            if env.backend not in ("gymnasium", "ale_vector"):
+                raise ValueError(f"collector='actors' steps Gymnasium or ale-py vector envs in agent processes: "
+                                 f"env.backend must be 'gymnasium' or 'ale_vector', got {env.backend!r}")
         self.actors_config = actors
         # the flat arguments (and LightningCLI's keys), then with the nested configs as plain dicts: the second
         # call sets hparams_initial, what Lightning logs (the W&B run config, `env.*`, `replay.*` and `actors.*`
@@ -309,13 +309,9 @@ class DQN(CheckpointHooks, LightningModule):
                                inductor_mode=h.inductor_mode if h.inductor else None)
         self.updater = choose_update(self, device)
         if h.collector == "actors":
-            e = self.env_config
-            spec = {"env": e.id, "backend": "gym",
-                    "kwargs": {} if e.max_episode_steps is None else {"max_episode_steps": e.max_episode_steps}}
-            obs_shape = tuple(self.q_net_obs_shape)
-            self.feed = ApexFeed(self.q_net, self.target_net, self.rb, self.actors_config, spec, obs_shape, h.n_step,
-                                 h.gamma, h.double_dqn, h.initial_priority, h.actor_sync_interval, device,
-                                 seed=seed + 1)
+            self.feed = ApexFeed(self.q_net, self.target_net, self.rb, self.actors_config,
+                                 actor_env_spec(self.env_config), tuple(self.q_net_obs_shape), h.n_step, h.gamma,
+                                 h.double_dqn, h.initial_priority, h.actor_sync_interval, device, seed=seed + 1)
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
             self._pending_state = None
