@@ -5,8 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/dqn_cartpole.yaml
 ARGS ?=
-OLDEST_TESTS ?= tests/test_replay_*.py tests/test_buffer_refusals.py tests/test_safe_inputs.py tests/test_integrity.py \
-	tests/test_schema.py tests/test_graphs_capture.py
+OLDEST_TESTS ?= tests/replay tests/checkpoints tests/graphs/test_graphs_capture.py
 
 .PHONY: train test test-oldest test-newest test-gpu bench lint clean-venv
 
@@ -41,8 +40,7 @@ test-oldest: $(OLDEST)/.installed
 # overrides any constraint file the environment sets (pins for the main venv), in this target only; tensordict is
 # upgraded last, past torchrl's pin of it (pip warns of the conflict and installs it: that is the point).
 NEWEST := .venv-newest
-NEWEST_TESTS ?= tests/test_ext_*.py tests/test_ops_reference.py tests/test_replay_*.py tests/test_buffer_refusals.py \
-	tests/test_graphs_*.py tests/test_ga3c_config.py tests/test_cli_dqn.py
+NEWEST_TESTS ?= tests/kernels tests/replay tests/graphs tests/ga3c/test_ga3c_config.py tests/cli/test_cli_dqn.py
 $(NEWEST)/.installed: pyproject.toml
 	test -x $(NEWEST)/bin/python || $(PY) -m venv $(NEWEST)
 	PIP_CONSTRAINT=/dev/null $(NEWEST)/bin/python -m pip install -q --upgrade pip

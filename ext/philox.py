@@ -3,7 +3,7 @@ position in device memory (:func:`device_uniform`), and the state those counters
 
 A kernel that draws its own uniforms needs no ``torch.rand`` launch, and a CUDA graph that replays it draws new
 numbers without registering a generator. The stream is documented in :func:`device_uniform` and checked bit
-for bit against an independent NumPy Philox (``tests/_philox.py``).
+for bit against an independent NumPy Philox (``tests/support/_philox.py``).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def shuffled_uniforms(rng: Tensor, n: int) -> Tensor:
     (lexicographic, so ties of keys break by position and ``pi`` is always a permutation), found by one sort of the
     pairs packed in an int64. Ranks of i.i.d. keys
     are a uniformly random permutation (ties have probability below ``n^2 2^-54``), as in
-    ``lightning_per.replay.draws.random_permutation``. ``tests/_philox.py`` models the stream in NumPy.
+    ``lightning_per.replay.draws.random_permutation``. ``tests/support/_philox.py`` models the stream in NumPy.
 
     Args:
         rng: a device RNG state (:func:`new_rng_state`), advanced in place at positions ``0 .. n - 1``.

@@ -1,10 +1,10 @@
 """Every access of lightning_per to private names of Lightning (and of the jsonargparse / argparse parsers its
 ``LightningCLI`` builds), in one place.
 
-Each function names the private it reads or writes; ``tests/test_lightning_compat.py`` checks that each one still
+Each function names the private it reads or writes; ``tests/cli/test_lightning_compat.py`` checks that each one still
 exists and means what we rely on in the installed Lightning, so an upgrade that renames one fails there, by name.
-``tests/test_layering.py`` checks that no other module reads a Lightning private or overrides a private Lightning
-method other than those in :data:`OVERRIDDEN_HOOKS`. TorchRL's and tensordict's privates are
+``tests/project/test_layering.py`` checks that no other module reads a Lightning private or overrides a private
+Lightning method other than those in :data:`OVERRIDDEN_HOOKS`. TorchRL's and tensordict's privates are
 :mod:`lightning_per.replay.compat`'s.
 """
 

@@ -15,7 +15,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 if not torch.cuda.is_available():
     # No GPU: the compiled ext/ kernels are tested on CPU through Triton's interpreter
-    # (tests/test_ext_kernels.py). It must be chosen before triton is first imported, and
+    # (tests/kernels/test_ext_kernels.py). It must be chosen before triton is first imported, and
     # `import lightning_per` imports triton (through torchrl), so it is chosen here.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

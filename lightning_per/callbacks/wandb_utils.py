@@ -160,7 +160,7 @@ class AutoModeWandbLogger(WandbLogger):
     The W&B service buffers the run's ``.wandb`` file and writes it every ``flush_interval_s`` (wandb's
     ``x_transaction_log_flush_interval``; wandb has no call that flushes on demand), so a ``kill -9`` loses
     only the rows logged in the last ``flush_interval_s`` before it: with epochs longer than that, at most
-    the last epoch's row (tests/test_wandb_offline.py). A resumed run re-logs the rest
+    the last epoch's row (tests/callbacks/test_wandb_offline.py). A resumed run re-logs the rest
     (:class:`~lightning_per.callbacks.AsyncMetricsCallback`).
 
     Args:

@@ -4,7 +4,7 @@ Under Lightning's DDP strategy every rank keeps its own env, collector and repla
 rank) and runs ``updates_per_epoch`` updates an epoch; the gradients are averaged over the ranks (by DDP's
 reducer in eager mode, by :func:`all_reduce_mean_grads_` inside the captured update in graph mode). This
 file holds what that needs beyond Lightning's public API; the Lightning privates it touches are functions of
-:mod:`lightning_per.lightning_compat` (pinned by tests/test_lightning_compat.py):
+:mod:`lightning_per.lightning_compat` (pinned by tests/cli/test_lightning_compat.py):
 
 - :func:`keep_buffers_per_rank`: the kwargs Lightning passes to DDP (``lightning_compat.ddp_kwargs``);
 - :func:`write_shards_with_checkpoints`: the strategy's public ``save_checkpoint``/``remove_checkpoint``
@@ -12,7 +12,7 @@ file holds what that needs beyond Lightning's public API; the Lightning privates
 - :func:`bound_sigterm_broadcast`: the epoch loop's SIGTERM broadcast (``lightning_compat.wrap_sigterm_broadcast``);
 - :func:`bypass_ddp_reducer`: DDP's public ``require_backward_grad_sync`` flag.
 
-docs/ddp.md describes the behaviour; tests/test_ddp_cpu.py runs it on two gloo ranks.
+docs/ddp.md describes the behaviour; tests/dqn/test_ddp_cpu.py runs it on two gloo ranks.
 """
 
 from __future__ import annotations

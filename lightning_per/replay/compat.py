@@ -1,11 +1,11 @@
 """Every access of :mod:`lightning_per.replay` to private attributes of TorchRL, tensordict and torch, in one place.
 
-Each function names the third-party attribute it reads or writes; ``tests/test_replay_compat.py`` checks that
+Each function names the third-party attribute it reads or writes; ``tests/replay/test_replay_compat.py`` checks that
 each attribute still exists in the installed versions, so an upgrade that removes one fails there, by name,
 instead of deep in a write path. The adapters' own inherited state (``LazyTensorStorage._storage``, ``_len``,
 ``_last_cursor``, the writer's ``_storage``, a buffer subclass's ``self._sampler``) is theirs and stays with them;
 a TorchRL private read on any other object (a buffer handed to a function, a writer, a storage) is a function
-here (``tests/test_layering.py`` checks that no other module reads one).
+here (``tests/project/test_layering.py`` checks that no other module reads one).
 """
 
 from __future__ import annotations

@@ -1,0 +1,191 @@
+"""``lightning-per fit`` refuses, in one line naming the file or option (exit status 2, no traceback), a checkpoint
+that is no Lightning checkpoint or whose ``dqn_state`` holds values of the wrong type, a run directory it cannot
+write, and a thread count below 1 -- and leaves the run directory's ``config.yaml`` byte-identical.
+
+Every case runs the real command in a child process (``python -m lightning_per.console fit ...``) on a copy of one
+short run's directory (2 epochs, tiny sizes, W&B offline).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lightning_per.callbacks import AtomicCheckpointIO
+from lightning_per.dqn import DQN, ReplayConfig
+from lightning_per.envs import EnvConfig
+from lightning_per.integrity import save_torch_file
+
+CONFIG = str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml")
+TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
+        "--model.hidden_sizes=[16, 16]", "--model.warmup_steps=64", "--model.updates_per_epoch=20",
+        "--trainer.enable_progress_bar=false"]
+ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "LIGHTNING_PER_TRACEBACK": ""}
+ENV.pop("WANDB_API_KEY", None)
+
+
+def _fit(run: Path, *extra: str, epochs: int = 2) -> subprocess.CompletedProcess:
+    """``lightning-per fit`` on the tiny config in a child process."""
+    return subprocess.run([sys.executable, "-m", "lightning_per.console", "fit", "--config", CONFIG, *TINY,
+                           f"--trainer.default_root_dir={run}", f"--trainer.max_epochs={epochs}", *extra],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("first") / "run"
+    proc = _fit(run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    return run
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _reseal(ckpt: Path, edit) -> None:
+    """Load the checkpoint, ``edit`` it, save it sealed again (its manifest is valid: refused by content only)."""
+    io = AtomicCheckpointIO()
+    checkpoint = io.load_checkpoint(ckpt)
+    edit(checkpoint)
+    io.save_checkpoint(checkpoint, ckpt)
+
+
+def _set(path: str, value):
+    """An edit setting ``checkpoint[a][b]...`` (``path`` "a.b...") to ``value``."""
+    *parents, last = path.split(".")
+
+    def edit(checkpoint):
+        node = checkpoint
+        for key in parents:
+            node = node[int(key) if isinstance(node, list) else key]
+        node[last] = value
+    return edit
+
+
+def _refused(proc: subprocess.CompletedProcess) -> str:
+    """The last non-empty line of stderr, after checking that the command was refused as a usage error."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if line.strip()][-1]
+
+
+# (case, how the checkpoint is spoilt, what the one line must name besides the file)
+CHECKPOINTS = {
+    "a sealed torch file that is no Lightning checkpoint": (
+        lambda ckpt: save_torch_file({"weights": torch.zeros(4, 16)}, ckpt, "checkpoint", "g0"),
+        ["not a Lightning checkpoint", "state_dict"]),
+    "no state_dict": (lambda ckpt: _reseal(ckpt, lambda c: c.pop("state_dict")), ["'state_dict'"]),
+    "torch_rng of another dtype and shape": (
+        lambda ckpt: _reseal(ckpt, _set("dqn_state.torch_rng", torch.zeros(3))),
+        ["dqn_state.torch_rng", "uint8", f"({torch.get_rng_state().numel()},)", "float32 tensor of shape (3,)"]),
+    "torch_rng a string": (lambda ckpt: _reseal(ckpt, _set("dqn_state.torch_rng", "abc")),
+                           ["dqn_state.torch_rng", "'abc'"]),
+    "env_steps lots": (lambda ckpt: _reseal(ckpt, _set("dqn_state.env_steps", "lots")),
+                       ["dqn_state.env_steps", "int >= 0", "'lots'"]),
+    "credit nan": (lambda ckpt: _reseal(ckpt, _set("dqn_state.credit", float("nan"))), ["dqn_state.credit"]),
+    "collector rng of another size": (
+        lambda ckpt: _reseal(ckpt, _set("dqn_state.collector.rng", torch.zeros(16, dtype=torch.uint8))),
+        ["dqn_state.collector.rng"]),
+    "weights of another shape": (  # the first layer of the MLP of hidden_sizes [16, 16] on CartPole's 4 inputs
+        lambda ckpt: _reseal(ckpt, lambda c: c["state_dict"].update({"q_net.torso.net.0.weight": torch.zeros(3, 3)})),
+        ["state_dict['q_net.torso.net.0.weight']", "(16, 4)", "(3, 3)"]),
+    "optimizer moments of another shape": (
+        lambda ckpt: _reseal(ckpt, lambda c: c["optimizer_states"][0]["state"][0].update(exp_avg=torch.zeros(7))),
+        ["optimizer_states[0]", "exp_avg", "(16, 4)"]),
+    "loop progress lots": (
+        lambda ckpt: _reseal(ckpt, _set("loops.fit_loop.epoch_progress.total.completed", "lots")),
+        ["loops.fit_loop.epoch_progress.total.completed"]),
+    "run summary state of the wrong type": (
+        lambda ckpt: _reseal(ckpt, _set("callbacks.RunArtifactsCallback.wall_time_s", "long")),
+        ["callbacks['RunArtifactsCallback']", "wall_time_s"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINTS))
+def test_a_checkpoint_of_the_wrong_structure_is_one_line_exit_2_and_rewrites_nothing(finished_run, tmp_path, case):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    spoil, names = CHECKPOINTS[case]
+    spoil(ckpt)
+    config, sealed = _sha256(run / "config.yaml"), _sha256(ckpt)
+    line = _refused(_fit(run, "--ckpt_path", str(ckpt), epochs=4))
+    assert str(ckpt) in line and all(name in line for name in names), line
+    assert _sha256(run / "config.yaml") == config
+    assert _sha256(ckpt) == sealed
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in finished_run.iterdir())
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_torch_num_threads_below_1_is_one_line_naming_the_option_and_range(finished_run, tmp_path, value):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = _sha256(run / "config.yaml")
+    line = _refused(_fit(run, "--torch_num_threads", value))
+    assert "--torch_num_threads" in line and ">= 1" in line and f"got {value}" in line, line
+    assert _sha256(run / "config.yaml") == config
+
+
+def test_a_run_directory_under_a_file_is_one_line_naming_the_option(tmp_path):
+    """A parent that is a regular file: no user (root included) can create the run directory."""
+    parent = tmp_path / "notes.txt"
+    parent.write_text("not a directory\n")
+    line = _refused(_fit(parent / "run"))
+    assert "--trainer.default_root_dir" in line and str(parent / "run") in line and "is a file" in line, line
+    assert parent.read_text() == "not a directory\n"
+
+
+def test_a_read_only_run_directory_is_one_line_naming_the_option(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = _sha256(run / "config.yaml")
+    run.chmod(0o555)
+    try:
+        try:  # root writes through the mode bits: then there is nothing to refuse
+            (run / "probe").touch()
+        except PermissionError:
+            pass
+        else:
+            (run / "probe").unlink()
+            pytest.skip("this user writes into a directory of mode 0o555 (root)")
+        line = _refused(_fit(run, epochs=4))
+    finally:
+        run.chmod(0o755)
+    assert "--trainer.default_root_dir" in line and str(run) in line and "not writable" in line, line
+    assert _sha256(run / "config.yaml") == config
+
+
+def test_on_load_checkpoint_names_the_key_of_a_wrongly_typed_dqn_state(tmp_path):
+    """Through Trainer.fit alone (no command line): the module refuses the state before restoring any of it."""
+    def model():
+        return DQN(env=EnvConfig(backend="torch", num_envs=4), replay=ReplayConfig(capacity=256, batch_size=16),
+                   hidden_sizes=[16], warmup_steps=32, updates_per_epoch=4, seed=0)
+
+    def trainer(epochs):
+        return Trainer(max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+
+    first = trainer(1)
+    first.fit(model())
+    ckpt = tmp_path / "first.ckpt"
+    first.save_checkpoint(ckpt)
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint["dqn_state"]["updates"] = 2.5
+    torch.save(checkpoint, ckpt)
+    resumed = model()
+    with pytest.raises(ValueError) as info:
+        trainer(2).fit(resumed, ckpt_path=str(ckpt))
+    message = str(info.value)
+    assert "dqn_state.updates must be an int >= 0, got 2.5" in message and str(ckpt) in message
+    assert "\n" not in message
+    assert resumed.updates == 0  # nothing restored
