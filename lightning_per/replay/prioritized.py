@@ -194,15 +194,9 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         None)`` before any priority was written. Reads the device (a diagnostic); the slot is not tracked."""
         return max_priority(self.core)
 
-    @property
-    def _alpha(self) -> float:
-        """TorchRL's name of :attr:`alpha` (its sampler keeps the exponents as ``_alpha`` and ``_beta``)."""
-        return self.core.alpha
-
-    @property
-    def _beta(self) -> float:
-        """TorchRL's name of :attr:`beta`."""
-        return self.core.beta
+    # TorchRL's names of the exponents (its sampler keeps them as _alpha and _beta), read by code written for it
+    _alpha = property(lambda self: self.core.alpha, doc="TorchRL's name of :attr:`alpha` (read-only).")
+    _beta = property(lambda self: self.core.beta, doc="TorchRL's name of :attr:`beta` (read-only).")
 
     @property
     def clamped_priority_count(self) -> Tensor:
