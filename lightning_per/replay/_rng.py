@@ -243,6 +243,20 @@ class SamplerRNG:
         """
         self.generator.manual_seed(check_seed(seed))
 
+    def get_rng_state(self) -> dict[str, torch.Tensor | None]:
+        """``{"generator": CPU uint8 tensor, "device_rng": None}``: what a sampler drawing from this generator alone
+        returns from its ``get_rng_state`` (the graphs' ``CapturableSampler`` protocol)."""
+        return {"generator": self.generator.get_state(), "device_rng": None}
+
+    def set_rng_state(self, state: dict[str, torch.Tensor | None]) -> None:
+        """Restore the generator of a ``get_rng_state()`` result.
+
+        Raises:
+            TypeError, ValueError: ``state`` is not such a dict (:func:`check_rng_state`); nothing changes.
+        """
+        check_rng_state(state)
+        self.generator.set_state(state["generator"])
+
     def state(self) -> dict:
         """What a sampler checkpoint saves under ``"rng"``: ``{"generator", "fingerprint", "buffer_seen"}``."""
         seen = self.seen

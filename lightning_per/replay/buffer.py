@@ -214,6 +214,19 @@ def _direct_extend(rb, data, update_priority: bool | None, priority=_NOT_LOOKED_
     return index
 
 
+def _extend(rb, data, update_priority: bool | None, torchrl_extend) -> torch.Tensor:
+    """``rb.extend(data)``: checked first (nothing written on a refusal), an empty batch written as nothing, else
+    the direct path (:func:`_direct_extend`) or, where it does not apply, ``torchrl_extend`` (TorchRL's ``extend``
+    of ``rb``). Returns the slots ``(n,)`` int64."""
+    priority = _check_extend_priority(rb, data, update_priority)
+    _check_before_write(rb, data)
+    index = _empty_extend(rb, data)
+    if index is not None:
+        return index
+    index = _direct_extend(rb, data, update_priority, priority)
+    return torchrl_extend(data, update_priority=update_priority) if index is None else index
+
+
 def _check_extend_priority(rb, data, update_priority: bool | None):
     """Raise what the priority update of ``rb.extend(data)`` would refuse, before anything is written: the
     batch's ``priority_key`` entry must be a real tensor with one value per transition (or one for all).
@@ -290,9 +303,9 @@ def _reduced(rb, protocol: int):
 def _ingest(rb) -> int:
     """``rb.ingest``: every ready batch of every writer into ``rb`` (one ``extend``, then one priority update of
     the rows whose writer gave priorities); returns the rows ingested. Host work over host staging. A call made
-    while one runs (``len(rb)`` inside its ``extend``) ingests nothing: the staging batch is in use."""
+    while one runs (``len(rb)`` inside its ``extend``), or without writer handles, ingests nothing."""
     ingress = rb._ingress
-    if ingress.busy:
+    if ingress.busy or not ingress.active:
         return 0
     ingress.busy = True
     try:
@@ -316,9 +329,22 @@ def _ingest_ready(rb) -> int:
     return batch.batch_size[0]
 
 
-def _rate_limit(samples_per_insert: float | None) -> SamplesPerInsert | None:
-    """The buffer's ``rate_limit`` of its ``samples_per_insert`` argument (validated: TypeError, ValueError)."""
-    return None if samples_per_insert is None else SamplesPerInsert(samples_per_insert)
+def _checked_parts(backpressure: str, backpressure_timeout: float, samples_per_insert: float | None,
+                   kwargs: dict[str, Any]) -> tuple[SharedIngress, SamplesPerInsert | None]:
+    """A buffer's writers' ingress and its ``rate_limit`` from its arguments, and TorchRL's ``batch_size`` and
+    ``generator`` keywords in ``kwargs`` checked, before anything of the buffer is built.
+
+    Raises:
+        ValueError: an unknown ``backpressure``, a ``backpressure_timeout`` <= 0, a ``samples_per_insert`` not finite
+            or not > 0, a ``batch_size`` not an int >= 1.
+        TypeError: as :class:`SamplesPerInsert`; a ``generator`` that is not a ``torch.Generator``.
+    """
+    ingress = SharedIngress(backpressure, backpressure_timeout)
+    limit = None if samples_per_insert is None else SamplesPerInsert(samples_per_insert)
+    if kwargs.get("batch_size") is not None:
+        check_batch_size(kwargs["batch_size"])
+    check_generator(kwargs.get("generator"))
+    return ingress, limit
 
 
 def _reserve(rb, batch_size: int | None, wait: bool, timeout: float | None) -> None:
@@ -353,11 +379,14 @@ def _pickled_generator(rb, state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _restored_generator(state: dict[str, Any]) -> tuple[dict[str, Any], torch.Generator | None]:
-    """``state`` without ``"_rng_bytes"`` and the generator it held (None if none), for ``__setstate__``."""
+def _set_state(rb, state: dict[str, Any], torchrl_setstate) -> None:
+    """``rb.__setstate__(state)``: TorchRL's ``torchrl_setstate`` of ``state`` without ``"_rng_bytes"``, then the
+    buffer's generator rebuilt from those bytes (:func:`_pickled_generator`), when there were any."""
     state = dict(state)
     saved = state.pop("_rng_bytes", None)
-    return state, None if saved is None else saved.generator()
+    torchrl_setstate(state)
+    if saved is not None:
+        rb.set_rng(saved.generator())
 
 
 # ---------------------------------------------------------------------------- checkpoint checks
@@ -456,11 +485,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
                  sampler: str | PrioritizedSampler = "proportional", sampler_kwargs: dict[str, Any] | None = None,
                  sampler_device=None, sync: bool = True, reduction: str | None = None, backpressure: str = "block",
                  backpressure_timeout: float = 30.0, samples_per_insert: float | None = None, **kwargs) -> None:
-        self._ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
-        self.rate_limit = _rate_limit(samples_per_insert)
-        if kwargs.get("batch_size") is not None:
-            check_batch_size(kwargs["batch_size"])
-        check_generator(kwargs.get("generator"))
+        self._ingress, self.rate_limit = _checked_parts(backpressure, backpressure_timeout, samples_per_insert, kwargs)
         named = isinstance(sampler, str)
         if named:
             if sampler not in SAMPLERS:
@@ -542,8 +567,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
     def __len__(self) -> int:
         """Transitions stored, after ingesting what writer handles have made ready (:meth:`ingest`), so a loop
         that waits for ``len(rb)`` to grow sees the writers' transitions."""
-        if self._ingress.active:
-            _ingest(self)
+        _ingest(self)
         return super().__len__()
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None, *,
@@ -558,8 +582,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         With a :attr:`rate_limit`, ``wait`` and ``timeout`` (seconds or None) say whether to wait for its budget
         (:meth:`SamplesPerInsert.reserve`: RuntimeError without ``wait``, TimeoutError after ``timeout``).
         """
-        if self._ingress.active:
-            _ingest(self)
+        _ingest(self)
         _reserve(self, batch_size, wait, timeout)
         if not (self._direct_sample and include_info is None and not len(self._transform)
                 and isinstance(self._storage, GPUTensorStorage)
@@ -584,15 +607,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         A plain TensorDict with the stored keys takes a direct path (no transform, no generic writer
         machinery: see :func:`_direct_extend`); anything else defers to TorchRL's ``extend``.
         """
-        priority = _check_extend_priority(self, tensordicts, update_priority)
-        _check_before_write(self, tensordicts)
-        index = _empty_extend(self, tensordicts)
-        if index is not None:
-            return index
-        index = _direct_extend(self, tensordicts, update_priority, priority)
-        if index is None:
-            index = super().extend(tensordicts, update_priority=update_priority)
-        return index
+        return _extend(self, tensordicts, update_priority, super().extend)
 
     def _get_priority_vector(self, tensordict):
         """TorchRL's per-item priority of a batch (its ``priority_key`` reduced with ``reduction`` over each item's
@@ -669,10 +684,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         return _pickled_generator(self, super().__getstate__())
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state, generator = _restored_generator(state)
-        super().__setstate__(state)
-        if generator is not None:
-            self.set_rng(generator)
+        _set_state(self, state, super().__setstate__)
 
     def __reduce_ex__(self, protocol: int):
         """Pickled for a process being started while shared: a
@@ -681,9 +693,7 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         return _reduced(self, protocol)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        stamp(state, "replay", BUFFER_SCHEMA_VERSION)
-        return state
+        return stamp(super().state_dict(), "replay", BUFFER_SCHEMA_VERSION)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """TorchRL's ``load_state_dict``, after every refusal has been checked on the checkpoint alone.
@@ -738,8 +748,7 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
     def __init__(self, *, storage=None, sampler: Sampler | None = None, writer=None,
                  device: torch.device | str | None = None, backpressure: str = "block",
                  backpressure_timeout: float = 30.0, samples_per_insert: float | None = None, **kwargs) -> None:
-        self._ingress = SharedIngress(backpressure, backpressure_timeout)  # validated before anything is built
-        self.rate_limit = _rate_limit(samples_per_insert)
+        self._ingress, self.rate_limit = _checked_parts(backpressure, backpressure_timeout, samples_per_insert, kwargs)
         if sampler is not None and (not isinstance(sampler, Sampler) or isinstance(sampler, PrioritizedSampler)):
             what = (f"the name {sampler!r} (make_replay_buffer(sampler=...) takes names)" if isinstance(sampler, str)
                     else type(sampler).__name__)
@@ -747,9 +756,6 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
                             f"GPUSamplerWithoutReplacement, GPUSliceSampler, or TorchRL's), got {what}" + (
                                 "; prioritized samplers go in GPUPrioritizedReplayBuffer(sampler=...)"
                                 if isinstance(sampler, PrioritizedSampler) else ""))
-        if kwargs.get("batch_size") is not None:
-            check_batch_size(kwargs["batch_size"])
-        check_generator(kwargs.get("generator"))
         device = resolve_device(device) if device is not None else None
         storage = resolve_storage(storage, device, None)
         if sampler is None:
@@ -779,23 +785,13 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         return _with_ingress(self, super().__repr__())
 
     def __len__(self) -> int:
-        """Transitions stored, after ingesting what writer handles have made ready (:meth:`ingest`), so a loop
-        that waits for ``len(rb)`` to grow sees the writers' transitions."""
-        if self._ingress.active:
-            _ingest(self)
+        """As :meth:`GPUPrioritizedReplayBuffer.__len__`: the writers' ready transitions ingested first."""
+        _ingest(self)
         return super().__len__()
 
     def extend(self, tensordicts, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``, through the direct path of :func:`_direct_extend` when it applies."""
-        priority = _check_extend_priority(self, tensordicts, update_priority)
-        _check_before_write(self, tensordicts)
-        index = _empty_extend(self, tensordicts)
-        if index is not None:
-            return index
-        index = _direct_extend(self, tensordicts, update_priority, priority)
-        if index is None:
-            index = super().extend(tensordicts, update_priority=update_priority)
-        return index
+        return _extend(self, tensordicts, update_priority, super().extend)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info=None, *,
                wait: bool = False, timeout: float | None = None):
@@ -804,8 +800,7 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         batches (:meth:`ingest`); ``wait``, ``timeout``: as :meth:`GPUPrioritizedReplayBuffer.sample`."""
         if batch_size is not None:
             check_batch_size(batch_size)
-        if self._ingress.active:
-            _ingest(self)
+        _ingest(self)
         _reserve(self, batch_size, wait, timeout)
         return super().sample(batch_size, return_info=return_info, include_info=include_info)
 
@@ -819,21 +814,15 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
         return _pickled_generator(self, super().__getstate__())
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state, generator = _restored_generator(state)
-        super().__setstate__(state)
-        if generator is not None:
-            self.set_rng(generator)
+        _set_state(self, state, super().__setstate__)
 
     def __reduce_ex__(self, protocol: int):
-        """Pickled for a process being started while shared: a
-        :class:`~lightning_per.replay.ingress.SharedBufferWriter` of this buffer (a new writer handle); else a
-        copy (:meth:`__getstate__`)."""
+        """As :meth:`GPUPrioritizedReplayBuffer.__reduce_ex__`: a new writer handle for a process being started while
+        shared, else a copy."""
         return _reduced(self, protocol)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        stamp(state, "replay", BUFFER_SCHEMA_VERSION)
-        return state
+        return stamp(super().state_dict(), "replay", BUFFER_SCHEMA_VERSION)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`GPUPrioritizedReplayBuffer.load_state_dict`: refusals before anything changes."""

@@ -180,6 +180,12 @@ class PriorityCore:
                    f"memory: no generator to register)")
         return self.rng.rand(shape, way)
 
+    def attach(self, generator: torch.Generator | None) -> None:
+        """The buffer attached ``generator`` (TorchRL assigns ``sampler._rng``): the draws follow it from now on
+        (:meth:`SamplerRNG.attach`, then :meth:`follow`)."""
+        self.rng.attach(generator)
+        self.follow()
+
     def follow(self) -> None:
         """Follow the buffer's generator (:meth:`SamplerRNG.follow`); a reseed restarts the device counters."""
         if self.rng.follow():
@@ -205,7 +211,7 @@ class PriorityCore:
         """``{"generator": CPU uint8 tensor, "device_rng": (1 + 65536,) int64 device tensor or None}`` (copied; no
         host sync)."""
         rng = self.state.rng
-        return {"generator": self.rng.generator.get_state(), "device_rng": None if rng is None else rng.clone()}
+        return {**self.rng.get_rng_state(), "device_rng": None if rng is None else rng.clone()}
 
     def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
         """Restore a :meth:`get_rng_state` result in place (cached CUDA graphs keep drawing from it).
@@ -219,7 +225,7 @@ class PriorityCore:
         if rng is not None and (saved is None or saved.shape != rng.shape):
             raise ValueError(f"state['device_rng'] must be a {tuple(rng.shape)} int64 tensor (this sampler's "
                              f"compiled draws use it), got {None if saved is None else tuple(saved.shape)}")
-        self.rng.generator.set_state(state["generator"])
+        self.rng.set_rng_state(state)
         if rng is not None:
             rng.copy_(saved)
 

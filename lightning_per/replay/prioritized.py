@@ -27,7 +27,6 @@ from lightning_per.replay.adapter import (
     draw_gather,
     dump,
     mark_written,
-    mask_slots,
     max_priority,
     new_core,
 )
@@ -149,8 +148,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
 
     @_rng.setter
     def _rng(self, generator: torch.Generator | None) -> None:
-        self.core.rng.attach(generator)
-        self.core.follow()
+        self.core.attach(generator)
 
     @property
     def generator(self) -> torch.Generator:
@@ -195,6 +193,10 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         """TorchRL's private ``(max raw priority, its slot)`` pair: ``(0-d float32 tensor, None)``, or ``(None,
         None)`` before any priority was written. Reads the device (a diagnostic); the slot is not tracked."""
         return max_priority(self.core)
+
+    # TorchRL's names of the exponents (its sampler keeps them as _alpha and _beta), read by code written for it
+    _alpha = property(lambda self: self.core.alpha, doc="TorchRL's name of :attr:`alpha` (read-only).")
+    _beta = property(lambda self: self.core.beta, doc="TorchRL's name of :attr:`beta` (read-only).")
 
     @property
     def clamped_priority_count(self) -> Tensor:
@@ -266,10 +268,6 @@ class GPUPrioritizedSampler(PrioritizedSampler):
     def mark_update(self, index, *, storage=None) -> None:
         """Give slots ``index`` (just written) the default priority (:func:`mark_written`)."""
         mark_written(self.core, index, storage, type(self).__name__)
-
-    def mask_slots(self, valid: Tensor) -> None:
-        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
-        mask_slots(self.core, valid)
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None

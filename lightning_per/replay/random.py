@@ -10,7 +10,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
 
 from lightning_per.replay import sampler_checkpoint
-from lightning_per.replay._rng import SamplerRNG, check_rng_state
+from lightning_per.replay._rng import SamplerRNG
 from lightning_per.replay.compat import register_without_replacement
 from lightning_per.replay.errors import EmptyBufferError, check_batch_size, check_kind, check_seed
 from lightning_per.replay.storage import resolve_device
@@ -93,12 +93,11 @@ class GPURandomSampler(RandomSampler):
 
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
-        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+        return self.rng.get_rng_state()
 
     def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
         """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
-        check_rng_state(state)
-        self.rng.generator.set_state(state["generator"])
+        self.rng.set_rng_state(state)
 
     def sample(self, storage, batch_size: int) -> tuple[Tensor, dict]:
         """Raises ValueError for ``batch_size`` < 1 and EmptyBufferError for an empty storage."""
@@ -225,12 +224,11 @@ class GPUSamplerWithoutReplacement(SamplerWithoutReplacement):
 
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
-        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+        return self.rng.get_rng_state()
 
     def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
         """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
-        check_rng_state(state)
-        self.rng.generator.set_state(state["generator"])
+        self.rng.set_rng_state(state)
 
     def _get_sample_list(self, storage, len_storage: int, batch_size: int) -> None:
         if storage is not None:

@@ -28,7 +28,6 @@ from lightning_per.replay.adapter import (
     draw_gather,
     dump,
     mark_written,
-    mask_slots,
     max_priority,
     new_core,
 )
@@ -212,8 +211,7 @@ class GPURankBasedSampler(PrioritizedSampler):
 
     @_rng.setter
     def _rng(self, generator: torch.Generator | None) -> None:
-        self.core.rng.attach(generator)
-        self.core.follow()
+        self.core.attach(generator)
 
     @property
     def generator(self) -> torch.Generator:
@@ -254,6 +252,10 @@ class GPURankBasedSampler(PrioritizedSampler):
     @property
     def _max_priority(self) -> tuple[Tensor | None, None]:
         return max_priority(self.core)
+
+    # TorchRL's names of the exponents (its sampler keeps them as _alpha and _beta), read by code written for it
+    _alpha = property(lambda self: self.core.alpha, doc="TorchRL's name of :attr:`alpha` (read-only).")
+    _beta = property(lambda self: self.core.beta, doc="TorchRL's name of :attr:`beta` (read-only).")
 
     @property
     def clamped_priority_count(self) -> Tensor:
@@ -314,10 +316,6 @@ class GPURankBasedSampler(PrioritizedSampler):
         """New slots get the default priority (:func:`mark_written`); the ranking is re-sorted at the next draw."""
         mark_written(self.core, index, storage, type(self).__name__)
         self.core.rule.stale = True
-
-    def mask_slots(self, valid: Tensor) -> None:
-        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
-        mask_slots(self.core, valid)
 
     def add(self, index) -> None:  # new items get their priority through mark_update
         return None

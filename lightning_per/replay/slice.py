@@ -38,7 +38,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
 from lightning_per.replay import sampler_checkpoint
-from lightning_per.replay._rng import SamplerRNG, check_rng_state
+from lightning_per.replay._rng import SamplerRNG
 from lightning_per.replay.errors import check_capacity, check_kind
 from lightning_per.replay.slice_index import SLICE_SCHEMA_VERSION, SliceIndex
 from lightning_per.replay.slice_output import expand, slice_batch
@@ -154,12 +154,11 @@ class GPUSliceSampler(SliceSampler):
 
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """``{"generator": CPU uint8 tensor, "device_rng": None}``, to replay the draws with :meth:`set_rng_state`."""
-        return {"generator": self.rng.generator.get_state(), "device_rng": None}
+        return self.rng.get_rng_state()
 
     def set_rng_state(self, state: dict[str, Tensor | None]) -> None:
         """Restore a :meth:`get_rng_state` result. Raises TypeError / ValueError for another dict; nothing changes."""
-        check_rng_state(state)
-        self.rng.generator.set_state(state["generator"])
+        self.rng.set_rng_state(state)
 
     def __repr__(self) -> str:
         i, s = self.index, self.spec

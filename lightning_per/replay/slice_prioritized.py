@@ -12,7 +12,7 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
 
 from lightning_per.replay import priority, sampler_checkpoint
-from lightning_per.replay.adapter import checked_update, dump, mark_written, mask_slots, max_priority, new_core
+from lightning_per.replay.adapter import checked_update, dump, mark_written, max_priority, new_core
 from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.rules import Proportional
 from lightning_per.replay.slice_index import SliceIndex, whole_rows
@@ -131,8 +131,7 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
 
     @_rng.setter
     def _rng(self, generator: torch.Generator | None) -> None:
-        self.core.rng.attach(generator)
-        self.core.follow()
+        self.core.attach(generator)
 
     @property
     def generator(self) -> torch.Generator:
@@ -176,6 +175,10 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
     @property
     def _max_priority(self) -> tuple[Tensor | None, None]:
         return max_priority(self.core)
+
+    # TorchRL's names of the exponents (its sampler keeps them as _alpha and _beta), read by code written for it
+    _alpha = property(lambda self: self.core.alpha, doc="TorchRL's name of :attr:`alpha` (read-only).")
+    _beta = property(lambda self: self.core.beta, doc="TorchRL's name of :attr:`beta` (read-only).")
 
     @property
     def clamped_priority_count(self) -> Tensor:
@@ -266,10 +269,6 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
                 and slots != self.core.capacity and whole_rows(self.core.capacity, stride) == slots):
             return self._resized(slots)
         return self.core
-
-    def mask_slots(self, valid: Tensor) -> None:
-        """Take the probability mass of every slot where ``valid`` is False (:func:`mask_slots`)."""
-        mask_slots(self.core, valid)
 
     def check_signal(self, data) -> None:
         """Raise before a write of ``data`` that carries no trajectory marker (:meth:`SliceIndex.check_signal`)."""

@@ -27,6 +27,7 @@ from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter
 from lightning_per import (
     GPUPrioritizedReplayBuffer,
     GPUPrioritizedSampler,
+    GPUPrioritizedSliceSampler,
     GPURandomSampler,
     GPURankBasedSampler,
     GPUSamplerWithoutReplacement,
@@ -201,6 +202,29 @@ def test_alpha_and_beta_as_tensors_follow_a_scheduler():
         sampler.beta = torch.ones(2)
     with pytest.raises(ValueError, match="alpha"):
         sampler.alpha = torch.tensor(-1.0)
+
+
+@pytest.mark.torchrl_tree
+@pytest.mark.parametrize("ours", [
+    lambda: GPUPrioritizedSampler(10, 0.8, 0.6, device="cpu"),
+    lambda: GPURankBasedSampler(10, 0.8, 0.6, device="cpu"),
+    lambda: GPUPrioritizedSliceSampler(10, 0.8, 0.6, slice_len=2, traj_key="episode", device="cpu"),
+])
+def test_exponents_read_under_torchrl_names_as_torchrl(ours, tmp_path):
+    """TorchRL's own test of a saved prioritized buffer (test_prb_serialization) reads ``sampler._alpha`` and
+    ``_beta``: ours answer what TorchRL's sampler does, after a scheduler-style set and after a load."""
+    theirs, ours = PrioritizedSampler(10, 0.8, 0.6), ours()
+    assert (ours._alpha, ours._beta) == (theirs._alpha, theirs._beta) == (0.8, 0.6)
+    for sampler in (theirs, ours):
+        sampler.alpha, sampler.beta = 0.5, 0.9
+    assert (ours._alpha, ours._beta) == (theirs._alpha, theirs._beta)
+    ours.dumps(tmp_path)
+    other = copy.deepcopy(ours)
+    other.alpha, other.beta = 0.3, 0.2
+    other.loads(tmp_path)
+    assert (other._alpha, other._beta) == (theirs._alpha, theirs._beta)
+    with pytest.raises(AttributeError):
+        ours._alpha = 1.0  # read-only: alpha (validated, re-transforms the stored values) is the way to set it
 
 
 def test_uniform_sampler_without_replacement(device):

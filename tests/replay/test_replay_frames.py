@@ -18,6 +18,7 @@ from torchrl.data import TensorDictReplayBuffer
 from lightning_per import FrameStackStorage, GPUPrioritizedSampler, make_replay_buffer
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops import reference
+from lightning_per.replay.adapter import mask_slots
 
 SHAPE = (3, 4)  # small frames: 12 bytes (a multiple of 4, not of 8)
 
@@ -283,8 +284,8 @@ def test_mask_slots_refuses_a_mask_of_another_shape_and_changes_nothing():
     before = sampler.probabilities().clone()
     for bad in (torch.ones(7, dtype=torch.bool), torch.ones(8)):
         with pytest.raises(ValueError, match=r"valid must be a \(8,\) bool tensor"):
-            sampler.mask_slots(bad)
+            mask_slots(sampler.core, bad)
     assert torch.equal(sampler.probabilities(), before)
     keep = torch.tensor([True, False] * 4)
-    sampler.mask_slots(keep)
+    mask_slots(sampler.core, keep)
     torch.testing.assert_close(sampler.probabilities(), keep.double() / 4)  # P(i) = 1/4 on the kept slots
