@@ -304,7 +304,8 @@ class DQN(CheckpointHooks, LightningModule):
             # NHWC convolutions: cuDNN's tensor-core kernels without a layout conversion around each one
             for net in (self.q_net, self.target_net):
                 net.to(memory_format=torch.channels_last)
-        self.learner = Learner(self.q_net, self.target_net, self.metrics, self.rb.sampler, double_dqn=h.double_dqn,
+        prioritized = None if r.sampler == "uniform" else self.rb.sampler
+        self.learner = Learner(self.q_net, self.target_net, self.metrics, prioritized, double_dqn=h.double_dqn,
                                huber_delta=h.huber_delta, grad_clip_norm=h.grad_clip_norm, target_tau=h.target_tau,
                                inductor_mode=h.inductor_mode if h.inductor else None)
         self.updater = choose_update(self, device)

@@ -57,7 +57,8 @@ class Learner:
     Args:
         q_net, target_net: the online and target networks.
         metrics: the module's ``MetricAccumulator`` (its ``values``/``counts`` are updated in place).
-        sampler: the replay sampler (its ``clamped_priority_count`` is recorded, when it has one).
+        sampler: the prioritized replay sampler, whose ``clamped_priority_count`` each update records, or None
+            (uniform replay: no priorities to clamp).
         double_dqn, huber_delta, grad_clip_norm, target_tau: the module's arguments of those names.
         inductor: the compiled pieces (``DQN(inductor=True)``), or None for plain torch.
 
@@ -92,8 +93,7 @@ class Learner:
     def finish(self, out: dict[str, Tensor]) -> None:
         """Polyak target update (``target_tau`` set) and the update's metrics, in place on the device."""
         m = self.metrics
-        clamped = getattr(self.sampler, "clamped_priority_count", None)
-        clamped = clamped if isinstance(clamped, Tensor) else None
+        clamped = None if self.sampler is None else self.sampler.clamped_priority_count
         if self.inductor is not None:
             self.inductor.finish(m.values, m.counts, out, clamped)
         else:
