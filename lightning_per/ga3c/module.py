@@ -399,6 +399,8 @@ class GA3C(HostState, pl.LightningModule):
                 self.request_stop("target_return")
         if 0 < c.max_updates <= self.policy_version:
             self.request_stop("max_updates")
+        if c.max_env_steps is not None and self.stats.snapshot().steps >= c.max_env_steps:  # host counters
+            self.request_stop("max_env_steps")
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
             self.publish_host_state()
 
