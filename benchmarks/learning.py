@@ -2,7 +2,8 @@
 
 Each seed is one ``lightning-per fit`` (a DQN config: ``model:`` and ``trainer:`` sections) or ``lightning-per
 ga3c`` run (a GA3C config) in its own process, with the config's own settings, the seed and the target
-return (the run stops once it is reached) and, if given, a time budget. From each run directory's
+return (the run stops once it is reached) and, if given, a time budget (``--budget-s``) and an env-step budget
+(``--budget-steps``: learners of different throughput compared at the same experience). From each run directory's
 ``episodes.csv`` (one row per finished episode: env steps, seconds since ``Trainer.fit`` started, return) the
 suite computes, independently of the run's own stop decision:
 
@@ -67,6 +68,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--window", type=int, default=20, help="episodes in the mean (default %(default)s)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="time budget of each run in seconds (default: the config's own limit)")
+    ap.add_argument("--budget-steps", type=int, default=None,
+                    help="env-step budget of each run (GA3C and DQN configs: --model.max_env_steps; default: none), "
+                         "so learners of different throughput compare at the same experience")
     ap.add_argument("--run-arg", action="append", default=[], metavar="ARG",
                     help="one more command-line argument for every run (repeat it: --run-arg=--model.agents "
                          "--run-arg=32)")
@@ -104,8 +108,9 @@ def config_kind(path: str | os.PathLike[str]) -> str:
 
 
 def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path, budget_s: float | None,
-                extra: list[str], window: int = 20) -> list[str]:
-    """The command line of one seed's run (``python -m lightning_per.console ...``)."""
+                extra: list[str], window: int = 20, budget_steps: int | None = None) -> list[str]:
+    """The command line of one seed's run (``python -m lightning_per.console ...``); ``budget_s`` (seconds) and
+    ``budget_steps`` (env steps, the model's ``max_env_steps``) bound it when given."""
     cmd = [sys.executable, "-m", "lightning_per.console"]
     if kind == "dqn":
         cmd += ["fit", "--config", config, "--seed_everything", str(seed), "--model.seed", str(seed),
@@ -118,6 +123,8 @@ def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path,
                 "--model.return_window", str(window), "--model.run_dir", str(run_dir)]
         if budget_s is not None:
             cmd += ["--model.max_time_s", str(budget_s)]
+    if budget_steps is not None:
+        cmd += ["--model.max_env_steps", str(budget_steps)]
     return cmd + list(extra)
 
 
@@ -305,6 +312,9 @@ def run(args) -> Results:
     if not Path(config).is_file():
         raise UsageError(f"learning: --config {config}: no such file")
     kind = config_kind(config)
+    budget_steps = getattr(args, "budget_steps", None)
+    if budget_steps is not None and budget_steps < 1:
+        raise UsageError(f"learning: --budget-steps must be >= 1 (env steps), got {budget_steps}")
     name = getattr(args, "name", None) or Path(config).stem
     extra = list(args.run_arg)
     if args.quick and kind == "dqn":
@@ -324,12 +334,13 @@ def run(args) -> Results:
             print(f"learning: seed {seed}: reusing {find_run_files(run_dir)}", flush=True)
             seed_dirs[seed] = find_run_files(run_dir)
             continue
-        cmd = run_command(kind, config, seed, target, run_dir, args.budget_s, extra, args.window)
+        cmd = run_command(kind, config, seed, target, run_dir, args.budget_s, extra, args.window, budget_steps)
         print(f"learning: seed {seed}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         code = launch(cmd, env, quiet=args.quick)
         print(f"learning: seed {seed}: exit {code} after {time.monotonic() - t0:.1f} s", flush=True)
         seed_dirs[seed] = find_run_files(run_dir)
-    shown = run_command(kind, config, seeds[0], target, base / "seed<k>", args.budget_s, extra, args.window)
+    shown = run_command(kind, config, seeds[0], target, base / "seed<k>", args.budget_s, extra, args.window,
+                        budget_steps)
     notes = f"Each run: `python {' '.join(shown[1:])}` (seed {seeds[0]} shown; `<k>`: the seed)."
     return summarise(seed_dirs, target, args.window, name, notes=notes)

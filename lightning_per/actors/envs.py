@@ -122,8 +122,8 @@ def _make_gym(env_id: str, kwargs: dict, frame_stack: int) -> gym.Env:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=skip, screen_size=84,
                                               grayscale_obs=True, scale_obs=False)
         return gym.wrappers.FrameStackObservation(env, frame_stack)
-    if env_id.startswith("MinAtar/"):  # the optional minatar package registers its ids on request
-        import minatar.gym
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        import minatar.gym  # the optional minatar package registers its ids on request (once: again, it warns)
 
         minatar.gym.register_envs()
     return gym.make(env_id, **kwargs)

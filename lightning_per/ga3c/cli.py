@@ -21,7 +21,7 @@ Times (seconds; see "Run length" in :mod:`lightning_per.ga3c.module`). The run's
 ``Trainer.fit`` starts the GA3C system (agents, predictors, trainers), after the imports and the
 environment probe; ``max_time_s`` counts on it, and so do the status lines' ``[Time ...]`` and these
 ``summary.json`` keys: ``stopped_at_s`` (when training was told to stop; ``stop_reason`` says why:
-``max_time_s``, ``max_updates``, ``target_return``, ``system_stopped``, or null for an interruption
+``max_time_s``, ``max_updates``, ``max_env_steps``, ``target_return``, ``system_stopped``, or null for an interruption
 or failure) and ``wall_time_s`` (to the end of the shutdown, which took ``shutdown_s``; the rates
 divide by it). ``train_loop_time_s`` is the other clock, that of the ``done: ...`` line: Lightning's
 training loop only (``on_train_start`` to ``on_train_end``). Lightning's own "Time limit reached.

@@ -22,7 +22,7 @@ from typing import Any
 __all__ = ["GA3CConfig", "load_config", "config_parser", "parse_args", "field_docs", "UnknownOption"]
 
 _OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam")
-_NETWORKS = ("auto", "mlp", "conv")
+_NETWORKS = ("auto", "mlp", "conv", "minatar")
 _BACKENDS = ("gym", "ale_vector")
 _REDUCTIONS = ("mean", "sum")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -156,7 +156,8 @@ class GA3CConfig:
 
     # --- network and optimiser -------------------------------------------------------------------
     network: str = "auto"
-    """``mlp`` for vector observations, ``conv`` for the A3C Atari net, ``auto`` picks by rank."""
+    """``mlp`` for vector observations, ``conv`` for the A3C Atari net on (C, H, H) frame stacks, ``minatar`` for the
+    MinAtar paper's net on (H, H, C) frames; ``auto`` picks by shape (``lightning_per.ga3c.networks.make_network``)."""
     hidden_sizes: list = field(default_factory=lambda: [128, 128])
     """MLP hidden layer widths."""
     optimizer: str = "rmsprop_tf"
@@ -210,6 +211,11 @@ class GA3CConfig:
     batch comes (single process); the shutdown follows (summary's ``shutdown_s``, at most 5 s)."""
     max_updates: int = -1
     """Optimizer steps budget (-1: unlimited)."""
+    max_env_steps: int | None = None
+    """Environment steps budget (an int >= 1; None: unlimited), as the DQN's ``max_env_steps``: training stops at
+    the first update after the trainers have received this many env steps (agent steps x envs, the summary's
+    ``env_steps``; stop reason ``max_env_steps``), so runs of different throughput compare at the same
+    experience. One process only (refused with ``devices`` x ``num_nodes`` > 1, whose ranks count their own)."""
     target_return: float | None = None
     """Stop once the mean of the last ``return_window`` episode returns reaches it; None: never."""
     return_window: int = 20
@@ -256,6 +262,12 @@ class GA3CConfig:
             raise ValueError(f"agents={self.agents} must be >= devices x num_nodes={self.devices * self.num_nodes} "
                              "(agents are split across the DDP ranks)")
         _check_int(self, "max_updates", low=-1)
+        steps = self.max_env_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"max_env_steps must be an int >= 1 (env steps) or null (no budget), got {steps!r}")
+        if self.max_env_steps is not None and self.devices * self.num_nodes > 1:
+            raise ValueError(f"max_env_steps={self.max_env_steps} needs one process, got devices x num_nodes="
+                             f"{self.devices * self.num_nodes} (each rank counts its own env steps; use max_updates)")
         _check_int(self, "seed", low=0)
         for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),
                              ("trainers", "max_trainers")):

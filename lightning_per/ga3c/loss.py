@@ -106,8 +106,9 @@ def appo_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, advant
 
     Returns:
         ``(loss, parts)``: 0-d loss, and 0-d detached ``policy_loss``, ``value_loss``, ``entropy``, ``advantage``
-        (batch means, the two losses weighted like the loss) and ``clip_frac`` (the fraction of transitions whose
-        ratio lies outside [1 - clip, 1 + clip]).
+        (batch means, the two losses weighted like the loss) and ``clip_frac`` (PPO's diagnostic: the fraction of
+        transitions whose ratio lies outside [1 - clip, 1 + clip], over those of weight > 0 when ``weight`` is
+        given, i.e. those that reach the gradient).
 
     Raises:
         ValueError: mismatched shapes, an unknown reduction or ``clip`` outside (0, 1).
@@ -139,7 +140,12 @@ def appo_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, advant
     policy_terms = -surrogate - beta * entropy  # [N]
     value_terms = 0.5 * (ret.to(value.dtype) - value).square()  # [N]
     loss, parts = _reduce(policy_terms, value_terms, entropy, advantage, value_coef, reduction, weight)
-    parts["clip_frac"] = ((ratio - 1.0).abs() > clip).float().mean().detach()
+    clipped = ((ratio - 1.0).abs() > clip).to(value.dtype).detach()  # [N]
+    if weight is None:
+        parts["clip_frac"] = clipped.mean()
+    else:
+        kept = (weight.detach() > 0).to(value.dtype)  # [N]
+        parts["clip_frac"] = (clipped * kept).sum() / kept.sum().clamp_min(1.0)
     return loss, parts
 
 

@@ -45,6 +45,7 @@ log = logging.getLogger("lightning_per.ga3c")
 _EPISODE_LOG = 8192  # per-episode rows (env steps, time, return) kept between two epoch-end reads
 _METRICS = {
     "loss": "mean", "policy_loss": "mean", "value_loss": "mean", "entropy": "mean", "advantage": "mean",
+    "clip_frac": "mean",
     "batch_size": "mean", "policy_lag": "mean", "episode_return": "mean", "mean_return": "last",
     "tps": "last", "pps": "last", "steps_per_s": "last", "fps": "last", "predict_batch": "last",
     "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
@@ -54,6 +55,7 @@ _METRICS = {
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _VTRACE_KEYS = ("log_prob", "reward", "terminated", "truncated", "next_obs")  # and those of V-trace
 _STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
+_APPO_METRICS = (*_STEP_METRICS, "clip_frac")  # loss: appo adds PPO's clipped fraction (empty for a3c)
 
 
 class GA3C(HostState, pl.LightningModule):
@@ -312,8 +314,9 @@ class GA3C(HostState, pl.LightningModule):
             loss, parts = a3c_loss(logits, value, b["action"], ret, advantage=advantage, **common)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (publish_host_state)
-        values = torch.stack([loss.detach(), *(parts[k] for k in _STEP_METRICS[1:])])  # [5]
-        self.metrics.add_vector(_STEP_METRICS, values)
+        names = _APPO_METRICS if c.loss == "appo" else _STEP_METRICS
+        values = torch.stack([loss.detach(), *(parts[k] for k in names[1:])])  # [5] or [6]
+        self.metrics.add_vector(names, values)
         return loss
 
     def _vtrace_forward(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -399,6 +402,8 @@ class GA3C(HostState, pl.LightningModule):
                 self.request_stop("target_return")
         if 0 < c.max_updates <= self.policy_version:
             self.request_stop("max_updates")
+        if c.max_env_steps is not None and self.stats.snapshot().steps >= c.max_env_steps:  # host counters
+            self.request_stop("max_env_steps")
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
             self.publish_host_state()
 

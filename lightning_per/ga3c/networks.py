@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLPActorCritic", "A3CConvNet", "make_network"]
+__all__ = ["MLPActorCritic", "A3CConvNet", "MinAtarConvNet", "make_network"]
 
 
 class MLPActorCritic(nn.Module):
@@ -81,15 +81,71 @@ class A3CConvNet(nn.Module):
         return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
 
 
-def make_network(kind: str, obs_shape: Sequence[int], n_actions: int,
-                 hidden_sizes: Sequence[int] = (128, 128)) -> nn.Module:
-    """``conv`` for (C, H, W) image observations, ``mlp`` otherwise; ``auto`` picks by rank.
+class MinAtarConvNet(nn.Module):
+    """The MinAtar network (Young & Tian 2019, arXiv:1903.03176, section 4): conv 16x3x3 stride 1, FC 128 (ReLU).
+
+    Args:
+        in_channels: the game's object channels C (Breakout 4, SpaceInvaders 6, ...).
+        n_actions: number of discrete actions A.
+        image_size: square input side (10).
+
+    Input (N, H, W, C), MinAtar's channels-last layout, bool or float in {0, 1} (cast to float32 here, on the
+    model's device); outputs ``(logits (N, A), value (N,))``. Initialisation as :class:`A3CConvNet`
+    (orthogonal, gain sqrt(2) for the ReLU layers, 0.01 for the policy head, 1 for the value head, zero biases).
 
     Raises:
-        ValueError: ``conv`` with an observation that is not (C, H, H), or an unknown kind.
+        ValueError: ``in_channels``, ``n_actions`` or ``image_size`` below 1.
+
+    Example::
+
+        >>> import torch
+        >>> net = MinAtarConvNet(4, 3)
+        >>> logits, value = net(torch.zeros(2, 10, 10, 4, dtype=torch.bool))
+        >>> tuple(logits.shape), tuple(value.shape)
+        ((2, 3), (2,))
+    """
+
+    def __init__(self, in_channels: int, n_actions: int, image_size: int = 10) -> None:
+        super().__init__()
+        for name, v in (("in_channels", in_channels), ("n_actions", n_actions), ("image_size", image_size)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        self.conv = nn.Conv2d(in_channels, 16, 3, stride=1)
+        side = image_size - 2
+        self.fc = nn.Linear(16 * side * side, 128)
+        self.policy = nn.Linear(128, n_actions)
+        self.value = nn.Linear(128, 1)
+        for layer, gain in ((self.conv, 2**0.5), (self.fc, 2**0.5), (self.policy, 0.01), (self.value, 1.0)):
+            nn.init.orthogonal_(layer.weight, gain=gain)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        x = obs.float().permute(0, 3, 1, 2)  # [N, C, H, W]
+        h = torch.relu(self.fc(torch.relu(self.conv(x)).flatten(1)))  # [N, 128]
+        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+
+
+def make_network(kind: str, obs_shape: Sequence[int], n_actions: int,
+                 hidden_sizes: Sequence[int] = (128, 128)) -> nn.Module:
+    """The policy/value network of ``kind`` for observations of ``obs_shape`` and ``n_actions`` actions.
+
+    ``conv`` (:class:`A3CConvNet`) for (C, H, H) Atari frame stacks, ``minatar`` (:class:`MinAtarConvNet`) for
+    MinAtar's (H, H, C) channels-last frames, ``mlp`` (:class:`MLPActorCritic`, ``hidden_sizes``) for anything;
+    ``auto`` picks ``conv`` for (C, H, H), ``minatar`` for (H, H, C) with C != H, ``mlp`` otherwise.
+
+    Raises:
+        ValueError: ``conv`` with an observation that is not (C, H, H), ``minatar`` with one that is not
+            (H, H, C), or an unknown kind.
+
+    Example::
+
+        >>> type(make_network("auto", (10, 10, 4), 3)).__name__
+        'MinAtarConvNet'
     """
     if kind == "auto":
-        kind = "conv" if len(obs_shape) == 3 else "mlp"
+        image = len(obs_shape) == 3
+        kind = ("conv" if image and obs_shape[1] == obs_shape[2] else
+                "minatar" if image and obs_shape[0] == obs_shape[1] else "mlp")
     if kind == "mlp":
         obs_dim = 1
         for d in obs_shape:
@@ -99,4 +155,8 @@ def make_network(kind: str, obs_shape: Sequence[int], n_actions: int,
         if len(obs_shape) != 3 or obs_shape[1] != obs_shape[2]:
             raise ValueError(f"network='conv' needs (C, H, H) observations, got {tuple(obs_shape)}")
         return A3CConvNet(int(obs_shape[0]), n_actions, int(obs_shape[1]))
-    raise ValueError(f"network must be 'auto', 'mlp' or 'conv', got {kind!r}")
+    if kind == "minatar":
+        if len(obs_shape) != 3 or obs_shape[0] != obs_shape[1]:
+            raise ValueError(f"network='minatar' needs (H, H, C) observations, got {tuple(obs_shape)}")
+        return MinAtarConvNet(int(obs_shape[2]), n_actions, int(obs_shape[0]))
+    raise ValueError(f"network must be 'auto', 'mlp', 'conv' or 'minatar', got {kind!r}")

@@ -70,6 +70,18 @@ def test_new_and_old_layouts_run_the_same_settings(tmp_path, capsys):
         assert (_one_run(runs) / "episodes.csv").is_file()
 
 
+def test_an_env_step_budget_stops_the_run_at_the_first_update_past_it(tmp_path):
+    # 1 agent x 2 envs x t_max 5: rollouts of 10 env steps, batches of >= 40 (the config's train_min_batch_size)
+    budget = 200
+    short = {**SHORT, "max_updates": -1, "max_env_steps": budget, "run_dir": tmp_path}
+    assert console_main(["ga3c", "--config", str(CONFIG), *_flags(short, "model.")]) == 0
+    summary = yaml.safe_load((_one_run(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_env_steps"
+    # at least the budget was trained on: updates x the batch's transitions (whole 10-step rollouts, >= 40)
+    assert summary["env_steps"] >= budget and summary["updates"] >= 1
+    assert summary["updates"] <= budget // 40  # it stopped at the first update past the budget, not later
+
+
 @pytest.mark.parametrize("argv, new, notes", [
     (["--agents", "4", "--model.t_max", "3"], ["--model.agents", "4", "--model.t_max", "3"],
      ["--agents -> --model.agents"]),

@@ -1,6 +1,7 @@
 """The APPO-style learner (``loss: appo``): PPO's clipped objective over V-trace advantages against a NumPy model
 and hand-checked clipping cases, the target network's ratio, advantage normalisation, the schedules (lr by torch's
-LambdaLR, entropy weight on the device) and Adam's epsilon in a real run, bad settings refused naming the field.
+LambdaLR, entropy weight on the device), Adam's epsilon and the logged clip fraction in a real run, bad settings refused
+naming the field.
 About 15 s on 2 cores (one short real run with agent processes)."""
 
 import math
@@ -103,6 +104,20 @@ def test_target_network_ratio_is_clamped_at_two():
     assert float(parts["policy_loss"]) == pytest.approx(-(1.2 + 0.5) / 2, abs=1e-12)
 
 
+def test_clip_frac_counts_only_the_transitions_the_lag_bound_keeps():
+    rng = np.random.default_rng(3)
+    n, clip = 64, 0.2
+    log_pi, log_mu = rng.normal(-1.0, 0.3, n), rng.normal(-1.0, 0.3, n)
+    w = (rng.random(n) > 0.4) * rng.random(n)  # about 40% dropped (weight 0), the rest down-weighted
+    logits = torch.from_numpy(np.stack([log_pi, np.log1p(-np.exp(log_pi))], 1))  # pi(a=0) = exp(log_pi)
+    zeros, action = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.long)
+    _, parts = appo_loss(logits, zeros, action, zeros, torch.ones(n, dtype=torch.float64), torch.from_numpy(log_mu),
+                         clip=clip, beta=0.0, weight=torch.from_numpy(w))
+    clipped = np.abs(np.exp(log_pi - log_mu) - 1.0) > clip  # NumPy's count, over the kept transitions
+    assert float(parts["clip_frac"]) == pytest.approx(clipped[w > 0].sum() / (w > 0).sum(), abs=1e-12)
+    assert clipped[w > 0].mean() != pytest.approx(clipped.mean())  # the test tells the two counts apart
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_normalized_advantages_match_numpy(weighted):
     rng = np.random.default_rng(0)
@@ -145,10 +160,16 @@ class _Recording(GA3C):
         self.records = []
 
     def training_step(self, batch, batch_idx):
+        with torch.no_grad():  # PPO's clipped count of this update, in NumPy (float64), from the nets' outputs
+            log_pi, log_target = (np.log(torch.softmax(net(batch["obs"])[0].double(), -1).gather(
+                1, batch["action"][:, None]).squeeze(1).numpy()) for net in (self.net, self.target_net))
+        log_mu = batch["log_prob"].double().numpy()
+        ratio = np.exp(log_pi - log_mu) * np.clip(np.exp(log_mu - log_target), 0.0, 2.0)
         self.records.append({
             "u": self.policy_version, "lr": self.optimizers().param_groups[0]["lr"], "beta": float(self.beta_now),
             "net": [p.detach().clone() for p in self.net.parameters()],
-            "target": [p.detach().clone() for p in self.target_net.parameters()]})
+            "target": [p.detach().clone() for p in self.target_net.parameters()],
+            "clip_frac": np.mean(np.abs(ratio - 1.0) > self.cfg.ppo_clip)})
         return super().training_step(batch, batch_idx)
 
 
@@ -157,7 +178,7 @@ def test_a_run_refreshes_the_target_network_and_follows_the_schedules():
     cfg = GA3CConfig(env=TOY_ENV_ID, agents=2, envs_per_agent=2, t_max=3, train_min_batch_size=12, hidden_sizes=[16],
                      vtrace=True, loss="appo", appo_target_update=K, normalize_advantage=True, optimizer="adam",
                      adam_eps=1e-5, lr=LR, anneal_updates=N, lr_final=0.0, beta=BETA, beta_final=0.0, max_updates=14,
-                     updates_per_epoch=7, max_time_s=60, status_interval_s=0, device="cpu")
+                     updates_per_epoch=7, max_time_s=60, status_interval_s=0, device="cpu", ppo_clip=0.002)
     model = _Recording(cfg)
     pl.Trainer(accelerator="cpu", devices=1, max_epochs=-1, logger=False, enable_progress_bar=False,
                enable_checkpointing=False, enable_model_summary=False).fit(model)
@@ -177,3 +198,8 @@ def test_a_run_refreshes_the_target_network_and_follows_the_schedules():
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["eps"] == 1e-5
     assert {id(p) for p in opt.param_groups[0]["params"]} == {id(p) for p in model.net.parameters()}
     assert math.isfinite(model.system_summary["updates"])
+    # clip_frac is logged with the loss metrics: the mean over the updates of each one's NumPy count (no callback
+    # here resets the metrics between epochs)
+    want = np.mean([r["clip_frac"] for r in model.records])
+    assert 0.0 < want < 1.0  # ppo_clip 0.002: some of the lagged samples' ratios leave the band
+    assert float(model.metrics.compute()["clip_frac"]) == pytest.approx(want, abs=1e-6)

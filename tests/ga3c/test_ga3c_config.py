@@ -23,11 +23,18 @@ def test_shipped_configs_load(name):
     ("rollout_slots", 1), ("train_min_batch_size", 0), ("optimizer", "sgd"), ("loss_reduction", "max"),
     ("env_backend", "ray"), ("device", "tpu"), ("reward_clip", 0.0), ("rmsprop_eps", 0.0),
     ("max_time_s", 0.0), ("adjust_window_s", 0.0), ("hidden_sizes", []), ("envs_per_agent", True),
-    ("wandb_mode", "maybe"), ("env", ""), ("cuda_graph", 1), ("cuda_graph", "yes"),
+    ("wandb_mode", "maybe"), ("env", ""), ("cuda_graph", 1), ("cuda_graph", "yes"), ("max_env_steps", 0),
+    ("max_env_steps", 2.5), ("max_env_steps", True), ("network", "resnet"),
 ])
 def test_bad_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         GA3CConfig(**{field: value}).validate()
+
+
+def test_an_env_step_budget_needs_one_process():
+    with pytest.raises(ValueError, match="max_env_steps=1000 needs one process"):
+        GA3CConfig(max_env_steps=1000, devices=2, device="cpu").validate()
+    assert GA3CConfig(max_env_steps=1000).validate().max_env_steps == 1000
 
 
 def test_count_above_its_maximum():

@@ -2,11 +2,12 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from lightning_per.ga3c.loss import a3c_loss
-from lightning_per.ga3c.networks import A3CConvNet, MLPActorCritic, make_network
+from lightning_per.ga3c.networks import A3CConvNet, MinAtarConvNet, MLPActorCritic, make_network
 from lightning_per.ga3c.optim import RMSpropTF
 
 
@@ -104,3 +105,30 @@ def test_networks_shapes():
     assert logits.shape == (2, 6) and v.shape == (2,)
     with pytest.raises(ValueError, match="conv"):
         make_network("conv", (4,), 2)
+
+
+def test_minatar_net_is_the_papers_network_on_channels_last_frames():
+    """Young & Tian 2019 (section 4): conv 16 x 3x3 stride 1 (valid), ReLU, FC 128, ReLU; heads. The forward is
+    checked against a NumPy model that reads MinAtar's (H, W, C) bool frame directly."""
+    torch.manual_seed(0)
+    net = make_network("auto", (10, 10, 4), 3)  # MinAtar Breakout's observation: auto picks the paper's net
+    assert isinstance(net, MinAtarConvNet)
+    # parameters of that architecture, counted by hand: conv 4*16*9+16, FC (16*8*8)*128+128, heads 128*3+3, 128+1
+    assert sum(p.numel() for p in net.parameters()) == 592 + 131_200 + 387 + 129
+    frames = torch.rand(5, 10, 10, 4) < 0.2  # [N, H, W, C] bool
+    logits, value = net(frames)
+    assert logits.shape == (5, 3) and value.shape == (5,) and logits.dtype == torch.float32
+    w = {k: v.detach().double().numpy() for k, v in net.state_dict().items()}
+    x = frames.double().numpy()
+    conv = np.zeros((5, 16, 8, 8))  # [N, 16, H-2, W-2]
+    for i in range(8):
+        for j in range(8):
+            patch = x[:, i:i + 3, j:j + 3, :]  # [N, 3, 3, C]
+            conv[:, :, i, j] = np.einsum("nhwc,ochw->no", patch, w["conv.weight"]) + w["conv.bias"]
+    h = np.maximum(np.maximum(conv, 0).reshape(5, -1) @ w["fc.weight"].T + w["fc.bias"], 0)  # [N, 128]
+    np.testing.assert_allclose(logits.detach().numpy(), h @ w["policy.weight"].T + w["policy.bias"], atol=1e-5)
+    np.testing.assert_allclose(value.detach().numpy(), (h @ w["value.weight"].T + w["value.bias"])[:, 0], atol=1e-5)
+    with pytest.raises(ValueError, match="minatar"):
+        make_network("minatar", (4, 10, 12), 3)
+    with pytest.raises(ValueError, match="n_actions"):
+        MinAtarConvNet(4, 0)

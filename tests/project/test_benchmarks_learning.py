@@ -91,6 +91,10 @@ def test_config_kind_and_commands(tmp_path):
     assert dqn[dqn.index("--trainer.max_time") + 1] == "00:00:01:50"
     ga3c = learning.run_command("ga3c", "c.yaml", 2, 18.0, tmp_path, None, [], window=20)
     assert ga3c[3] == "ga3c" and ga3c[ga3c.index("--model.seed") + 1] == "2" and "--model.max_time_s" not in ga3c
+    assert "--model.max_env_steps" not in ga3c
+    for kind in ("dqn", "ga3c"):  # both modules take the env-step budget as max_env_steps
+        cmd = learning.run_command(kind, "c.yaml", 0, 18.0, tmp_path, None, ["--x"], budget_steps=300_000)
+        assert cmd[cmd.index("--model.max_env_steps") + 1] == "300000" and cmd[-1] == "--x"
     assert SUITES["learning"] == "benchmarks.learning"
 
 
