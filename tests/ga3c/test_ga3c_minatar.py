@@ -79,7 +79,7 @@ def test_the_configs_optimizer_moves_the_policy_on_breakout_gradients():
 
     from lightning_per.ga3c import GA3C, load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "ga3c_minatar.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "ga3c_minatar.yaml")
     batch = _random_breakout_batch()
     moved = _policy_shift(GA3C(cfg), batch)
     frozen = _policy_shift(GA3C(cfg, optimizer="rmsprop_tf", rmsprop_eps=0.1), batch)  # the settings before
