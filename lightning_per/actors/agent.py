@@ -11,7 +11,7 @@ modules of this package, and talks to the learner only through shared memory and
   of that step are written;
 - per step and per 0.1 s of waiting (for an answer or a free slot): it counts its ``heartbeat`` up and polls its
   stop flags; the learner's supervisor takes an agent whose heartbeat stands still for ``agent_stall_timeout_s``
-  as stopped or hung (:mod:`lightning_per.ga3c.system`);
+  as stopped or hung (:mod:`lightning_per.actors.supervisor`);
 - per finished rollout: it writes the n-step returns, the observation after its last step s_T when the
   layout has ``next_obs`` (V-trace), and the episodes that ended in it
   (``ep_count/ep_return/ep_length``), sets ``ready`` and releases the learner's training

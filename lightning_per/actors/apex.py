@@ -29,7 +29,6 @@ import torch
 from lightning_per.actors.ladder import epsilon_ladder
 from lightning_per.actors.predictor import PredictorThread
 from lightning_per.actors.shared import SharedRollouts, make_transition_layout
-from lightning_per.actors.sigterm import SigtermRecorder
 from lightning_per.actors.spawn import AgentHandle
 from lightning_per.actors.stats import Stats
 from lightning_per.actors.supervisor import AgentPool
@@ -39,8 +38,6 @@ __all__ = ["ApexActors", "ApexConfig", "TRANSITION_KEYS"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
-_SUPERVISE_S = 0.2
-_MAX_PASS_S = 1.0
 
 #: keys of a batch handed to ``sink``: observation, action, n-step reward, discount, next_observation, version
 TRANSITION_KEYS = ("observation", "action", "reward", "discount", "next_observation", "version")
@@ -135,7 +132,6 @@ class ApexActors:
         self.ctx = mp.get_context("spawn")
         self.stopping = threading.Event()
         self.error: BaseException | None = None
-        self.stop_signal: int | None = None
         self.ingested = 0  # transitions handed to the sink
         self.dropped = 0  # transitions of slots whose agent was replaced before they were copied out
         self._lock = threading.RLock()
@@ -145,7 +141,6 @@ class ApexActors:
         self.shared: SharedRollouts | None = None
         self.pool: AgentPool | None = None
         self.pred_sem = self.ready_sem = None
-        self._sigterm = SigtermRecorder(self._record_signal, lambda: not self._closed)
 
     # ---- what PredictorThread reads -----------------------------------------------------------
     def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[AgentHandle]]:
@@ -201,12 +196,6 @@ class ApexActors:
                     n_step=self.n_step, gamma=self.gamma, epsilon=self.epsilons[index], parent_pid=os.getpid(),
                     seed=self.seed + 10_007 * incarnation)
 
-    def _stop_requested(self) -> bool:
-        return self.stopping.is_set() or self.stop_signal is not None
-
-    def _record_signal(self, signum: int) -> None:
-        self.stop_signal = signum
-
     def fail(self, error: BaseException) -> None:
         """Record a fatal error and stop (the learner reads ``error``)."""
         if self.error is None:
@@ -225,30 +214,18 @@ class ApexActors:
         self.version_rows = torch.from_numpy(sh.versions)  # [A] int64
         self.pred_sem, self.ready_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
         self.pool = AgentPool(self.ctx, sh, "apex", self._kwargs_for, c.slots, c.agent_stall_timeout_s, "Ape-X",
-                              self.env_spec["env"], self.fail, self._stop_requested)
+                              self.env_spec["env"], log, self.fail, self.stopping)
         atexit.register(self.close)
-        self._sigterm.install()
+        self.pool.install_sigterm()
         self._threads = [PredictorThread(self, name=f"apex-predictor-{k}") for k in range(c.predictors)]
         self._threads.append(_IngestThread(self, name="apex-ingest"))
-        self._threads.append(threading.Thread(target=self._supervise, name="apex-supervisor", daemon=True))
+        self._threads.append(threading.Thread(target=self.pool.watch, args=(self._lock,), name="apex-supervisor",
+                                              daemon=True))
         for th in self._threads:
             th.start()
         with self._lock:
             self.pool.set_count(c.agents)
         return self
-
-    def _supervise(self) -> None:
-        last = time.monotonic()
-        while not self.stopping.wait(_SUPERVISE_S):
-            with self._lock:
-                if self.stop_signal is not None:
-                    self.stopping.set()
-                    self.shared.flags[-1] = 1
-                    return
-                now = time.monotonic()
-                watched, last = min(now - last, _MAX_PASS_S), now
-                if not self.pool.supervise(watched):
-                    return
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop agents and threads within ``timeout`` seconds and free the shared memory. Idempotent."""
@@ -270,7 +247,6 @@ class ApexActors:
         if self.shared is not None:
             self.shared.close()
         atexit.unregister(self.close)
-        self._sigterm.restore()
         log.info("Ape-X actors stopped in %.2f s (%d agent processes, %d of them while starting)",
                  time.monotonic() - t0, len(procs), booting)
 

@@ -4,7 +4,7 @@ An agent runs :func:`lightning_per.actors.agent.agent_main` in a ``spawn`` child
 :mod:`lightning_per.actors._agent_boot` (a file run by path: the child imports neither this package's
 ``__init__`` nor the parent's main script).
 :class:`AgentHandle` is what the learner keeps of one incarnation of an agent
-index (see "incarnations" in :mod:`lightning_per.ga3c.system`).
+index (see "incarnations" in :mod:`lightning_per.actors.supervisor`).
 """
 
 from __future__ import annotations
