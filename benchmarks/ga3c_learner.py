@@ -111,7 +111,7 @@ class SyntheticSystem(GA3CSystem):
         sh.ep_return[..., 0], sh.ep_length[..., 0] = -21.0, 820
         self.shared.busy[: c.agents] = 1
         self.shared.ready[: c.agents] = 1
-        self.pred_sem = self.train_sem = _Always()
+        self.pred_sem = self.ready_sem = _Always()
         self.batch_q = queue.Queue(maxsize=c.batch_queue_size)
         self._make_pool()
         self.pool.agents = [AgentHandle(0, None, _Always(), _Always()) if i < c.agents else None

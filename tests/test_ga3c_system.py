@@ -36,7 +36,7 @@ def _alive(pid):
 
 
 def _sem_names(system):
-    sems = [system.pred_sem, system.train_sem]
+    sems = [system.pred_sem, system.ready_sem]
     for agent in system.pool.agents:
         if agent is not None:
             sems += [agent.response_sem, agent.free_sem]

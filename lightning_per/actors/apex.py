@@ -2,9 +2,10 @@
 step their environments epsilon-greedily on a per-actor ladder, predictor threads compute Q(s) for all of them in
 batches on the learner's device, and an ingest thread hands finished n-step transitions to the learner.
 
-Data path of one transition: agent i (:mod:`lightning_per.actors.apex_agent`) asks for Q(s) (shared ``obs[i]`` +
-``pending[i]`` + a semaphore) -> a :class:`~lightning_per.actors.predictor.PredictorThread` writes argmax_a Q and
-max_a Q -> the agent acts, pushes the step into its :class:`~lightning_per.actors.nstep.NStepWindow` and writes the
+Data path of one transition: agent i (:mod:`lightning_per.actors.agent` holding a
+:class:`~lightning_per.actors.writers.TransitionWriter`) asks for Q(s) (shared ``obs[i]`` + ``pending[i]`` + a
+semaphore) -> a :class:`~lightning_per.actors.predictor.PredictorThread` writes argmax_a Q and max_a Q -> the agent
+acts epsilon-greedily, pushes the step into its :class:`~lightning_per.actors.nstep.NStepWindow` and writes the
 transition that completes into its slot -> a full slot is published (``ready`` set last) -> the ingest thread
 copies it out (once; a slot of an agent replaced meanwhile is dropped and counted, never delivered torn), frees the
 slot and calls ``sink(batch)``. The learner's ``sink`` (the DQN: extend its replay) may block to throttle the
@@ -193,8 +194,9 @@ class ApexActors:
     def _kwargs_for(self, index: int, incarnation: int, response_sem, free_sem) -> dict:
         return dict(index=index, env_spec=self.env_spec, layout=self.shared.layout, shm_name=self.shared.name,
                     pred_sem=self.pred_sem, ready_sem=self.ready_sem, response_sem=response_sem, free_sem=free_sem,
-                    n_step=self.n_step, gamma=self.gamma, epsilon=self.epsilons[index], parent_pid=os.getpid(),
-                    seed=self.seed + 10_007 * incarnation)
+                    parent_pid=os.getpid(), seed=self.seed + 10_007 * incarnation,
+                    writer={"kind": "transitions", "n_step": self.n_step, "gamma": self.gamma,
+                            "epsilon": self.epsilons[index]})
 
     def fail(self, error: BaseException) -> None:
         """Record a fatal error and stop (the learner reads ``error``)."""
@@ -213,7 +215,7 @@ class ApexActors:
         self.value_rows = torch.from_numpy(sh.values)  # [A, E] float32
         self.version_rows = torch.from_numpy(sh.versions)  # [A] int64
         self.pred_sem, self.ready_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
-        self.pool = AgentPool(self.ctx, sh, "apex", self._kwargs_for, c.slots, c.agent_stall_timeout_s, "Ape-X",
+        self.pool = AgentPool(self.ctx, sh, self._kwargs_for, c.slots, c.agent_stall_timeout_s, "Ape-X",
                               self.env_spec["env"], log, self.fail, self.stopping)
         atexit.register(self.close)
         self.pool.install_sigterm()

@@ -79,7 +79,8 @@ if TOY_ENV_ID not in gym.registry:
 
 class EnvGroup:
     """E environments stepped together. Attributes: ``num_envs``, ``obs_shape``, ``obs_dtype``,
-    ``n_actions``.
+    ``n_actions``, ``final_obs`` ((E, *obs_shape): where an episode ended in the last step, its true last
+    observation; None for a group that does not keep it).
 
     ``reset(seed) -> obs (E, *obs_shape)``;
     ``step(actions (E,) int64) -> (obs (E, *obs_shape), reward (E,) float32, terminated (E,) bool,
@@ -90,6 +91,7 @@ class EnvGroup:
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     n_actions: int
+    final_obs: np.ndarray | None = None
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         raise NotImplementedError

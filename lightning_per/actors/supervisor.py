@@ -50,7 +50,6 @@ class AgentPool:
     Args:
         ctx: a ``spawn`` multiprocessing context.
         shared: the shared buffers (rows ``pending``, ``started``, ``ready``, ``busy``, ``heartbeat``, ``flags``).
-        entry: agent entry point (:data:`~lightning_per.actors.spawn.AGENT_ENTRIES`).
         kwargs_for: ``(index, incarnation, response_sem, free_sem) -> kwargs`` of
             :func:`~lightning_per.actors.agent.agent_main` (its ``writer`` says what the agent writes).
         slots: slots per agent (the free-slot semaphore's initial count).
@@ -64,7 +63,7 @@ class AgentPool:
 
     Example::
 
-        pool = AgentPool(ctx, shared, "ga3c", kwargs_for, 2, 30.0, "GA3C", "CartPole-v1", log, fail, stopping)
+        pool = AgentPool(ctx, shared, kwargs_for, 2, 30.0, "GA3C", "CartPole-v1", log, fail, stopping)
         pool.install_sigterm()          # main thread
         pool.set_count(4)               # 4 agents
         threading.Thread(target=pool.watch, args=(lock,), daemon=True).start()
@@ -72,11 +71,11 @@ class AgentPool:
         pool.close(time.monotonic() + 5.0)
     """
 
-    def __init__(self, ctx: Any, shared: SharedRollouts, entry: str, kwargs_for: Callable[[int, int, Any, Any], dict],
+    def __init__(self, ctx: Any, shared: SharedRollouts, kwargs_for: Callable[[int, int, Any, Any], dict],
                  slots: int, stall_timeout_s: float, label: str, env_id: str, log: logging.Logger,
                  fail: Callable[[BaseException], None], stopping: threading.Event,
                  stop_signal_grace_s: float = 1.0) -> None:
-        self.ctx, self.shared, self.entry, self.kwargs_for = ctx, shared, entry, kwargs_for
+        self.ctx, self.shared, self.kwargs_for = ctx, shared, kwargs_for
         self.slots, self.stall_timeout_s, self.label, self.env_id = slots, stall_timeout_s, label, env_id
         self.log, self.fail, self.stopping, self.stop_signal_grace_s = log, fail, stopping, stop_signal_grace_s
         self.max_agents = int(shared.flags.shape[0]) - 1
@@ -144,7 +143,8 @@ class AgentPool:
         sh.busy[index] = 0
         sh.flags[index] = 0
         resp, free = self.ctx.Semaphore(0), self.ctx.Semaphore(self.slots)
-        proc = agent_process(self.ctx, index, self.kwargs_for(index, inc, resp, free), self.entry)
+        proc = agent_process(self.ctx, index, self.kwargs_for(index, inc, resp, free),
+                             self.label.lower())
         self.agents[index] = AgentHandle(inc, proc, resp, free)
         start_process(proc)
         return True

@@ -86,7 +86,7 @@ class GA3CSystem:
         self.shared: SharedRollouts | None = None
         self.pool: AgentPool | None = None  # the agent processes, by index (made at start)
         self._supervisor: threading.Thread | None = None
-        self.pred_sem = self.train_sem = None
+        self.pred_sem = self.ready_sem = None
         self._closed = False
 
     # ---- buffers: row arithmetic and the torch views predictors/trainers use -----------------
@@ -116,7 +116,7 @@ class GA3CSystem:
     def _make_pool(self) -> None:
         """The agent pool over the shared buffers (no agent started yet)."""
         c = self.cfg
-        self.pool = AgentPool(self.ctx, self.shared, "ga3c", self._agent_kwargs, c.rollout_slots,
+        self.pool = AgentPool(self.ctx, self.shared, self._agent_kwargs, c.rollout_slots,
                               c.agent_stall_timeout_s, "GA3C", self.env_spec["env"], log, self.fail, self.stopping)
 
     # ---- called by predictor / trainer threads ---------------------------------------------
@@ -223,8 +223,9 @@ class GA3CSystem:
         """Keyword arguments of agent ``index``'s incarnation (seeds its envs with ``seed + 10_007 * incarnation``)."""
         c, sh = self.cfg, self.shared
         return dict(index=index, env_spec=self.env_spec, layout=sh.layout, shm_name=sh.name, pred_sem=self.pred_sem,
-                    train_sem=self.train_sem, response_sem=response_sem, free_sem=free_sem, gamma=c.gamma,
-                    reward_clip=c.reward_clip, parent_pid=os.getpid(), seed=c.seed + 10_007 * incarnation)
+                    ready_sem=self.ready_sem, response_sem=response_sem, free_sem=free_sem, parent_pid=os.getpid(),
+                    seed=c.seed + 10_007 * incarnation,
+                    writer={"kind": "rollouts", "gamma": c.gamma, "reward_clip": c.reward_clip})
 
     def _status_pass(self) -> None:
         """After a supervisor pass: log the status line every ``status_interval_s`` (0: never)."""
@@ -271,7 +272,7 @@ class GA3CSystem:
         """Allocate buffers and semaphores, start threads and agents. Returns self."""
         c = self.cfg
         self._map_buffers()
-        self.pred_sem, self.train_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
+        self.pred_sem, self.ready_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
         self.batch_q: queue.Queue = queue.Queue(maxsize=c.batch_queue_size)
         self._make_pool()
         atexit.register(self.close)
@@ -306,7 +307,7 @@ class GA3CSystem:
             if th is not None:
                 th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
         procs, booting = self.pool.close(deadline) if self.pool is not None else ([], 0)
-        self.pred_sem = self.train_sem = None  # drop the last references: named semaphores unlink now
+        self.pred_sem = self.ready_sem = None  # drop the last references: named semaphores unlink now
         for name in ("obs_rows", "action_rows", "value_rows", "log_prob_rows", "version_rows", "_returns",
                      "_rewards", "_terminated", "_truncated", "_next_obs"):
             self.__dict__.pop(name, None)
