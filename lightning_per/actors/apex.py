@@ -60,6 +60,13 @@ class ApexConfig:
     """Ape-X's base exploration rate: agent i uses epsilon ** (1 + epsilon_alpha * i / (N - 1))."""
     epsilon_alpha: float = 7.0
     """Ape-X's ladder exponent (the paper's alpha)."""
+    epsilon_start: float | None = None
+    """Base epsilon at learner update 0, annealed linearly to ``epsilon`` over ``epsilon_anneal_updates`` updates;
+    agent i's rung is the ladder of each base, and it moves linearly between them
+    (:func:`~lightning_per.actors.ladder.annealed_epsilon`). None: Ape-X's fixed ladder."""
+    epsilon_anneal_updates: int = 0
+    """Learner updates over which the ladder goes from ``epsilon_start``'s to ``epsilon``'s (>= 1 with
+    ``epsilon_start``)."""
     slot_steps: int = 16
     """Vector steps T of transitions per published slot (the ingest granularity: T * E transitions)."""
     slots: int = 4
@@ -79,13 +86,25 @@ class ApexConfig:
             raise ValueError(f"actors.epsilon must be in [0, 1], got {self.epsilon!r}")
         if not self.epsilon_alpha >= 0.0:
             raise ValueError(f"actors.epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
+        if self.epsilon_start is not None and not 0.0 <= self.epsilon_start <= 1.0:
+            raise ValueError(f"actors.epsilon_start must be None or in [0, 1], got {self.epsilon_start!r}")
+        n = self.epsilon_anneal_updates
+        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if self.epsilon_start is None else 1):
+            raise ValueError(f"actors.epsilon_anneal_updates must be an int >= "
+                             f"{0 if self.epsilon_start is None else 1} (with epsilon_start={self.epsilon_start!r}), "
+                             f"got {n!r}")
         if not self.agent_stall_timeout_s > 0.0:
             raise ValueError(f"actors.agent_stall_timeout_s must be > 0, got {self.agent_stall_timeout_s!r}")
         return self
 
     def epsilons(self) -> list[float]:
-        """Each agent's epsilon (:func:`~lightning_per.actors.ladder.epsilon_ladder`)."""
+        """Each agent's epsilon once annealed (:func:`~lightning_per.actors.ladder.epsilon_ladder` of ``epsilon``)."""
         return epsilon_ladder(self.agents, self.epsilon, self.epsilon_alpha)
+
+    def start_epsilons(self) -> list[float]:
+        """Each agent's epsilon at learner update 0: the ladder of ``epsilon_start`` (of ``epsilon`` when None)."""
+        base = self.epsilon if self.epsilon_start is None else self.epsilon_start
+        return epsilon_ladder(self.agents, base, self.epsilon_alpha)
 
 
 class ApexActors:
@@ -128,7 +147,7 @@ class ApexActors:
         self.policy, self.version_fn, self.device, self.sink = policy, version_fn, torch.device(device), sink
         self.predict_batch_size = cfg.predict_batch_size  # what a PredictorThread claims at most
         self.records_log_prob = False  # Q-learning needs no log mu(a|s)
-        self.epsilons = cfg.epsilons()
+        self.epsilons, self.start_epsilons = self.cfg.epsilons(), self.cfg.start_epsilons()
         self.stats = Stats()
         self.ctx = mp.get_context("spawn")
         self.stopping = threading.Event()
@@ -196,7 +215,8 @@ class ApexActors:
                     pred_sem=self.pred_sem, ready_sem=self.ready_sem, response_sem=response_sem, free_sem=free_sem,
                     parent_pid=os.getpid(), seed=self.seed + 10_007 * incarnation,
                     writer={"kind": "transitions", "n_step": self.n_step, "gamma": self.gamma,
-                            "epsilon": self.epsilons[index]})
+                            "epsilon": self.epsilons[index], "epsilon_start": self.start_epsilons[index],
+                            "anneal_updates": self.cfg.epsilon_anneal_updates})
 
     def fail(self, error: BaseException) -> None:
         """Record a fatal error and stop (the learner reads ``error``)."""

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from lightning_per.actors.ladder import annealed_epsilon
 from lightning_per.actors.nstep import NStepWindow
 from lightning_per.actors.returns import clip_rewards, nstep_returns
 from lightning_per.actors.shared import SharedRollouts
@@ -124,14 +125,18 @@ class TransitionWriter:
             its row.
         slots: the loop's :class:`Slots`.
         n_step: horizon n >= 1; gamma: discount in [0, 1].
-        epsilon: probability of a uniformly random action, in [0, 1].
+        epsilon: probability of a uniformly random action, in [0, 1], from learner update ``anneal_updates`` on;
+        epsilon_start: the probability at update 0; anneal_updates: updates of the linear way between them
+            (:func:`~lightning_per.actors.ladder.annealed_epsilon`, on the version of the weights that answered).
         num_envs: E; n_actions: the envs' action count; obs_shape, obs_dtype: one observation's.
         seed: the exploration generator's seed (with a constant of its own, apart from the envs' seeds).
     """
 
     def __init__(self, shared: SharedRollouts, index: int, slots: Slots, n_step: int, gamma: float, epsilon: float,
-                 num_envs: int, n_actions: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, seed: int) -> None:
+                 epsilon_start: float, anneal_updates: int, num_envs: int, n_actions: int, obs_shape: tuple[int, ...],
+                 obs_dtype: np.dtype, seed: int) -> None:
         self.slots, self.n_step, self.gamma, self.epsilon = slots, n_step, gamma, epsilon
+        self.epsilon_start, self.anneal_updates = epsilon_start, anneal_updates
         self.num_envs, self.n_actions = num_envs, n_actions
         self.obs_req, self.greedy = shared.obs[index], shared.actions[index]  # [E, *obs], [E]
         self.version = shared.versions[index:index + 1]  # a view: the predictor writes it
@@ -145,8 +150,8 @@ class TransitionWriter:
         self.slot, self.t = -1, 0
 
     def __repr__(self) -> str:
-        return (f"TransitionWriter(n_step={self.n_step}, gamma={self.gamma}, epsilon={self.epsilon}, "
-                f"steps={self.steps})")
+        return (f"TransitionWriter(n_step={self.n_step}, gamma={self.gamma}, epsilon_start={self.epsilon_start}, "
+                f"epsilon={self.epsilon}, anneal_updates={self.anneal_updates}, steps={self.steps})")
 
     def begin(self) -> None:
         self.slot, self.t = self.slots.take(), 0
@@ -156,8 +161,10 @@ class TransitionWriter:
 
     def act(self) -> np.ndarray:
         greedy = self.greedy.copy()  # [E] argmax_a Q(s, a)
-        self.versions.append(int(self.version[0]))
-        explore = self.rng.random(self.num_envs) < self.epsilon  # [E]
+        version = int(self.version[0])
+        self.versions.append(version)
+        epsilon = annealed_epsilon(self.epsilon_start, self.epsilon, version, self.anneal_updates)
+        explore = self.rng.random(self.num_envs) < epsilon  # [E]
         return np.where(explore, self.rng.integers(self.n_actions, size=self.num_envs), greedy)  # [E] int64
 
     def record(self, obs, action, next_obs, final_obs, reward, terminated, truncated) -> None:
@@ -177,7 +184,8 @@ class TransitionWriter:
 def make_writer(spec: dict, shared: SharedRollouts, index: int, slots: Slots, num_envs: int, n_actions: int,
                 obs_shape: tuple[int, ...], obs_dtype: np.dtype, seed: int) -> AgentWriter:
     """The writer ``spec`` names: ``{"kind": "rollouts", "gamma": g, "reward_clip": c | None}`` (GA3C) or
-    ``{"kind": "transitions", "n_step": n, "gamma": g, "epsilon": e}`` (Ape-X); the rest are the agent's.
+    ``{"kind": "transitions", "n_step": n, "gamma": g, "epsilon": e, "epsilon_start": s, "anneal_updates": u}``
+    (Ape-X); the rest are the agent's.
 
     Raises:
         ValueError: ``spec["kind"]`` is not one of :data:`WRITER_KINDS`.
@@ -192,6 +200,7 @@ def make_writer(spec: dict, shared: SharedRollouts, index: int, slots: Slots, nu
     if kind == "rollouts":
         return RolloutWriter(shared, index, slots, spec["gamma"], spec["reward_clip"])
     if kind == "transitions":
-        return TransitionWriter(shared, index, slots, spec["n_step"], spec["gamma"], spec["epsilon"], num_envs,
-                                n_actions, obs_shape, obs_dtype, seed)
+        return TransitionWriter(shared, index, slots, spec["n_step"], spec["gamma"], spec["epsilon"],
+                                spec["epsilon_start"], spec["anneal_updates"], num_envs, n_actions, obs_shape,
+                                obs_dtype, seed)
     raise ValueError(f"writer spec kind must be one of {WRITER_KINDS}, got {kind!r}")
