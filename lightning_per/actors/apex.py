@@ -257,12 +257,7 @@ class ApexActors:
             self._closed = True
             self.stopping.set()
         t0 = time.monotonic()
-        deadline = t0 + timeout
-        if self.shared is not None:
-            self.shared.flags[-1] = 1
-        for th in self._threads:
-            th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
-        procs, booting = self.pool.close(deadline) if self.pool is not None else ([], 0)
+        procs, booting = self.pool.close(t0 + timeout, self._threads) if self.pool is not None else ([], 0)
         self.pred_sem = self.ready_sem = None
         for name in ("obs_rows", "action_rows", "value_rows", "version_rows"):
             self.__dict__.pop(name, None)

@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_per.actors.shared import SharedRollouts
@@ -233,12 +233,17 @@ class AgentPool:
         self.replaced += 1  # after the new handle is in place: a reader seeing the count sees the handle
         return True
 
-    def close(self, deadline: float) -> tuple[list[Any], int]:
-        """Stop every agent by ``deadline`` (``time.monotonic()``): the all-stop flag, then terminate, then kill;
-        then put the SIGTERM handler found at :meth:`install_sigterm` back. Returns the processes and how many were
-        still starting (terminated at once: an agent importing, making or resetting its envs polls no flag yet)."""
+    def close(self, deadline: float, threads: Sequence[threading.Thread | None] = ()) -> tuple[list[Any], int]:
+        """Stop every agent by ``deadline`` (``time.monotonic()``): the all-stop flag, then ``threads`` (the system's
+        supervisor, predictors, consumers, already told to stop) joined for at most 0.5 s each while 1.5 s remain,
+        then the agents joined, terminated, killed; then put the SIGTERM handler found at :meth:`install_sigterm`
+        back. Returns the processes and how many were still starting (terminated at once: an agent importing,
+        making or resetting its envs polls no flag yet)."""
         self._closed = True
         self.shared.flags[-1] = 1
+        for th in threads:
+            if th is not None:
+                th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
         live = [(i, a.process) for i, a in enumerate(self.agents) if a is not None and a.process.pid is not None]
         procs = [p for _, p in live]
         booting = [p for i, p in live if not self.shared.started[i]]

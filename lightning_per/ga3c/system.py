@@ -298,15 +298,10 @@ class GA3CSystem:
             self._closed = True
             self.stopping.set()
         t0 = time.monotonic()
-        deadline = t0 + timeout
-        if self.shared is not None:
-            self.shared.flags[-1] = 1
         if self.adjuster is not None:
             self.adjuster.stop(timeout=0.5)
-        for th in [self._supervisor, *self._predictors, *self._trainers]:
-            if th is not None:
-                th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
-        procs, booting = self.pool.close(deadline) if self.pool is not None else ([], 0)
+        threads = [self._supervisor, *self._predictors, *self._trainers]
+        procs, booting = self.pool.close(t0 + timeout, threads) if self.pool is not None else ([], 0)
         self.pred_sem = self.ready_sem = None  # drop the last references: named semaphores unlink now
         for name in ("obs_rows", "action_rows", "value_rows", "log_prob_rows", "version_rows", "_returns",
                      "_rewards", "_terminated", "_truncated", "_next_obs"):
