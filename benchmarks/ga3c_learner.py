@@ -48,10 +48,11 @@ import torch
 from benchmarks._harness import timed
 from benchmarks._results import Results
 from lightning_per.actors.predictor import PredictorThread
+from lightning_per.actors.spawn import AgentHandle
 from lightning_per.ga3c import module as ga3c_module
 from lightning_per.ga3c.loss import a3c_loss
 from lightning_per.ga3c.module import GA3C
-from lightning_per.ga3c.system import GA3CSystem, _Agent
+from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.ga3c.workers import TrainerThread
 
 __all__ = ["add_arguments", "bench_learner", "run", "PHASES"]
@@ -84,7 +85,7 @@ class SyntheticSystem(GA3CSystem):
     pps = 0.0  # observations/s the predictor threads serve in all (0: no predictor threads)
     predict_requests = 4  # requests (of E observations each) per prediction batch
 
-    def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[_Agent]]:
+    def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[AgentHandle]]:
         """``predict_requests`` requests of the next agents, paced so that the predictors serve ``pps``."""
         c, local = self.cfg, self._pace
         k = min(limit, self.predict_requests, c.agents)
@@ -96,7 +97,7 @@ class SyntheticSystem(GA3CSystem):
         first = getattr(local, "next", 0)
         local.next = (first + k) % c.agents
         agents = [(first + j) % c.agents for j in range(k)]
-        return torch.tensor([self.row(i, 0, 0) for i in agents]), [self._agents[i] for i in agents]
+        return torch.tensor([self.row(i, 0, 0) for i in agents]), [self.pool.agents[i] for i in agents]
 
     def start(self) -> SyntheticSystem:
         c = self.cfg
@@ -110,16 +111,18 @@ class SyntheticSystem(GA3CSystem):
         sh.ep_return[..., 0], sh.ep_length[..., 0] = -21.0, 820
         self.shared.busy[: c.agents] = 1
         self.shared.ready[: c.agents] = 1
-        self.pred_sem = self.train_sem = _Always()
+        self.pred_sem = self.ready_sem = _Always()
         self.batch_q = queue.Queue(maxsize=c.batch_queue_size)
-        self._agents = [_Agent(0, None, _Always(), _Always()) if i < c.agents else None for i in range(c.max_agents)]
+        self._make_pool()
+        self.pool.agents = [AgentHandle(0, None, _Always(), _Always()) if i < c.agents else None
+                            for i in range(c.max_agents)]
         self._pace = threading.local()
         self._set_threads(self._trainers, c.trainers, TrainerThread, "trainer")
         if self.pps > 0:
             self._set_threads(self._predictors, c.predictors, PredictorThread, "predictor")
         return self
 
-    def take_rollout(self, index: int, agent: _Agent, slot: int, out=None) -> dict[str, torch.Tensor] | None:
+    def take_rollout(self, index: int, agent: AgentHandle, slot: int, out=None) -> dict[str, torch.Tensor] | None:
         part = super().take_rollout(index, agent, slot, out)
         self.shared.busy[index, slot] = self.shared.ready[index, slot] = 1  # the next rollout is done at once
         return part
@@ -128,7 +131,7 @@ class SyntheticSystem(GA3CSystem):
         self.stopping.set()  # the threads leave their loops first: a predictor must not see the agents go
         for th in [*self._predictors, *self._trainers]:
             th.join(1.0)
-        self._agents = [None] * self.cfg.max_agents  # no processes to join
+        self.pool.agents = [None] * self.cfg.max_agents  # no processes to join
         super().close(timeout)
 
 

@@ -12,8 +12,7 @@ and must not pay for torch or Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lightning_per.lazy import lazy_exports
 
 __all__ = ["AgentHandle", "Counts", "DynamicAdjuster", "PredictorThread", "SharedRollouts", "Stats",
            "TerminalRewardEnv", "Window", "WorkerThread", "clip_rewards", "make_layout", "nstep_returns"]
@@ -24,12 +23,4 @@ _WHERE = {
     "WorkerThread": "threads", "clip_rewards": "returns", "make_layout": "shared", "nstep_returns": "returns",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -7,9 +7,9 @@ learner starts each one with ``runpy.run_path`` (a stdlib target) on this file, 
 bare package object for ``lightning_per`` and then imports only the NumPy-only agent modules. A
 side effect we want: an agent cannot touch CUDA, it never imports torch.
 
-The learner injects ``AGENT_ENTRY`` (``"ga3c"``: the rollout agent :func:`lightning_per.actors.agent.agent_main`;
-``"apex"``: the transition agent :func:`lightning_per.actors.apex_agent.apex_agent_main`; a fixed table, nothing
-named by a user is imported) and ``AGENT_KWARGS`` (the entry's keyword arguments).
+The learner injects ``AGENT_KWARGS``, the keyword arguments of :func:`lightning_per.actors.agent.agent_main` (one
+loop for both learners; its ``writer`` spec picks GA3C's rollouts or Ape-X's transitions from a fixed table, nothing
+named by a user is imported).
 """
 
 import os
@@ -23,9 +23,6 @@ if __name__ == "__actor_agent__":
         _stub.__path__ = [_pkg_dir]
         _stub.__file__ = os.path.join(_pkg_dir, "__init__.py")
         sys.modules["lightning_per"] = _stub
-    if AGENT_ENTRY == "apex":  # noqa: F821 - injected by runpy.run_path(init_globals=...)
-        from lightning_per.actors.apex_agent import apex_agent_main as main
-    else:
-        from lightning_per.actors.agent import agent_main as main
+    from lightning_per.actors.agent import agent_main
 
-    main(**AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)
+    agent_main(**AGENT_KWARGS)  # noqa: F821 - injected by runpy.run_path(init_globals=...)

@@ -2,9 +2,10 @@
 step their environments epsilon-greedily on a per-actor ladder, predictor threads compute Q(s) for all of them in
 batches on the learner's device, and an ingest thread hands finished n-step transitions to the learner.
 
-Data path of one transition: agent i (:mod:`lightning_per.actors.apex_agent`) asks for Q(s) (shared ``obs[i]`` +
-``pending[i]`` + a semaphore) -> a :class:`~lightning_per.actors.predictor.PredictorThread` writes argmax_a Q and
-max_a Q -> the agent acts, pushes the step into its :class:`~lightning_per.actors.nstep.NStepWindow` and writes the
+Data path of one transition: agent i (:mod:`lightning_per.actors.agent` holding a
+:class:`~lightning_per.actors.writers.TransitionWriter`) asks for Q(s) (shared ``obs[i]`` + ``pending[i]`` + a
+semaphore) -> a :class:`~lightning_per.actors.predictor.PredictorThread` writes argmax_a Q and max_a Q -> the agent
+acts epsilon-greedily, pushes the step into its :class:`~lightning_per.actors.nstep.NStepWindow` and writes the
 transition that completes into its slot -> a full slot is published (``ready`` set last) -> the ingest thread
 copies it out (once; a slot of an agent replaced meanwhile is dropped and counted, never delivered torn), frees the
 slot and calls ``sink(batch)``. The learner's ``sink`` (the DQN: extend its replay) may block to throttle the
@@ -30,7 +31,6 @@ from lightning_per.actors.envs import ENV_BACKENDS
 from lightning_per.actors.ladder import epsilon_ladder
 from lightning_per.actors.predictor import PredictorThread
 from lightning_per.actors.shared import SharedRollouts, make_transition_layout
-from lightning_per.actors.sigterm import SigtermRecorder
 from lightning_per.actors.spawn import AgentHandle
 from lightning_per.actors.stats import Stats
 from lightning_per.actors.supervisor import AgentPool
@@ -40,8 +40,6 @@ __all__ = ["ApexActors", "ApexConfig", "TRANSITION_KEYS"]
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
-_SUPERVISE_S = 0.2
-_MAX_PASS_S = 1.0
 
 #: keys of a batch handed to ``sink``: observation, action, n-step reward, discount, next_observation, version
 TRANSITION_KEYS = ("observation", "action", "reward", "discount", "next_observation", "version")
@@ -63,6 +61,13 @@ class ApexConfig:
     """Ape-X's base exploration rate: agent i uses epsilon ** (1 + epsilon_alpha * i / (N - 1))."""
     epsilon_alpha: float = 7.0
     """Ape-X's ladder exponent (the paper's alpha)."""
+    epsilon_start: float | None = None
+    """Base epsilon at learner update 0, annealed linearly to ``epsilon`` over ``epsilon_anneal_updates`` updates;
+    agent i's rung is the ladder of each base, and it moves linearly between them
+    (:func:`~lightning_per.actors.ladder.annealed_epsilon`). None: Ape-X's fixed ladder."""
+    epsilon_anneal_updates: int = 0
+    """Learner updates over which the ladder goes from ``epsilon_start``'s to ``epsilon``'s (>= 1 with
+    ``epsilon_start``)."""
     slot_steps: int = 16
     """Vector steps T of transitions per published slot (the ingest granularity: T * E transitions)."""
     slots: int = 4
@@ -82,13 +87,25 @@ class ApexConfig:
             raise ValueError(f"actors.epsilon must be in [0, 1], got {self.epsilon!r}")
         if not self.epsilon_alpha >= 0.0:
             raise ValueError(f"actors.epsilon_alpha must be >= 0, got {self.epsilon_alpha!r}")
+        if self.epsilon_start is not None and not 0.0 <= self.epsilon_start <= 1.0:
+            raise ValueError(f"actors.epsilon_start must be None or in [0, 1], got {self.epsilon_start!r}")
+        n = self.epsilon_anneal_updates
+        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if self.epsilon_start is None else 1):
+            raise ValueError(f"actors.epsilon_anneal_updates must be an int >= "
+                             f"{0 if self.epsilon_start is None else 1} (with epsilon_start={self.epsilon_start!r}), "
+                             f"got {n!r}")
         if not self.agent_stall_timeout_s > 0.0:
             raise ValueError(f"actors.agent_stall_timeout_s must be > 0, got {self.agent_stall_timeout_s!r}")
         return self
 
     def epsilons(self) -> list[float]:
-        """Each agent's epsilon (:func:`~lightning_per.actors.ladder.epsilon_ladder`)."""
+        """Each agent's epsilon once annealed (:func:`~lightning_per.actors.ladder.epsilon_ladder` of ``epsilon``)."""
         return epsilon_ladder(self.agents, self.epsilon, self.epsilon_alpha)
+
+    def start_epsilons(self) -> list[float]:
+        """Each agent's epsilon at learner update 0: the ladder of ``epsilon_start`` (of ``epsilon`` when None)."""
+        base = self.epsilon if self.epsilon_start is None else self.epsilon_start
+        return epsilon_ladder(self.agents, base, self.epsilon_alpha)
 
 
 class ApexActors:
@@ -131,12 +148,11 @@ class ApexActors:
         self.policy, self.version_fn, self.device, self.sink = policy, version_fn, torch.device(device), sink
         self.predict_batch_size = cfg.predict_batch_size  # what a PredictorThread claims at most
         self.records_log_prob = False  # Q-learning needs no log mu(a|s)
-        self.epsilons = cfg.epsilons()
+        self.epsilons, self.start_epsilons = self.cfg.epsilons(), self.cfg.start_epsilons()
         self.stats = Stats()
         self.ctx = mp.get_context("spawn")
         self.stopping = threading.Event()
         self.error: BaseException | None = None
-        self.stop_signal: int | None = None
         self.ingested = 0  # transitions handed to the sink
         self.dropped = 0  # transitions of slots whose agent was replaced before they were copied out
         self._lock = threading.RLock()
@@ -146,7 +162,6 @@ class ApexActors:
         self.shared: SharedRollouts | None = None
         self.pool: AgentPool | None = None
         self.pred_sem = self.ready_sem = None
-        self._sigterm = SigtermRecorder(self._record_signal, lambda: not self._closed)
 
     # ---- what PredictorThread reads -----------------------------------------------------------
     def claim_requests(self, limit: int) -> tuple[torch.Tensor, list[AgentHandle]]:
@@ -199,14 +214,10 @@ class ApexActors:
     def _kwargs_for(self, index: int, incarnation: int, response_sem, free_sem) -> dict:
         return dict(index=index, env_spec=self.env_spec, layout=self.shared.layout, shm_name=self.shared.name,
                     pred_sem=self.pred_sem, ready_sem=self.ready_sem, response_sem=response_sem, free_sem=free_sem,
-                    n_step=self.n_step, gamma=self.gamma, epsilon=self.epsilons[index], parent_pid=os.getpid(),
-                    seed=self.seed + 10_007 * incarnation)
-
-    def _stop_requested(self) -> bool:
-        return self.stopping.is_set() or self.stop_signal is not None
-
-    def _record_signal(self, signum: int) -> None:
-        self.stop_signal = signum
+                    parent_pid=os.getpid(), seed=self.seed + 10_007 * incarnation,
+                    writer={"kind": "transitions", "n_step": self.n_step, "gamma": self.gamma,
+                            "epsilon": self.epsilons[index], "epsilon_start": self.start_epsilons[index],
+                            "anneal_updates": self.cfg.epsilon_anneal_updates})
 
     def fail(self, error: BaseException) -> None:
         """Record a fatal error and stop (the learner reads ``error``)."""
@@ -225,31 +236,19 @@ class ApexActors:
         self.value_rows = torch.from_numpy(sh.values)  # [A, E] float32
         self.version_rows = torch.from_numpy(sh.versions)  # [A] int64
         self.pred_sem, self.ready_sem = self.ctx.Semaphore(0), self.ctx.Semaphore(0)
-        self.pool = AgentPool(self.ctx, sh, "apex", self._kwargs_for, c.slots, c.agent_stall_timeout_s, "Ape-X",
-                              self.env_spec["env"], self.fail, self._stop_requested)
+        self.pool = AgentPool(self.ctx, sh, self._kwargs_for, c.slots, c.agent_stall_timeout_s, "Ape-X",
+                              self.env_spec["env"], log, self.fail, self.stopping)
         atexit.register(self.close)
-        self._sigterm.install()
+        self.pool.install_sigterm()
         self._threads = [PredictorThread(self, name=f"apex-predictor-{k}") for k in range(c.predictors)]
         self._threads.append(_IngestThread(self, name="apex-ingest"))
-        self._threads.append(threading.Thread(target=self._supervise, name="apex-supervisor", daemon=True))
+        self._threads.append(threading.Thread(target=self.pool.watch, args=(self._lock,), name="apex-supervisor",
+                                              daemon=True))
         for th in self._threads:
             th.start()
         with self._lock:
             self.pool.set_count(c.agents)
         return self
-
-    def _supervise(self) -> None:
-        last = time.monotonic()
-        while not self.stopping.wait(_SUPERVISE_S):
-            with self._lock:
-                if self.stop_signal is not None:
-                    self.stopping.set()
-                    self.shared.flags[-1] = 1
-                    return
-                now = time.monotonic()
-                watched, last = min(now - last, _MAX_PASS_S), now
-                if not self.pool.supervise(watched):
-                    return
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop agents and threads within ``timeout`` seconds and free the shared memory. Idempotent."""
@@ -259,19 +258,13 @@ class ApexActors:
             self._closed = True
             self.stopping.set()
         t0 = time.monotonic()
-        deadline = t0 + timeout
-        if self.shared is not None:
-            self.shared.flags[-1] = 1
-        for th in self._threads:
-            th.join(max(0.0, min(0.5, deadline - time.monotonic() - 1.5)))
-        procs, booting = self.pool.close(deadline) if self.pool is not None else ([], 0)
+        procs, booting = self.pool.close(t0 + timeout, self._threads) if self.pool is not None else ([], 0)
         self.pred_sem = self.ready_sem = None
         for name in ("obs_rows", "action_rows", "value_rows", "version_rows"):
             self.__dict__.pop(name, None)
         if self.shared is not None:
             self.shared.close()
         atexit.unregister(self.close)
-        self._sigterm.restore()
         log.info("Ape-X actors stopped in %.2f s (%d agent processes, %d of them while starting)",
                  time.monotonic() - t0, len(procs), booting)
 

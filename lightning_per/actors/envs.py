@@ -81,7 +81,7 @@ if TOY_ENV_ID not in gym.registry:
 class EnvGroup:
     """E environments stepped together. Attributes: ``num_envs``, ``obs_shape``, ``obs_dtype``,
     ``n_actions``, ``final_obs`` ``(E, *obs_shape)``: the observation each env's last step ended in, the true
-    final one where an episode ended.
+    final one where an episode ended (both groups here keep it; None for a group that does not).
 
     ``reset(seed) -> obs (E, *obs_shape)``;
     ``step(actions (E,) int64) -> (obs (E, *obs_shape), reward (E,) float32, terminated (E,) bool,
@@ -92,6 +92,7 @@ class EnvGroup:
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     n_actions: int
+    final_obs: np.ndarray | None = None
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         raise NotImplementedError

@@ -5,7 +5,7 @@ NumPy-free and torch-free: agent processes read their epsilon from it.
 
 from __future__ import annotations
 
-__all__ = ["epsilon_ladder"]
+__all__ = ["annealed_epsilon", "epsilon_ladder"]
 
 
 def epsilon_ladder(num_actors: int, epsilon: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -41,3 +41,26 @@ def epsilon_ladder(num_actors: int, epsilon: float = 0.4, alpha: float = 7.0) ->
     if num_actors == 1:
         return [float(epsilon)]
     return [float(epsilon) ** (1.0 + alpha * i / (num_actors - 1)) for i in range(num_actors)]
+
+
+def annealed_epsilon(start: float, end: float, updates: int, anneal_updates: int) -> float:
+    """An actor's epsilon after ``updates`` learner updates: linear from ``start`` to ``end`` over ``anneal_updates``,
+    then ``end``: ``start + (end - start) * min(1, updates / anneal_updates)`` (``end`` when ``anneal_updates`` is 0).
+
+    The DQN's in-process schedule (Mnih et al. 2015) run on the learner's update count, which an Ape-X agent reads
+    with every answer (the version of the weights that answered), so a resumed run continues its schedule.
+
+    Args:
+        start, end: epsilons in [0, 1] at update 0 and from ``anneal_updates`` on.
+        updates: learner updates so far (>= 0); anneal_updates: >= 0.
+
+    Returns:
+        A host float between ``start`` and ``end``.
+
+    Example:
+        >>> [annealed_epsilon(1.0, 0.0, u, 100) for u in (0, 25, 100, 900)]
+        [1.0, 0.75, 0.0, 0.0]
+    """
+    if anneal_updates <= 0 or updates >= anneal_updates:
+        return float(end)
+    return float(start) + (float(end) - float(start)) * (max(updates, 0) / anneal_updates)

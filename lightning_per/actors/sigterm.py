@@ -1,9 +1,9 @@
 """A SIGTERM handler chained in front of the installed one: it records the signal, then runs that one.
 
 Agents share the learner's process group, so a SIGTERM to the group kills them at the moment the learner
-is told to stop. The GA3C system therefore only *records* the signal in the handler (setting an Event there
+is told to stop. The agent pool therefore only *records* the signal in the handler (setting an Event there
 could take a lock the interrupted main thread holds); its supervisor turns the record into a stop before it
-looks at any agent (see :mod:`lightning_per.ga3c.system`).
+looks at any agent (see :mod:`lightning_per.actors.supervisor`).
 """
 
 from __future__ import annotations

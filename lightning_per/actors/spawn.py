@@ -4,7 +4,7 @@ An agent runs :func:`lightning_per.actors.agent.agent_main` in a ``spawn`` child
 :mod:`lightning_per.actors._agent_boot` (a file run by path: the child imports neither this package's
 ``__init__`` nor the parent's main script).
 :class:`AgentHandle` is what the learner keeps of one incarnation of an agent
-index (see "incarnations" in :mod:`lightning_per.ga3c.system`).
+index (see "incarnations" in :mod:`lightning_per.actors.supervisor`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AGENT_ENTRIES", "AgentHandle", "agent_process", "start_process"]
+__all__ = ["AgentHandle", "agent_process", "start_process"]
 
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_agent_boot.py")
 _MAIN_LOCK = threading.Lock()
@@ -64,23 +64,12 @@ def _no_main_reimport():
             main.__dict__.update(saved)
 
 
-#: the agent entry points (:mod:`lightning_per.actors._agent_boot`): GA3C's rollouts, Ape-X's transitions
-AGENT_ENTRIES = ("ga3c", "apex")
-
-
-def agent_process(ctx: Any, index: int, kwargs: dict[str, Any], entry: str = "ga3c") -> Any:
-    """The (not yet started) daemon process ``<entry>-agent-<index>`` of the ``spawn`` context ``ctx``, which
-    runs the agent ``entry`` (one of :data:`AGENT_ENTRIES`) with ``**kwargs`` through
-    :mod:`lightning_per.actors._agent_boot`; start it with :func:`start_process`.
-
-    Raises:
-        ValueError: ``entry`` is not one of :data:`AGENT_ENTRIES`.
-    """
-    if entry not in AGENT_ENTRIES:
-        raise ValueError(f"entry must be one of {AGENT_ENTRIES}, got {entry!r}")
-    return ctx.Process(target=runpy.run_path, args=(_BOOT,), name=f"{entry}-agent-{index}", daemon=True,
-                       kwargs={"init_globals": {"AGENT_ENTRY": entry, "AGENT_KWARGS": kwargs},
-                               "run_name": "__actor_agent__"})
+def agent_process(ctx: Any, index: int, kwargs: dict[str, Any], prefix: str) -> Any:
+    """The (not yet started) daemon process ``<prefix>-agent-<index>`` of the ``spawn`` context ``ctx``, which
+    runs :func:`lightning_per.actors.agent.agent_main` with ``**kwargs`` through
+    :mod:`lightning_per.actors._agent_boot`; start it with :func:`start_process`."""
+    return ctx.Process(target=runpy.run_path, args=(_BOOT,), name=f"{prefix}-agent-{index}", daemon=True,
+                       kwargs={"init_globals": {"AGENT_KWARGS": kwargs}, "run_name": "__actor_agent__"})
 
 
 def start_process(proc: Any) -> None:

@@ -15,8 +15,7 @@ package and must not pay for torch or Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lightning_per.lazy import lazy_exports
 
 __all__ = ["GA3C", "GA3CConfig", "GA3CSystem", "RMSpropTF", "a3c_loss", "appo_loss", "load_config", "make_network"]
 
@@ -25,12 +24,4 @@ _WHERE = {
     "RMSpropTF": "optim", "a3c_loss": "loss", "appo_loss": "loss", "make_network": "networks",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

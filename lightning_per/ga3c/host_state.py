@@ -140,7 +140,7 @@ class HostState:
             "time_to_target_s": self.time_to_target_s,
             "target_return": c.target_return,
             "final_counts": {"agents": counts[0], "predictors": counts[1], "trainers": counts[2]},
-            "agents_replaced": system.replaced,
+            "agents_replaced": system.pool.replaced if system.pool is not None else 0,
             "adjustments": system.adjuster.history if system.adjuster is not None else [],
         }
 

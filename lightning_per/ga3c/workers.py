@@ -43,12 +43,12 @@ class TrainerThread(WorkerThread):
         pin = sys_.device.type == "cuda"
         batch, n = None, 0
         while not self.stopped():
-            sys_.train_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
+            sys_.ready_sem.acquire(timeout=_POLL_S)  # a wake-up call; we rescan on timeout anyway
             # GA3C: what the minimum still needs; whole round: every ready rollout up to the cap
             wanted = -(-(c.train_min_batch_size - n) // per_rollout) if most == least else most - n // per_rollout
             claimed = sys_.claim_rollouts(max(1, wanted))
             for _ in range(len(claimed) - 1):
-                if not sys_.train_sem.acquire(block=False):
+                if not sys_.ready_sem.acquire(block=False):
                     break
             for index, agent, slot in claimed:
                 if batch is None:

@@ -3,6 +3,7 @@ against the in-process NStepCollector and an independent oracle, and an agent ki
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from lightning_per.actors.apex import ApexActors, ApexConfig
-from lightning_per.actors.ladder import epsilon_ladder
+from lightning_per.actors.ladder import annealed_epsilon, epsilon_ladder
 from lightning_per.actors.nstep import NStepWindow
 
 SPEC = {"env": probe.ENV_ID, "backend": "gym", "kwargs": {}}
@@ -44,6 +45,28 @@ def test_epsilon_ladder_refuses_bad_arguments(kwargs, match):
         epsilon_ladder(**kwargs)
     with pytest.raises(TypeError, match="num_actors"):
         epsilon_ladder(2.0)
+
+
+def test_annealed_epsilon_is_linear_in_learner_updates_then_constant():
+    # start + (end - start) * min(1, u / U): the DQN's linear schedule on the learner's update count
+    assert [annealed_epsilon(1.0, 0.02, u, 200) for u in (0, 50, 100, 150, 200, 10_000)] == pytest.approx(
+        [1.0, 1.0 - 0.98 / 4, 1.0 - 0.98 / 2, 1.0 - 0.98 * 3 / 4, 0.02, 0.02], rel=1e-12)
+    assert annealed_epsilon(0.4, 0.1, 7, 0) == 0.1  # no annealing: the end value at once
+    # the ladder of both ends, rung by rung (what an agent of the annealed ladder moves between)
+    cfg = ApexConfig(agents=3, epsilon=0.1, epsilon_alpha=2.0, epsilon_start=0.5, epsilon_anneal_updates=10)
+    assert cfg.validate().start_epsilons() == pytest.approx([0.5, 0.25, 0.125], rel=1e-12)
+    assert cfg.epsilons() == pytest.approx([0.1, 0.01, 0.001], rel=1e-12)
+    assert ApexConfig(agents=2, epsilon=0.3).start_epsilons() == ApexConfig(agents=2, epsilon=0.3).epsilons()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"epsilon_start": 1.5, "epsilon_anneal_updates": 10}, "actors.epsilon_start"),
+    ({"epsilon_start": 1.0, "epsilon_anneal_updates": 0}, "actors.epsilon_anneal_updates"),
+    ({"epsilon_anneal_updates": -1}, "actors.epsilon_anneal_updates"),
+    ({"epsilon_start": 1.0, "epsilon_anneal_updates": 2.5}, "actors.epsilon_anneal_updates")])
+def test_config_refuses_bad_annealing(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ApexConfig(**kwargs).validate()
 
 
 def test_config_refuses_bad_fields_and_backends():
@@ -175,3 +198,32 @@ def test_sigkill_of_an_agent_replaces_it_and_nothing_torn_is_delivered():
     for (uid, ep, t), (action, ret, discount, nxt, _) in rows.items():  # every row is a whole, true transition
         assert (action, ret, discount, nxt) == probe.expected_transition(uid, ep, t, N, GAMMA)
     assert math.isfinite(actors.stats.mean_return(20))
+
+
+def test_agents_explore_on_the_annealed_epsilon_of_the_weights_version_that_answered():
+    """One agent, greedy action 0 always, epsilon 1 -> 0 over 100 updates, the version one higher at every answer:
+    a transition chosen under version v < 100 is random with probability (1 - v / 100) * 2/3 (a uniform draw of 3
+    actions is not 0 in 2 of 3); from v = 100 on every action is 0. The count of non-greedy actions is checked
+    against the sum of those Bernoulli probabilities within 5 standard deviations."""
+    import torch
+
+    counter = itertools.count()  # next() is atomic under the GIL: the predictor thread's versions 0, 1, 2, ...
+
+    def always_zero(obs):
+        return torch.zeros(obs.shape[0], dtype=torch.int64), torch.zeros(obs.shape[0])
+
+    cfg = ApexConfig(agents=1, envs_per_agent=2, epsilon=0.0, epsilon_start=1.0, epsilon_anneal_updates=100,
+                     slot_steps=8, slots=2)
+    actors, batches, lock = _collect(dict(cfg=cfg, env_spec=SPEC, obs_shape=(3,), obs_dtype="float32", n_step=N,
+                                          gamma=GAMMA, policy=always_zero, version_fn=lambda: next(counter),
+                                          device="cpu", seed=3), until=None)
+    with actors:
+        _wait(lambda: actors.ingested >= 2 * 260, 60, actors)
+    with lock:
+        action = np.concatenate([b["action"].numpy() for b in batches])
+        version = np.concatenate([b["version"].numpy() for b in batches])
+    late = version >= 100
+    assert late.sum() >= 100 and (action[late] == 0).all()
+    p = (1.0 - version[~late] / 100.0) * (2.0 / 3.0)  # [n] P(action != 0) of each early transition
+    got, want, sd = int((action[~late] != 0).sum()), float(p.sum()), float(np.sqrt((p * (1 - p)).sum()))
+    assert abs(got - want) <= 5 * sd, (got, want, sd)

@@ -211,18 +211,18 @@ def test_a_sigstopped_agent_is_reported_killed_and_replaced(ga3c_warnings):
         deadline = time.monotonic() + 30
         # agent 0 runs its loop (an agent still starting is not watched: it beats from its first step on)
         assert _wait(lambda: system.shared.started[0] and system.shared.heartbeat[0] > 0, timeout=30)
-        victim = system._agents[0]
+        victim = system.pool.agents[0]
         pid = victim.process.pid
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        assert _wait(lambda: system.replaced == 1, timeout=STALL_S + 10)
+        assert _wait(lambda: system.pool.replaced == 1, timeout=STALL_S + 10)
         noticed_s = time.monotonic() - stopped_at
         # silence is counted from the supervisor pass before the stop at the earliest, one 0.2 s period
         assert STALL_S - 0.2 <= noticed_s, noticed_s
         assert victim.process.exitcode == -signal.SIGKILL  # killed, not left stopped
         (line,) = [ln for ln in ga3c_warnings if "agent 0" in ln]
         assert f"(pid {pid})" in line and "agent_stall_timeout_s" in line and "\n" not in line
-        assert system._agents[0] is not victim and system._agents[0].incarnation != victim.incarnation
+        assert system.pool.agents[0] is not victim and system.pool.agents[0].incarnation != victim.incarnation
         assert system.counts().agents == 2 and not system.stopping.is_set()
         steps = system.stats.snapshot().steps
         # the replacement and the other agent deliver: batches queued before the stop may be taken first, so
@@ -251,7 +251,7 @@ def test_agents_blocked_by_back_pressure_are_not_taken_as_stalled(ga3c_warnings)
         # no rollout was taken and every slot stayed busy: both agents waited for a free slot all along ...
         assert system.stats.snapshot().steps == steps and system.shared.busy[:2].all()
         assert (system.shared.heartbeat[:2] > beats).all()  # ... and beat while waiting
-        assert system.replaced == 0 and not ga3c_warnings, ga3c_warnings
+        assert system.pool.replaced == 0 and not ga3c_warnings, ga3c_warnings
     finally:
         system.close()
 

@@ -36,8 +36,8 @@ def _alive(pid):
 
 
 def _sem_names(system):
-    sems = [system.pred_sem, system.train_sem]
-    for agent in system._agents:
+    sems = [system.pred_sem, system.ready_sem]
+    for agent in system.pool.agents:
         if agent is not None:
             sems += [agent.response_sem, agent.free_sem]
     return [s._semlock.name for s in sems if getattr(s._semlock, "name", None)]
@@ -79,7 +79,7 @@ def test_recent_returns_are_the_newest_in_order():
 def test_close_stops_everything_within_5_s_and_frees_shared_memory():
     system = _system(agents=3, predictors=2, trainers=2).start()
     assert _wait_batches(system, 2) == 2
-    pids = [a.process.pid for a in system._agents if a is not None]
+    pids = [a.process.pid for a in system.pool.agents if a is not None]
     assert len(pids) == 3 and all(_alive(p) for p in pids)
     shm_path = f"/dev/shm/{system.shared.name}"
     sems = _sem_names(system)
@@ -104,13 +104,13 @@ def test_dead_agent_is_replaced_and_training_data_keeps_flowing(delay):
     try:
         assert _wait_batches(system, 1) == 1
         time.sleep(delay)
-        victim = system._agents[0]
+        victim = system.pool.agents[0]
         os.kill(victim.process.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 10 and (system._agents[0] is victim or system.replaced == 0):
+        while time.monotonic() - t0 < 10 and (system.pool.agents[0] is victim or system.pool.replaced == 0):
             time.sleep(0.05)
-        assert system.replaced == 1
-        assert system._agents[0].incarnation != victim.incarnation
+        assert system.pool.replaced == 1
+        assert system.pool.agents[0].incarnation != victim.incarnation
         assert system.counts().agents == 2
         survivor_steps = system.stats.snapshot().steps
         assert _wait_batches(system, 5) == 5  # a kill at any moment must not stall the other agent
@@ -128,7 +128,7 @@ def test_killed_agents_never_stall_the_survivors():
     try:
         assert _wait_batches(system, 1) == 1
         for _ in range(4):
-            victim = system._agents[rng.randrange(3)]
+            victim = system.pool.agents[rng.randrange(3)]
             time.sleep(rng.random() * 0.05)
             try:  # the victim may be one killed a moment ago and not yet replaced
                 os.kill(victim.process.pid, signal.SIGKILL)
@@ -136,9 +136,9 @@ def test_killed_agents_never_stall_the_survivors():
                 pass
             assert _wait_batches(system, 2, timeout=15.0) == 2
         t0 = time.monotonic()
-        while system.replaced < 1 and time.monotonic() - t0 < 5:
+        while system.pool.replaced < 1 and time.monotonic() - t0 < 5:
             time.sleep(0.05)
-        assert system.replaced >= 1
+        assert system.pool.replaced >= 1
     finally:
         system.close()
 
@@ -148,7 +148,7 @@ def test_agents_never_load_torch():
     system = _system(agents=1).start()
     try:
         assert _wait_batches(system, 1) == 1
-        pid = system._agents[0].process.pid
+        pid = system.pool.agents[0].process.pid
         with open(f"/proc/{pid}/maps") as fh:
             maps = fh.read()
         assert "numpy" in maps  # sanity: we are looking at a live agent
@@ -184,10 +184,10 @@ def test_agent_terminated_alone_is_replaced():
     system = _system(agents=2).start()
     try:
         assert _wait_batches(system, 1) == 1
-        victim = system._agents[1]
+        victim = system.pool.agents[1]
         os.kill(victim.process.pid, signal.SIGTERM)
-        assert _wait(lambda: system.replaced == 1)
-        assert system._agents[1].incarnation != victim.incarnation and not system.stopping.is_set()
+        assert _wait(lambda: system.pool.replaced == 1)
+        assert system.pool.agents[1].incarnation != victim.incarnation and not system.stopping.is_set()
         assert _wait_batches(system, 2) == 2
     finally:
         system.close()
@@ -203,15 +203,15 @@ def test_sigterm_to_learner_and_agents_stops_the_system_without_replacements():
         system = _system(agents=2).start()
         try:
             assert _wait_batches(system, 1) == 1
-            pids = [a.process.pid for a in system._agents if a is not None]
+            pids = [a.process.pid for a in system.pool.agents if a is not None]
             for pid in pids:
                 os.kill(pid, signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)
             assert seen == [signal.SIGTERM]
             assert _wait(system.stopping.is_set)
             assert system.get_batch(timeout=1.0) is None
-            assert system.replaced == 0
-            assert [a.process.pid for a in system._agents if a is not None] == pids  # nothing new started
+            assert system.pool.replaced == 0
+            assert [a.process.pid for a in system.pool.agents if a is not None] == pids  # nothing new started
         finally:
             system.close()
         assert signal.getsignal(signal.SIGTERM) is not None and seen == [signal.SIGTERM]

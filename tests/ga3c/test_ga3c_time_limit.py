@@ -72,7 +72,7 @@ def test_close_does_not_wait_for_agents_still_starting():
     system = GA3CSystem(cfg, spec, shape, str(dtype), lambda obs: (torch.zeros(len(obs), dtype=torch.int64),
                                                                      torch.zeros(len(obs))), lambda: 0,
                         torch.device("cpu")).start()
-    procs = [a.process for a in system._agents if a is not None]
+    procs = [a.process for a in system.pool.agents if a is not None]
     shm_path = f"/dev/shm/{system.shared.name}"
     assert len(procs) == 2 and not system.shared.started.any()  # spawned a moment ago: still importing
     t0 = time.monotonic()

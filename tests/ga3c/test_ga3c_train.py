@@ -116,7 +116,7 @@ def test_ctrl_c_stops_all_agents_and_frees_shared_memory():
         while time.monotonic() - t0 < 20 and (model.system is None or model.policy_version < 10):
             time.sleep(0.05)
         system = model.system
-        seen["pids"] = [a.process.pid for a in system._agents if a is not None]
+        seen["pids"] = [a.process.pid for a in system.pool.agents if a is not None]
         seen["shm"] = f"/dev/shm/{system.shared.name}"
         seen["t"] = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
