@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lightning_per.actors.envs import ENV_BACKENDS
-from lightning_per.actors.ladder import epsilon_ladder
+from lightning_per.actors.ladder import annealed_epsilon, epsilon_ladder
 from lightning_per.actors.predictor import PredictorThread
 from lightning_per.actors.shared import SharedRollouts, make_transition_layout
 from lightning_per.actors.spawn import AgentHandle
@@ -107,6 +107,12 @@ class ApexConfig:
         base = self.epsilon if self.epsilon_start is None else self.epsilon_start
         return epsilon_ladder(self.agents, base, self.epsilon_alpha)
 
+    def epsilons_at(self, updates: int) -> list[float]:
+        """Each agent's epsilon after ``updates`` learner updates: its rung annealed from :meth:`start_epsilons` to
+        :meth:`epsilons` (:func:`~lightning_per.actors.ladder.annealed_epsilon`, the rule the agents act by)."""
+        return [annealed_epsilon(start, end, updates, self.epsilon_anneal_updates)
+                for start, end in zip(self.start_epsilons(), self.epsilons())]
+
 
 class ApexActors:
     """Ape-X's actor side around one Q-network (see the module docstring).
@@ -154,6 +160,8 @@ class ApexActors:
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.ingested = 0  # transitions handed to the sink
+        #: (agents, 2) float64 host: each agent's finished episodes, [sum of returns, count] (ingest thread writes)
+        self.agent_returns = np.zeros((cfg.agents, 2))
         self.dropped = 0  # transitions of slots whose agent was replaced before they were copied out
         self._lock = threading.RLock()
         self._claim_lock = threading.Lock()
@@ -208,6 +216,7 @@ class ApexActors:
         sh.busy[index, slot] = 0
         agent.free_sem.release()
         self.stats.add_rollout(rows, episodes)
+        self.agent_returns[index] += (sum(ret for ret, _ in episodes), n_ep)
         return batch
 
     # ---- lifecycle -------------------------------------------------------------------------------

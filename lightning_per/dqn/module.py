@@ -225,7 +225,9 @@ class DQN(CheckpointHooks, LightningModule):
             sample = observation if env_factory is not None else torch.zeros((1, *obs_shape))
             self.q_net = user_q_network(q_network, obs_shape, self.n_actions, sample)
         self.target_net = copy.deepcopy(self.q_net).requires_grad_(False)
-        self.metrics = MetricAccumulator(_METRICS | _ACTOR_METRICS if collector == "actors" else _METRICS,
+        per_actor = {f"actor{i}_{name}": kind for i in range(actors.agents)
+                     for name, kind in (("return", "mean"), ("epsilon", "last"))}  # each rung of the ladder
+        self.metrics = MetricAccumulator(_METRICS | _ACTOR_METRICS | per_actor if collector == "actors" else _METRICS,
                                          persistent=("env_steps", "updates"))
         ring, count = new_episode_ring(_RING)  # (100,) float32 NaN / () int64, see metrics.episodes
         self.register_buffer("episode_returns_ring", ring)
@@ -355,6 +357,7 @@ class DQN(CheckpointHooks, LightningModule):
             self.feed.fill(max(self.hparams.warmup_steps, self.feed.counters.inserted + max(0, batch - len(self.rb))))
             self._record_actor_steps()
             self._inserted0 = self.feed.counters.inserted  # the replay ratio counts from here
+            self._actor_returns_read = self.feed.actors.agent_returns.copy()  # (agents, 2): [sum, count] logged
             return
         while self.env_steps < self.hparams.warmup_steps or len(self.rb) < batch:
             self._collect(random=True)
@@ -487,6 +490,13 @@ class DQN(CheckpointHooks, LightningModule):
             m.add("updates_per_s", (self.updates - self._updates0) / wall)
             m.add("learner_wait_s", f.learner_wait_s)
             m.add("actor_queue_full", f.queue_full)
+            totals = self.feed.actors.agent_returns.copy()  # the episodes each agent finished this epoch
+            for i, (ret_sum, n) in enumerate(totals - self._actor_returns_read):
+                if n:
+                    m.add(f"actor{i}_return", ret_sum, count=n)
+            self._actor_returns_read = totals
+            for i, eps in enumerate(self.actors_config.epsilons_at(self.updates)):
+                m.add(f"actor{i}_epsilon", eps)
 
     def teardown(self, stage: str) -> None:
         """End of fit (also after an exception): release the captured CUDA graph. Under DDP it holds NCCL

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lightning_per.actors.apex import ApexConfig
+from lightning_per.callbacks import AsyncMetricsCallback
 from lightning_per.dqn import DQN
 
 ACTORS = dict(agents=2, envs_per_agent=1, slot_steps=4, slots=2, epsilon=0.4)
@@ -161,3 +162,26 @@ def test_atari_frames_reach_the_replay_as_uint8_stacks_with_true_final_frames(tm
     assert torch.equal(nxt[:, :3], obs[:, 1:]), "a next observation is not its observation one frame on"
     moving = (nxt[:, 3] != obs[:, 3]).flatten(1).any(1)
     assert moving.float().mean() > 0.5  # the frames are the game's, not a constant
+
+
+def test_each_actor_logs_its_return_and_its_rung_of_the_annealed_ladder(tmp_path):
+    """Per-actor curves: ``actor{i}_epsilon`` is agent i's rung, linear from the start ladder to the end ladder
+    (Ape-X's epsilon_i = base ** (1 + alpha * i / (N - 1)), written out here), and ``actor{i}_return`` the mean of
+    the episodes agent i finished in the epoch: over the run, their counts add up to every episode the actors
+    reported."""
+    actors = {**ACTORS, "epsilon": 0.4, "epsilon_start": 0.9, "epsilon_anneal_updates": 100}
+    model = _dqn(actors=actors, updates_per_epoch=40)
+    cb = AsyncMetricsCallback(prefix="")
+    _trainer(tmp_path, max_steps=120, callbacks=[cb]).fit(model)
+    rows = cb.history
+    assert len(rows) == 3
+    for row in rows:
+        u = row["updates"]
+        frac = min(1.0, u / 100)
+        for i in range(2):  # N = 2: rungs base ** 1 and base ** 8
+            start, end = 0.9 ** (1 + 7 * i), 0.4 ** (1 + 7 * i)
+            assert row[f"actor{i}_epsilon"] == pytest.approx(start + (end - start) * frac, rel=1e-6)
+    sums = model.feed.actors.agent_returns
+    assert sums[:, 1].sum() == model.feed.actors.stats.snapshot().episodes > 0
+    finished = [r for row in rows for r in (row.get("actor0_return"), row.get("actor1_return")) if r == r and r]
+    assert finished and all(8.0 <= r <= 500.0 for r in finished)  # CartPole-v1's returns
