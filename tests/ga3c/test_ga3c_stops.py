@@ -9,6 +9,7 @@
 """
 
 import csv
+import itertools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -300,3 +302,26 @@ def test_a_read_only_run_dir_is_one_line_exit_2(tmp_path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"lightning-per ga3c: error: run_dir '{parent}'") and "Permission denied" in line
     assert list(parent.iterdir()) == []
+
+
+def test_trainers_claim_the_oldest_rollouts_first():
+    """With every agent's finished rollouts ready (the trainer blocked on a full batch queue, the agents on their
+    slots), a claim of k rollouts takes the k whose first step the oldest policy version predicted, whatever their
+    agent's index: no agent's rollouts wait while others refill."""
+    versions = itertools.count()
+    cfg = GA3CConfig(agents=4, envs_per_agent=1, t_max=2, rollout_slots=3, trainers=1, train_min_batch_size=2,
+                     batch_queue_size=1, status_interval_s=0, agent_stall_timeout_s=60.0)
+    shape, dtype, _ = probe_env({**SPEC, "num_envs": 1})
+    system = GA3CSystem(cfg, SPEC, shape, str(dtype), _random_policy, lambda: next(versions),
+                        torch.device("cpu")).start()
+    try:
+        sh = system.shared
+        # each agent: 2 rollouts ready, the third filled and waiting for a free slot to bootstrap from V(s_T)
+        assert _wait(lambda: np.count_nonzero(sh.ready) == 4 * 2, 120.0), f"the agents did not fill: {sh.ready}"
+        ii, ss = np.nonzero(sh.ready)
+        first = sh.versions[ii, ss, 0].copy()  # the version that predicted each ready rollout's first step
+        claimed = system.claim_rollouts(5)
+        got = sorted(int(sh.versions[i, s, 0]) for i, _, s in claimed)
+    finally:
+        system.close()
+    assert got == sorted(first.tolist())[:5]
