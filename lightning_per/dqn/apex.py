@@ -111,7 +111,7 @@ class ApexFeed:
         self.q_net, self.target_net, self.rb = q_net, target_net, rb
         self.double_dqn, self.initial_priority, self.sync_interval = double_dqn, initial_priority, sync_interval
         self.device = torch.device(device)
-        self.actor_net = copy.deepcopy(q_net).requires_grad_(False).eval()
+        self.actor_net = copy.deepcopy(q_net).requires_grad_(False).eval().to(self.device)  # q_net may not be moved yet
         self._weights_lock = threading.Lock()
         self._version = 0  # learner updates of the weights the actors use now
         self.updates = 0  # the learner's update count, as last told by sync()

@@ -178,19 +178,29 @@ def _replays(step, st, u_static, uniforms):
     Returns each replay's ``out`` (cloned) and ``st`` after the replays (cloned); ``st`` is then put back again,
     so the caller can run the same steps eagerly from the same state."""
     out = {}
-    start = {k: v.clone() for k, v in st.items()}
+    tensors = _tree_tensors(st)
+    start = {k: v.clone() for k, v in tensors.items()}
     graph = capture(lambda: step(out))
     for k, v in start.items():
-        st[k].copy_(v)
+        tensors[k].copy_(v)
     seen = []
     for u in uniforms:
         u_static.copy_(u)
         graph.replay()
         seen.append({k: v.clone() for k, v in out.items()})
-    after_graph = {k: v.clone() for k, v in st.items()}
+    after_graph = {k: v.clone() for k, v in tensors.items()}
     for k, v in start.items():
-        st[k].copy_(v)
+        tensors[k].copy_(v)
     return seen, after_graph
+
+
+def _tree_tensors(st: PriorityTree) -> dict:
+    """Every tensor a :class:`PriorityTree` holds, its write scratch's included, by field name."""
+    parts = {name: value for name, value in zip(st._fields, st) if isinstance(value, torch.Tensor)}
+    if st.scratch is not None:
+        parts.update({f"scratch.{name}": value for name, value in zip(st.scratch._fields, st.scratch)
+                      if isinstance(value, torch.Tensor)})
+    return parts
 
 
 def test_fused_step_captured_in_cuda_graph_replays_like_eager():
@@ -206,8 +216,8 @@ def test_fused_step_captured_in_cuda_graph_replays_like_eager():
         eager = {}
         _fused_step(st, td, beta, alpha, capacity, batch, None, eager, uniforms[i])
         assert torch.equal(eager["index"], seen[i]["index"]) and torch.equal(eager["w"], seen[i]["w"])
-    for k in st:
-        assert torch.equal(st[k], after_graph[k]), k
+    for k, v in _tree_tensors(st).items():
+        assert torch.equal(v, after_graph[k]), k
     assert len(torch.cat([s["index"] for s in seen]).unique()) > 1000
 
 
@@ -373,8 +383,8 @@ def test_sample_gather_captured_in_cuda_graph_replays_like_unfused_eager():
         _gather_step(st, rows, td, beta, alpha, capacity, eager, uniforms[i], fused=False)
         for k in ("index", "w", "rows"):
             assert torch.equal(eager[k], seen[i][k]), (i, k)
-    for k in st:
-        assert torch.equal(st[k], after_graph[k]), k
+    for k, v in _tree_tensors(st).items():
+        assert torch.equal(v, after_graph[k]), k
     assert len(torch.cat([s["index"] for s in seen]).unique()) > 1000
 
 
