@@ -43,6 +43,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -364,6 +365,24 @@ def _ring_slots(rb, kind: Transition, writers: int, b: int) -> int:
     return slots
 
 
+def _check_shared_memory(kind: Transition, rows: int) -> None:
+    """Refuse rings of ``rows`` transitions in all that ``/dev/shm`` cannot hold: a writer writing past the end of
+    a tmpfs that is full dies of SIGBUS instead of raising.
+
+    Raises:
+        SystemExit: not enough free space in ``/dev/shm`` (say how much is needed).
+    """
+    from lightning_per.replay.ingress import IngressLayout
+
+    if not os.path.isdir("/dev/shm"):
+        return
+    need = rows * (IngressLayout.of(_example(kind)).row_bytes() + 4)  # + each row's float32 priority
+    free = shutil.disk_usage("/dev/shm").free
+    if need > free:
+        raise SystemExit(f"writers: the {kind.name} rings need {need / 2**20:.0f} MiB of /dev/shm, "
+                         f"{free / 2**20:.0f} MiB are free: pass fewer --writers or smaller --batches")
+
+
 def _ours(kind: Transition, device: torch.device, transport: str, writers: int, b: int):
     """Our buffer of ``kind`` on ``device`` filled with 4 x 256 transitions, and the writers' handles (shm)."""
     from lightning_per import make_replay_buffer
@@ -373,6 +392,7 @@ def _ours(kind: Transition, device: torch.device, transport: str, writers: int, 
     handles = []
     if transport == "shm":  # made before the first write: a frame-dedup storage's stored layout lacks its stacks
         slots = _ring_slots(rb, kind, writers, b)
+        _check_shared_memory(kind, writers * slots * b)
         handles = [rb.writer_handle(_example(kind), slots=slots, rows=b) for _ in range(writers)]
     rb.extend(_Batches(kind, 4 * LEARN_B, -1).next())
     return rb, handles
