@@ -330,9 +330,9 @@ def test_a_captured_sample_and_update_run_1000_steps_without_a_sync_while_two_wr
             assert time.monotonic() < deadline, "the writers wrote nothing before the deadline"
         for _ in range(1000):
             rb.ingest()
-            with _syncs_raise(device):
+            with _syncs_raise(device):  # the learner's step alone: the ingest above copies from the host
                 ids, obs, check = update()
-                sampled.append(TensorDict({"id": ids.clone(), "obs": obs.clone(), "check": check.clone()}, [64]))
+            sampled.append(TensorDict({"id": ids.clone(), "obs": obs.clone(), "check": check.clone()}, [64]))
         _drain_until(rb, procs, deadline, sample=False)
     finally:
         assert _joined(procs) == [0, 0]
