@@ -247,3 +247,25 @@ def test_dropin_quick_runs_the_three_buffers_with_every_episode_recorded(tmp_pat
         assert run["final"] == pytest.approx(returns[-20:].mean())
     md = (out / "dropin-cpu.md").read_text()
     assert "| impl | seeds | frames | median_final |" in md and "Reproduce: `python -m benchmarks run dropin" in md
+
+
+def test_writers_pong_batches_are_frame_stacks_of_one_stream_that_the_buffer_dedups():
+    """Each pong writer sends stacks of its own stream of distinct frames (stack t = frames t .. t + 3, next stack
+    = stack t + 1, wrapping around after a lap), so our frame-dedup buffer stores b + 4 frames for a first batch of
+    b transitions (the stacks of b + 3 frames, plus the last next frame)."""
+    from benchmarks.writers import TRANSITIONS, _Batches
+    from lightning_per import make_replay_buffer
+
+    kind, b = TRANSITIONS["pong"], 64
+    source = _Batches(kind, b, 3)
+    lap = [source.next() for _ in range(len(source.tds))]
+    obs = torch.cat([td["observation"] for td in lap])  # (n, 4, 84, 84) uint8
+    frames = obs[:, 0]
+    for k in range(4):
+        assert torch.equal(obs[:, k], frames.roll(-k, 0))
+    assert torch.equal(torch.cat([td["next_observation"] for td in lap]), obs.roll(-1, 0))
+    assert frames.flatten(1).unique(dim=0).shape[0] == frames.shape[0] >= 2048  # distinct, beyond the dedup window
+    assert torch.equal(source.next()["observation"], lap[0]["observation"])  # the next lap starts again
+    rb = make_replay_buffer(1024, 32, device="cpu", frame_stack=kind.frame_stack)
+    rb.extend(lap[0])
+    assert int(rb.storage.frames_written) == b + 4

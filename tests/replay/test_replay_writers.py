@@ -5,6 +5,7 @@ bad input. Every transition carries a unique id and fields derived from it, so a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import multiprocessing as mp
 import os
@@ -258,3 +259,194 @@ def test_writer_handle_refusals_and_a_copy_without_writers():
     assert twin.ingress_stats.writers == 0 and twin.ingest() == 0
     assert rb.ingest() == 2 and len(rb) == 4
     rb.close_writers()
+
+
+# ---------------------------------------------------------------------------- the learner beside the writers
+# On CUDA (marker gpu) the buffer lives on the device and the learner's step is one CUDA-graph replay; on the CPU
+# the same code runs the step eagerly (graphs.capture's checked CPU path). Ids of the writers' rows are >= 0;
+# rows written by the owner itself carry negative ids.
+
+_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _spawn_writers(handles, bases, n: int) -> tuple[list, object]:
+    """Start one ``spawn`` process a handle, writing ids ``base .. base + n - 1`` (no priorities); returns the
+    processes and their report queue (kept alive while they start)."""
+    ctx = mp.get_context("spawn")
+    report = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(h, base, n, False, report)) for h, base in zip(handles, bases)]
+    for p in procs:
+        p.start()
+    return procs, report
+
+
+def _joined(procs) -> list[int | None]:
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]
+
+
+@contextlib.contextmanager
+def _syncs_raise(device: str):
+    """On CUDA: a host synchronisation inside raises (``torch.cuda.set_sync_debug_mode("error")``)."""
+    if device != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_a_captured_sample_and_update_run_1000_steps_without_a_sync_while_two_writers_ingest(device):
+    """The learner's sample + priority update captured in one graph (``graphs.capture``) runs 1,000 times under
+    ``set_sync_debug_mode("error")`` on CUDA while two writer processes' rows are ingested between the steps; the
+    graph draws rows ingested after its capture, every sampled row is whole, and every written row is stored
+    exactly once."""
+    from lightning_per import graphs
+
+    n = 20_000 if device == "cuda" else 5_000
+    rb = make_replay_buffer(1 << 16, 64, sampler="proportional", device=device)
+    handles = [rb.writer_handle(_rows(torch.zeros(1, dtype=torch.int64)), slots=8, rows=_CHUNK) for _ in range(2)]
+    rb.extend(_rows(torch.arange(-256, 0)))
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def step():
+        batch = rb.sample()
+        rb.update_priority(batch["index"], torch.rand(64, generator=gen, device=device) + 0.1)
+        return batch["id"], batch["obs"], batch["check"]
+
+    update = graphs.capture(step, state=[rb, gen])
+    update()  # the capture (on CUDA), before any writer runs
+    procs, _report = _spawn_writers(handles, (0, n), n)
+    sampled = []
+    deadline = time.monotonic() + _DEADLINE_S
+    try:
+        while rb.ingest() == 0:  # the writers' first rows (the processes import torch first)
+            assert time.monotonic() < deadline, "the writers wrote nothing before the deadline"
+        for _ in range(1000):
+            rb.ingest()
+            with _syncs_raise(device):  # the learner's step alone: the ingest above copies from the host
+                ids, obs, check = update()
+            sampled.append(TensorDict({"id": ids.clone(), "obs": obs.clone(), "check": check.clone()}, [64]))
+        _drain_until(rb, procs, deadline, sample=False)
+    finally:
+        assert _joined(procs) == [0, 0]
+    drawn = torch.cat(sampled).cpu()
+    _assert_rows_agree(drawn)  # no torn row in any batch the graph drew
+    assert bool((drawn["id"] >= 0).any()), "the graph never drew a row ingested after its capture"
+    stored = _stored(rb).cpu()
+    assert torch.equal(stored["id"].sort().values, torch.arange(-256, 2 * n)), "lost or duplicated transitions"
+    _assert_rows_agree(stored)
+    assert bool(torch.isin(drawn["id"], stored["id"]).all())
+    rb.close_writers()
+
+
+def _stamping_buffer(device: str, capacity: int):
+    from lightning_per.replay import GPUPrioritizedReplayBuffer, GPURoundRobinWriter, GPUTensorStorage
+
+    return GPUPrioritizedReplayBuffer(alpha=1.0, beta=0.0, eps=1e-8, batch_size=256, device=device,
+                                      storage=GPUTensorStorage(capacity, device=device),
+                                      writer=GPURoundRobinWriter(track_generations=True))
+
+
+def _phased_writer(handle, phases, gates, report) -> None:
+    """Write ids ``base .. base + n - 1`` of each phase ``(base, n)`` once its gate is set, then report it."""
+    for k, ((base, n), gate) in enumerate(zip(phases, gates)):
+        if not gate.wait(_DEADLINE_S):
+            return
+        for i in range(0, n, _CHUNK):
+            handle.write(_rows(torch.arange(base + i, base + min(n, i + _CHUNK), dtype=torch.int64)))
+        report.put(k)
+
+
+class _PhasedWriters:
+    """Writer processes (one a handle) that each write their rows of phase ``k`` when :meth:`run` opens it."""
+
+    def __init__(self, handles, phases_of) -> None:
+        ctx = mp.get_context("spawn")
+        self.report = ctx.Queue()
+        self.gates = [ctx.Event() for _ in phases_of[0]]
+        self.procs = [ctx.Process(target=_phased_writer, args=(h, phases, self.gates, self.report))
+                      for h, phases in zip(handles, phases_of)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, rb, k: int) -> None:
+        """Open phase ``k`` and ingest until every writer has written it."""
+        self.gates[k].set()
+        deadline, done = time.monotonic() + _DEADLINE_S, 0
+        while done < len(self.procs):
+            assert time.monotonic() < deadline, "the writers did not finish their phase before the deadline"
+            rb.ingest()
+            while not self.report.empty():
+                assert self.report.get() == k
+                done += 1
+        rb.ingest()
+
+    def close(self) -> list[int | None]:
+        for gate in self.gates:
+            gate.set()
+        return _joined(self.procs)
+
+
+def _check_stale_updates_dropped(rb, batch, capacity: int) -> None:
+    """Update ``batch``'s slots to priority 1000 with its generation stamps; only slots that still hold the row
+    sampled there (ids are unique: the stored id is the oracle) take it. Before the update every slot holds the
+    default priority 1, so P(i) = raw_i / sum_k raw_k is known exactly."""
+    index = batch["index"]
+    before = int(rb.sampler.dropped_index_count)
+    rb.update_priority(index, torch.full((index.numel(),), 1000.0, device=index.device),
+                       generation=batch["index_generation"])
+    live = (rb.storage[index]["id"] == batch["id"]).cpu()
+    assert bool(live.any()) and not bool(live.all()), "the test needs live and rewritten slots in the batch"
+    raw = torch.ones(capacity, dtype=torch.float64)
+    raw[index.cpu()[live]] = 1000.0
+    p = (raw + 1e-8) / (raw + 1e-8).sum()
+    torch.testing.assert_close(rb.sampler.probabilities().cpu(), p, rtol=1e-5, atol=0)
+    assert int(rb.sampler.dropped_index_count) - before == int((~live).sum())
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_generations_of_writer_rows_across_overwrite_restore_and_reset(device):
+    """Rows of two writer processes into a generation-stamping buffer: a priority update aimed at a slot rewritten
+    since it was sampled is dropped (exact probabilities after it); after restoring an earlier state, or after
+    ``empty()``, no row ingested before it and gone with it is ever sampled."""
+    capacity = 4096
+    rb = _stamping_buffer(device, capacity)
+    handles = [rb.writer_handle(_rows(torch.zeros(1, dtype=torch.int64)), slots=8, rows=_CHUNK) for _ in range(2)]
+    phases = [(0, capacity // 2), (200_000, 1000), (400_000, 500)]  # writer 1: the same, ids + 100_000
+    writers = _PhasedWriters(handles, [phases, [(base + 100_000, n) for base, n in phases]])
+    try:
+        _overwrite_restore_reset(rb, writers, capacity)
+    finally:
+        assert writers.close() == [0, 0]
+    rb.close_writers()
+
+
+def _overwrite_restore_reset(rb, writers: _PhasedWriters, capacity: int) -> None:
+    writers.run(rb, 0)  # the buffer full, nothing overwritten
+    snapshot = copy.deepcopy(rb.state_dict())  # state_dict() aliases the live storage: copy it
+    in_snapshot = _stored(rb)["id"].cpu()
+    early = rb.sample()
+    writers.run(rb, 1)  # slots 0 .. 1999 rewritten
+    late = rb.sample()
+    _check_stale_updates_dropped(rb, early, capacity)
+
+    rb.load_state_dict(snapshot)  # the stored rows, priorities and stamps of the snapshot
+    for _ in range(20):
+        batch = rb.sample()
+        assert bool(torch.isin(batch["id"].cpu(), in_snapshot).all()), "a row gone with the restore was sampled"
+        _assert_rows_agree(batch.cpu())
+    _check_stale_updates_dropped(rb, late, capacity)  # late's rows of the second round are gone: dropped
+
+    rb.empty()
+    writers.run(rb, 2)
+    after_reset = _stored(rb)["id"].cpu()
+    assert len(rb) == 1000 and bool((after_reset >= 400_000).all())
+    for _ in range(20):
+        assert bool((rb.sample()["id"] >= 400_000).all()), "a row ingested before the reset was sampled"
