@@ -290,8 +290,12 @@ def sampler_view(sampler: Any, storage: Any | None, batch_size: int | None) -> S
         >>> sampler_view(RandomSampler(), None, 8).problem.split(" (")[0]
         'sampler RandomSampler cannot be captured'
     """
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
     if isinstance(sampler, CapturableSampler):
         return sampler.capture_view(storage, batch_size)
+    # TorchRL's prioritized sampler says where its tree lives (its public ``device``); it still draws on the host
+    device = torch.device(sampler.device) if isinstance(sampler, PrioritizedSampler) else None
     return SamplerCapture(f"sampler {type(sampler).__name__} cannot be captured (TorchRL's samplers draw on the "
                           f"host); use lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the "
-                          f"learner alone (pass the batch as the step's input)")
+                          f"learner alone (pass the batch as the step's input)", device=device)

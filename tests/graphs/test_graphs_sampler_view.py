@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 
 from lightning_per import make_replay_buffer
 from lightning_per.graphs import CapturableSampler, CaptureError, capture
@@ -69,6 +69,10 @@ def test_a_user_sampler_on_torchrl_base_gets_torchrl_refusal_word_for_word():
     assert str(buffered.value) == message
     parts = CaptureState([rb])
     assert parts.tensors == {} and parts.generators() == [] and parts.device() == torch.device("cpu")
+    # TorchRL's prioritized sampler: the same refusal, with the device its tree is on (its public ``device``)
+    prioritized = PrioritizedSampler(8, alpha=0.6, beta=0.4)
+    assert sampler_view(prioritized, None, 4) == SamplerCapture(TORCHRL_REFUSAL.format("PrioritizedSampler"),
+                                                                device=torch.device("cpu"))
 
 
 def _pair(kind: str):
