@@ -97,7 +97,8 @@ def graph_fn(rb, prioritized: bool, priority: torch.Tensor, B: int):
         if prioritized:
             sampler.update_priority(index, priority, storage=storage)
 
-    return capture(step, sampler.draw_generators(B // sampler.slice_len) if prioritized else [sampler.generator])
+    generators = sampler.capture_view(None, B // sampler.slice_len).generators if prioritized else [sampler.generator]
+    return capture(step, generators)
 
 
 def extend_fn(rb, device):

@@ -34,6 +34,7 @@ from lightning_per.dqn.learner import MetricSlots, finish_update_, learner_step
 from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
 from lightning_per.graphs.capturing import no_recompiles
 from lightning_per.graphs.pipeline import SideStream, pipelined_updates
+from lightning_per.replay import GPUPrioritizedSampler
 
 if TYPE_CHECKING:
     from lightning_per.dqn.module import DQN
@@ -84,7 +85,9 @@ class Learner:
     def step(self, b: dict[str, Tensor], backward=None, optimizer=None, after_forward=None) -> dict[str, Tensor]:
         """:func:`~lightning_per.dqn.learner.learner_step` on ``b`` with these networks and settings."""
         fast = self.inductor
-        clip = None if getattr(optimizer, "clips", False) else self.grad_clip_norm  # a compiled step clips itself
+        # a compiled step that clips (ours, built by graph_optimizer) clips itself; any other optimizer is stepped
+        # after learner_step's clip
+        clip = None if isinstance(optimizer, CompiledStep) and optimizer.clips else self.grad_clip_norm
         return learner_step(self.q_net, self.target_net, optimizer, b, double_dqn=self.double_dqn,
                             huber_delta=self.huber_delta, grad_clip_norm=clip, backward=backward,
                             loss_fn=None if fast is None else fast.loss, clip_fn=None if fast is None else fast.clip,
@@ -241,8 +244,8 @@ class ReplayGraphUpdate(UpdateStrategy):
     def captures(sampler, name: str) -> bool:
         """Whether the whole update can be captured with ``sampler`` (config name ``name``): ours,
         proportional, drawing from a CUDA generator."""
-        gen = getattr(sampler, "generator", None)
-        return name == "proportional" and isinstance(gen, torch.Generator) and gen.device.type == "cuda"
+        return (name == "proportional" and isinstance(sampler, GPUPrioritizedSampler)
+                and sampler.generator.device.type == "cuda")
 
     def __call__(self, n: int = 1) -> dict[str, Tensor]:
         m = self.module

@@ -6,8 +6,9 @@
   :class:`CaptureError` names what cannot be captured; :func:`count_optimizer_step` reports in-graph optimizer
   steps to Lightning.
 - :class:`HardUpdate`: TorchRL's hard target-network schedule on a device counter (capturable).
-- :class:`CapturableSampler`: what a capture asks of a sampler (duck-typed: this layer sits below
-  :mod:`lightning_per.replay` and imports nothing of it, nor of Lightning).
+- :class:`CapturableSampler`: the type of a sampler a capture takes (registered with it, it hands its
+  ``capture_view``, a :class:`~lightning_per.graphs.protocol.SamplerCapture`); this layer sits below
+  :mod:`lightning_per.replay` and imports nothing of it, nor of Lightning.
 
 Building blocks stay in their modules: :mod:`.capturing` (``cuda_graph_capture``, ``gc_paused``,
 ``no_recompiles``), :mod:`.streams` (``warm_up_on_side_stream``, ``capture_cuda_graph``), :mod:`.eager` (the

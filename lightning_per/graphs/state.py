@@ -3,8 +3,9 @@
 :func:`lightning_per.graphs.capture` sorts the user's ``state`` list by kind (tensors, modules, optimizers,
 generators, replay buffers and samplers, target updaters), checks that each part can live in a CUDA graph,
 snapshots them before the side-stream warm-up and restores them after it, so the first replay is the first
-update. Samplers are found by duck typing (:class:`~lightning_per.graphs.protocol.CapturableSampler`): this
-layer imports nothing of :mod:`lightning_per.replay`.
+update. A sampler tells the capture what it needs as one value (:class:`~lightning_per.graphs.protocol.SamplerCapture`),
+when its class is a :class:`~lightning_per.graphs.protocol.CapturableSampler` (a type check; any other sampler is
+refused): this layer imports nothing of :mod:`lightning_per.replay`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from torch import Tensor, nn
 
 from lightning_per.graphs.check import HARD_UPDATE_PROBLEM
 from lightning_per.graphs.errors import CaptureError
+from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 
-__all__ = ["CaptureState", "default_cuda_generator"]
+__all__ = ["CaptureState", "default_cuda_generator", "sampler_view"]
 
 
 class CaptureState:
@@ -46,6 +48,8 @@ class CaptureState:
         from torchrl.data import ReplayBuffer
         from torchrl.data.replay_buffers.samplers import Sampler
         from torchrl.objectives.utils import TargetNetUpdater
+
+        from lightning_per.graphs.targets import HardUpdate
 
         self.tensors: dict[int, Tensor] = {}
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -78,30 +82,35 @@ class CaptureState:
                 self.updaters.append(obj)
                 for t in obj._targets.values(True, True):
                     self._add(t)
-                for t in getattr(obj, "capture_state", list)():
-                    self._add(t)
+                if isinstance(obj, HardUpdate):  # ours: its schedule's counter lives on the device too
+                    self._add(obj.step_count)
             elif isinstance(obj, TensorDictBase):
                 for t in obj.values(True, True):
                     self._add(t)
             else:
                 raise TypeError(f"state[{i}] must be a tensor, nn.Module, optimizer, generator, replay buffer, "
                                 f"sampler or target updater, got {type(obj).__name__}")
-        for sampler, _ in self.samplers:
-            for t in getattr(sampler, "device_state", list)():
+        for view in self._views():
+            for t in view.tensors:
                 self._add(t)
 
     def _add(self, t: Tensor) -> None:
         self.tensors.setdefault(id(t), t)
+
+    def _views(self, with_storage: bool = False) -> list[SamplerCapture]:
+        """Each sampler's :class:`~lightning_per.graphs.protocol.SamplerCapture` for its buffer's batch size (None:
+        a bare sampler, or a buffer without one), with its buffer's storage when ``with_storage``."""
+        return [sampler_view(s, storage if with_storage else None, None if owner is None else owner.batch_size)
+                for (s, storage), owner in zip(self.samplers, self._owners)]
 
     def device(self) -> torch.device:
         """The first CUDA device among the tensors (samplers' included), else CPU."""
         for t in self.tensors.values():
             if t.device.type == "cuda":
                 return t.device
-        for sampler, _ in self.samplers:
-            d = getattr(sampler, "device", None)
-            if d is not None and torch.device(d).type == "cuda":
-                return torch.device(d)
+        for view in self._views():
+            if view.device is not None and view.device.type == "cuda":
+                return view.device
         return torch.device("cpu")
 
     def check_capturable(self) -> None:
@@ -113,10 +122,9 @@ class CaptureState:
             problem = _optimizer_problem(opt)
             if problem is not None:
                 raise CaptureError(problem)
-        for sampler, _ in self.samplers:
-            problem = _sampler_problem(sampler, None)
-            if problem is not None:
-                raise CaptureError(problem)
+        for view in self._views():
+            if view.problem is not None:
+                raise CaptureError(view.problem)
         for updater in self.updaters:
             if isinstance(updater, TorchRLHardUpdate):
                 raise CaptureError(HARD_UPDATE_PROBLEM)
@@ -163,32 +171,21 @@ class CaptureState:
 
     def check_ready(self) -> None:
         """CaptureError for a buffer that cannot be captured yet (empty; a sampler not ready for its fill level)."""
-        for sampler, storage in self.samplers:
+        for (_, storage), view in zip(self.samplers, self._views(with_storage=True)):
             if storage is None:
                 continue
             if len(storage) == 0:
                 raise CaptureError("the replay buffer is empty: extend it before the first call (the graph records "
                                    "reads of its storage)")
-            problem = _sampler_problem(sampler, storage)
-            if problem is not None:
-                raise CaptureError(problem)
-
-    def _batch_sizes(self) -> list[tuple[Any, int | None]]:
-        """Each sampler with its buffer's batch size (None: a bare sampler, or a buffer without one)."""
-        return [(s, None if owner is None else owner.batch_size) for s, owner in zip(
-            (s for s, _ in self.samplers), self._owners)]
+            if view.problem is not None:
+                raise CaptureError(view.problem)
 
     def generators(self) -> list[torch.Generator]:
         """The CUDA generators to register with the graph (the device's default one is always registered)."""
         gens: dict[int, torch.Generator] = {}
-        drawn = []
-        for sampler, batch_size in self._batch_sizes():
-            if batch_size is not None and hasattr(sampler, "draw_generators"):
-                # none when the compiled kernels draw from counters in device memory (a registered generator
-                # costs every replay two small host-to-device writes)
-                drawn += list(sampler.draw_generators(batch_size))
-            else:
-                drawn.append(getattr(sampler, "generator", None))
+        # a sampler's: none when the compiled kernels draw from counters in device memory (a registered generator
+        # costs every replay two small host-to-device writes)
+        drawn = [gen for view in self._views() for gen in view.generators]
         for gen in [*self.user_generators, *drawn]:
             if isinstance(gen, torch.Generator) and gen.device.type == "cuda":
                 gens.setdefault(id(gen), gen)
@@ -196,17 +193,14 @@ class CaptureState:
 
     @torch.no_grad()
     def snapshot(self, device: torch.device) -> dict[str, Any]:
-        """Copies of every tensor, optimizer state, sampler RNG and generator state (no host sync)."""
+        """Copies of every tensor, optimizer state, sampler RNG (through its view's ``get_rng_state``: device counters
+        too) and generator state (no host sync)."""
         all_gens = list(self.user_generators)
-        for sampler, _ in self.samplers:  # ours restore theirs through set_rng_state (device counters too)
-            gen = getattr(sampler, "generator", None)
-            if not hasattr(sampler, "get_rng_state") and isinstance(gen, torch.Generator):
-                all_gens.append(gen)
         if device.type == "cuda":
             all_gens.append(default_cuda_generator(device))
         return {"tensors": [(t, t.detach().clone()) for t in self.tensors.values()],
                 "optimizers": [(opt, _optimizer_snapshot(opt)) for opt in self.optimizers],
-                "samplers": [(s, s.get_rng_state()) for s, _ in self.samplers if hasattr(s, "get_rng_state")],
+                "samplers": [(view.set_rng_state, view.get_rng_state()) for view in self._views()],
                 "generators": [(g, g.get_state()) for g in all_gens]}
 
     @torch.no_grad()
@@ -216,8 +210,8 @@ class CaptureState:
             t.detach().copy_(value)
         for opt, value in saved["optimizers"]:
             _optimizer_restore(opt, value)
-        for sampler, value in saved["samplers"]:
-            sampler.set_rng_state(value)
+        for set_rng_state, value in saved["samplers"]:
+            set_rng_state(value)
         for gen, value in saved["generators"]:
             gen.set_state(value)
 
@@ -266,6 +260,8 @@ def _optimizer_problem(opt: torch.optim.Optimizer) -> str | None:
 
 def _named(obj: Any, step: Callable[..., Any]) -> str:
     """``obj`` as the step's code names it (a closure variable or a global of the step), with its type."""
+    from torchrl.data import ReplayBuffer
+
     code = getattr(step, "__code__", None)
     names: dict[str, Any] = {}
     if code is not None:
@@ -277,18 +273,29 @@ def _named(obj: Any, step: Callable[..., Any]) -> str:
     for n, value in names.items():
         if value is obj:
             return f"`{n}` ({type(obj).__name__})"
-        if getattr(value, "sampler", None) is obj:
+        if isinstance(value, ReplayBuffer) and value.sampler is obj:
             return f"`{n}.sampler` ({type(obj).__name__})"
     return type(obj).__name__
 
 
-def _sampler_problem(sampler: Any, storage: Any | None) -> str | None:
-    """Why ``sampler`` cannot be captured (with ``storage``, or by its kind when None), or None
-    (:meth:`~lightning_per.graphs.protocol.CapturableSampler.capture_problem`; a sampler without it draws on the
-    host)."""
-    check = getattr(sampler, "capture_problem", None)
-    if check is None:
-        return (f"sampler {type(sampler).__name__} cannot be captured (TorchRL's samplers draw on the host); use "
-                f"lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the learner alone "
-                f"(pass the batch as the step's input)")
-    return check(storage)
+def sampler_view(sampler: Any, storage: Any | None, batch_size: int | None) -> SamplerCapture:
+    """What a capture needs of ``sampler`` (with ``storage``, or by its kind when None, and the buffer's
+    ``batch_size`` or None): its :meth:`~lightning_per.graphs.protocol.CapturableSampler.capture_view` when its class
+    is a :class:`~lightning_per.graphs.protocol.CapturableSampler`; any other sampler (TorchRL's, which draw on the
+    host from the buffer's generator) contributes nothing and is refused.
+
+    Example:
+        >>> from torchrl.data.replay_buffers.samplers import RandomSampler
+        >>> from lightning_per.graphs.state import sampler_view
+        >>> sampler_view(RandomSampler(), None, 8).problem.split(" (")[0]
+        'sampler RandomSampler cannot be captured'
+    """
+    from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+
+    if isinstance(sampler, CapturableSampler):
+        return sampler.capture_view(storage, batch_size)
+    # TorchRL's prioritized sampler says where its tree lives (its public ``device``); it still draws on the host
+    device = torch.device(sampler.device) if isinstance(sampler, PrioritizedSampler) else None
+    return SamplerCapture(f"sampler {type(sampler).__name__} cannot be captured (TorchRL's samplers draw on the "
+                          f"host); use lightning_per's GPUPrioritizedReplayBuffer / make_replay_buffer, or capture the "
+                          f"learner alone (pass the batch as the step's input)", device=device)

@@ -45,7 +45,7 @@ def capture_cuda_graph(fn: Callable[[], Any], generators: Sequence[Any] = (), wa
 
     Example::
 
-        graph = capture_cuda_graph(lambda: out.copy_(rb.sample()["obs"]), rb.sampler.draw_generators(256))
+        graph = capture_cuda_graph(lambda: out.copy_(rb.sample()["obs"]), rb.sampler.capture_view(None, 256).generators)
         graph.replay()
     """
     import torch

@@ -51,11 +51,9 @@ class HardUpdate(TargetNetUpdater):
         super().__init__(loss_module)
         self.value_network_update_interval = interval
         device = next((t.device for t in loss_module.parameters()), torch.device("cpu"))
+        #: the schedule's counter, ``() int64`` on the loss module's device: the tensor :meth:`step` writes besides
+        #: the target parameters (a capture restores it after its warm-up)
         self.step_count = torch.zeros((), dtype=torch.int64, device=device)
-
-    def capture_state(self) -> list[Tensor]:
-        """The device tensors :meth:`step` writes besides the target parameters: the counter."""
-        return [self.step_count]
 
     @torch.no_grad()
     def step(self) -> None:

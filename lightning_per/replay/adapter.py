@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_per.graphs.protocol import SamplerCapture
 from lightning_per.replay import sampler_checkpoint
 from lightning_per.replay.core import SAMPLER_SCHEMA_VERSION, PriorityCore, on_device
 from lightning_per.replay.errors import check_bool, check_capacity, check_draw, check_index, check_index_priority
@@ -19,8 +20,8 @@ from lightning_per.replay.slots import flat_slots, skip_unkept, unravel, written
 from lightning_per.replay.storage import GPUTensorStorage, resolve_device
 from lightning_per.schema import stamp
 
-__all__ = ["checked_update", "draw", "draw_gather", "dump", "filled", "mark_written", "mask_slots", "max_priority",
-           "new_core"]
+__all__ = ["capture_view", "checked_update", "draw", "draw_gather", "dump", "filled", "mark_written", "mask_slots",
+           "max_priority", "new_core"]
 
 
 def new_core(owner: str, max_capacity: int, alpha: float, beta: float, eps: float, rule, *,
@@ -149,6 +150,18 @@ def draw_gather(core: PriorityCore, storage, batch_size: int,
     block, index, weight = core.sample(batch_size, len(storage), rows)
     extra = {"index": index, "priority_weight": weight} if with_info else None
     return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
+
+
+def capture_view(core: PriorityCore, batch_size: int | None, problem: str | None = None) -> SamplerCapture:
+    """What a CUDA-graph capture of a prioritized sampler's draws needs (its
+    :meth:`~lightning_per.graphs.protocol.CapturableSampler.capture_view`): the core's device tensors
+    (:meth:`PriorityState.tensors <lightning_per.replay.priority.PriorityState.tensors>`, restored after the
+    warm-up), its device, the generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`;
+    the generator itself when ``batch_size`` is None), its RNG state accessors, and ``problem`` (None: capturable).
+    Host work only."""
+    generators = (core.rng.generator,) if batch_size is None else core.draw_generators(batch_size)
+    return SamplerCapture(problem, tensors=tuple(core.state.tensors()), device=core.device, generators=generators,
+                          get_rng_state=core.get_rng_state, set_rng_state=core.set_rng_state)
 
 
 def max_priority(core: PriorityCore) -> tuple[Tensor | None, None]:

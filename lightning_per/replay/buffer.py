@@ -27,6 +27,7 @@ from lightning_per.replay.compat import (
     buffer_locks,
     buffer_parts,
     is_compilable,
+    layout_options,
     plain_extend,
     stored_data,
     tracks_generations,
@@ -37,6 +38,7 @@ from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
 from lightning_per.replay.rate import SamplesPerInsert
+from lightning_per.replay.slice import GPUSliceSampler
 from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage, default_device, resolve_device
 from lightning_per.replay.writer import GPURoundRobinWriter
@@ -107,9 +109,7 @@ def resolve_storage(storage, device: torch.device | None, capacity: int | None) 
     if type(storage) is LazyTensorStorage and not storage.initialized:  # TorchRL's: upgrade in place
         dev = device or (None if storage.device == "auto" else storage.device)
         return GPUTensorStorage(storage.max_size, device=dev, ndim=storage.ndim,
-                                compilable=is_compilable(storage),
-                                consolidated=getattr(storage, "consolidated", False),
-                                shared_init=getattr(storage, "shared_init", False))
+                                compilable=is_compilable(storage), **layout_options(storage))
     return storage
 
 
@@ -149,9 +149,8 @@ def _check_before_write(rb, data) -> None:
                          "tensors, tensorclasses and pytrees in torchrl's ReplayBuffer(storage=GPUTensorStorage(...), "
                          "sampler=GPUPrioritizedSampler(...))")
     sampler = buffer_parts(rb).sampler
-    check = getattr(sampler, "check_signal", None)
-    if check is not None and hasattr(data, "keys"):
-        check(data)
+    if isinstance(sampler, (GPUSliceSampler, GPUPrioritizedSliceSampler)):  # ours that read a trajectory marker
+        sampler.check_signal(data)
 
 
 def _empty_extend(rb, data) -> torch.Tensor | None:
@@ -163,9 +162,8 @@ def _empty_extend(rb, data) -> torch.Tensor | None:
     if not (isinstance(data, TensorDictBase) and data.batch_dims >= 1 and data.batch_size[0] == 0):
         return None
     storage = buffer_parts(rb).storage
-    check = getattr(storage, "check_spec", None)
-    if check is not None:
-        check(data)
+    if isinstance(storage, GPUTensorStorage):  # ours; TorchRL's storages have no spec check
+        storage.check_spec(data)
     return torch.empty(0, dtype=torch.long, device=data.device or "cpu")
 
 
@@ -239,9 +237,9 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
     """
     if update_priority is False or not hasattr(data, "get"):
         return _NOT_LOOKED_UP
-    key = getattr(rb, "priority_key", None)
-    sampler = buffer_parts(rb).sampler
-    if key is None or not hasattr(sampler, "update_priority") or isinstance(sampler, GPURandomSampler):
+    key = rb.priority_key  # both buffers are TorchRL TensorDictReplayBuffers
+    sampler = buffer_parts(rb).sampler  # a TorchRL Sampler: every one has update_priority
+    if key is None or isinstance(sampler, GPURandomSampler):
         return _NOT_LOOKED_UP
     try:
         priority = data.get(key, None)

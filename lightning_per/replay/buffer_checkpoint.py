@@ -20,6 +20,11 @@ from lightning_per.integrity import (
     verify_directory,
 )
 from lightning_per.replay.compat import buffer_parts
+from lightning_per.replay.prioritized import GPUPrioritizedSampler
+from lightning_per.replay.random import GPURandomSampler
+from lightning_per.replay.rank import GPURankBasedSampler
+from lightning_per.replay.slice import GPUSliceSampler
+from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import SCHEMA_KEY, check
 
@@ -33,12 +38,17 @@ _LEGACY_KEYS = ("_lightning_per_schema",)
 _BUFFER_KEYS = ("_storage", "_sampler", "_writer", "_transforms", "_batch_size")
 
 
+#: Our parts that check a state before loading it (``check_state_dict``); any other part (TorchRL's, a user's, our
+#: ``GPUSamplerWithoutReplacement`` on TorchRL's state) is left to its own load.
+_SELF_CHECKED = (GPUTensorStorage, GPUPrioritizedSampler, GPURankBasedSampler, GPURandomSampler, GPUSliceSampler,
+                 GPUPrioritizedSliceSampler)
+
+
 def _check_part(part, state) -> None:
     """Raise what ``part.load_state_dict(state)`` would refuse, changing nothing: the ``check_state_dict`` of our
-    storage and samplers; parts that are not ours are left to their own load."""
-    check = getattr(part, "check_state_dict", None)
-    if check is not None:
-        check(state)
+    storage and samplers (:data:`_SELF_CHECKED`); parts that are not ours are left to their own load."""
+    if isinstance(part, _SELF_CHECKED):
+        part.check_state_dict(state)
 
 
 def _check_writer_state(writer, state, capacity: int | None = None) -> None:
@@ -137,7 +147,7 @@ def _check_dumps_dir(rb, path: str | os.PathLike) -> None:
     storage, sampler, writer = buffer_parts(rb)
     states = {}
     for part, file in ((storage, path / "storage" / "storage.pt"), (sampler, path / "sampler" / "sampler.pt")):
-        if not hasattr(part, "check_state_dict"):
+        if not isinstance(part, _SELF_CHECKED):
             continue
         if part is storage and not file.is_file() and (file.parent / "storage_metadata.json").is_file():
             continue  # items in TorchRL's layout, saved by TorchRL's checkpointer: its own loads checks them

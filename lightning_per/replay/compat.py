@@ -16,8 +16,8 @@ import torch
 from tensordict import TensorDict
 
 __all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
-           "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row", "mark_update_entities",
-           "mutation_revision", "plain_extend",
+           "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row", "layout_options",
+           "mark_update_entities", "mutation_revision", "plain_extend",
            "register_without_replacement", "stored_data", "tracks_generations", "tree_leaves", "unlocked_len",
            "unsafe_tensordict", "wrapped_gym_env"]
 
@@ -119,6 +119,14 @@ def attached_entities(storage: Any):
 def is_compilable(storage: Any) -> bool:
     """Whether a TorchRL storage was built ``compilable`` (its private ``_compilable``; False when absent)."""
     return getattr(storage, "_compilable", False)
+
+
+def layout_options(storage: Any) -> dict[str, bool]:
+    """The layout keywords a TorchRL ``LazyTensorStorage`` was built with, to build ours alike: its ``consolidated``
+    and ``shared_init`` (public attributes of the TorchRL versions that have these keywords; False in the older
+    ones this package supports, which build neither)."""
+    return {"consolidated": bool(getattr(storage, "consolidated", False)),
+            "shared_init": bool(getattr(storage, "shared_init", False))}
 
 
 def stored_data(storage: Any) -> Any:

@@ -20,8 +20,10 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
+from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import (
+    capture_view,
     checked_update,
     draw,
     draw_gather,
@@ -209,12 +211,6 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         """0-d int64 device tensor: device-side indices outside ``[0, len(storage))`` that were ignored."""
         return self.core.state.n_dropped
 
-    def device_state(self) -> list[Tensor]:
-        """The device tensors that sampling reads and priority updates write, in place
-        (:meth:`PriorityState.tensors <lightning_per.replay.priority.PriorityState.tensors>`), for snapshots around
-        work that must leave no trace (a CUDA-graph warm-up); restore them with ``copy_``."""
-        return list(self.core.state.tensors())
-
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use (:meth:`PriorityCore.get_rng_state`)."""
         return self.core.get_rng_state()
@@ -227,14 +223,11 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         """Seed the generator (and the compiled draws' counters). Raises TypeError / ValueError for a bad seed."""
         self.core.manual_seed(seed)
 
-    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
-        """The generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`)."""
-        return self.core.draw_generators(batch_size)
-
-    def capture_problem(self, storage) -> str | None:
-        """None: draws and priority updates run on the device from device state, so a CUDA graph can record them
-        (:class:`lightning_per.graphs.CapturableSampler`)."""
-        return None
+    def capture_view(self, storage, batch_size: int | None) -> SamplerCapture:
+        """What a CUDA-graph capture of the draws needs (:class:`lightning_per.graphs.protocol.CapturableSampler`;
+        :func:`~lightning_per.replay.adapter.capture_view`): draws and priority updates run on the device from
+        device state, so ``problem`` is None for any storage."""
+        return capture_view(self.core, batch_size)
 
     def probabilities(self) -> Tensor:
         """Exact P(i) of every slot, ``(N,)`` float64 on :attr:`device` (for tests and diagnostics)."""
@@ -327,3 +320,6 @@ class GPUPrioritizedSampler(PrioritizedSampler):
 
     def loads(self, path) -> None:
         self.load_state_dict(sampler_checkpoint.load(path, self.core.device))
+
+
+CapturableSampler.register(GPUPrioritizedSampler)  # isinstance answers; the MRO is unchanged

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import RandomSampler, SamplerWithoutReplacement
 
+from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 from lightning_per.replay import sampler_checkpoint
 from lightning_per.replay._rng import SamplerRNG
 from lightning_per.replay.compat import register_without_replacement
@@ -119,14 +120,17 @@ class GPURandomSampler(RandomSampler):
             return torch.unravel_index(index, storage.shape), {}
         return index, {}
 
-    def capture_problem(self, storage) -> str | None:
-        """Why a CUDA graph cannot record draws from ``storage`` now (None: it can, or ``storage`` is None): the
-        draws read ``len(storage)``, a host int a graph freezes, so the ring must be full
-        (:class:`lightning_per.graphs.CapturableSampler`)."""
-        if storage is None or len(storage) >= storage.max_size:
-            return None
-        return (f"{type(self).__name__} draws from len(storage), a host int a CUDA graph freezes ({len(storage)} of "
-                f"{storage.max_size}): capture once the buffer is full, or use the prioritized sampler")
+    def capture_view(self, storage, batch_size: int | None) -> SamplerCapture:
+        """What a CUDA-graph capture of the draws needs (:class:`lightning_per.graphs.protocol.CapturableSampler`):
+        no device state, the sampler's generator and its RNG state; ``problem`` is None for ``storage`` None or a
+        full ring, else why not: the draws read ``len(storage)``, a host int a graph freezes."""
+        problem = None
+        if storage is not None and len(storage) < storage.max_size:
+            problem = (f"{type(self).__name__} draws from len(storage), a host int a CUDA graph freezes "
+                       f"({len(storage)} of {storage.max_size}): capture once the buffer is full, or use the "
+                       f"prioritized sampler")
+        return SamplerCapture(problem, device=self.rng.device, generators=(self.rng.generator,),
+                              get_rng_state=self.rng.get_rng_state, set_rng_state=self.rng.set_rng_state)
 
     def state_dict(self) -> dict[str, Any]:
         return stamp({"kind": type(self).__name__, "rng": self.rng.state()}, "sampler", _SCHEMA_VERSION)
@@ -262,4 +266,5 @@ class GPUSamplerWithoutReplacement(SamplerWithoutReplacement):
             self.rng.load(rng)
 
 
+CapturableSampler.register(GPURandomSampler)  # isinstance answers; the MRO is unchanged
 register_without_replacement(GPURandomSampler, GPUSamplerWithoutReplacement)  # GPURandomSampler(replacement=False)

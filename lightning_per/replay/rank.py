@@ -20,9 +20,11 @@ from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from lightning_per.ext.state import RankTable
+from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 from lightning_per.ops import rank_weights
 from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import (
+    capture_view,
     checked_update,
     draw,
     draw_gather,
@@ -267,10 +269,6 @@ class GPURankBasedSampler(PrioritizedSampler):
         """0-d int64 device tensor: device-side indices that were ignored (``state.n_dropped``)."""
         return self.core.state.n_dropped
 
-    def device_state(self) -> list[Tensor]:
-        """The device tensors draws read and writes change (:meth:`PriorityState.tensors`)."""
-        return list(self.core.state.tensors())
-
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use (:meth:`PriorityCore.get_rng_state`)."""
         return self.core.get_rng_state()
@@ -283,15 +281,13 @@ class GPURankBasedSampler(PrioritizedSampler):
         """Seed the generator and the compiled draws' counters (raises TypeError / ValueError for a bad seed)."""
         self.core.manual_seed(seed)
 
-    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
-        """The generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`)."""
-        return self.core.draw_generators(batch_size)
-
-    def capture_problem(self, storage) -> str | None:
-        """Why a CUDA graph cannot record this sampler's draws (:class:`lightning_per.graphs.CapturableSampler`)."""
-        return (f"{type(self).__name__} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
-                f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
-                f"the batch as the step's input)")
+    def capture_view(self, storage, batch_size: int | None) -> SamplerCapture:
+        """What a CUDA-graph capture of the draws needs (:class:`lightning_per.graphs.protocol.CapturableSampler`),
+        with the reason it is refused for any storage: the ranking is refreshed on a host counter."""
+        return capture_view(self.core, batch_size, problem=(
+            f"{type(self).__name__} refreshes its ranking on a host counter (sort_every), which a CUDA graph "
+            f"freezes; capture with GPUPrioritizedSampler (proportional), or capture the learner alone (pass "
+            f"the batch as the step's input)"))
 
     def probabilities(self, n: int | None = None) -> Tensor:
         """Exact P(i) of every slot for a buffer holding ``n`` items, ``(N,)`` float64 (for tests)."""
@@ -354,3 +350,6 @@ class GPURankBasedSampler(PrioritizedSampler):
 
     def loads(self, path) -> None:
         self.load_state_dict(sampler_checkpoint.load(path, self.core.device))
+
+
+CapturableSampler.register(GPURankBasedSampler)  # isinstance answers; the MRO is unchanged

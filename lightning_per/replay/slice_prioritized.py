@@ -11,8 +11,9 @@ import torch
 from torch import Tensor
 from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
 
+from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 from lightning_per.replay import priority, sampler_checkpoint
-from lightning_per.replay.adapter import checked_update, dump, mark_written, max_priority, new_core
+from lightning_per.replay.adapter import capture_view, checked_update, dump, mark_written, max_priority, new_core
 from lightning_per.replay.errors import check_bool, check_kind
 from lightning_per.replay.rules import Proportional
 from lightning_per.replay.slice_index import SliceIndex, whole_rows
@@ -190,10 +191,6 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         """0-d int64 device tensor: device-side indices that were ignored (``state.n_dropped``)."""
         return self.core.state.n_dropped
 
-    def device_state(self) -> list[Tensor]:
-        """The device tensors draws read and writes change (:meth:`PriorityState.tensors`)."""
-        return list(self.core.state.tensors())
-
     def get_rng_state(self) -> dict[str, Tensor | None]:
         """The state of every random stream the draws use (:meth:`PriorityCore.get_rng_state`)."""
         return self.core.get_rng_state()
@@ -206,13 +203,11 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
         """Seed the generator and the compiled draws' counters (raises TypeError / ValueError for a bad seed)."""
         self.core.manual_seed(seed)
 
-    def draw_generators(self, batch_size: int) -> tuple[torch.Generator, ...]:
-        """The generators a draw of ``batch_size`` consumes (:meth:`PriorityCore.draw_generators`)."""
-        return self.core.draw_generators(batch_size)
-
-    def capture_problem(self, storage) -> str | None:
-        """None: the draws and priority writes run on the device from device state."""
-        return None
+    def capture_view(self, storage, batch_size: int | None) -> SamplerCapture:
+        """What a CUDA-graph capture of the draws needs (:class:`lightning_per.graphs.protocol.CapturableSampler`;
+        :func:`~lightning_per.replay.adapter.capture_view`): the draws and priority writes run on the device from
+        device state, so ``problem`` is None for any storage."""
+        return capture_view(self.core, batch_size)
 
     def probabilities(self) -> Tensor:
         """Exact P(s) of every slot as a start, ``(N,)`` float64 on :attr:`device`."""
@@ -337,3 +332,6 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
     def _empty(self) -> None:
         self.core.reset()
         self.index.reset()
+
+
+CapturableSampler.register(GPUPrioritizedSliceSampler)  # isinstance answers; the MRO is unchanged

@@ -41,9 +41,8 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
     def extend(self, data):
         pairs = self._direct_pairs(data)
         if pairs is None:
-            check = getattr(self._storage, "check_spec", None)
-            if check is not None:
-                check(data)
+            if isinstance(self._storage, GPUTensorStorage):  # ours; TorchRL's storages have no spec check
+                self._storage.check_spec(data)
             return super().extend(data)
         index = self._write_direct(data, pairs)
         data.set("index", expand_as_right(index, data))  # as TorchRL's writer tags the batch
@@ -72,7 +71,6 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
         return index
 
     def add(self, data):
-        check = getattr(self._storage, "check_spec", None)
-        if check is not None and isinstance(data, TensorDictBase):
-            check(data.unsqueeze(0))
+        if isinstance(self._storage, GPUTensorStorage) and isinstance(data, TensorDictBase):
+            self._storage.check_spec(data.unsqueeze(0))
         return super().add(data)

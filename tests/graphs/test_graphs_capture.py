@@ -64,7 +64,7 @@ def test_eager_fallback_runs_k_updates_per_call_like_a_plain_loop():
         step_b()
     for (ka, a), (kb, b) in zip(loss_a.state_dict().items(), loss_b.state_dict().items()):
         assert ka == kb and (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), ka
-    for a, b in zip(rb_a.sampler.device_state(), rb_b.sampler.device_state()):
+    for a, b in zip(rb_a.sampler.capture_view(None, None).tensors, rb_b.sampler.capture_view(None, None).tensors):
         assert torch.equal(a, b)
     # the capturable Adam stepped as torch's CPU Adam: the same moments and step count, and its flag kept
     for p_a, p_b in zip(loss_a.parameters(), loss_b.parameters()):
@@ -153,7 +153,7 @@ def test_a_draw_from_a_generator_the_capture_did_not_register_is_named(monkeypat
     rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
     sampler = rb.sampler
     monkeypatch.setattr(sampler.core.ops, "SHUFFLE_DRAWS", 4)
-    assert sampler.draw_generators(8) == (sampler.generator,)
+    assert sampler.capture_view(None, 8).generators == (sampler.generator,)
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     with pytest.raises(RuntimeError) as info:
         rb.sample()
@@ -171,7 +171,7 @@ def test_shuffled_kernel_draws_use_no_generator(monkeypatch, B):
     needs none registered, and every stratum holds one draw."""
     rb = make_replay_buffer(16 * B, B, device="cpu", alpha=1.0, beta=0.4, backend="kernels", seed=0)
     rb.extend(TensorDict({"x": torch.arange(16.0 * B)}, [16 * B]))
-    assert rb.sampler.core.rule.shuffle_strata and rb.sampler.draw_generators(B) == ()
+    assert rb.sampler.core.rule.shuffle_strata and rb.sampler.capture_view(None, B).generators == ()
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     index = rb.sample()["index"]
     # equal priorities: stratum j of B covers slots [16 j, 16 j + 16), one draw in each
@@ -185,7 +185,7 @@ def test_stratum_ordered_kernel_draws_use_no_generator(monkeypatch):
     rb = make_replay_buffer(64, 8, device="cpu", alpha=0.6, beta=0.4, backend="kernels", seed=0,
                             shuffle_strata=False)
     rb.extend(TensorDict({"x": torch.arange(16.0)}, [16]))
-    assert rb.sampler.draw_generators(8) == ()
+    assert rb.sampler.capture_view(None, 8).generators == ()
     monkeypatch.setattr(torch, "rand", _raise_unregistered)
     batch = rb.sample()
     assert batch["index"].shape == (8,) and bool((batch["index"] < 16).all())

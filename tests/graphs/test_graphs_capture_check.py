@@ -26,7 +26,7 @@ def _frozen(loss, opt, rb) -> list[torch.Tensor]:
     the sampler's priorities and its RNG."""
     parts = [t.detach().clone() for t in loss.state_dict().values() if isinstance(t, torch.Tensor)]
     parts += [v.clone() for s in opt.state.values() for v in s.values()]
-    parts += [t.clone() for t in rb.sampler.device_state()]
+    parts += [t.clone() for t in rb.sampler.capture_view(None, None).tensors]
     return parts + [v.clone() for v in rb.sampler.get_rng_state().values() if isinstance(v, torch.Tensor)]
 
 

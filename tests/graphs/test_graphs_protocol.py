@@ -1,5 +1,6 @@
-"""The graph layer's contract with samplers (duck-typed ``capture_problem``) and its place below replay: importing
-``lightning_per.graphs`` and its modules imports nothing of ``lightning_per.replay`` nor Lightning."""
+"""The graph layer's contract with samplers (a :class:`CapturableSampler` hands its ``capture_view`` value; any
+other sampler is refused) and its place below replay: importing ``lightning_per.graphs`` and its modules imports
+nothing of ``lightning_per.replay`` nor Lightning."""
 
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ from torchrl.data.replay_buffers.samplers import RandomSampler
 
 from lightning_per import make_replay_buffer
 from lightning_per.graphs import CapturableSampler, CaptureError, capture
+from lightning_per.graphs.protocol import SamplerCapture
 from lightning_per.graphs.state import CaptureState
 from lightning_per.replay import GPURandomSampler, GPURoundRobinWriter, GPUTensorStorage
 
 
+@CapturableSampler.register
 class _Refusing(RandomSampler):
-    def capture_problem(self, storage):
-        return "this sampler says no" if storage is None else None
+    def capture_view(self, storage, batch_size):
+        return SamplerCapture("this sampler says no" if storage is None else None)
 
 
+@CapturableSampler.register
 class _Fine(RandomSampler):
-    def capture_problem(self, storage):
-        return None
+    def capture_view(self, storage, batch_size):
+        return SamplerCapture(None)
 
 
 def test_a_sampler_is_refused_with_its_own_reason_and_accepted_when_it_has_none():
@@ -38,9 +42,9 @@ def test_a_sampler_is_refused_with_its_own_reason_and_accepted_when_it_has_none(
 
 def test_our_samplers_implement_the_protocol():
     rb = make_replay_buffer(16, 4, sampler="proportional", device="cpu", alpha=0.6, beta=0.4)
-    assert isinstance(rb.sampler, CapturableSampler) and rb.sampler.capture_problem(rb.storage) is None
+    assert isinstance(rb.sampler, CapturableSampler) and rb.sampler.capture_view(rb.storage, 4).problem is None
     rank = make_replay_buffer(16, 4, sampler="rank", device="cpu", alpha=0.6, beta=0.4)
-    assert "sort_every" in rank.sampler.capture_problem(None)
+    assert "sort_every" in rank.sampler.capture_view(None, 4).problem
 
 
 def test_a_uniform_sampler_is_ready_once_its_ring_is_full():

@@ -197,11 +197,11 @@ def test_a_storage_larger_than_the_sampler_is_refused_at_the_first_slot_past_it(
     sampler = sampler_cls(5, alpha=0.7, beta=0.5, device="cpu")
     rb = TensorDictReplayBuffer(sampler=sampler, batch_size=4)
     rb.extend(rows(5))  # exactly the sampler's slots: fine
-    before = [t.clone() for t in sampler.device_state()]
+    before = [t.clone() for t in sampler.capture_view(None, None).tensors]
     with pytest.raises(ValueError, match=r"the storage holds 8 items but \w+ has max_capacity=5 slots: give the "
                                          r"sampler the storage's max_size \(1000\)"):
         rb.extend(rows(3, start=5))
-    assert all(torch.equal(a, b) for a, b in zip(sampler.device_state(), before, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(sampler.capture_view(None, None).tensors, before, strict=True))
 
 
 @pytest.mark.parametrize("make_storage", [lambda: None, lambda: LazyTensorStorage(64), lambda: LazyMemmapStorage(64)],

@@ -57,6 +57,12 @@ def test_storage_attached_entities_compilable_and_stored_data_exist():
     assert "a" in compat.stored_data(storage).keys()
 
 
+
+def test_layout_options_read_the_lazy_storage_keywords():
+    assert compat.layout_options(LazyTensorStorage(4)) == {"consolidated": False, "shared_init": False}
+    assert compat.layout_options(LazyTensorStorage(4, consolidated=True)) == {"consolidated": True,
+                                                                             "shared_init": False}
+
 @pytest.mark.torchrl_tree
 def test_inherited_torchrl_state_the_adapters_use_exists():
     """The TorchRL state our subclasses read or override as their own (not behind compat: it is theirs by

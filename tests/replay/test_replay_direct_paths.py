@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 
 from lightning_per import make_replay_buffer
+from lightning_per.graphs.state import sampler_view
 from lightning_per.replay import GPURoundRobinWriter
 from lightning_per.replay import rows as rows_mod
 from lightning_per.replay import storage as storage_mod
@@ -60,9 +61,9 @@ def _assert_same_state(fast, slow):
         assert torch.equal(s_fast.ring.rows.cpu(), s_slow.ring.rows.cpu())
     for key, value in s_slow._storage.items(include_nested=True, leaves_only=True):
         assert torch.equal(s_fast._storage.get(key).cpu(), value.cpu()), key
-    if hasattr(fast.sampler, "device_state"):
-        for a, b in zip(fast.sampler.device_state(), slow.sampler.device_state()):
-            assert torch.equal(a.cpu(), b.cpu())
+    for a, b in zip(sampler_view(fast.sampler, None, None).tensors, sampler_view(slow.sampler, None, None).tensors,
+                    strict=True):  # none for the uniform sampler
+        assert torch.equal(a.cpu(), b.cpu())
 
 
 @pytest.mark.parametrize("priority", [False, True])
@@ -250,7 +251,7 @@ def test_update_priority_shortcuts_equal_the_general_path(device):
     fast.update_priority(torch.arange(12, device=device), (p.float() * weight))
     slow.update_priority(torch.arange(12).reshape(3, 4), p.float().double().reshape(12, 1))
     _assert_same_state(fast, slow)
-    assert not any(t.requires_grad for t in fast.sampler.device_state())
+    assert not any(t.requires_grad for t in fast.sampler.capture_view(None, None).tensors)
 
 
 def test_default_priority_is_the_running_max_or_one(device):

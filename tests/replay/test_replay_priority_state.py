@@ -81,9 +81,10 @@ def test_bounded_clamps_overflowing_priorities_and_counts_them():
 
 
 @pytest.mark.parametrize("kind", [GPUPrioritizedSampler, GPURankBasedSampler])
-def test_sampler_device_state_is_its_state_tensors(kind):
+def test_sampler_capture_tensors_are_its_state_tensors(kind):
     sampler = kind(8, alpha=0.6, beta=0.4, device="cpu", seed=0)
-    assert all(a is b for a, b in zip(sampler.device_state(), sampler.core.state.tensors(), strict=True))
+    tensors = sampler.capture_view(None, None).tensors
+    assert all(a is b for a, b in zip(tensors, sampler.core.state.tensors(), strict=True))
     sampler.update_priority(torch.arange(3), torch.tensor([1.0, 2.0, 3.0]))
     assert sampler.core.state.writes == 1
 

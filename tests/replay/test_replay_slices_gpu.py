@@ -62,7 +62,7 @@ def test_sample_and_update_capture_in_cuda_graph(rule):
         sampler.update_priority(index, td_src[index], storage=storage)
         static["index"], static["w"] = index, info["priority_weight"]
 
-    graph = capture(step, sampler.draw_generators(256))
+    graph = capture(step, sampler.capture_view(None, 256).generators)
     valid = sampler.index.valid[:50_000].clone()
     seen = set()
     for _ in range(20):
