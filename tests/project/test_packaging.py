@@ -1,7 +1,8 @@
 """The installed distribution holds every package of the source tree (a non-editable ``pip install .``)."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
