@@ -20,7 +20,12 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 
 from lightning_per.replay._rng import GeneratorBytes
-from lightning_per.replay.buffer_checkpoint import BUFFER_SCHEMA_VERSION, VerifiedDumps, checked_state
+from lightning_per.replay.buffer_checkpoint import (
+    BUFFER_SCHEMA_VERSION,
+    checked_state,
+    verified_dumps,
+    verified_loads,
+)
 from lightning_per.replay.compat import (
     attached_entities,
     buffer_generator,
@@ -394,7 +399,7 @@ def _set_state(rb, state: dict[str, Any], torchrl_setstate) -> None:
 # writer's loads from the checkpoint alone, changing nothing, so the buffers call them first. Load paths
 # only: host work.
 
-class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffer):
+class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
     """TorchRL's :class:`~torchrl.data.TensorDictPrioritizedReplayBuffer` with the replay on the GPU.
 
     Same keyword arguments as TorchRL's class, plus:
@@ -702,9 +707,34 @@ class GPUPrioritizedReplayBuffer(VerifiedDumps, TensorDictPrioritizedReplayBuffe
         """
         super().load_state_dict(checked_state(self, state_dict))
 
+    def dumps(self, path) -> None:
+        """Save the buffer to the directory ``path``, replaced as a whole with a manifest of every file's SHA-256
+        (:func:`~lightning_per.replay.buffer_checkpoint.verified_dumps`; no ``prefetch.pkl``).
+
+        Raises:
+            ValueError: ``path`` exists and is not a dump directory (nothing is written or removed).
+        """
+        verified_dumps(self, path, super().dumps)
+
+    def loads(self, path) -> None:
+        """Load a :meth:`dumps` directory after verifying its manifest and checking every part
+        (:func:`~lightning_per.replay.buffer_checkpoint.verified_loads`); a refused directory changes nothing.
+
+        Raises:
+            FileNotFoundError: no directory at ``path``.
+            IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest.
+            TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
+        """
+        verified_loads(self, path, super().loads)
+
+    def _dump_prefetch_state(self, path, prefetch_state) -> None:
+        return None  # prefetched batches are draws already made; a loaded buffer draws anew
+
+    def _load_prefetch_state(self, path) -> None:
+        return None  # TorchRL unpickles prefetch.pkl here; ours never write one
 
 
-class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
+class GPUReplayBuffer(TensorDictReplayBuffer):
     """TorchRL's :class:`~torchrl.data.TensorDictReplayBuffer` on our storage and writer: uniform or slice sampling
     on the device, a schema-versioned state and writers of other processes.
 
@@ -825,3 +855,17 @@ class GPUReplayBuffer(VerifiedDumps, TensorDictReplayBuffer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`GPUPrioritizedReplayBuffer.load_state_dict`: refusals before anything changes."""
         super().load_state_dict(checked_state(self, state_dict))
+
+    def dumps(self, path) -> None:
+        """As :meth:`GPUPrioritizedReplayBuffer.dumps`: a whole directory with its manifest."""
+        verified_dumps(self, path, super().dumps)
+
+    def loads(self, path) -> None:
+        """As :meth:`GPUPrioritizedReplayBuffer.loads`: the manifest and every part checked first."""
+        verified_loads(self, path, super().loads)
+
+    def _dump_prefetch_state(self, path, prefetch_state) -> None:
+        return None  # as GPUPrioritizedReplayBuffer's
+
+    def _load_prefetch_state(self, path) -> None:
+        return None  # as GPUPrioritizedReplayBuffer's

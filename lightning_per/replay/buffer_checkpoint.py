@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from lightning_per.replay.slice_prioritized import GPUPrioritizedSliceSampler
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import SCHEMA_KEY, check
 
-__all__ = ["BUFFER_SCHEMA_VERSION", "VerifiedDumps", "checked_state"]
+__all__ = ["BUFFER_SCHEMA_VERSION", "checked_state", "verified_dumps", "verified_loads"]
 
 BUFFER_SCHEMA_VERSION = 1
 #: The name the buffer's version had before :data:`~lightning_per.schema.SCHEMA_KEY` (read as an alias).
@@ -179,51 +180,43 @@ def _check_json(file: Path, key: str) -> dict[str, Any]:
     return content
 
 
-class VerifiedDumps:
-    """``dumps`` / ``loads`` of our buffers: a dump is written whole into a new directory with a manifest of
-    every file's SHA-256 (written last), then swapped into place (:func:`lightning_per.integrity.atomic_directory`);
-    ``loads`` verifies the manifest before reading anything (a damaged, truncated, partial or mixed dump is
-    refused naming the file). TorchRL pickles the prefetch queue to ``prefetch.pkl`` and unpickles it on load
-    (which may run code): ours write none and never read one (a ``prefetch.pkl`` is not in the manifest, so a
-    directory holding one is refused)."""
+def verified_dumps(rb, path, write: Callable[[Any], None]) -> None:
+    """Save ``rb`` to the directory ``path`` whole: ``write(staging)`` (TorchRL's ``dumps`` of the buffer) fills a new
+    directory, a manifest of every file's SHA-256 is written last, then the directory is swapped into place
+    (:func:`lightning_per.integrity.atomic_directory`). A crash at any instant leaves the old dump or the new one.
 
-    def dumps(self, path) -> None:
-        """Save the buffer to the directory ``path`` (replaced as a whole; see the class docstring).
+    Raises:
+        ValueError: ``path`` exists and is not a dump directory (nothing is written or removed).
+    """
+    with atomic_directory(path, kind=_DUMP_KIND, meta={"buffer": type(rb).__name__,
+                                                       "schema": BUFFER_SCHEMA_VERSION}) as staging:
+        write(staging)
 
-        Raises:
-            ValueError: ``path`` exists and is not a dump directory (nothing is written or removed).
-        """
-        with atomic_directory(path, kind=_DUMP_KIND, meta={"buffer": type(self).__name__,
-                                                           "schema": BUFFER_SCHEMA_VERSION}) as staging:
-            super().dumps(staging)
 
-    def loads(self, path) -> None:
-        """Load a :meth:`dumps` directory after verifying its manifest and checking every part (a refused
-        directory changes nothing).
+def verified_loads(rb, path, read: Callable[[Any], None]) -> None:
+    """Load a :func:`verified_dumps` directory into ``rb`` with ``read(path)`` (TorchRL's ``loads`` of the buffer),
+    after verifying its manifest and checking every part: a damaged, truncated, partial or mixed dump is refused
+    naming the file, and a refused directory changes nothing. TorchRL pickles the prefetch queue to
+    ``prefetch.pkl`` and unpickles it on load (which may run code): our buffers write none and never read one (it
+    is not in the manifest, so a directory holding one is refused).
 
-        Raises:
-            FileNotFoundError: no directory at ``path``.
-            IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest (for a
-                directory TorchRL's ``dumps`` wrote, the message names ``lightning_per.from_torchrl``).
-            TypeError, ValueError: a part this buffer refuses (see :meth:`load_state_dict`).
-        """
-        root = Path(path)
-        if (not (root / MANIFEST_NAME).exists() and (root / "storage" / "storage_metadata.json").is_file()
-                and not (root / "storage" / "storage.pt").exists() and not (root / "sampler" / "sampler.pt").exists()):
-            # TorchRL's layout (its storage metadata, no part of ours), not one of our dumps cut short
-            raise IntegrityError(f"{root}: no {MANIFEST_NAME}: this is a directory TorchRL's rb.dumps() wrote, which "
-                                 f"loads does not read; lightning_per.from_torchrl(path) builds a buffer of it (data, "
-                                 f"write cursor, priorities)")
-        verify_directory(path, kind=_DUMP_KIND)
-        refuse_pickled_files(path)
-        _check_dumps_dir(self, path)
-        super().loads(path)
-
-    def _dump_prefetch_state(self, path: Path, prefetch_state) -> None:
-        return None  # prefetched batches are draws already made; a loaded buffer draws anew
-
-    def _load_prefetch_state(self, path: Path) -> None:
-        return None
+    Raises:
+        FileNotFoundError: no directory at ``path``.
+        IntegrityError (a ValueError): a missing, truncated, damaged or unlisted file, or no manifest (for a
+            directory TorchRL's ``dumps`` wrote, the message names ``lightning_per.from_torchrl``).
+        TypeError, ValueError: a part this buffer refuses (see its ``load_state_dict``).
+    """
+    root = Path(path)
+    if (not (root / MANIFEST_NAME).exists() and (root / "storage" / "storage_metadata.json").is_file()
+            and not (root / "storage" / "storage.pt").exists() and not (root / "sampler" / "sampler.pt").exists()):
+        # TorchRL's layout (its storage metadata, no part of ours), not one of our dumps cut short
+        raise IntegrityError(f"{root}: no {MANIFEST_NAME}: this is a directory TorchRL's rb.dumps() wrote, which "
+                             f"loads does not read; lightning_per.from_torchrl(path) builds a buffer of it (data, "
+                             f"write cursor, priorities)")
+    verify_directory(path, kind=_DUMP_KIND)
+    refuse_pickled_files(path)
+    _check_dumps_dir(rb, path)
+    read(path)
 
 
 _DUMP_KIND = "replay_dump"
