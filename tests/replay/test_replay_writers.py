@@ -556,3 +556,24 @@ def test_an_ingest_whose_extend_fails_frees_no_slot_and_counts_nothing():
                                                 blocked_s=0.0)
         assert rb.storage.initialized is False or len(rb.storage) == 0
     rb.close_writers()
+
+
+def test_drop_oldest_counts_exactly_when_an_ingest_splits_slots_across_extends():
+    """``"drop_oldest"`` into a frame-deduplicated buffer (520 transitions an extend): 5 batches of 300 into a ring
+    of 2 slots drop the first 3; the 600 left are ingested in extends of 520 and 80 (the second slot split), each
+    once with its stacks, the counters exact. In process, about a second."""
+    from _frame_rows import assert_frames_agree, frame_rows
+
+    rb = _frame_buffer("cpu", backpressure="drop_oldest")
+    handle = rb.writer_handle(frame_rows(torch.zeros(1, dtype=torch.int64)), slots=2, rows=300)
+    for b in range(5):
+        handle.write(frame_rows(torch.arange(300 * b, 300 * b + 300)))
+    assert rb.ingest() == 600
+    stored = _stored(rb)
+    assert torch.equal(stored["id"], torch.arange(900, 1500))
+    assert_frames_agree(stored)
+    assert rb.ingress_stats == IngressStats(writers=1, written=1500, ingested=600, dropped=900, pending=0,
+                                            blocked_s=0.0)
+    handle.write(frame_rows(torch.arange(1500, 1800)))  # the ring goes on after the split
+    assert rb.ingest() == 300 and torch.equal(_stored(rb)["id"], torch.arange(900, 1800))
+    rb.close_writers()
