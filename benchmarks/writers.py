@@ -58,7 +58,7 @@ from benchmarks._results import Results, markdown_table
 TRANSPORTS = ("shm", "gloo", "torchrl")
 LEARN_B = 256
 CAPACITY = 1 << 17  # transitions in each buffer of the tiny and small kinds (ours and TorchRL's alike)
-SLOTS = 8  # slots of each writer's shared-memory ring (fewer where a frame-dedup extend would refuse the drain)
+SLOTS = 8  # slots of each writer's shared-memory ring (fewer where one drain would exceed a frame-dedup extend)
 STAMPS_PER_READ = 256  # stamps read per owner iteration: a strided subsample of the rows that became sampleable
 _SYNC = "synchroniz"  # in torch's error under set_sync_debug_mode("error")
 
@@ -390,7 +390,7 @@ def _ours(kind: Transition, device: torch.device, transport: str, writers: int, 
     rb = make_replay_buffer(kind.capacity, LEARN_B, sampler="proportional", device=device,
                             frame_stack=kind.frame_stack)
     handles = []
-    if transport == "shm":  # made before the first write: a frame-dedup storage's stored layout lacks its stacks
+    if transport == "shm":  # made before the first write, as when the published rows ran
         slots = _ring_slots(rb, kind, writers, b)
         _check_shared_memory(kind, writers * slots * b)
         handles = [rb.writer_handle(_example(kind), slots=slots, rows=b) for _ in range(writers)]

@@ -75,11 +75,8 @@ def checked_update(core: PriorityCore, index, priority, storage, owner: str,
     if n_valid < core.capacity and isinstance(index, Tensor) and index.is_cuda and (
             torch.cuda.is_current_stream_capturing()):
         n_valid = core.capacity  # a graph would freeze len(storage); captured slots come from the sampler
-    index, priority = check_index_priority(flat_slots(index, storage), priority, n_valid)
-    if live is not None and (not isinstance(live, Tensor) or live.dtype != torch.bool or live.shape != index.shape):
-        raise ValueError(f"{owner}.update_priority: live must be a {tuple(index.shape)} bool tensor (one flag per "
-                         f"index), got {getattr(live, 'dtype', type(live).__name__)} "
-                         f"{tuple(getattr(live, 'shape', ()))}")
+    # stale entries (live False) are not range-checked: a restore may have shrunk the fill below their slots
+    index, priority = check_index_priority(flat_slots(index, storage), priority, n_valid, live)
     index = core.keep_live(core.keep_valid(on_device(index, core.device)), live)
     return index, on_device(priority, core.device), n_valid
 

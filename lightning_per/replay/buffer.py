@@ -34,11 +34,18 @@ from lightning_per.replay.compat import (
     is_compilable,
     layout_options,
     plain_extend,
-    stored_data,
     tracks_generations,
 )
 from lightning_per.replay.errors import check_batch_size, check_generator
-from lightning_per.replay.ingress import IngressLayout, IngressStats, SharedBufferWriter, SharedIngress, WriterHandle
+from lightning_per.replay.ingress import (
+    IngressLayout,
+    IngressStats,
+    SharedBufferWriter,
+    SharedIngress,
+    WriterHandle,
+    stored_layout,
+    write_limit,
+)
 from lightning_per.replay.prioritized import GPUPrioritizedSampler
 from lightning_per.replay.random import GPURandomSampler
 from lightning_per.replay.rank import GPURankBasedSampler
@@ -269,16 +276,15 @@ def _check_extend_priority(rb, data, update_priority: bool | None):
 
 def _writer_handle(rb, example, slots: int, rows: int) -> WriterHandle:
     """``rb.writer_handle``: a new ingress ring of the buffer's layout (``example``'s, or the storage's once it is
-    initialized, even emptied) and its handle.
+    initialized, even emptied: the layout ``extend`` takes, a frame-deduplicated storage's stacked keys included,
+    :func:`~lightning_per.replay.ingress.stored_layout`) and its handle.
 
     Raises:
         ValueError: no ``example`` and a storage never written; ``example`` of another layout than the stored one;
             ``slots`` / ``rows`` out of range (see :meth:`SharedIngress.handle`).
         TypeError: ``example`` is not a TensorDict or mapping of tensors.
     """
-    storage = buffer_parts(rb).storage
-    data = stored_data(storage) if storage.initialized else None  # (max_size, ...) TensorDict: TensorStorage's
-    stored = IngressLayout.of(data[:1].exclude("index")) if data is not None else None  # "index": TorchRL's tag
+    stored = stored_layout(buffer_parts(rb).storage)
     if example is None:
         if stored is None:
             raise ValueError("writer_handle: the buffer holds no transition yet, so its layout is unknown; pass "
@@ -286,7 +292,7 @@ def _writer_handle(rb, example, slots: int, rows: int) -> WriterHandle:
         layout = stored
     else:
         layout = IngressLayout.of(example)
-        if stored is not None and layout != stored:
+        if stored is not None and not layout.same_fields(stored):
             raise ValueError(f"writer_handle: example's layout {layout.fields} differs from the stored "
                              f"transitions' {stored.fields}")
     handle = rb._ingress.handle(layout, slots, rows)
@@ -304,32 +310,45 @@ def _reduced(rb, protocol: int):
 
 
 def _ingest(rb) -> int:
-    """``rb.ingest``: every ready batch of every writer into ``rb`` (one ``extend``, then one priority update of
-    the rows whose writer gave priorities); returns the rows ingested. Host work over host staging. A call made
-    while one runs (``len(rb)`` inside its ``extend``), or without writer handles, ingests nothing."""
+    """``rb.ingest``: every ready batch of every writer into ``rb`` (one ``extend``, or several of at most what the
+    storage takes in one, :func:`~lightning_per.replay.ingress.write_limit`; then one priority update of the rows
+    whose writer gave priorities); returns the rows ingested. Host work over host staging. A call made while one
+    runs (``len(rb)`` inside its ``extend``), or without writer handles, ingests nothing.
+
+    Raises:
+        Whatever an ``extend`` raises: the rows of that chunk stay in the rings, pending (no slot freed, nothing
+        counted), and the chunks before it stay ingested.
+    """
     ingress = rb._ingress
     if ingress.busy or not ingress.active:
         return 0
     ingress.busy = True
     try:
-        return _ingest_ready(rb)
+        return _ingest_ready(rb, write_limit(buffer_parts(rb).storage))
     finally:
         ingress.busy = False
 
 
-def _ingest_ready(rb) -> int:
-    drained = rb._ingress.drain()
-    if drained is None:
-        return 0
-    batch, priority, given = drained
-    index = rb.extend(batch, update_priority=False)
-    if bool(given.any()):  # sync-ok: host staging flags
-        if bool(given.all()):  # sync-ok: host staging flags
-            rb.update_priority(index, priority.to(index.device))
-        else:
-            rb.update_priority(index[given.to(index.device)], priority[given].to(index.device))
-    rb._ingress.publish(rb.write_count)
-    return batch.batch_size[0]
+def _ingest_ready(rb, limit: int | None) -> int:
+    ingress = rb._ingress
+    ingress.begin()
+    total = 0
+    while (drained := ingress.drain(limit)) is not None:
+        batch, priority, given = drained
+        try:
+            index = rb.extend(batch, update_priority=False)
+        except BaseException:
+            ingress.rollback()  # nothing freed, nothing counted: the next ingest stages these rows again
+            raise
+        ingress.commit()
+        ingress.publish(rb.write_count)
+        total += batch.batch_size[0]
+        if bool(given.any()):  # sync-ok: host staging flags
+            if bool(given.all()):  # sync-ok: host staging flags
+                rb.update_priority(index, priority.to(index.device))
+            else:
+                rb.update_priority(index[given.to(index.device)], priority[given].to(index.device))
+    return total
 
 
 def _checked_parts(backpressure: str, backpressure_timeout: float, samples_per_insert: float | None,

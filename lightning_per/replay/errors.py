@@ -200,23 +200,37 @@ def check_generator(generator) -> None:
 
 
 def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor | float,
-                         n_valid: int) -> tuple[Tensor, Tensor]:
+                         n_valid: int, live: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Validate and flatten an (index, priority) pair.
 
     Args:
         index: integer slots: a tensor of any shape (flattened), an int or a sequence of ints.
         priority: a tensor with as many elements as ``index``, or a single number / 1-element tensor.
         n_valid: host int, slots ``[0, n_valid)`` hold data.
+        live: optional ``(B,) bool``, one flag per entry of the flattened ``index``: entries where it is False are
+            stale (dropped by the write) and not range-checked; on another device than the CPU no entry of a host
+            ``index`` is range-checked (that would read ``live`` back: the write drops out-of-range entries on the
+            device instead).
 
     Returns:
         ``(index, priority)``: ``(B,)`` int64 and ``(B,)`` float32, on their original devices.
 
     Raises:
         TypeError: ``index`` is not integer, ``priority`` not numeric.
-        ValueError: ``priority`` has another number of elements than ``index``.
-        IndexError: ``index`` is a host tensor/int with a value outside ``[0, n_valid)``.
+        ValueError: ``priority`` has another number of elements than ``index``; ``live`` is not a ``(B,)`` bool
+            tensor.
+        IndexError: ``index`` is a host tensor/int with a value outside ``[0, n_valid)`` (at a live entry).
+
+    Example::
+
+        >>> import torch
+        >>> check_index_priority(torch.tensor([1, 9]), 2.0, 4, live=torch.tensor([True, False]))  # 9: stale
+        (tensor([1, 9]), tensor([2., 2.]))
     """
     index = _flat_index(index)
+    if live is not None and (not isinstance(live, Tensor) or live.dtype != torch.bool or live.shape != index.shape):
+        raise ValueError(f"update_priority: live must be a {tuple(index.shape)} bool tensor (one flag per index), "
+                         f"got {getattr(live, 'dtype', type(live).__name__)} {tuple(getattr(live, 'shape', ()))}")
     if not isinstance(priority, Tensor):
         if isinstance(priority, (bool, str)) or not isinstance(priority, (int, float, Sequence)):
             raise TypeError(f"priority must be a number or a float tensor, got {type(priority).__name__}")
@@ -234,7 +248,10 @@ def check_index_priority(index: Tensor | int | Sequence[int], priority: Tensor |
                          f"{tuple(priority.shape)}")
     if priority.dim() != 1 or priority.dtype is not torch.float32:  # else already what reshape + to give
         priority = priority.reshape(-1).to(torch.float32)
-    _check_range(index, n_valid)
+    if live is None:
+        _check_range(index, n_valid)
+    elif live.device.type == "cpu":
+        _check_range(index[live] if index.device.type == "cpu" else index, n_valid)  # stale entries: dropped
     return index, priority
 
 

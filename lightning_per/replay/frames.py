@@ -109,6 +109,8 @@ class FrameStackStorage(GPUTensorStorage):
         if keys is not None and not (isinstance(keys, (tuple, list)) and len(keys) == 2 and keys[0] != keys[1]):
             raise ValueError(f"keys must be None or two different keys (observation, next observation), got {keys!r}")
         self.frame_stack, self.window, self.n_frames = frame_stack, window, n_frames
+        #: the most transitions one write takes: their ``2 * frame_stack`` frames each fit beside the window
+        self.write_limit = (n_frames - window) // (2 * frame_stack)
         #: the stacked keys; None until the first write when ``keys=None``
         self.frame_keys = None if keys is None else tuple(tuple(k) if isinstance(k, list) else k for k in keys)
         self.frames: torch.Tensor | None = None  # (F + 1, *frame) uint8
@@ -173,8 +175,8 @@ class FrameStackStorage(GPUTensorStorage):
         if data.batch_dims != 1:
             raise ValueError(f"data must have one batch dimension, got batch_size {tuple(data.batch_size)}")
         incoming = 2 * self.frame_stack * data.batch_size[0]
-        if self.window + incoming > self.n_frames:
-            most = (self.n_frames - self.window) // (2 * self.frame_stack)
+        if data.batch_size[0] > self.write_limit:
+            most = self.write_limit
             raise ValueError(
                 f"a write of {data.batch_size[0]} transitions brings up to {incoming} frames (2 x frame_stack="
                 f"{self.frame_stack} each), more than the ring of frames={self.n_frames} holds beside its "
@@ -228,6 +230,32 @@ class FrameStackStorage(GPUTensorStorage):
                           f"transitions in host memory with sampling on the GPU)", RuntimeWarning, stacklevel=4)
             self.device = torch.device("cpu")
             self._allocate_frames(frame, self.device)
+
+    def write_example(self) -> dict[Any, torch.Tensor] | None:
+        """One stored transition ``{key: (1, ...) tensor}`` of the layout a write takes: the other keys'
+        (:meth:`GPUTensorStorage.write_example`) and both stacked keys, ``(1, frame_stack, *frame) uint8`` (views
+        of the ring of frames on :attr:`device`, values unspecified); None before the first write.
+
+        Example::
+
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from lightning_per import FrameStackStorage
+            >>> s = FrameStackStorage(8, frame_stack=2, device="cpu")
+            >>> s.set(torch.arange(1), TensorDict({"observation": torch.zeros(1, 2, 3, 3, dtype=torch.uint8),
+            ...                                    "next_observation": torch.ones(1, 2, 3, 3, dtype=torch.uint8),
+            ...                                    "action": torch.zeros(1)}, [1]))
+            >>> {k: tuple(v.shape) for k, v in s.write_example().items()}
+            {'action': (1,), 'observation': (1, 2, 3, 3), 'next_observation': (1, 2, 3, 3)}
+        """
+        rest = super().write_example()
+        if rest is None or self.frames is None:
+            return None
+        example = dict(rest.items(include_nested=True, leaves_only=True))  # a new dict: the storage is untouched
+        stack = self.frames[:1].unsqueeze(1).expand(1, self.frame_stack, *self.frames.shape[1:])  # [1, S, *frame]
+        for key in self.frame_keys:
+            example[key] = stack
+        return example
 
     @property
     def nbytes(self) -> int:

@@ -4,7 +4,8 @@ Topology. The process that owns a replay buffer keeps its storage, priorities an
 :class:`WriterHandle` s (``rb.writer_handle(...)``): small picklable objects that name one ingress ring in shared
 memory (``multiprocessing.shared_memory``) and the buffer's fixed layout (keys, per-item shapes, dtypes). A writer
 process calls :meth:`WriterHandle.write` with a batch; the owner moves every ready batch of every ring into the
-buffer with ``rb.ingest()`` (also run by ``rb.sample()``), one ``extend`` of all of them together.
+buffer with ``rb.ingest()`` (also run by ``rb.sample()``): one ``extend`` of all of them together, or several of at
+most what the storage takes in one (a frame-deduplicated storage's ``write_limit``).
 
 One ring per handle (per-writer sub-rings): each ring has one producer (the process writing through its handle)
 and one consumer (the owner), so no slot is ever claimed by two processes and no cross-process atomic is needed.
@@ -19,12 +20,13 @@ Each slot has a sequence word ``seq``; for the writer's ticket ``t`` (its ``t``-
     4 t + 2    ticket t ready               (written LAST, after the rows, priorities, count)
 
 The owner consumes ticket ``r`` only when its word reads ``4 r + 2``, copies the rows, reads the word again (a
-seqlock: a word that changed meanwhile means the writer reclaimed the slot, and the copy is discarded), then
-frees the slot (``4 (r + slots)``). A writer killed mid-write leaves ``4 t + 1``: nothing torn becomes visible,
-and the next process writing through the same handle reclaims the slot (it resumes at ticket ``t``, whose word it
-owns). Ordering assumption: the aligned 8-byte stores of the words are ordered after the row stores, and the
-owner's loads in program order, as on x86-64 (TSO); weakly ordered hosts (aarch64) need explicit fences, not
-built yet.
+seqlock: a word that changed meanwhile means the writer reclaimed the slot, and the copy is discarded), and frees
+the slot (``4 (r + slots)``) only once the buffer's ``extend`` of the copy returned: an ``extend`` that raises frees
+no slot and counts no row, and the next ingest copies the same rows again. A writer killed mid-write leaves
+``4 t + 1``: nothing torn becomes visible, and the next process writing through the same handle reclaims the slot (it
+resumes at ticket ``t``, whose word it owns). Ordering assumption: the aligned 8-byte stores of the words are
+ordered after the row stores, and the owner's loads in program order, as on x86-64 (TSO); weakly ordered hosts
+(aarch64) need explicit fences, not built yet.
 
 Backpressure (the buffer's ``backpressure`` argument): ``"block"`` (a writer facing a full ring waits, up to
 ``backpressure_timeout`` seconds, then raises :class:`TimeoutError`) or ``"drop_oldest"`` (it reclaims the oldest
@@ -51,7 +53,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["BACKPRESSURE", "IngressLayout", "IngressStats", "SharedBufferWriter", "SharedIngress", "WriterHandle"]
+from lightning_per.replay.compat import stored_data
+from lightning_per.replay.storage import GPUTensorStorage
+
+__all__ = ["BACKPRESSURE", "IngressLayout", "IngressStats", "SharedBufferWriter", "SharedIngress", "WriterHandle",
+           "stored_layout", "write_limit"]
 
 #: the backpressure policies of a buffer's ingress (see the module docstring)
 BACKPRESSURE = ("block", "drop_oldest")
@@ -205,6 +211,13 @@ class IngressLayout:
             raise ValueError(f"write: priority must be finite and >= 0, got priority[{i}] = {float(priority[i])} "
                              f"(nothing was written)")
         return priority
+
+    def same_fields(self, other: IngressLayout) -> bool:
+        """Whether ``other`` holds the same keys with the same per-item shapes and dtypes, in any order (a ring's
+        order is its own: the owner copies rows by key)."""
+        return len(self.fields) == len(other.fields) and (
+            {key: (shape, dtype) for key, shape, dtype in self.fields}
+            == {key: (shape, dtype) for key, shape, dtype in other.fields})
 
     def row_bytes(self) -> int:
         """Bytes of one transition (all fields), excluding its priority."""
@@ -541,7 +554,12 @@ class SharedBufferWriter:
 
 
 class _OwnedRing:
-    """The owner's side of one ring: its shared memory, views and consumer state."""
+    """The owner's side of one ring: its shared memory, views and consumer state.
+
+    An ingest stages ready rows (:meth:`stage`, possibly part of a slot: a chunk of what one extend takes), then
+    either commits them once the buffer holds them (:meth:`commit`: the slots fully taken are freed, the rows
+    counted) or rolls back (:meth:`rollback`: nothing freed or counted, the rows staged again at the next ingest).
+    """
 
     def __init__(self, layout: IngressLayout, slots: int, rows: int) -> None:
         self.layout, self.slots, self.rows = layout, slots, rows
@@ -551,47 +569,77 @@ class _OwnedRing:
         self.views.header[_H_MAGIC] = _MAGIC
         self.views.seq[:] = 4 * np.arange(slots, dtype=np.int64)  # slot s free for ticket s
         self.next = 0  # next ticket to consume
-        self.accounted = 0  # cumulative written rows through the last ticket consumed
+        self.offset = 0  # rows of ticket `next` already ingested (a chunk took its slot in part)
+        self.accounted = 0  # rows of this ring ingested or dropped so far
         self.ingested = 0
         self.dropped = 0
+        # the ingest under way: where staging resumes (ticket, row), tickets it may still visit, slots it took
+        self._cursor, self._steps, self._taken = (0, 0), 0, 0
+        self._staged: list[tuple[int, int, int, int, int]] = []  # (ticket, first row, rows, count, cumulative)
 
     def written(self) -> int:
         # a writer killed between a slot's ready word and its header update: the owner has seen more
         return max(int(self.views.header[_H_WRITTEN]), self.accounted)
 
-    def drain(self, staging: dict[str, torch.Tensor], priority: torch.Tensor, has_priority: torch.Tensor,
-              offset: int) -> int:
-        """Copy every ready slot, in ticket order, into ``staging`` from row ``offset``; returns the new offset."""
+    def begin(self) -> None:
+        """Start an ingest: at most one lap of slots, over the tickets the writer had reached by now (reclaimed
+        ones are skipped one by one) plus one lap."""
+        self._cursor = (self.next, self.offset)
+        self._steps = max(0, int(self.views.header[_H_TICKET]) - self.next) + self.slots
+        self._taken = 0
+        self._staged = []
+
+    def stage(self, staging: dict[str, torch.Tensor], priority: torch.Tensor, has_priority: torch.Tensor,
+              at: int, stop: int) -> int:
+        """Copy ready rows, in ticket order, into ``staging`` rows ``at .. stop - 1``; returns the new ``at``. The
+        slots stay the owner's (not freed) until :meth:`commit`."""
         views, slots = self.views, self.slots
-        taken = 0  # at most one lap of slots a drain: the ring's share of the staging batch
-        # the tickets the writer had reached when this drain began (reclaimed ones are skipped one by one), plus one lap
-        for _ in range(max(0, int(views.header[_H_TICKET]) - self.next) + slots):
-            if taken == slots:
-                break
-            r = self.next
+        r, row = self._cursor
+        while at < stop and self._steps > 0 and not (row == 0 and self._taken == slots):
             s = r % slots
             word = int(views.seq[s])
             if word == 4 * r + 2:
                 n, cumulative = int(views.count[s]), int(views.cumulative[s])
+                k = min(n - row, stop - at)
                 flagged = bool(views.has_priority[s])
                 for key, block in views.fields.items():
-                    staging[key][offset:offset + n].copy_(block[s, :n])
-                priority[offset:offset + n].copy_(views.priority[s, :n])
-                has_priority[offset:offset + n] = flagged
-                self.next = r + 1
-                taken += 1
+                    staging[key][at:at + k].copy_(block[s, row:row + k])
+                priority[at:at + k].copy_(views.priority[s, row:row + k])
+                has_priority[at:at + k] = flagged
                 if int(views.seq[s]) != word:  # reclaimed by a drop_oldest writer during the copy: discard
+                    r, row, self._steps = r + 1, 0, self._steps - 1
                     continue
-                views.seq[s] = 4 * (r + slots)  # free for the writer's next lap
-                self.dropped += cumulative - n - self.accounted
-                self.ingested += n
-                self.accounted = cumulative
-                offset += n
-            elif word >= 4 * (r + slots) + 1:  # reclaimed by a drop_oldest writer: counted at the next ingest
-                self.next = r + 1
+                self._staged.append((r, row, k, n, cumulative))
+                at += k
+                if row + k == n:
+                    r, row, self._steps, self._taken = r + 1, 0, self._steps - 1, self._taken + 1
+                else:  # the chunk is full: the rest of this slot goes into the next one
+                    row += k
+            elif word >= 4 * (r + slots) + 1:  # reclaimed by a drop_oldest writer: counted at a later ticket
+                r, row, self._steps = r + 1, 0, self._steps - 1
             else:  # not ready yet (free, or being written)
                 break
-        return offset
+        self._cursor = (r, row)
+        return at
+
+    def commit(self) -> None:
+        """The staged rows are in the buffer: count them, free each slot taken whole, move the consumer on."""
+        views, slots = self.views, self.slots
+        for r, row, k, n, cumulative in self._staged:
+            first = cumulative - n + row  # rows written through this ring before the staged ones
+            self.dropped += first - self.accounted  # reclaimed by a drop_oldest writer in between
+            self.accounted = first + k
+            self.ingested += k
+            s = r % slots
+            if row + k == n and int(views.seq[s]) == 4 * r + 2:  # else reclaimed after the copy: the writer's now
+                views.seq[s] = 4 * (r + slots)  # free for the writer's next lap
+        self.next, self.offset = self._cursor
+        self._staged = []
+
+    def rollback(self) -> None:
+        """The staged rows did not reach the buffer: forget them (their slots stay ready, nothing is counted)."""
+        self._cursor = (self.next, self.offset)
+        self._staged = []
 
     def close(self) -> None:
         self.views.header[_H_CLOSED] = 1
@@ -656,33 +704,60 @@ class SharedIngress:
         for name, value in (("slots", slots), ("rows", rows)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"writer_handle: {name} must be an int >= 1, got {value!r}")
-        if self._layout is not None and layout != self._layout:
+        if self._layout is not None and not layout.same_fields(self._layout):
             raise ValueError(f"writer_handle: the layout {layout.fields} differs from the earlier handles' "
                              f"{self._layout.fields}; all writers of a buffer send one layout")
+        layout = self._layout or layout  # the same fields in the first handle's order
         ring = _OwnedRing(layout, slots, rows)
         self._layout = layout
         self._rings.append(ring)
         self._staging = None  # grows at the next ingest
         return WriterHandle(ring.shm.name, layout, slots, rows, self.backpressure, self.timeout)
 
-    def drain(self) -> tuple[TensorDict, torch.Tensor, torch.Tensor] | None:
-        """Move every ready slot of every ring into the host staging batch: ``(batch [m], priority (m,) float32,
-        has_priority (m,) bool)``, all on the CPU; None when nothing was ready. The slots are freed."""
+    def begin(self) -> None:
+        """Start an ingest: each ring gives at most one lap of its slots to the drains until :meth:`commit` or
+        :meth:`rollback` of the last."""
+        for ring in self._rings:
+            ring.begin()
+
+    def drain(self, limit: int | None = None) -> tuple[TensorDict, torch.Tensor, torch.Tensor] | None:
+        """Stage ready rows of the rings, in ring and ticket order, in the host staging batch: ``(batch [m],
+        priority (m,) float32, has_priority (m,) bool)``, all on the CPU, ``m`` at most ``limit`` (None: every ready
+        slot, one lap a ring), a slot split across drains when ``limit`` ends inside it; None when nothing was
+        ready. Nothing is freed or counted until :meth:`commit` (the buffer took the batch) or :meth:`rollback`
+        (it did not); the batch's views are overwritten by the next drain.
+
+        Raises:
+            ValueError: ``limit`` is not None nor an int >= 1.
+        """
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"drain: limit must be None or an int >= 1, got {limit!r}")
         if not self._rings:
             return None
         capacity = sum(ring.slots * ring.rows for ring in self._rings)
-        if self._staging is None:
-            self._staging = {key: torch.empty(capacity, *shape, dtype=dtype)
-                             for key, shape, dtype in self._layout.fields}
-            self._staging_priority = torch.empty(capacity, dtype=torch.float32)
-            self._staging_flag = torch.empty(capacity, dtype=torch.bool)
-        offset = 0
+        stop = capacity if limit is None else min(capacity, limit)
+        if self._staging is None or self._staging_priority.shape[0] < stop:
+            self._staging = {key: torch.empty(stop, *shape, dtype=dtype) for key, shape, dtype in self._layout.fields}
+            self._staging_priority = torch.empty(stop, dtype=torch.float32)
+            self._staging_flag = torch.empty(stop, dtype=torch.bool)
+        at = 0
         for ring in self._rings:
-            offset = ring.drain(self._staging, self._staging_priority, self._staging_flag, offset)
-        if offset == 0:
+            at = ring.stage(self._staging, self._staging_priority, self._staging_flag, at, stop)
+        if at == 0:
             return None
-        batch = TensorDict({key: value[:offset] for key, value in self._staging.items()}, [offset])
-        return batch, self._staging_priority[:offset], self._staging_flag[:offset]
+        batch = TensorDict({key: value[:at] for key, value in self._staging.items()}, [at])
+        return batch, self._staging_priority[:at], self._staging_flag[:at]
+
+    def commit(self) -> None:
+        """The last drain's rows are in the buffer: free the slots it took whole and count its rows ingested."""
+        for ring in self._rings:
+            ring.commit()
+
+    def rollback(self) -> None:
+        """The last drain's rows did not reach the buffer: free nothing, count nothing; the next ingest stages
+        them again."""
+        for ring in self._rings:
+            ring.rollback()
 
     def publish(self, write_count: int) -> None:
         """Tell every ring the buffer's write count ``write_count`` (after an ingest): what
@@ -713,3 +788,27 @@ class SharedIngress:
         s = self.stats()
         return (f"SharedIngress(writers={s.writers}, backpressure={self.backpressure!r}, written={s.written}, "
                 f"ingested={s.ingested}, dropped={s.dropped}, pending={s.pending}, blocked_s={s.blocked_s:.3f})")
+
+
+def stored_layout(storage: Any) -> IngressLayout | None:
+    """The layout of the transitions ``storage`` holds as a write takes them (what its writers send), None before
+    its first write: :meth:`GPUTensorStorage.write_example` for ours (a frame-deduplicated storage's stacked keys
+    included), the stored TensorDict of TorchRL's tensor storages.
+
+    Raises:
+        ValueError, TypeError: as :meth:`IngressLayout.of` (a storage of ``ndim > 1`` or of plain tensors).
+    """
+    if isinstance(storage, GPUTensorStorage):
+        example = storage.write_example()
+    else:  # TorchRL's tensor storages: their (max_size, ...) TensorDict
+        data = stored_data(storage) if storage.initialized else None
+        example = None if data is None else data[:1].exclude("index")  # "index": TorchRL's tag
+    return None if example is None else IngressLayout.of(example)
+
+
+def write_limit(storage: Any) -> int | None:
+    """The most transitions one ``extend`` into ``storage`` takes (at least 1: a storage that takes none refuses
+    that one with its own error), None for any number: what an ingest's chunks hold
+    (:attr:`GPUTensorStorage.write_limit`; TorchRL's storages take any number)."""
+    limit = storage.write_limit if isinstance(storage, GPUTensorStorage) else None
+    return None if limit is None else max(1, limit)

@@ -242,7 +242,8 @@ class GPUPrioritizedSampler(PrioritizedSampler):
             priority: ``(B,)`` raw priorities, or one number/0-d tensor for all.
             storage: the buffer's storage (gives the filled length); TorchRL passes it.
             live: optional ``(B,) bool`` (any device): entries where it is False are dropped on the device, no host
-                read (counted in :attr:`dropped_index_count`); the buffer passes the generation check here
+                read (counted in :attr:`dropped_index_count`), never range-checked (a restore may have shrunk the
+                fill below their slots); the buffer passes the generation check here
                 (:meth:`GPUPrioritizedReplayBuffer.update_priority` with ``generation=``).
 
         Host-side input (CPU tensors, ints, lists) is fully validated before anything changes. Device-side index
@@ -253,7 +254,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         Raises:
             TypeError: non-integer ``index`` or non-numeric ``priority``.
             ValueError: ``priority`` shape does not match ``index``; ``live`` is not a ``(B,)`` bool tensor.
-            IndexError: a host-side index outside ``[0, len(storage))``.
+            IndexError: a host-side index outside ``[0, len(storage))`` at a live entry.
         """
         with torch.no_grad():  # the stored priorities never join an autograd graph
             self.core.write(*checked_update(self.core, index, priority, storage, type(self).__name__, live))

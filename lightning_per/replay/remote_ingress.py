@@ -12,8 +12,8 @@ Lightning DDP rank can own one beside its DDP group (docs/replay.md, "Many write
   batches unacknowledged; the next write waits for the oldest acknowledgement.
 - The owner receives each writer's batches on a thread of its own (blocking receives: Gloo reports a peer's
   death only to a waiting receive) and queues them on the host. :meth:`RemoteIngress.ingest` extends the buffer
-  with every queued batch (one ``extend``) and answers each with the buffer slots its rows were written to: the
-  owner assigns slots, the writer learns where its rows are.
+  with every queued batch (one ``extend``, or chunks of what the storage takes in one) and answers each with the
+  buffer slots its rows were written to: the owner assigns slots, the writer learns where its rows are.
 - A writer idle for ``timeout / 4`` seconds sends an empty header (a heartbeat), so a silent writer is told from
   a dead one.
 
@@ -38,7 +38,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
 
-from lightning_per.replay.ingress import IngressLayout
+from lightning_per.replay.ingress import IngressLayout, stored_layout, write_limit
 
 __all__ = ["RemoteIngress", "RemoteStats", "RemoteWriter", "REMOTE_BACKENDS"]
 
@@ -159,6 +159,19 @@ def _stop_heartbeat(closed: threading.Event, heartbeat: threading.Thread, timeou
     heartbeat.join(timeout=timeout)
 
 
+@dataclass
+class _Received:
+    """One batch a writer sent in full: ``n`` rows of ``fields`` (``(n, *shape)`` each), optional ``priority``
+    ``(n,)`` float32; ``done`` rows of it are in the buffer, at the slots ``slots`` (one tensor an extend)."""
+
+    rank: int
+    n: int
+    fields: dict[str, torch.Tensor]
+    priority: torch.Tensor | None
+    done: int = 0
+    slots: list[torch.Tensor] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class RemoteStats:
     """Counters of a :class:`RemoteIngress`, in transitions (rows).
@@ -226,11 +239,8 @@ class RemoteIngress:
             raise ValueError(f"backend must be one of {list(REMOTE_BACKENDS)}, got {backend!r}")
         timeout = _check_seconds("timeout", timeout)
         join_timeout = _check_seconds("join_timeout", join_timeout)
-        if example is not None:
-            layout = IngressLayout.of(example)
-        elif len(rb):
-            layout = IngressLayout.of(rb.storage[:1])
-        else:
+        layout = IngressLayout.of(example) if example is not None else stored_layout(rb.storage)
+        if layout is None:
             raise ValueError("RemoteIngress: the buffer holds no transition yet, so its layout is unknown; pass "
                              "example= (a TensorDict [n] of the transitions the writers will send)")
         addr, port = _rendezvous(addr, port)
@@ -242,7 +252,7 @@ class RemoteIngress:
         self.store.set(_LAYOUT_KEY, _layout_json(layout))
         self.group = _group(backend, self.store, 0, writers + 1, timeout, join_timeout)
         self._lock = threading.Lock()
-        self._queue: deque[tuple[int, int, dict[str, torch.Tensor], torch.Tensor | None]] = deque()
+        self._queue: deque[_Received] = deque()
         self._errors: deque[tuple[int, str]] = deque()
         self._lost: list[int] = []
         self._closed_ranks: set[int] = set()
@@ -270,7 +280,7 @@ class RemoteIngress:
                 self.group.recv([payload], rank, _TAG_BATCH).wait()
                 fields, priority = unpack(self.layout, payload, n)
                 with self._lock:
-                    self._queue.append((rank, n, fields, priority if has_priority else None))
+                    self._queue.append(_Received(rank, n, fields, priority if has_priority else None))
                     self.received += n
         except RuntimeError as err:
             with self._lock:
@@ -278,30 +288,28 @@ class RemoteIngress:
                     self._errors.append((rank, _first_line(err)))
 
     def ingest(self) -> int:
-        """Write every batch received in full into the buffer (one ``extend``, one priority update of the rows
-        sent with priorities) and send each writer the slots of its rows; returns the rows ingested.
+        """Write every batch received in full into the buffer (one ``extend``, or several of at most what the
+        storage takes in one, :func:`~lightning_per.replay.ingress.write_limit`; the rows sent with priorities get
+        them in one update each) and send each writer the slots of its rows; returns the rows ingested.
 
         Raises:
             ConnectionError: a writer's connection failed since the last call (its death, or the group's
                 timeout); the rows received before are ingested first, the other writers go on.
+            Whatever an ``extend`` raises: the rows of that chunk and after stay queued for the next call (the
+                chunks before it stay ingested, a batch split across chunks resumes where it stopped).
         """
         with self._lock:
-            batches = list(self._queue)
+            batches = deque(self._queue)
             self._queue.clear()
+        limit = write_limit(self.rb.storage)
         total = 0
-        if batches:
-            total = sum(n for _, n, _, _ in batches)
-            data = TensorDict({key: torch.cat([fields[key] for _, _, fields, _ in batches])
-                               for key, _, _ in self.layout.fields}, [total])  # one extend of every batch
-            index = self.rb.extend(data, update_priority=False)
-            start = 0
-            for rank, n, _, priority in batches:
-                slots = index[start:start + n]
-                if priority is not None:
-                    self.rb.update_priority(slots, priority.to(index.device))
-                self._send_slots(rank, slots)
-                start += n
-            self.ingested += total
+        try:
+            while batches:
+                total += self._extend(batches, limit)
+        finally:
+            if batches:  # an extend raised: these go first at the next call
+                with self._lock:
+                    self._queue.extendleft(reversed(batches))
         self._reap_acks()
         with self._lock:  # the receivers' errors and those of the acknowledgements just sent
             errors = list(self._errors)
@@ -312,6 +320,37 @@ class RemoteIngress:
             raise ConnectionError(f"remote ingress: writer rank(s) {ranks} lost ({errors[0][1]}); the rows they sent "
                                   f"in full before are ingested, the other writers go on")
         return total
+
+    def _extend(self, batches: deque[_Received], limit: int | None) -> int:
+        """One ``extend`` of the rows not written yet of the first batches of ``batches``, at most ``limit``; each
+        batch written in full is answered with its slots and leaves ``batches``. Returns the rows written."""
+        chunk, m = [], 0
+        for batch in batches:
+            k = batch.n - batch.done if limit is None else min(batch.n - batch.done, limit - m)
+            if k > 0:
+                chunk.append((batch, batch.done, k))
+                m += k
+            if limit is not None and m == limit:
+                break
+        if m:
+            data = TensorDict({key: torch.cat([batch.fields[key][start:start + k] for batch, start, k in chunk])
+                               for key, _, _ in self.layout.fields}, [m])
+            index = self.rb.extend(data, update_priority=False)
+            self.ingested += m
+            written, at = [], 0
+            for batch, start, k in chunk:  # first the record of what is in the buffer, then the priorities
+                slots = index[at:at + k]
+                batch.slots.append(slots)
+                batch.done += k
+                written.append((batch, start, k, slots))
+                at += k
+            for batch, start, k, slots in written:
+                if batch.priority is not None:
+                    self.rb.update_priority(slots, batch.priority[start:start + k].to(index.device))
+        while batches and batches[0].done == batches[0].n:
+            batch = batches.popleft()
+            self._send_slots(batch.rank, torch.cat(batch.slots))
+        return m
 
     def _send_slots(self, rank: int, slots: torch.Tensor) -> None:
         if rank in self._lost:

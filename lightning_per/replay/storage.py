@@ -180,6 +180,9 @@ class GPUTensorStorage(LazyTensorStorage):
         #: the ring's buffers and the plans of its read and write paths (empty before the first write, and in
         #: TorchRL's layout)
         self.ring = RingState()
+        #: the most transitions one write (``set``, a buffer's ``extend``) takes, or None: any number
+        #: (:class:`~lightning_per.replay.frames.FrameStackStorage` holds a bound; writer ingest extends in chunks)
+        self.write_limit: int | None = None
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(max_size={self.max_size}, device={self.device}, layout={self.layout!r}, "
@@ -447,6 +450,28 @@ class GPUTensorStorage(LazyTensorStorage):
             if not (isinstance(value, torch.Tensor) and value.device == ring.device and value.shape == index.shape):
                 return set_all(read_slots(ring, index), extra)  # validated sets (they move or reject such values)
         return read_slots(ring, index, extra)
+
+    def write_example(self) -> TensorDictBase | dict[Any, torch.Tensor] | None:
+        """One stored transition as a batch ``[1]`` of the layout a write takes (the stored keys, nested ones
+        included, per-item shapes and dtypes; views on :attr:`device`, their values whatever slot 0 holds), or None
+        before the first write: what the writer handles of a buffer copy their layout from.
+
+        Example::
+
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from lightning_per import GPUTensorStorage
+            >>> storage = GPUTensorStorage(8, device="cpu")
+            >>> storage.write_example() is None
+            True
+            >>> storage.set(torch.arange(2), TensorDict({"obs": torch.ones(2, 3)}, [2]))
+            >>> storage.write_example()["obs"].shape
+            torch.Size([1, 3])
+        """
+        if not self.initialized or self._storage is None:
+            return None
+        data = self._storage[:1]  # views: (1, ...) each
+        return data.exclude("index") if isinstance(data, TensorDictBase) else data  # "index": TorchRL's tag
 
     @property
     def gather_rows(self) -> torch.Tensor | None:

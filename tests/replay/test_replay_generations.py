@@ -5,6 +5,7 @@ CPU only, well under a second."""
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 
 import pytest
@@ -108,3 +109,28 @@ def test_generation_refusals_change_nothing():
     with pytest.raises(ValueError, match="track_generations=True"):
         plain.update_priority(index, torch.full((4,), 5.0), generation=torch.zeros(4, dtype=torch.int64))
     assert torch.equal(ours.sampler.probabilities(), before)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_stale_updates_beyond_a_restored_fill_are_dropped(device):
+    """A restore to a snapshot with fewer filled slots, then an update stamped before it aimed at every slot: the
+    entries beyond the restored fill were written after the snapshot (their stamps moved back), so they are stale
+    and dropped silently, as any stale entry; the live ones are written. Exact probabilities; well under a second."""
+    rb = GPUPrioritizedReplayBuffer(alpha=1.0, beta=0.0, eps=_EPS, storage=GPUTensorStorage(_N, device=device),
+                                    batch_size=_N, device=device, writer=GPURoundRobinWriter(track_generations=True))
+    _extend((rb,), 0, 4)  # slots 0..3
+    snapshot = copy.deepcopy(rb.state_dict())  # state_dict() aliases the live storage: copy it
+    _extend((rb,), 100, 4)  # slots 4..7, after the snapshot
+    index = torch.arange(_N, device=device)
+    generation = rb.writer.generations_of(index)  # what a sample of every slot carried
+    rb.load_state_dict(snapshot)
+    assert len(rb) == 4
+    rb.update_priority(index, torch.arange(_N, dtype=torch.float32, device=device) + 10.0, generation=generation)
+    p = rb.sampler.probabilities().cpu()
+    torch.testing.assert_close(p[:4], _probabilities(torch.tensor([10.0, 11.0, 12.0, 13.0])), rtol=0, atol=1e-6)
+    assert torch.equal(p[4:], torch.zeros(4, dtype=torch.float64))  # not filled after the restore
+    assert int(rb.sampler.dropped_index_count) == 4
+    live = torch.tensor([5])  # a host index whose stamp matches: live, beyond the fill, refused (nothing changes)
+    with pytest.raises(IndexError, match=r"\[0, 4\)"):
+        rb.update_priority(live, torch.ones(1), generation=rb.writer.generations_of(live))
+    assert torch.equal(rb.sampler.probabilities().cpu(), p)

@@ -227,3 +227,83 @@ def test_bad_arguments_are_refused_before_any_connection(monkeypatch):
         RemoteWriter(1, 1)
     with pytest.raises(ValueError, match="credits must be an int >= 1"):
         RemoteWriter(1, 1, credits=0)
+
+
+def _frame_writer(rank: int, writers: int, port: int, base: int, n: int, chunk: int, report,
+                  timeout: float = 20.0) -> None:
+    """Send frame transitions of ids ``base .. base + n - 1`` in batches of ``chunk`` (tests/support/_frame_rows.py),
+    then report the slots the owner assigned (or the ConnectionError that ended the writer)."""
+    from _frame_rows import frame_rows
+
+    writer = RemoteWriter(rank, writers, addr="127.0.0.1", port=port, credits=3, timeout=timeout, keep_slots=True)
+    try:
+        for i in range(0, n, chunk):
+            writer.write(frame_rows(torch.arange(base + i, base + min(n, i + chunk), dtype=torch.int64)))
+        writer.close()
+    except ConnectionError as err:
+        report.put(("error", rank, str(err)))
+        return
+    report.put(("done", rank, torch.cat(writer.slots).numpy(), writer.acknowledged))
+
+
+def test_a_frame_buffer_ingests_remote_batches_larger_than_one_extend():
+    """A frame-deduplicated buffer (one extend takes 520 transitions), its owner built after the first write without
+    an example (the stored layout holds the stacked keys), one writer sending batches of 700, three unacknowledged
+    at a time: every row stored exactly once with its stacks, at the slots the writer was told. ~10 s."""
+    from _frame_rows import assert_frames_agree, frame_rows
+
+    n = 2100
+    rb = make_replay_buffer(4096, 64, device="cpu", frame_stack=4)
+    rb.extend(frame_rows(torch.arange(-64, 0)))
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    report = ctx.Queue()
+    proc = ctx.Process(target=_frame_writer, args=(1, 1, port, 0, n, 700, report))
+    proc.start()
+    try:
+        owner = RemoteIngress(rb, 1, addr="127.0.0.1", port=port, timeout=20.0)
+        deadline = time.monotonic() + _DEADLINE_S
+        while owner.stats.connected:
+            assert time.monotonic() < deadline, "the writer did not finish before the deadline: a hang"
+            owner.ingest()
+        owner.ingest()
+        kind, _, slots, acknowledged = report.get(timeout=30)
+    finally:
+        _stop([proc])
+    assert proc.exitcode == 0 and kind == "done" and acknowledged == n
+    stored = rb.storage[:len(rb)]
+    assert len(rb) == 64 + n
+    assert torch.equal(stored["id"].sort().values, torch.arange(-64, n)), "lost or duplicated transitions"
+    assert_frames_agree(stored)
+    assert torch.equal(stored["id"][torch.from_numpy(slots)], torch.arange(n)), "the slots do not hold the rows"
+    stats = owner.stats
+    assert (stats.received, stats.ingested, stats.lost) == (n, n, ())
+    owner.close()
+
+
+def test_a_remote_ingest_whose_extend_fails_keeps_the_batches_queued():
+    """A frame storage that takes no transition in one extend (frames = 14, window 7 < 2 x 4): the owner's ingest
+    raises the extend's ValueError, again at the next call, with every received row still queued (none ingested,
+    nothing stored); closing the owner ends the writer with a ConnectionError (its 4 s timeout at most). ~10 s."""
+    from _frame_rows import frame_rows
+
+    rb = make_replay_buffer(64, 8, device="cpu", frame_stack=4, frames=14)
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    report = ctx.Queue()
+    proc = ctx.Process(target=_frame_writer, args=(1, 1, port, 0, 16, 8, report, 4.0))
+    proc.start()
+    try:
+        owner = RemoteIngress(rb, 1, example=frame_rows(torch.zeros(1, dtype=torch.int64)), addr="127.0.0.1",
+                              port=port, timeout=4.0)
+        deadline = time.monotonic() + _DEADLINE_S
+        while owner.stats.received < 16:  # both batches arrived (credits: 3)
+            assert time.monotonic() < deadline, "the writer's batches did not arrive before the deadline"
+        for _ in range(2):
+            with pytest.raises(ValueError, match="nothing was written"):
+                owner.ingest()
+            assert (owner.stats.received, owner.stats.ingested, len(rb)) == (16, 0, 0)
+        owner.close()
+        assert report.get(timeout=60)[0] == "error"
+    finally:
+        _stop([proc])

@@ -450,3 +450,130 @@ def _overwrite_restore_reset(rb, writers: _PhasedWriters, capacity: int) -> None
     assert len(rb) == 1000 and bool((after_reset >= 400_000).all())
     for _ in range(20):
         assert bool((rb.sample()["id"] >= 400_000).all()), "a row ingested before the reset was sampled"
+
+
+# ---------------------------------------------------------------------------- a frame-deduplicated buffer
+# make_replay_buffer(frame_stack=4): each distinct frame stored once (FrameStackStorage). Its writers send the two
+# stacks (tests/support/_frame_rows.py); one extend takes at most (frames - window) / (2 * 4) transitions.
+
+def _frame_writer(handle, base: int, n: int, chunk: int, report, method: str = "write") -> None:
+    """Write frame transitions of ids ``base .. base + n - 1`` in chunks of ``chunk`` through ``handle``'s
+    ``method`` (a :class:`WriterHandle`'s ``"write"``, or ``"extend"`` of the ``SharedBufferWriter`` a shared buffer
+    becomes in this process), then report."""
+    from _frame_rows import frame_rows
+
+    write = getattr(handle, method)
+    for i in range(0, n, chunk):
+        write(frame_rows(torch.arange(base + i, base + min(n, i + chunk), dtype=torch.int64)))
+    report.put((base, torch.cuda.is_initialized()))
+
+
+def _frame_buffer(device: str, capacity: int = 4096, **kwargs):
+    """A frame-deduplicated buffer; its ring of frames holds ``capacity + capacity // 64 + 1024`` frames, so one
+    extend takes ``(capacity + capacity // 64) // 8`` transitions (520 at 4096)."""
+    return make_replay_buffer(capacity, 64, sampler="proportional", device=device, frame_stack=4, **kwargs)
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_frame_buffer_takes_writer_handles_made_after_its_first_write(device):
+    """Handles of a frame-deduplicated buffer made after its first write, with an example and without, and the
+    writer a shared buffer becomes when pickled into a spawned process (TorchRL's collectors): three writer
+    processes' transitions, each stored exactly once with its stacks intact. Each drain fits one extend. ~10 s."""
+    from _frame_rows import assert_frames_agree, frame_rows
+
+    n = 1000
+    rb = _frame_buffer(device).share()
+    rb.extend(frame_rows(torch.arange(-64, 0)))  # the owner's own rows first: the stored layout lacks the stacks
+    handles = [rb.writer_handle(frame_rows(torch.zeros(1, dtype=torch.int64)), slots=1, rows=128),
+               rb.writer_handle(slots=1, rows=128), rb]  # rb: pickled for the process, a SharedBufferWriter there
+    ctx = mp.get_context("spawn")
+    report = ctx.Queue()
+    bases = (0, 1_000_000, 2_000_000)
+    procs = [ctx.Process(target=_frame_writer, args=(h, base, n, 100, report, method))
+             for h, base, method in zip(handles, bases, ("write", "write", "extend"))]
+    for p in procs:
+        p.start()
+    try:
+        _drain_until(rb, procs, time.monotonic() + _DEADLINE_S)
+    finally:
+        assert _joined(procs) == [0, 0, 0]
+    assert not any(report.get(timeout=10)[1] for _ in procs), "a writer initialised CUDA"
+    stored = _stored(rb)
+    expected = torch.cat([torch.arange(-64, 0), *(torch.arange(base, base + n) for base in bases)])
+    assert len(rb) == 64 + 3 * n
+    assert torch.equal(stored["id"].cpu().sort().values, expected), "lost or duplicated transitions"
+    assert_frames_agree(stored)
+    assert rb.ingress_stats == IngressStats(writers=3, written=3 * n, ingested=3 * n, dropped=0, pending=0,
+                                            blocked_s=rb.ingress_stats.blocked_s)
+    rb.close_writers()
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+def test_frame_buffer_ingests_a_drain_larger_than_one_extend(device):
+    """Two writer processes fill rings of 8 x 256 transitions each before the owner ingests: one ingest drains
+    2 x 2,000 rows, about 8 extends of the frame storage (520 transitions each). Every row is stored exactly once
+    with its stacks, and the counters are exact. ~10 s."""
+    from _frame_rows import assert_frames_agree, frame_rows
+
+    n = 2000
+    rb = _frame_buffer(device)
+    example = frame_rows(torch.zeros(1, dtype=torch.int64))
+    handles = [rb.writer_handle(example, slots=8, rows=256) for _ in range(2)]
+    ctx = mp.get_context("spawn")
+    report = ctx.Queue()
+    procs = [ctx.Process(target=_frame_writer, args=(h, base, n, 250, report)) for h, base in zip(handles, (0, 10**6))]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:  # the rings hold every row: the writers finish without an ingest
+            p.join(timeout=_DEADLINE_S)
+    finally:
+        assert _joined(procs) == [0, 0]
+    assert rb.ingress_stats.pending == 2 * n
+    assert rb.ingest() == 2 * n
+    stored = _stored(rb)
+    assert len(rb) == 2 * n
+    assert torch.equal(stored["id"].cpu().sort().values, torch.cat([torch.arange(n), torch.arange(10**6, 10**6 + n)]))
+    assert_frames_agree(stored)
+    assert rb.ingress_stats == IngressStats(writers=2, written=2 * n, ingested=2 * n, dropped=0, pending=0,
+                                            blocked_s=rb.ingress_stats.blocked_s)
+    rb.close_writers()
+
+
+def test_an_ingest_whose_extend_fails_frees_no_slot_and_counts_nothing():
+    """A frame storage too small for even one transition (frames = 14, window 7: 7 < 2 x 4): every extend is
+    refused, so ingest raises that ValueError with the rows still pending in the ring, again at the next ingest;
+    nothing stored, nothing counted ingested. In process, well under a second."""
+    from _frame_rows import frame_rows
+
+    rb = make_replay_buffer(64, 8, device="cpu", frame_stack=4, frames=14)  # window 7 (frames // 2)
+    handle = rb.writer_handle(frame_rows(torch.zeros(1, dtype=torch.int64)), slots=2, rows=8)
+    handle.write(frame_rows(torch.arange(12)))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="nothing was written"):
+            rb.ingest()
+        assert rb.ingress_stats == IngressStats(writers=1, written=12, ingested=0, dropped=0, pending=12,
+                                                blocked_s=0.0)
+        assert rb.storage.initialized is False or len(rb.storage) == 0
+    rb.close_writers()
+
+
+def test_drop_oldest_counts_exactly_when_an_ingest_splits_slots_across_extends():
+    """``"drop_oldest"`` into a frame-deduplicated buffer (520 transitions an extend): 5 batches of 300 into a ring
+    of 2 slots drop the first 3; the 600 left are ingested in extends of 520 and 80 (the second slot split), each
+    once with its stacks, the counters exact. In process, about a second."""
+    from _frame_rows import assert_frames_agree, frame_rows
+
+    rb = _frame_buffer("cpu", backpressure="drop_oldest")
+    handle = rb.writer_handle(frame_rows(torch.zeros(1, dtype=torch.int64)), slots=2, rows=300)
+    for b in range(5):
+        handle.write(frame_rows(torch.arange(300 * b, 300 * b + 300)))
+    assert rb.ingest() == 600
+    stored = _stored(rb)
+    assert torch.equal(stored["id"], torch.arange(900, 1500))
+    assert_frames_agree(stored)
+    assert rb.ingress_stats == IngressStats(writers=1, written=1500, ingested=600, dropped=900, pending=0,
+                                            blocked_s=0.0)
+    handle.write(frame_rows(torch.arange(1500, 1800)))  # the ring goes on after the split
+    assert rb.ingest() == 300 and torch.equal(_stored(rb)["id"], torch.arange(900, 1800))
+    rb.close_writers()
