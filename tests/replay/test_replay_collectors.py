@@ -96,8 +96,13 @@ def test_multiasync_collector_fills_our_buffer_like_torchrls():
     rb = make_replay_buffer(10_000, 32, device="cpu")
     lengths = _collect(rb, lambda rb: rb.sample() if len(rb) >= 32 else None, MultiAsyncCollector)
     rb.ingest()
-    assert len(rb) == len(reference) == _TOTAL and rb.write_count == reference.write_count
-    assert lengths == sorted(lengths) and rb.ingress_stats.ingested == _TOTAL and rb.ingress_stats.dropped == 0
+    # the workers run free: one may finish its next batch before the shutdown reaches it, into TorchRL's own buffer
+    # as into ours, so each holds the total plus at most one batch per worker, in whole worker batches
+    bound = _TOTAL + _WORKERS * _FRAMES_PER_BATCH
+    assert _TOTAL <= len(reference) <= bound and len(reference) == reference.write_count
+    assert _TOTAL <= len(rb) <= bound and len(rb) % _FRAMES_PER_BATCH == 0 and len(rb) == rb.write_count
+    stats = rb.ingress_stats
+    assert lengths == sorted(lengths) and stats.written == stats.ingested == len(rb) and stats.dropped == 0
     rb.close_writers()
 
 
