@@ -39,7 +39,6 @@ our ``sample()`` ingests what arrived since, a CUDA-graph replay runs no host co
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -255,17 +254,6 @@ class _CudaClock:
         return np.asarray(self.us)
 
 
-@contextlib.contextmanager
-def _syncs_are_errors():
-    """Inside: a host synchronisation raises (``torch.cuda.set_sync_debug_mode("error")``)."""
-    before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
-
-
 class _Learner:
     """The owner's learner step (sample 256, update their priorities with random values) and its clock.
 
@@ -276,6 +264,7 @@ class _Learner:
 
     def __init__(self, rb, device: torch.device, captured: bool, seed: int) -> None:
         from lightning_per import graphs
+        from lightning_per.graphs.check import host_syncs_raise
 
         gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -286,7 +275,7 @@ class _Learner:
         self.on_cuda = captured and device.type == "cuda"
         self.step = graphs.capture(step, state=[rb, gen]) if captured else step
         self.clock_kind = _CudaClock if self.on_cuda else _HostClock
-        self.guard = _syncs_are_errors if self.on_cuda else contextlib.nullcontext
+        self.guard = (lambda: host_syncs_raise(self.on_cuda))
         self.new_clock()
 
     def new_clock(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from tensordict import TensorDictBase
 from torch import Tensor, nn
 
 from lightning_per.graphs.capturing import cuda_graph_capture, no_recompiles
-from lightning_per.graphs.check import StepWatch, describe_site
+from lightning_per.graphs.check import StepWatch, describe_site, host_syncs_raise
 from lightning_per.graphs.eager import eager_graphs_paused
 from lightning_per.graphs.errors import CaptureError
 from lightning_per.graphs.state import CaptureState
@@ -275,7 +275,7 @@ class CapturedStep:
                 for i in range(self.warmup):
                     # the objects the step uses, watched in the last run (compiled by then: fewer calls to watch)
                     watch = StepWatch(reads=False) if self.checked and i == self.warmup - 1 else None
-                    with _syncs_are_errors(self._check_syncs and i > 0), watch or contextlib.nullcontext():
+                    with host_syncs_raise(self._check_syncs and i > 0), watch or contextlib.nullcontext():
                         try:
                             self._updates(self.static_inputs)
                         except RuntimeError as exc:
@@ -320,20 +320,6 @@ def _static_copy(x: Any, device: torch.device) -> Any:
     if isinstance(x, dict):
         return {k: v.to(device, non_blocking=True).clone() for k, v in x.items()}
     return x.to(device, non_blocking=True).clone()
-
-
-@contextlib.contextmanager
-def _syncs_are_errors(on: bool) -> Iterator[None]:
-    """Inside (when ``on``): a host synchronisation raises (``torch.cuda.set_sync_debug_mode("error")``)."""
-    if not on:
-        yield
-        return
-    before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
 
 
 def _detached(out: Any) -> Any:

@@ -18,11 +18,12 @@ On CUDA the warm-up watches the objects only (``set_sync_debug_mode`` names the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -190,3 +191,24 @@ class _HostReads(TorchDispatchMode):
 
 def _has_mask(indices: Any) -> bool:
     return any(isinstance(t, Tensor) and t.dtype in (torch.bool, torch.uint8) for t in indices or ())
+
+
+@contextlib.contextmanager
+def host_syncs_raise(on: bool = True) -> Iterator[None]:
+    """Inside (when ``on``): a host synchronisation on CUDA raises a ``RuntimeError``
+    (``torch.cuda.set_sync_debug_mode("error")``); the mode before is put back on exit.
+
+    Example:
+        >>> from lightning_per.graphs.check import host_syncs_raise
+        >>> with host_syncs_raise(on=False):  # on=True needs CUDA
+        ...     pass
+    """
+    if not on:
+        yield
+        return
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
