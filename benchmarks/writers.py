@@ -275,7 +275,7 @@ class _Learner:
         self.on_cuda = captured and device.type == "cuda"
         self.step = graphs.capture(step, state=[rb, gen]) if captured else step
         self.clock_kind = _CudaClock if self.on_cuda else _HostClock
-        self.guard = (lambda: host_syncs_raise(self.on_cuda))
+        self.syncs_raise = host_syncs_raise  # on CUDA only: see learn()
         self.new_clock()
 
     def new_clock(self) -> None:
@@ -286,7 +286,7 @@ class _Learner:
         """One step, timed; a host synchronisation inside it (CUDA) is counted, not raised."""
         self.clock.start()
         try:
-            with self.guard():
+            with self.syncs_raise(self.on_cuda):
                 self.step()
         except RuntimeError as exc:
             if _SYNC not in str(exc):
