@@ -203,6 +203,10 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
                policy_lag=summary.get("policy_lag_mean"),  # GA3C: updates between acting and training
                policy_lag_p95=summary.get("policy_lag_p95"),  # over the run's transitions
                entropy=metrics.get("entropy"),  # GA3C: the policy's, mean of the last epoch
+               # Ape-X DQN (collector: actors): which side waits. The learner's total wait for actor transitions
+               # (s), the slots the actors' ingest found the queue full for (the learner too slow), the weights' lag
+               learner_wait_s=metrics.get("learner_wait_s"), actor_queue_full=metrics.get("actor_queue_full"),
+               actor_weight_lag=metrics.get("actor_weight_lag"),
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
 
@@ -219,16 +223,24 @@ def table(rows: list[dict], target: float, window: int) -> str:
     def f(v, fmt):
         return "" if v is None else format(v, fmt)
 
-    # GA3C's learner columns, when its runs' summaries have them (DQN tables keep their columns)
+    # GA3C's learner columns, or Ape-X's feed columns, when the runs' summaries have them (other DQN tables keep
+    # their columns)
     learner = any(r.get("policy_lag") is not None for r in rows)
-    extra = " | updates/s | policy lag (mean, p95) | entropy" if learner else ""
+    feed = not learner and any(r.get("learner_wait_s") is not None for r in rows)
+    extra = (" | updates/s | policy lag (mean, p95) | entropy" if learner else
+             " | updates/s | learner waiting (% of wall) | actor queue full (slots) | actor weight lag" if feed else "")
     lines = [f"| seed | reached {target:g} | time to target (s) | env steps to target | final mean (last {window}) "
              f"| best mean | episodes | env steps | env steps/s{extra} | wall (s) | stop |",
-             "|---" * (14 if learner else 11) + "|"]
+             "|---" * (14 if learner else 15 if feed else 11) + "|"]
     for r in rows:
         lag = f(r.get("policy_lag"), ".1f") + (f", {r['policy_lag_p95']:.0f}" if r.get("policy_lag_p95") is not None
                                                else "")
         cells = f" | {f(r.get('updates_per_s'), ',.0f')} | {lag} | {f(r.get('entropy'), '.2f')}" if learner else ""
+        if feed:
+            waited = (100 * r["learner_wait_s"] / r["wall_time_s"]
+                      if r.get("learner_wait_s") is not None and r.get("wall_time_s") else None)
+            cells = (f" | {f(r.get('updates_per_s'), ',.0f')} | {f(waited, '.1f')} "
+                     f"| {f(r.get('actor_queue_full'), ',.0f')} | {f(r.get('actor_weight_lag'), '.1f')}")
         lines.append(f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {f(r['time_to_target_s'], '.1f')} "
                      f"| {f(r['env_steps_to_target'], ',')} | {f(r['final_mean_return'], '.2f')} "
                      f"| {f(r['best_mean_return'], '.2f')} | {r['episodes']:,} | {f(r['env_steps'], ',')} "

@@ -141,6 +141,8 @@ def exact_cuda_math():
                  "envs_per_agent": 4, "vtrace_c_clip": 0.9}),
     ("adam", {"grad_clip": 0.5, "max_policy_lag": 1}),  # lags 0 .. 4 of _batches: rows dropped from the 3rd on
     ("rmsprop", {"vtrace": True, "envs_per_agent": 4, "max_policy_lag": 2, "lag_policy": "downweight"}),
+    ("adam", {"grad_clip": 0.5, "lr": 2.5e-4, "adam_eps": 1e-5, "vtrace": True, "loss": "appo",  # docs/ga3c.md
+              "ppo_clip": 0.1, "normalize_advantage": True, "max_policy_lag": 2, "envs_per_agent": 4}),
 ])
 def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
     """Five updates on five different batches: the first replay is the first update (the capture's warm-up

@@ -200,3 +200,22 @@ def test_ga3c_runs_add_the_learners_columns(seeds):
     assert "| 91 | 13.3, 25 | 1.59 |" in rows[0] and "| 165 | 27.3 | 1.61 |" in rows[1]
     assert "|  |  |  |" in rows[2]  # the seed whose summary has none
     assert [r["policy_lag"] for r in res.rows] == [13.28, 27.29, None]
+
+
+def test_apex_runs_add_the_feeds_columns(seeds):
+    """An Ape-X DQN run's summary.json metrics carry the learner's total wait for actor transitions, the slots the
+    actors found the queue full for and the weights' lag: the table says which side waited (% of the run's wall)."""
+    for seed, (ups, wait, full, lag) in {0: (966.4, 3.75, 0.0, 2.44), 1: (930.0, 0.0, 412.0, 9.96)}.items():
+        path = seeds[seed] / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "updates_per_s": ups, "metrics": {
+            "learner_wait_s": wait, "actor_queue_full": full, "actor_weight_lag": lag}}))
+    res = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    header, rule, *rows = res.table.splitlines()
+    assert ("| env steps/s | updates/s | learner waiting (% of wall) | actor queue full (slots) | actor weight lag "
+            "| wall (s) | stop |") in header
+    assert rule == "|---" * 15 + "|"
+    # wall 15 s (the fixture): 3.75 s waited is 25.0 %
+    assert "| 966 | 25.0 | 0 | 2.4 |" in rows[0] and "| 930 | 0.0 | 412 | 10.0 |" in rows[1]
+    assert "|  |  |  |  |" in rows[2]  # the seed whose summary has none
+    assert [r["learner_wait_s"] for r in res.rows] == [3.75, 0.0, None]
+
