@@ -40,13 +40,16 @@ def hash_weights(pixels: int, device: torch.device | str = "cpu", seed: int = 0)
     return torch.randint(1, 1 << _WEIGHT_BITS, (pixels,), generator=gen, dtype=torch.int64).to(device)
 
 
-def hash_frames(frames: Tensor, weights: Tensor) -> Tensor:
+def hash_frames(frames: Tensor, weights: Tensor, chunk: int = 4096) -> Tensor:
     """``(M,) int64`` hashes ``sum_j w_j x_j`` of ``frames`` ``(M, P) uint8`` with ``weights`` ``(P,) int64``.
 
     Exact integer arithmetic (no overflow, see :data:`_WEIGHT_BITS`); equal frames have equal hashes, two
-    different frames collide with probability about ``2^-31``.
+    different frames collide with probability about ``2^-31``. The int64 products are formed ``chunk`` frames at
+    a time (a ``(chunk, P)`` temporary, 231 MB for 84x84 frames), so a large write does not hold ``8 M P`` bytes.
     """
-    return (frames.to(torch.int64) * weights).sum(1)  # [M]
+    if frames.shape[0] <= chunk:
+        return (frames.to(torch.int64) * weights).sum(1)  # [M]
+    return torch.cat([(part.to(torch.int64) * weights).sum(1) for part in frames.split(chunk)])
 
 
 def dedup_frames(frames_in: Tensor, hashes_in: Tensor, ring: Tensor, ring_hash: Tensor, written: Tensor,
@@ -64,26 +67,41 @@ def dedup_frames(frames_in: Tensor, hashes_in: Tensor, ring: Tensor, ring_hash: 
 
     Returns:
         ``(serial, new)``: ``(M,) int64`` the serial each incoming frame will have (a matched frame's, or
-        ``written + k`` for the ``k``-th new frame in order) and ``(M,) bool`` which ones are new. Matches
-        are searched among the ``window`` most recent frames (most recent first), then among the earlier
-        frames of the batch.
+        ``written + k`` for the ``k``-th new frame in order) and ``(M,) bool`` which ones are new. A frame
+        matches the most recent candidate of equal hash if its bytes are equal too; else, the first earlier
+        frame of the batch of equal hash that matched no candidate, if its bytes are equal. (A hash collision
+        only costs a duplicate frame.)
+
+    Both searches sort hashes (``O((M + window) log)`` time, ``O(M + window)`` memory), so a write of many
+    writers' batches costs what its frames cost, not ``M^2``.
     """
     m, n_ring = frames_in.shape[0], ring.shape[0] - 1
     device = frames_in.device
-    back = torch.arange(1, window + 1, device=device)  # [W]
-    cand_serial = written - back  # [W] most recent first
+    idx = torch.arange(m, device=device)
+    # the window: candidate k is serial written - 1 - k (most recent first); a stable sort of their hashes keeps
+    # equal hashes most recent first, and the written serials (cand_ok) are the most recent ones, so the first
+    # candidate of a run of equal hashes is a written one whenever any is
+    cand_serial = written - torch.arange(1, window + 1, device=device)  # [W]
     cand_ok = cand_serial >= 0  # unwritten serials are no candidates
     cand_pos = cand_serial.remainder(n_ring)  # [W]
-    eq = (hashes_in[:, None] == ring_hash[cand_pos][None, :]) & cand_ok  # [M, W]
-    pick = eq.to(torch.uint8).argmax(1)  # [M] first True: the most recent equal hash (0 if none)
-    hit = eq.gather(1, pick[:, None]).squeeze(1)  # [M]
+    cand_hash, order = torch.sort(ring_hash[cand_pos], stable=True)  # [W]
+    at = torch.searchsorted(cand_hash, hashes_in).clamp_(max=window - 1)  # [M] the first of equal hash, if any
+    pick = order[at]  # [M]
+    hit = (cand_hash[at] == hashes_in) & cand_ok[pick]
     hit &= (ring[cand_pos[pick]] == frames_in).all(1)  # confirmed byte for byte
     stored_serial = cand_serial[pick]  # [M]
 
-    earlier = torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)  # [M, M] j < i
-    same = (hashes_in[:, None] == hashes_in[None, :]) & earlier & ~hit[None, :]  # only unmatched roots
-    first = same.to(torch.uint8).argmax(1)  # [M] the first earlier unmatched frame of equal hash
-    has_root = same.gather(1, first[:, None]).squeeze(1) & ~hit
+    # the batch: among frames that matched no candidate, group equal hashes (a stable sort by hash, then by hit,
+    # keeps each group in batch order); a group's first frame is the root of the others
+    by_hash = torch.sort(hashes_in, stable=True).indices
+    order = by_hash[torch.sort(hit[by_hash].to(torch.uint8), stable=True).indices]  # unmatched first
+    h, matched = hashes_in[order], hit[order]
+    starts = torch.ones(m, dtype=torch.bool, device=device)
+    starts[1:] = (h[1:] != h[:-1]) | (matched[1:] != matched[:-1])
+    group_first = torch.where(starts, idx, 0).cummax(0).values  # [M] position of each sorted frame's group start
+    first = torch.empty_like(idx)
+    first[order] = order[group_first]  # [M] the first frame (batch order) of its group
+    has_root = (first != idx) & ~hit
     has_root &= (frames_in[first] == frames_in).all(1)
     new = ~hit & ~has_root  # [M]
     new_serial = written + torch.cumsum(new, 0) - 1  # [M] (meaningful where new)

@@ -261,6 +261,49 @@ def test_hash_is_exact_integer_sum():
     assert frame_ops.hash_frames(frames[:2], w).tolist() == want  # no int64 overflow
 
 
+def test_hash_in_chunks_equals_one_pass():
+    frames = torch.randint(0, 256, (37, 50), dtype=torch.uint8)
+    w = frame_ops.hash_weights(50)
+    assert torch.equal(frame_ops.hash_frames(frames, w, chunk=8), frame_ops.hash_frames(frames, w))
+
+
+def _dedup_model(frames, hashes, ring, ring_hash, written, window):
+    """Plain-Python statement of dedup_frames' contract, frame by frame: the most recent written candidate of equal
+    hash if its bytes are equal; else the first earlier frame of the batch of equal hash that matched no candidate,
+    if its bytes are equal; else a new frame with the next serial."""
+    n_ring = len(ring) - 1
+    roots, own, new = {}, [], []
+    for i, (frame, h) in enumerate(zip(frames, hashes)):
+        match = next((written - b for b in range(1, window + 1)
+                      if written - b >= 0 and ring_hash[(written - b) % n_ring] == h), None)
+        if match is not None and ring[match % n_ring] == frame:
+            own.append(match), new.append(False)
+            continue
+        j = roots.setdefault(h, i)
+        if j != i and frames[j] == frame:
+            own.append(own[j]), new.append(False)
+            continue
+        own.append(written + sum(new)), new.append(True)
+    return own, new
+
+
+@pytest.mark.parametrize("written", [0, 5, 40, 1000])
+def test_dedup_equals_its_contract_with_hash_collisions(written):
+    """Frames of 3 bytes in {0, 1, 2} hashed by their byte sum (weights 1): many repeats and many collisions
+    (same hash, other bytes), in the window and in the batch; exact serials and new flags against the model."""
+    gen = torch.Generator().manual_seed(written)
+    n_ring, window, m = 24, 8, 14
+    for _ in range(30):
+        ring = torch.randint(0, 3, (n_ring + 1, 3), generator=gen, dtype=torch.uint8)
+        frames = torch.randint(0, 3, (m, 3), generator=gen, dtype=torch.uint8)
+        w = torch.ones(3, dtype=torch.int64)
+        ring_hash, hashes = frame_ops.hash_frames(ring, w), frame_ops.hash_frames(frames, w)
+        serial, new = frame_ops.dedup_frames(frames, hashes, ring, ring_hash, torch.tensor(written), window)
+        want = _dedup_model([f.tolist() for f in frames], hashes.tolist(), [f.tolist() for f in ring],
+                            ring_hash.tolist(), written, window)
+        assert (serial.tolist(), new.tolist()) == want
+
+
 @pytest.mark.parametrize("frame", [(3, 3), (3, 4), (4, 4), (84, 84), (96, 96)])  # (96, 96): 2 chunks
 def test_compiled_gathers_equal_reference(frame):
     kd = pytest.importorskip("_kernel_devices")  # CUDA, or CPU through Triton's interpreter
