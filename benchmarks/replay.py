@@ -17,7 +17,9 @@ Rows, measured side by side in one process per implementation family:
                     ``eager_graphs=False`` (every kernel launched from the host)
   ours-kernels-*    the same with the compiled ext/ kernels (CUDA only); the
                     graph rows run what the buffer runs (draw + row gather fused in one launch with the packed
-                    storage), the *-unfused rows the former sampler.sample + storage.get (two launches)
+                    storage; the batch's fields views of the gathered rows, as the DQN's graph mode reads
+                    them), the *-unfused rows the former sampler.sample + storage.get (two launches), the
+                    *-contiguous rows the fields copied into tensors of their own (one more kernel: rb.sample())
   torchrl-per       TorchRL TensorDictPrioritizedReplayBuffer, LazyTensorStorage on the same device
   torchrl-uniform   TorchRL TensorDictReplayBuffer + RandomSampler
   bare-gather       torch.randint + index of the raw tensors (the floor)
@@ -76,21 +78,23 @@ def step_fn(rb, B: int):
     return step
 
 
-def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True, priority=None):
+def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True, priority=None, contiguous: bool = False):
     """Capture ``repeat`` x (sample + read the batch + update_priority) in one CUDA graph; return replay.
 
     ``fused``: what the buffer does (``sampler.sample_gather``: with the packed storage and the kernels one
     launch draws and gathers); else the unfused sequence ``sampler.sample`` + ``storage.get`` (two launches).
+    ``contiguous``: the fused batch's fields copied into tensors of their own (one more kernel, what
+    ``rb.sample()`` returns); default False, views of the gathered rows, what the DQN's graph mode reads.
     ``priority``: a ``(B,)`` tensor of new priorities to write (the replay's own work only: sample + read +
     update, the ``-sample-update`` rows); default the step's ``reward.abs() + 0.01`` of the batch (two more
     kernels, the learner's side)."""
     sampler, storage = rb.sampler, rb.storage
-    gather = fused and hasattr(sampler, "sample_gather")
+    gather = fused  # ours, proportional: every sampler that reaches here has sample_gather
 
     def body():
         for _ in range(repeat):
             if gather:
-                index, info, data = sampler.sample_gather(storage, B)
+                index, info, data = sampler.sample_gather(storage, B, contiguous=contiguous)
             else:
                 index, info = sampler.sample(storage, B)
                 data = storage.get(index)
@@ -152,6 +156,7 @@ def ours_rows(N: int, B: int, device, iters: int) -> list[dict]:
                 given = torch.rand(B, device=device, generator=torch.Generator(device=device).manual_seed(1)) + 0.01
                 rows += graph_rows(rb, row, name, B, device, iters, "-sample-update", priority=given)
                 rows += graph_rows(rb, row, name, B, device, iters, "-unfused", fused=False)  # two launches
+                rows += graph_rows(rb, row, name, B, device, iters, "-contiguous", contiguous=True)  # + one copy
         del rb
     # the floor: uniform indices + gather of the raw tensors
     data = batch(N, device)

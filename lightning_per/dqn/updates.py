@@ -275,7 +275,8 @@ class ReplayGraphUpdate(UpdateStrategy):
             self.side = SideStream(m.device)
 
         def draw() -> tuple[Tensor, dict[str, Any], Any]:  # sample + gather: one fused op with packed storage
-            return rb.sampler.sample_gather(rb.storage, batch_size)  # ([B], {[B]}, [B])
+            # the fields as views of the gathered rows: the update consumes them at once (no copy kernel)
+            return rb.sampler.sample_gather(rb.storage, batch_size, contiguous=False)  # ([B], {[B]}, [B])
 
         def learn(i: int, sample, after_forward) -> dict[str, Tensor]:
             optimizer.zero_grad(set_to_none=True)  # each update's backward starts from no gradient, never sums

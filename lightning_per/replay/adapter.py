@@ -127,11 +127,12 @@ def draw(core: PriorityCore, storage, batch_size: int) -> tuple[Tensor, dict[str
     return unravel(index, storage), {"priority_weight": weight}
 
 
-def draw_gather(core: PriorityCore, storage, batch_size: int,
-                with_info: bool) -> tuple[Tensor, dict[str, Tensor], Any]:
+def draw_gather(core: PriorityCore, storage, batch_size: int, with_info: bool,
+                contiguous: bool = True) -> tuple[Tensor, dict[str, Tensor], Any]:
     """:func:`draw`, and the batch ``storage.get(index)``: ``(index, info, batch)``, the draw and the row gather one
     op when the core can fuse them (:meth:`PriorityCore.gather_rows`); ``with_info`` also puts ``"index"`` and
-    ``"priority_weight"`` in the batch.
+    ``"priority_weight"`` in the batch; ``contiguous=False`` lets the fused path hand the fields as strided views
+    of the gathered rows (:meth:`GPUTensorStorage.rows_to_batch`).
 
     Raises:
         As :func:`draw`.
@@ -146,7 +147,7 @@ def draw_gather(core: PriorityCore, storage, batch_size: int,
     check_draw(storage, batch_size)
     block, index, weight = core.sample(batch_size, len(storage), rows)
     extra = {"index": index, "priority_weight": weight} if with_info else None
-    return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra)
+    return index, {"priority_weight": weight}, storage.rows_to_batch(block, extra, contiguous)
 
 
 def capture_view(core: PriorityCore, batch_size: int | None, problem: str | None = None) -> SamplerCapture:

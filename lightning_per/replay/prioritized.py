@@ -279,19 +279,21 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         """
         return draw(self.core, storage, batch_size)
 
-    def sample_gather(self, storage, batch_size: int, *,
-                      with_info: bool = False) -> tuple[Tensor, dict[str, Tensor], Any]:
+    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False,
+                      contiguous: bool = True) -> tuple[Tensor, dict[str, Tensor], Any]:
         """:meth:`sample`, and the batch ``storage.get(index)`` (a TensorDict ``[B]``): ``(index, info, batch)``.
 
         With a packed :class:`~lightning_per.replay.GPUTensorStorage` on this sampler's device the draw and the row
         gather are one op (:meth:`PriorityCore.gather_rows`) and the batch's fields are cut from the gathered rows;
         the same generator draws give the same index, weights and batch values either way. ``with_info`` also puts
-        ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys).
+        ``"index"`` and ``"priority_weight"`` in the batch (the replay buffer's keys). ``contiguous=False``: the
+        fields may be strided views into the gathered rows (no copy, one kernel fewer a step), for a learner that
+        consumes the batch at once (a field's ``torch.save`` then holds the whole block, and ``.view`` may refuse).
 
         Raises:
             As :meth:`sample`.
         """
-        return draw_gather(self.core, storage, batch_size, with_info)
+        return draw_gather(self.core, storage, batch_size, with_info, contiguous)
 
     # ------------------------------------------------------------------ persistence
     def _empty(self) -> None:

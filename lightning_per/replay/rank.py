@@ -323,9 +323,10 @@ class GPURankBasedSampler(PrioritizedSampler):
         """``(index, {"priority_weight": w})`` by rank (:func:`draw`; raises the same)."""
         return draw(self.core, storage, batch_size)
 
-    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
-        """:meth:`sample` and the batch (:func:`draw_gather`)."""
-        return draw_gather(self.core, storage, batch_size, with_info)
+    def sample_gather(self, storage, batch_size: int, *, with_info: bool = False, contiguous: bool = True):
+        """:meth:`sample` and the batch (:func:`draw_gather`; ``contiguous`` as
+        :meth:`GPUPrioritizedSampler.sample_gather`)."""
+        return draw_gather(self.core, storage, batch_size, with_info, contiguous)
 
     # ------------------------------------------------------------------ persistence
     def _empty(self) -> None:

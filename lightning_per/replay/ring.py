@@ -31,7 +31,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import Tensor
 
 from lightning_per.replay.compat import unsafe_tensordict
-from lightning_per.replay.rows import batch_views, last_writes
+from lightning_per.replay.rows import batch_views, field_views, last_writes
 
 __all__ = ["RingState", "make_batch", "match_pairs", "read_slots", "rows_batch", "write_pairs", "write_rows"]
 
@@ -166,11 +166,13 @@ def read_slots(ring: RingState, index: Tensor, extra: dict[str, Tensor] | None =
     return make_batch(ring, fields, index.shape)
 
 
-def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None) -> TensorDict:
+def rows_batch(ring: RingState, block: Tensor, extra: dict[str, Tensor] | None,
+               contiguous: bool = True) -> TensorDict:
     """The TensorDict ``[B]`` of the packed fields of ``block`` ``(B, W) int64`` (a fresh gather of the ring's rows),
-    each a contiguous tensor of its own (:func:`~lightning_per.replay.rows.batch_views`), plus ``extra`` (no
-    validation: the callers guarantee the shapes)."""
-    fields = batch_views(block, ring.layout, ring.plan)
+    each a contiguous tensor of its own (:func:`~lightning_per.replay.rows.batch_views`: one copy of the block), or,
+    with ``contiguous=False``, strided views into ``block`` (:func:`~lightning_per.replay.rows.field_views`: no
+    copy, no kernel), plus ``extra`` (no validation: the callers guarantee the shapes)."""
+    fields = batch_views(block, ring.layout, ring.plan) if contiguous else field_views(block, ring.layout)
     if extra:
         fields.update(extra)
     return make_batch(ring, fields, block.shape[:1])

@@ -480,19 +480,21 @@ class GPUTensorStorage(LazyTensorStorage):
         fused sample + gather reads (:meth:`GPUPrioritizedSampler.sample_gather`)."""
         return self.ring.rows if self.layout == "ring" else None
 
-    def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None):
+    def rows_to_batch(self, block: torch.Tensor, extra: dict[str, torch.Tensor] | None = None,
+                      contiguous: bool = True):
         """The batch of gathered packed rows: ``block`` ``(B, W) int64`` on :attr:`device`, a fresh contiguous
         gather of :attr:`gather_rows` (``rows[index]``, or the fused sample + gather op), becomes the
         TensorDict ``[B]`` that :meth:`read` ``(index)`` returns (the same fields, copied out of ``block``,
-        :func:`lightning_per.replay.ring.rows_batch`), plus the ``(B,)`` tensors of ``extra`` on :attr:`device`
-        (e.g. ``"index"``, ``"priority_weight"``), set without validation.
+        :func:`lightning_per.replay.ring.rows_batch`; with ``contiguous=False`` strided views into ``block``, no
+        copy), plus the ``(B,)`` tensors of ``extra`` on :attr:`device` (e.g. ``"index"``, ``"priority_weight"``),
+        set without validation.
 
         Raises:
             RuntimeError: the storage has no packed ring (:attr:`gather_rows` is None).
         """
         if self.gather_rows is None:
             raise RuntimeError("rows_to_batch needs a packed GPUTensorStorage, written at least once")
-        return rows_batch(self.ring, block, extra)
+        return rows_batch(self.ring, block, extra, contiguous)
 
     # ------------------------------------------------------------------ persistence (pure functions of
     # replay/storage_checkpoint.py)

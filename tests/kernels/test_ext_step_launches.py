@@ -5,9 +5,13 @@ priorities), without a GPU.
 On CPU tensors through Triton's interpreter, one step of a filled packed buffer (``sampler.sample_gather`` then
 ``sampler.update_priority`` of ``reward.abs() + 0.01``) is recorded twice: every Triton launch (kernel name, grid,
 launch options) by a wrapper of the interpreter's ``run``, and every ATen op dispatched outside the launches by a
-``TorchDispatchMode``. Both are pinned at what the replay package ran before it was rebuilt by composition
-(measured on commit 8811eeb with the same step, N = 4096, B = 256): any launch, memset, copy or scalar tensor a
-change adds to the step fails here before it costs the GPU step time.
+``TorchDispatchMode``. The reference is the replay package before it was rebuilt by composition, commit 8811eeb,
+measured with this same recording (its ``sample_gather`` took no ``contiguous``; its fields were views of the
+gathered rows): the learner's step (``contiguous=False``, what the DQN's graph mode draws) must do exactly that
+device work, and the step whose fields are contiguous tensors of their own (``contiguous=True``, the default, what
+``rb.sample()`` returns) exactly that plus the one copy that cuts them (six ``empty`` and one
+``split_with_sizes_copy``): any launch, memset, copy or scalar tensor a change adds fails here before it costs the
+GPU step time. The counts do not depend on N and B (8811eeb: the same at N = 4096, B = 256 and N = 512, B = 32).
 
 Counted on the CPU only: a CUDA index skips the host-side range check of ``update_priority`` (its ``aminmax``
 and two ``_local_scalar_dense``, in the counts below), and the generator comparison of a draw (one ``detach``
@@ -28,7 +32,7 @@ from lightning_per import make_replay_buffer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(CUDA or KDEVS != ["cpu"], reason="counted on CPU tensors under Triton's interpreter")
 
-N, B = 4096, 256
+N, B = 512, 32
 
 #: One step's Triton launches: (kernel, grid, options), as measured on 8811eeb.
 LAUNCHES = {
@@ -37,18 +41,20 @@ LAUNCHES = {
                  ("_write_one_kernel", (B,), 4)],
 }
 
-#: One step's ATen ops outside the launches (views included), as measured on 8811eeb: 33 ordered, 34 shuffled
-#: (the shuffled draw allocates its uniforms' buffer). Non-view ops among them:
-#: ``empty`` x 9 ordered (index, weights, gathered rows, the six byte columns the batch's fields are copied into
-#: by one ``split_with_sizes_copy``), 10 shuffled; ``abs`` and ``add`` (the new priorities); ``aminmax`` + 2
-#: ``_local_scalar_dense`` (the CPU index check).
-ATEN_OPS = {"ordered": 33, "shuffled": 34}
+#: One step's non-view ATen ops outside the launches, as measured on 8811eeb: ``empty`` x 3 ordered (index, weights,
+#: gathered rows), 4 shuffled (the shuffled draw allocates its uniforms' buffer); ``abs`` and ``add`` (the new
+#: priorities); ``aminmax`` + 2 ``_local_scalar_dense`` (the CPU index check).
 NON_VIEW = {
-    "ordered": collections.Counter({"empty": 9, "split_with_sizes_copy": 1, "abs": 1, "add": 1, "aminmax": 1,
-                                    "_local_scalar_dense": 2}),
-    "shuffled": collections.Counter({"empty": 10, "split_with_sizes_copy": 1, "abs": 1, "add": 1, "aminmax": 1,
-                                     "_local_scalar_dense": 2}),
+    "ordered": collections.Counter({"empty": 3, "abs": 1, "add": 1, "aminmax": 1, "_local_scalar_dense": 2}),
+    "shuffled": collections.Counter({"empty": 4, "abs": 1, "add": 1, "aminmax": 1, "_local_scalar_dense": 2}),
 }
+#: What ``contiguous=True`` adds: the six byte columns the five fields (and the row's padding) are copied into by
+#: one ``split_with_sizes_copy`` (``lightning_per.replay.rows.batch_views``).
+COPY_NON_VIEW = collections.Counter({"empty": 6, "split_with_sizes_copy": 1})
+#: All ATen ops, views included (host-side metadata, no device work), as measured here: 8811eeb made 18 ordered and
+#: 19 shuffled, cutting only the fields the step read; the rebuilt storage cuts every field of the batch (a slice and
+#: two views each, ``lightning_per.replay.rows.field_views``), and the copy of ``contiguous=True`` replaces them.
+ATEN_OPS = {("ordered", False): 31, ("shuffled", False): 32, ("ordered", True): 33, ("shuffled", True): 34}
 
 
 class _Record(TorchDispatchMode):
@@ -65,7 +71,8 @@ class _Record(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _step_record(shuffle: bool, monkeypatch) -> tuple[list[tuple[str, tuple, int]], list[tuple[str, bool]]]:
+def _step_record(shuffle: bool, contiguous: bool,
+                 monkeypatch) -> tuple[list[tuple[str, tuple, int]], list[tuple[str, bool]]]:
     from triton.runtime.interpreter import InterpretedFunction
 
     rb = make_replay_buffer(N, B, sampler="proportional", device="cpu", backend="kernels", packed=True,
@@ -77,7 +84,7 @@ def _step_record(shuffle: bool, monkeypatch) -> tuple[list[tuple[str, tuple, int
     sampler, storage = rb.sampler, rb.storage
 
     def step():  # what the benchmark's ours-kernels-graph rows capture
-        index, info, data = sampler.sample_gather(storage, B)
+        index, info, data = sampler.sample_gather(storage, B, contiguous=contiguous)
         sampler.update_priority(index, data["reward"].abs() + 0.01, storage=storage)
 
     step()
@@ -100,9 +107,11 @@ def _step_record(shuffle: bool, monkeypatch) -> tuple[list[tuple[str, tuple, int
     return launches, mode.ops
 
 
+@pytest.mark.parametrize("contiguous", [False, True])
 @pytest.mark.parametrize("order", ["ordered", "shuffled"])
-def test_kernel_step_launches_and_ops_are_those_of_8811eeb(order, monkeypatch):
-    launches, ops = _step_record(order == "shuffled", monkeypatch)
+def test_kernel_step_launches_and_ops_are_those_of_8811eeb(order, contiguous, monkeypatch):
+    launches, ops = _step_record(order == "shuffled", contiguous, monkeypatch)
     assert launches == LAUNCHES[order]
-    assert len(ops) == ATEN_OPS[order], ops
-    assert collections.Counter(name for name, view in ops if not view) == NON_VIEW[order], ops
+    assert len(ops) == ATEN_OPS[order, contiguous], ops
+    assert collections.Counter(name for name, view in ops if not view) == (
+        NON_VIEW[order] + COPY_NON_VIEW if contiguous else NON_VIEW[order]), ops
