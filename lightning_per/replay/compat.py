@@ -17,8 +17,7 @@ from tensordict import TensorDict
 
 __all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
            "bump_generation", "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row",
-           "layout_options",
-           "mark_update_entities", "mutation_revision", "plain_extend",
+           "layout_options", "mark_update_entities", "mutation_revision", "plain_extend",
            "register_without_replacement", "stored_data", "tracks_generations", "tree_leaves", "unlocked_len",
            "unsafe_tensordict", "wrapped_gym_env", "writer_cursor"]
 
