@@ -319,9 +319,21 @@ def atomic_directory(target: str | os.PathLike[str], kind: str, meta: Mapping[st
 
     Raises:
         ValueError: ``target`` exists and is not a directory this function wrote (no manifest inside, and not
-            empty): replacing it would delete files that are not a dump.
+            empty): replacing it would delete files that are not a dump; ``target`` is a symbolic link (dangling
+            or not), or holds one, a FIFO, socket or device anywhere inside (:func:`walk_files`): the exchange would
+            put a real directory where the link was and leave the link behind, and a dump never holds one.
+            Refused before anything is written or removed.
     """
     target = Path(target).absolute()
+    if target.is_symlink():
+        raise ValueError(f"{target}: refused, a symbolic link (to {os.readlink(target)!r}): a dump replaces a real "
+                         f"directory; give the directory it points to, or a new path (nothing was written)")
+    if target.is_dir():
+        try:
+            walk_files(target)
+        except IntegrityError as err:
+            raise ValueError(f"{target} is not a dump this package wrote, so a dump will not replace it: {err} "
+                             f"(nothing was written)") from None
     if target.exists() and (not target.is_dir() or (any(target.iterdir())
                                                      and not (target / MANIFEST_NAME).is_file())):
         raise ValueError(f"{target} exists and is not a dump directory (no {MANIFEST_NAME}): a dump replaces the "

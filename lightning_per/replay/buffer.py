@@ -101,8 +101,9 @@ def check_prioritized_sampler(sampler, *, alpha: float | None, beta: float | Non
 
 
 def resolve_storage(storage, device: torch.device | None, capacity: int | None) -> TensorStorage:
-    """The storage the buffer keeps: ours for None or an uninitialised TorchRL ``LazyTensorStorage``, else
-    ``storage`` itself, which must be a TorchRL tensor storage (the samplers read ``max_size`` and
+    """The storage the buffer keeps: ours for None or an uninitialised TorchRL ``LazyTensorStorage`` (a new object
+    of its size and layout options: the one passed is left untouched and empty), else ``storage`` itself, which
+    must be a TorchRL tensor storage (the samplers read ``max_size`` and
     ``device`` and gather TensorDict rows by a slot tensor; a ``ListStorage`` has none of these).
 
     Raises:
@@ -439,9 +440,15 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
             ``slice_priority``: see :class:`GPUPrioritizedSliceSampler`).
 
     A storage left as ``None`` or given as an uninitialised TorchRL ``LazyTensorStorage`` becomes a
-    :class:`GPUTensorStorage` of the same size; other TorchRL tensor storages (``LazyMemmapStorage``,
-    ``TensorStorage``, an initialised ``LazyTensorStorage``) are used as they are, the sampler on their
-    device. ``sample()`` returns a TensorDict ``[B]`` on the device with ``"index"`` ``(B,) int64`` and
+    :class:`GPUTensorStorage` of the same size (``max_size``, ``ndim``, ``compilable``, ``consolidated``,
+    ``shared_init``; on ``device``, else the given storage's, else the default): a *new* object, so, unlike
+    TorchRL's buffers, ``rb.storage is storage`` is False and the storage passed stays empty (``len(storage) ==
+    0``, never written); read the data through ``rb.storage``. The ring is what keeps writes and reads on the
+    device with no host read, and capturable (the drop-in use: replace TorchRL's class name, keep its
+    arguments). A :class:`GPUTensorStorage` passed is used as it is (``rb.storage is storage``), and so are other
+    TorchRL tensor storages (``LazyMemmapStorage``, ``TensorStorage``, an initialised ``LazyTensorStorage``), the
+    sampler on their device, with TorchRL's reads (docs/replay.md "Differences from TorchRL").
+    ``sample()`` returns a TensorDict ``[B]`` on the device with ``"index"`` ``(B,) int64`` and
     ``"priority_weight"`` ``(B,) float32``; ``update_priority`` and ``update_tensordict_priority`` work as in
     TorchRL. ``state_dict`` carries a schema version; a checkpoint that :meth:`load_state_dict` or
     :meth:`loads` refuses leaves the buffer unchanged.
@@ -492,6 +499,14 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         (torch.Size([4]), ['index', 'observation', 'priority_weight', 'td_error'])
         >>> batch["td_error"] = torch.full((4,), 2.0)  # e.g. written by TorchRL's DQNLoss
         >>> rb.update_tensordict_priority(batch)
+
+    An uninitialised ``LazyTensorStorage`` is replaced by a ring of its size; the one passed stays empty::
+
+        >>> storage = LazyTensorStorage(100)
+        >>> rb = GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, device="cpu")
+        >>> _ = rb.extend(TensorDict({"observation": torch.randn(5, 3)}, [5]))
+        >>> type(rb.storage).__name__, rb.storage.max_size, rb.storage is storage, len(rb.storage), len(storage)
+        ('GPUTensorStorage', 100, False, 5, 0)
 
     A sampler instance, as TorchRL's buffers take one::
 
@@ -763,7 +778,10 @@ class GPUReplayBuffer(TensorDictReplayBuffer):
 
     Args:
         storage: None (a :class:`GPUTensorStorage` of 1000 slots on ``device``), an uninitialised TorchRL
-            ``LazyTensorStorage`` (becomes a :class:`GPUTensorStorage` of its size) or a TorchRL tensor storage.
+            ``LazyTensorStorage`` (replaced by a new :class:`GPUTensorStorage` of its size: ``rb.storage is
+            storage`` is False and the one passed stays empty, unlike TorchRL's buffers; see
+            :class:`GPUPrioritizedReplayBuffer`), a :class:`GPUTensorStorage` or another TorchRL tensor storage
+            (used as it is).
         sampler: a sampler instance, as in TorchRL (default :class:`GPURandomSampler` on ``device``):
             :class:`GPURandomSampler`, :class:`GPUSamplerWithoutReplacement`, :class:`GPUSliceSampler` or one of
             TorchRL's samplers without priorities. Prioritized samplers go in :class:`GPUPrioritizedReplayBuffer`.

@@ -16,10 +16,10 @@ import torch
 from tensordict import TensorDict
 
 __all__ = ["BufferParts", "advance_writer", "attached_entities", "buffer_generator", "buffer_locks", "buffer_parts",
-           "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row", "layout_options",
-           "mark_update_entities", "mutation_revision", "plain_extend",
+           "bump_generation", "bump_mutation_revision", "direct_writer", "is_compilable", "last_written_row",
+           "layout_options", "mark_update_entities", "mutation_revision", "plain_extend",
            "register_without_replacement", "stored_data", "tracks_generations", "tree_leaves", "unlocked_len",
-           "unsafe_tensordict", "wrapped_gym_env"]
+           "unsafe_tensordict", "wrapped_gym_env", "writer_cursor"]
 
 
 def unsafe_tensordict(fields: dict, batch_size, device) -> TensorDict:
@@ -95,13 +95,27 @@ def direct_writer(writer: Any) -> bool:
     return not getattr(writer, "_track_generations", False) and getattr(writer, "_generation", None) is None
 
 
+def writer_cursor(writer: Any) -> int:
+    """The slot a TorchRL round-robin writer writes next (its private ``_cursor`` property; a host int)."""
+    return writer._cursor
+
+
 def advance_writer(writer: Any, n: int, max_size: int) -> int:
     """Move a TorchRL round-robin writer by ``n`` items on a ring of ``max_size`` (its private ``_cursor`` and
-    ``_write_count`` properties, as its ``extend`` does); returns the cursor before the move (a host int)."""
+    ``_write_count`` properties, as its ``extend`` does); returns the cursor before the move (a host int). Our
+    writer calls it once the storage write has succeeded, so a failed write leaves both as they were."""
     cursor = writer._cursor
     writer._cursor = (cursor + n) % max_size
     writer._write_count += n
     return cursor
+
+
+def bump_generation(writer: Any, index, data) -> None:
+    """A TorchRL round-robin writer's ``_bump_generation(index, data)``: stamp the written slots' generations
+    (torchrl >= 0.14; older writers keep none: nothing to do)."""
+    bump = getattr(writer, "_bump_generation", None)
+    if bump is not None:
+        bump(index, data)
 
 
 def mark_update_entities(writer: Any, index) -> None:

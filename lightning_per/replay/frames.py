@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 from lightning_per.ops import frames as frame_ops
 from lightning_per.ops import select_backend
 from lightning_per.replay.ring import make_batch, match_pairs
-from lightning_per.replay.rows import batch_views, last_writes
+from lightning_per.replay.rows import batch_views, check_dense, last_writes
 from lightning_per.replay.slots import cursor_slots
 from lightning_per.replay.storage import GPUTensorStorage
 from lightning_per.schema import check, stamp
@@ -194,9 +194,12 @@ class FrameStackStorage(GPUTensorStorage):
         :meth:`GPUTensorStorage.check_spec`.
 
         Raises:
-            TypeError: ``data`` is not a TensorDict; a stacked key is not uint8; another key's dtype.
-            ValueError: a stacked key missing or of another stack size or frame shape; other keys.
+            TypeError: ``data`` is not a TensorDict; a stacked key is not uint8; another key's dtype; a leaf not
+                dense and strided (sparse).
+            ValueError: a stacked key missing or of another stack size or frame shape; other keys; a leaf on the
+                ``"meta"`` device.
         """
+        check_dense(data)  # the stacked keys too (super() sees the others only)
         self._check_frames(data)
         super().check_spec(self._rest(data))
 

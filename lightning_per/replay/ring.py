@@ -81,7 +81,8 @@ class RingState:
 def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | None:
     """``{key: (ring tensor, data tensor)}`` in ``data``'s key order, when ``data`` is a TensorDict ``[n]`` (``n >=
     1``) whose leaves, but ``"index"``, are exactly the ring's keys (nested ones included) with their per-item
-    shapes and dtypes; else None. Host work on metadata only; changes nothing."""
+    shapes and dtypes, each dense, strided and off the ``"meta"`` device; else None (the caller's checked path names
+    what is wrong). Host work on metadata only; changes nothing."""
     spec = ring.flat_spec
     if spec is None or data.batch_dims != 1 or not data.batch_size[0]:
         return None
@@ -93,7 +94,7 @@ def match_pairs(ring: RingState, data) -> dict[Any, tuple[Tensor, Tensor]] | Non
         if want is None and isinstance(value, TensorDictBase) and value.is_empty():
             continue  # a sub-TensorDict left without leaves (e.g. by an ``exclude``) holds nothing to write
         if (want is None or not isinstance(value, Tensor) or value.dtype != want[1]
-                or value.shape[1:] != want[2]):
+                or value.shape[1:] != want[2] or value.layout != torch.strided or value.is_meta):
             return None
         pairs[key] = (want[0], value)
     return pairs if len(pairs) == len(spec) else None

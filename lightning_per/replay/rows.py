@@ -15,8 +15,10 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["batch_views", "field_views", "item_spec", "last_writes", "layout_key", "pack_plan", "ring_leaves",
-           "row_layout", "set_all", "view_plan"]
+from lightning_per.replay.compat import tree_leaves
+
+__all__ = ["batch_views", "check_dense", "field_views", "item_spec", "last_writes", "layout_key", "pack_plan",
+           "ring_leaves", "row_layout", "set_all", "view_plan"]
 
 
 def item_spec(td: TensorDictBase, skip_batch: int = 1) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
@@ -24,6 +26,47 @@ def item_spec(td: TensorDictBase, skip_batch: int = 1) -> dict[Any, tuple[tuple[
     ``skip_batch`` dimensions dropped: what a write is checked against."""
     return {k: (tuple(v.shape[skip_batch:]), v.dtype)
             for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+def check_dense(data: Any) -> None:
+    """Raise if a leaf of ``data`` (a TensorDict, a tensor or a pytree of them) is a tensor no storage can copy
+    from: a layout other than dense and strided (sparse COO/CSR, mkldnn), or a tensor on the ``"meta"`` device,
+    which holds no data. Metadata only (no tensor is read); changes nothing. Non-tensor leaves pass (a storage
+    in TorchRL's layout stores them); a ragged lazy stack passes (its writes are TorchRL's).
+
+    Raises:
+        TypeError: a leaf is not dense and strided (the message names its key and layout).
+        ValueError: a leaf is on the ``"meta"`` device (the message names its key).
+
+    Example::
+
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from lightning_per.replay.rows import check_dense
+        >>> check_dense(TensorDict({"obs": torch.zeros(2, 3)}, [2]))
+        >>> try:
+        ...     check_dense(TensorDict({"obs": torch.zeros(2, 3).to_sparse()}, [2]))
+        ... except TypeError as err:
+        ...     print(str(err)[:50])
+        data['obs'] has layout torch.sparse_coo: the stora
+    """
+    if isinstance(data, TensorDictBase):
+        try:
+            items = list(data.items(include_nested=True, leaves_only=True))
+        except RuntimeError:  # a lazy stack of ragged tensors: TorchRL's layout writes it
+            return
+    else:
+        items = [("", v) for v in tree_leaves(data)]
+    for key, value in items:
+        if not isinstance(value, torch.Tensor):
+            continue
+        where = f"data[{key!r}]" if key != "" else "data"
+        if value.layout != torch.strided:
+            raise TypeError(f"{where} has layout {value.layout}: the storage takes dense, strided tensors (call "
+                            f".to_dense() first; nothing was written)")
+        if value.is_meta:
+            raise ValueError(f"{where} is on the 'meta' device, which holds no data: the storage takes tensors on "
+                             f"a real device (cpu or cuda; nothing was written)")
 
 
 def row_layout(spec: dict[Any, tuple[tuple[int, ...], torch.dtype]]):

@@ -30,7 +30,16 @@ from torchrl.data import LazyTensorStorage
 from lightning_per.replay.compat import bump_mutation_revision, tree_leaves, unlocked_len
 from lightning_per.replay.errors import check_bool, check_capacity
 from lightning_per.replay.ring import RingState, match_pairs, read_slots, rows_batch, write_pairs
-from lightning_per.replay.rows import field_views, item_spec, pack_plan, ring_leaves, row_layout, set_all, view_plan
+from lightning_per.replay.rows import (
+    check_dense,
+    field_views,
+    item_spec,
+    pack_plan,
+    ring_leaves,
+    row_layout,
+    set_all,
+    view_plan,
+)
 from lightning_per.replay.slots import cursor_slots, filled_slots
 from lightning_per.replay.storage_checkpoint import (
     check_storage_state,
@@ -293,9 +302,12 @@ class GPUTensorStorage(LazyTensorStorage):
         """Raise if a batch ``data`` (batch dim first) cannot be written; changes nothing.
 
         Raises:
-            TypeError: ``data`` is not a TensorDict, or a key has another dtype.
-            ValueError: other keys, or another per-item shape, than the stored ones.
+            TypeError: ``data`` is not a TensorDict, a key has another dtype, or a leaf is not a dense, strided
+                tensor (sparse, in every layout: :func:`~lightning_per.replay.rows.check_dense`).
+            ValueError: other keys, or another per-item shape, than the stored ones; a leaf on the ``"meta"``
+                device (in every layout).
         """
+        check_dense(data)
         if self._choose_layout(data) == "torchrl":
             return  # TorchRL's layout: TorchRL's write checks
         if not isinstance(data, TensorDictBase):

@@ -7,7 +7,13 @@ from tensordict import TensorDictBase
 from tensordict.utils import expand_as_right
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
-from lightning_per.replay.compat import advance_writer, direct_writer, mark_update_entities
+from lightning_per.replay.compat import (
+    advance_writer,
+    bump_generation,
+    direct_writer,
+    mark_update_entities,
+    writer_cursor,
+)
 from lightning_per.replay.storage import GPUTensorStorage
 
 __all__ = ["GPURoundRobinWriter"]
@@ -15,7 +21,8 @@ __all__ = ["GPURoundRobinWriter"]
 
 class GPURoundRobinWriter(TensorDictRoundRobinWriter):
     """TorchRL's round-robin writer that validates a batch against the storage spec *before* moving
-    its cursor, so a rejected ``extend`` leaves cursor, length, data and priorities unchanged.
+    its cursor, and moves it only once the storage write has succeeded, so a rejected or failed ``extend``
+    leaves cursor, write count, length, data, priorities and generations unchanged.
 
     A batch that a :class:`GPUTensorStorage` can take as it is (flat keys, the stored spec, see
     :meth:`GPUTensorStorage.direct_pairs`) is written directly: the same cursor, write count, ``"index"``
@@ -40,12 +47,38 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
 
     def extend(self, data):
         pairs = self._direct_pairs(data)
-        if pairs is None:
-            if isinstance(self._storage, GPUTensorStorage):  # ours; TorchRL's storages have no spec check
-                self._storage.check_spec(data)
+        if pairs is not None:
+            index = self._write_direct(data, pairs)
+            data.set("index", expand_as_right(index, data))  # as TorchRL's writer tags the batch
+            mark_update_entities(self, index)
+            return index
+        storage = self._storage
+        if not isinstance(storage, GPUTensorStorage):  # TorchRL's storages: TorchRL's extend
             return super().extend(data)
-        index = self._write_direct(data, pairs)
-        data.set("index", expand_as_right(index, data))  # as TorchRL's writer tags the batch
+        storage.check_spec(data)
+        if storage.layout == "torchrl":  # TorchRL's layout (ndim > 1 included): TorchRL's extend, checked above
+            return super().extend(data)
+        return self._write_checked(data)
+
+    def _slots(self, data) -> tuple[int, torch.Tensor]:
+        """``(n, slots)`` of a write of ``data`` at the cursor (which does not move here): ``slots`` ``(n,)`` int64 on
+        ``data``'s device (CPU if it has none), ``arange(cursor, cursor + n) % max_size`` as in TorchRL's
+        ``extend``."""
+        n, max_size = data.batch_size[0], self._storage.max_size
+        cursor = writer_cursor(self)
+        index = torch.arange(cursor, cursor + n, dtype=torch.long, device=data.device or "cpu")
+        return n, (index % max_size if cursor + n > max_size else index)
+
+    def _write_checked(self, data) -> torch.Tensor:
+        """TorchRL's ``extend`` of a batch our ring storage checked (:meth:`GPUTensorStorage.check_spec`) but cannot
+        write directly (the first write, nested or reordered keys, generation stamps, a subclass's storage): the
+        ``"index"`` tag, the storage's ``set``, and only then the cursor and write count, the generations and the
+        ``mark_update`` calls; so a write that raises leaves all of them as they were."""
+        n, index = self._slots(data)
+        data.set("index", expand_as_right(index, data))
+        self._storage.set(index, data)
+        advance_writer(self, n, self._storage.max_size)
+        bump_generation(self, index, data)
         mark_update_entities(self, index)
         return index
 
@@ -58,16 +91,13 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
         return storage.direct_pairs(data)
 
     def _write_direct(self, data, pairs) -> torch.Tensor:
-        """Move the cursor by ``n = len(data)`` and write ``pairs`` at the slots; returns them, ``(n,)`` int64
-        on ``data``'s device (CPU if it has none), as TorchRL's ``extend``: ``arange(cursor, cursor + n) %
-        max_size``."""
-        n, max_size = data.batch_size[0], self._storage.max_size
-        cursor = advance_writer(self, n, max_size)
-        index = torch.arange(cursor, cursor + n, dtype=torch.long, device=data.device or "cpu")
-        wraps = cursor + n > max_size
-        if wraps:
-            index = index % max_size
-        self._storage.write_direct(index, pairs, None if wraps else cursor)
+        """Write ``pairs`` at the ``n = len(data)`` slots from the cursor, then move the cursor by ``n`` (a write that
+        raises leaves cursor and write count as they were); returns the slots, ``(n,)`` int64 on ``data``'s device
+        (CPU if it has none), as TorchRL's ``extend``: ``arange(cursor, cursor + n) % max_size``."""
+        n, index = self._slots(data)
+        cursor = writer_cursor(self)
+        self._storage.write_direct(index, pairs, None if cursor + n > self._storage.max_size else cursor)
+        advance_writer(self, n, self._storage.max_size)
         return index
 
     def add(self, data):

@@ -160,6 +160,57 @@ def test_a_symlink_anywhere_in_a_dump_is_refused_before_anything_loads(tmp_path,
     torch.testing.assert_close(rb.storage.get(torch.arange(40))["reward"], before, rtol=0, atol=0)
 
 
+def _tree(root) -> dict[str, tuple[str, bytes | str]]:
+    """Every entry under ``root`` (links not followed): ``{relative path: ("link", its target) | ("dir", "") |
+    ("file", its bytes)}``."""
+    import os
+
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                out[rel] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                out[rel] = ("dir", "")
+            else:
+                with open(path, "rb") as f:
+                    out[rel] = ("file", f.read())
+    return out
+
+
+@pytest.mark.parametrize("link", ["the target, to an earlier dump", "the target, dangling",
+                                  "a directory inside the target", "a file inside the target"])
+def test_dumps_refuses_a_symlinked_target_and_writes_nothing(tmp_path, link):
+    """``dumps`` into a link used to put a real directory where the link was and leave the link behind as a hidden
+    ``.<name>.<random>.tmp``; a link inside an earlier dump would be replaced with it. Refused by name: every entry
+    under ``tmp_path`` stays as it was (the link, what it points to, no leftovers)."""
+    import os
+
+    _filled().dumps(tmp_path / "d1")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "keep.json").write_text("{}")
+    if link == "the target, to an earlier dump":
+        os.symlink(tmp_path / "d1", tmp_path / "link_to_d1")
+        target, named = tmp_path / "link_to_d1", tmp_path / "link_to_d1"
+    elif link == "the target, dangling":
+        os.symlink(tmp_path / "nowhere", tmp_path / "link_to_d1")
+        target, named = tmp_path / "link_to_d1", tmp_path / "link_to_d1"
+    elif link == "a directory inside the target":
+        os.symlink(tmp_path / "outside", tmp_path / "d1" / "storage" / "linked")
+        target, named = tmp_path / "d1", tmp_path / "d1" / "storage" / "linked"
+    else:
+        os.symlink(tmp_path / "outside" / "keep.json", tmp_path / "d1" / "sampler" / "keep.json")
+        target, named = tmp_path / "d1", tmp_path / "d1" / "sampler" / "keep.json"
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError, match="symbolic link") as err:
+        _filled().dumps(target)
+    assert str(named) in str(err.value) and "\n" not in str(err.value)
+    assert _tree(tmp_path) == before
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
 def test_a_fifo_in_a_dump_is_refused_without_reading_it(tmp_path):
     import os
 

@@ -40,8 +40,9 @@ def test_round_robin_writer_private_attributes_exist():
     for name in ("_cursor", "_write_count", "_mark_update_entities"):
         assert hasattr(type(writer), name), name
     assert compat.direct_writer(writer)
+    assert compat.writer_cursor(writer) == 0
     assert compat.advance_writer(writer, 6, 4) == 0
-    assert writer._cursor == 2 and writer._write_count == 6
+    assert writer._cursor == 2 and writer._write_count == 6 and compat.writer_cursor(writer) == 2
     compat.mark_update_entities(writer, torch.arange(2))
     assert len(rb) == 0
 
@@ -145,3 +146,11 @@ def test_buffer_parts_locks_plain_extend_and_generator_read_torchrls_private_sta
                                          transform=Compose(RenameTransform(["a"], ["b"])))
     assert not compat.plain_extend(transformed)
     assert not compat.plain_extend(TensorDictReplayBuffer(storage=LazyTensorStorage(4, ndim=2), dim_extend=1))
+
+
+def test_round_robin_writer_bump_generation_exists():
+    writer = TensorDictRoundRobinWriter(track_generations=True)
+    TensorDictReplayBuffer(storage=LazyTensorStorage(4), writer=writer)
+    assert callable(getattr(writer, "_bump_generation", None))
+    compat.bump_generation(writer, torch.tensor([1, 2]), TensorDict({"a": torch.zeros(2)}, [2]))
+    assert writer.generations_of(torch.arange(4)).tolist() == [-1, 0, 0, -1]

@@ -497,3 +497,53 @@ def test_uniform_draw_recompiles_no_more_than_torchrl():
     ours = _recompiles_of_extend_and_sample(GPUTensorStorage(300, device="cpu", compilable=True),
                                             GPURandomSampler(device="cpu", seed=0))
     assert ours <= theirs
+
+
+# ---------------------------------------------------------------------------- the storage a buffer keeps
+def _five_rows() -> TensorDict:
+    i = torch.arange(5, dtype=torch.float32)
+    return TensorDict({"observation": i[:, None].expand(5, 3).clone(), "reward": i + 1}, [5])
+
+
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_an_unwritten_lazy_tensor_storage_is_replaced_where_torchrl_keeps_it(prioritized):
+    """TorchRL's buffer keeps the ``LazyTensorStorage`` it was given and writes into it; ours builds a
+    ``GPUTensorStorage`` of its size instead (documented in the class docstring and docs/replay.md), leaves the one
+    given empty and holds the same rows TorchRL's storage holds."""
+    from lightning_per import GPUReplayBuffer
+
+    theirs_storage, ours_storage = LazyTensorStorage(100), LazyTensorStorage(100)
+    if prioritized:
+        theirs = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=theirs_storage, batch_size=4)
+        ours = GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=ours_storage, batch_size=4, device="cpu")
+    else:
+        theirs = TensorDictReplayBuffer(storage=theirs_storage, batch_size=4)
+        ours = GPUReplayBuffer(storage=ours_storage, batch_size=4, device="cpu")
+    theirs.extend(_five_rows())
+    ours.extend(_five_rows())
+    assert theirs.storage is theirs_storage and len(theirs_storage) == 5
+    assert ours.storage is not ours_storage and type(ours.storage) is GPUTensorStorage
+    assert ours.storage.max_size == theirs_storage.max_size == 100
+    assert len(ours_storage) == 0 and not ours_storage.initialized  # the one passed: never written
+    assert len(ours.storage) == len(theirs_storage) == 5
+    for key in ("observation", "reward"):
+        assert torch.equal(ours.storage[:][key], theirs_storage[:][key]), key
+
+
+@pytest.mark.parametrize("prioritized", [True, False])
+@pytest.mark.parametrize("kind", ["ours", "written LazyTensorStorage", "LazyMemmapStorage"])
+def test_other_storages_are_kept_as_torchrl_keeps_them(kind, prioritized, tmp_path):
+    from lightning_per import GPUReplayBuffer
+
+    if kind == "ours":
+        storage = GPUTensorStorage(100, device="cpu")
+    elif kind == "written LazyTensorStorage":
+        storage = LazyTensorStorage(100)
+        storage.set(torch.arange(2), _five_rows()[:2])
+    else:
+        storage = LazyMemmapStorage(100, scratch_dir=tmp_path)
+    before = len(storage)
+    rb = (GPUPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, batch_size=4, device="cpu") if prioritized
+          else GPUReplayBuffer(storage=storage, batch_size=4, device="cpu"))
+    rb.extend(_five_rows())
+    assert rb.storage is storage and len(storage) == before + 5
