@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 import torch
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
@@ -50,7 +51,8 @@ from lightning_per.integrity import IntegrityError, verify_file
 from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, subcommand_parser
 
 __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
-           "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint"]
+           "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
+           "check_loop_limits", "SaveConfigOnTrainStart"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -260,6 +262,59 @@ def check_lightning_checkpoint(checkpoint: Mapping[str, Any], trainer: Any, mode
                              f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}") from None
 
 
+def check_loop_limits(checkpoint: Mapping[str, Any], trainer: Any, ckpt: str) -> None:
+    """Refuse resuming ``checkpoint`` (read from ``ckpt``, checked by :func:`check_lightning_checkpoint`) under a
+    ``trainer`` whose ``max_epochs`` or ``max_steps`` is below what the checkpoint has done. Lightning's rules, read
+    before ``Trainer.fit`` writes anything: it raises when the checkpoint's ``epoch`` exceeds ``max_epochs`` (after
+    the setup hooks wrote ``config.yaml`` and the logs), and it trains nothing while the epochs the checkpoint has
+    finished (``loops.fit_loop.epoch_progress.current.processed``) reach ``max_epochs`` or its ``global_step``
+    reaches ``max_steps``. A limit equal to what was done is accepted (a finished run resumed trains nothing);
+    -1 is no limit; a ``max_epochs`` of None is Lightning's default (1000 unless ``max_steps`` or a ``Timer`` bounds
+    the run).
+
+    Raises:
+        ValueError: one line naming the option, the checkpoint's count and the smallest value that trains further.
+
+    Example::
+
+        check_loop_limits(torch.load(path), trainer, path)  # max_epochs=2, 3 epochs done: ValueError
+    """
+    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    steps = checkpoint["global_step"]
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_epochs is None:  # Lightning's _parse_loop_limits, at the start of fit
+        max_epochs = 1000 if max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks) else -1
+    if max_epochs >= 0 and max_epochs < epochs:
+        raise ValueError(f"--trainer.max_epochs={max_epochs} is below the {epochs} epochs the checkpoint {ckpt!r} has "
+                         f"finished: give at least {epochs + 1} to train further")
+    if max_steps >= 0 and max_steps < steps:
+        raise ValueError(f"--trainer.max_steps={max_steps} is below the {steps} steps the checkpoint {ckpt!r} has "
+                         f"done: give at least {steps + 1} to train further")
+
+
+class SaveConfigOnTrainStart(SaveConfigCallback):
+    """Lightning's :class:`~lightning.pytorch.cli.SaveConfigCallback` (``config.yaml`` in the run directory), written
+    when training starts instead of at ``setup``: ``Trainer.fit`` restores a checkpoint's loops and optimizer between
+    the two, so a resume that Lightning refuses while restoring leaves an earlier run's ``config.yaml`` as it was.
+    A fit that trains nothing (a finished run resumed) does not rewrite it either.
+
+    Raises:
+        RuntimeError: as Lightning's, when ``config.yaml`` exists and ``overwrite`` is false.
+
+    Example::
+
+        LightningCLI(DQN, save_config_callback=SaveConfigOnTrainStart, save_config_kwargs={"overwrite": True})
+    """
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Nothing yet: the stage is kept for :meth:`on_train_start`."""
+        self.stage = stage
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Write ``config.yaml`` (Lightning's ``setup``; on every rank: it broadcasts)."""
+        super().setup(trainer, pl_module, self.stage)
+
+
 def _run_directories(trainer: Any) -> list[tuple[str, str]]:
     """``(option, directory)`` of every local directory a ``fit`` with the ``trainer`` config writes in (the run
     directory, a logger's ``save_dir``, a callback's ``dirpath``), each directory once, named by its first option."""
@@ -463,7 +518,8 @@ class LightningPerCLI(LightningCLI):
         """Everything a resume from ``--ckpt_path`` would refuse, checked before ``Trainer.fit`` writes anything
         in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content
         (:meth:`AtomicCheckpointIO.load_checkpoint`), what Lightning restores from it
-        (:func:`check_lightning_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
+        (:func:`check_lightning_checkpoint`), ``--trainer.max_epochs``/``max_steps`` against its counters
+        (:func:`check_loop_limits`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
         version and the type of each of its values, the replay state). A refusal is a one-line error naming the
         file and the key, exit status 2, with ``friendly_errors``.
 
@@ -481,6 +537,7 @@ class LightningPerCLI(LightningCLI):
                 check_lightning_checkpoint(checkpoint, trainer, self.model)
             except ValueError as err:
                 raise ValueError(f"{ckpt}: {err}") from None
+            check_loop_limits(checkpoint, trainer, ckpt)
             # the launching process (local rank 0) checks every shard of its node before it starts the others
             first = trainer.node_rank * trainer.num_devices
             node_ranks = range(first, first + trainer.num_devices) if trainer.local_rank == 0 else ()
@@ -807,7 +864,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")  # Lightning's
-    return LightningPerCLI(DQN, seed_everything_default=0,
+    return LightningPerCLI(DQN, seed_everything_default=0, save_config_callback=SaveConfigOnTrainStart,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
                            run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors,
                            parser_kwargs={"description": _DESCRIPTION, "epilog": _EPILOG})

@@ -369,7 +369,7 @@ def test_sigterm_stops_the_run_with_status_143(tmp_path):
 
     args = ["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"), *TINY,
             f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.max_epochs=4",
-            "--trainer.callbacks+=_interrupt_cb.TermAt", "--trainer.callbacks.epoch=1"]
+            "--trainer.callbacks+=_interrupt_cb.SignalAt", "--trainer.callbacks.epoch=1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
                                                         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", "import sys; from lightning_per.cli import main; "

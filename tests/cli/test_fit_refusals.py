@@ -189,3 +189,42 @@ def test_on_load_checkpoint_names_the_key_of_a_wrongly_typed_dqn_state(tmp_path)
     assert "dqn_state.updates must be an int >= 0, got 2.5" in message and str(ckpt) in message
     assert "\n" not in message
     assert resumed.updates == 0  # nothing restored
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (W&B folders, checkpoints, logs) and its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# the finished run: 2 epochs of 20 updates (TINY), so its checkpoint has finished 2 epochs and 40 steps
+@pytest.mark.parametrize("epochs, option, names", [
+    (0, None, ["--trainer.max_epochs=0", "2 epochs", "at least 3"]),  # Lightning raises: epoch 1 > max_epochs 0
+    (1, None, ["--trainer.max_epochs=1", "2 epochs", "at least 3"]),  # Lightning would train nothing
+    (4, "--trainer.max_steps=39", ["--trainer.max_steps=39", "40 steps", "at least 41"]),
+])
+def test_a_resume_below_the_checkpoints_epochs_or_steps_is_one_line_exit_2_and_changes_nothing(
+        finished_run, tmp_path, epochs, option, names):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(ckpt), *([option] if option else []), epochs=epochs))
+    assert str(ckpt) in line and all(name in line for name in names), line
+    assert _snapshot(run) == before
+
+
+def test_a_resume_failing_after_setup_leaves_config_yaml_as_it_was(finished_run, tmp_path):
+    """config.yaml is written when training starts: a failure where Trainer.fit restores the checkpoint's loops and
+    optimizer (after the setup hooks) leaves the earlier run's file, though this resume's settings differ."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = _sha256(run / "config.yaml")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
+                                                 os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "lightning_per.console", "fit", "--config", CONFIG, *TINY,
+                           f"--trainer.default_root_dir={run}", "--trainer.max_epochs=4", "--trainer.logger=false",
+                           "--trainer.callbacks+=_interrupt_cb.FailAtFitStart",
+                           "--ckpt_path", str(run / "checkpoints" / "last.ckpt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "failed at fit start" in proc.stderr, proc.stderr[-3000:]
+    assert _sha256(run / "config.yaml") == config
