@@ -506,9 +506,14 @@ class LightningPerCLI(LightningCLI):
         """The ``fit`` subcommand (LightningCLI runs a method of the CLI named after the subcommand in place of the
         Trainer's): ``trainer.fit``, with a ``ValueError``/``TypeError`` raised before training started (``setup``:
         e.g. a replay capacity no memory holds) reported as a one-line error (exit status 2) with
-        ``friendly_errors``."""
+        ``friendly_errors``, and Lightning's ``sys.exit(1)`` after Ctrl-C raised again as the KeyboardInterrupt it
+        was (its hooks have run: ``summary.json`` says ``interrupted``)."""
         try:
             self.trainer.fit(model, **kwargs)
+        except SystemExit as stop:  # Lightning ends a fit stopped by Ctrl-C with sys.exit(1), its hooks run
+            if type(stop) is SystemExit and stop.code == 1 and self.trainer.interrupted:
+                raise KeyboardInterrupt from None  # main's exit status 130
+            raise
         except (ValueError, TypeError) as err:
             if not self.friendly_errors or getattr(getattr(self, "model", None), "fit_started", True):
                 raise
@@ -874,7 +879,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``lightning-per fit ...``: the DQN's LightningCLI on ``argv`` (default ``sys.argv[1:]``, read by the
     LightningCLI itself), a bad configuration value reported in one line (exit status 2). A ``fit`` stopped by
     SIGTERM returns 143 (128 + 15, the shell's convention; its ``summary.json`` says ``interrupted``), one
-    stopped by Ctrl-C exits with 1 (Lightning's). Other commands are :func:`lightning_per.console.main`'s.
+    stopped by Ctrl-C (SIGINT) 130 (128 + 2; ``interrupted`` too). Other commands are
+    :func:`lightning_per.console.main`'s.
 
     Raises:
         SystemExit: the LightningCLI's (``--help``, a command-line error).
@@ -887,6 +893,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_main(None if argv is None else list(argv), friendly_errors=True)  # None: LightningCLI reads sys.argv
     except SIGTERMException:  # a SystemExit without a code (status 0): say the run was stopped
         return 128 + signal.SIGTERM
+    except KeyboardInterrupt:  # Ctrl-C during the fit (LightningPerCLI.fit), or while it was being built
+        return 128 + signal.SIGINT
     return 0
 
 
