@@ -22,7 +22,7 @@ from lightning.pytorch import Trainer
 from lightning_per.callbacks import AtomicCheckpointIO
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
-from lightning_per.integrity import save_torch_file
+from lightning_per.integrity import file_manifest_path, save_torch_file
 
 CONFIG = str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml")
 TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
@@ -228,3 +228,33 @@ def test_a_resume_failing_after_setup_leaves_config_yaml_as_it_was(finished_run,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "failed at fit start" in proc.stderr, proc.stderr[-3000:]
     assert _sha256(run / "config.yaml") == config
+
+
+def _copy_with_manifest(ckpt: Path, copy: Path) -> None:
+    """``cp X.ckpt Y.ckpt; cp X.ckpt.manifest.json Y.ckpt.manifest.json``: a backup made by hand."""
+    shutil.copyfile(ckpt, copy)
+    shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(copy))
+
+
+def test_a_checkpoint_copied_with_its_manifest_resumes(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    backup = run / "bak.ckpt"
+    _copy_with_manifest(run / "checkpoints" / "last.ckpt", backup)
+    proc = _fit(run, "--ckpt_path", str(backup), epochs=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = AtomicCheckpointIO().load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert (resumed["epoch"], resumed["global_step"]) == (2, 60)  # one epoch of 20 updates on top of 2 x 20
+
+
+def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt, other = run / "checkpoints" / "last.ckpt", run / "other.ckpt"
+    _copy_with_manifest(ckpt, other)
+    _reseal(other, _set("dqn_state.env_steps", 12345))  # another content, sealed under its own name
+    shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(other))  # then last.ckpt's manifest beside it
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(other), epochs=4))
+    assert str(other) in line and "is the manifest of last.ckpt" in line and "does not hold" in line, line
+    assert _snapshot(run) == before
