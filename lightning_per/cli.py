@@ -52,7 +52,7 @@ from lightning_per.lightning_compat import apply_checkpoint_hparams, option_stri
 
 __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
            "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
-           "check_loop_limits", "SaveConfigOnTrainStart"]
+           "check_loop_limits", "RunConfigCallback"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -292,18 +292,22 @@ def check_loop_limits(checkpoint: Mapping[str, Any], trainer: Any, ckpt: str) ->
                          f"done: give at least {steps + 1} to train further")
 
 
-class SaveConfigOnTrainStart(SaveConfigCallback):
+class RunConfigCallback(SaveConfigCallback):
     """Lightning's :class:`~lightning.pytorch.cli.SaveConfigCallback` (``config.yaml`` in the run directory), written
-    when training starts instead of at ``setup``: ``Trainer.fit`` restores a checkpoint's loops and optimizer between
-    the two, so a resume that Lightning refuses while restoring leaves an earlier run's ``config.yaml`` as it was.
-    A fit that trains nothing (a finished run resumed) does not rewrite it either.
+    when training starts instead of at ``setup``, and the run's ``seed_everything`` recorded in every checkpoint.
+
+    ``Trainer.fit`` restores a checkpoint's loops and optimizer between ``setup`` and the start of training, so a
+    resume that Lightning refuses while restoring leaves an earlier run's ``config.yaml`` as it was; a fit that
+    trains nothing (a finished run resumed) does not rewrite it either. The recorded seed lets a resume refuse or
+    correct a ``seed_everything`` other than the one the checkpoint's RNG states came from
+    (:meth:`LightningPerCLI.before_fit`).
 
     Raises:
         RuntimeError: as Lightning's, when ``config.yaml`` exists and ``overwrite`` is false.
 
     Example::
 
-        LightningCLI(DQN, save_config_callback=SaveConfigOnTrainStart, save_config_kwargs={"overwrite": True})
+        LightningCLI(DQN, save_config_callback=RunConfigCallback, save_config_kwargs={"overwrite": True})
     """
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -313,6 +317,40 @@ class SaveConfigOnTrainStart(SaveConfigCallback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Write ``config.yaml`` (Lightning's ``setup``; on every rank: it broadcasts)."""
         super().setup(trainer, pl_module, self.stage)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed_everything": <int, or False: not seeded>}``, the run's seed as the LightningCLI applied it."""
+        return {"seed_everything": self.config.get("seed_everything")}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check a checkpoint's state (:meth:`seed_in`); nothing is restored from it.
+
+        Raises:
+            ValueError: ``seed_everything`` is neither an int nor False.
+        """
+        self.seed_in({"callbacks": {self.state_key: state_dict}})
+
+    def seed_in(self, checkpoint: Mapping[str, Any]) -> int | bool | None:
+        """The ``seed_everything`` that this callback's state in ``checkpoint`` (a loaded Lightning checkpoint)
+        records; None when the checkpoint holds no state of this callback (written before it was recorded).
+
+        Raises:
+            ValueError: the recorded seed is neither an int nor False.
+
+        Example::
+
+            seed = run_config_callback.seed_in(torch.load(path, weights_only=True))
+        """
+        states = checkpoint.get("callbacks")
+        state = states.get(self.state_key) if isinstance(states, Mapping) else None
+        if state is None:
+            return None
+        if not isinstance(state, Mapping):
+            raise ValueError(f"must be a dict, got {describe(state)}")
+        seed = state.get("seed_everything")
+        if seed is not False and type(seed) is not int:
+            raise ValueError(f"seed_everything must be an int or false, got {describe(seed)}")
+        return seed
 
 
 def _run_directories(trainer: Any) -> list[tuple[str, str]]:
@@ -429,6 +467,8 @@ class LightningPerCLI(LightningCLI):
         self.friendly_errors = friendly_errors
         raw = kwargs.get("args")
         self._given = _model_options_given(sys.argv[1:] if raw is None else raw)
+        self._seed_given = any(str(a).split("=", 1)[0] == "--seed_everything"
+                               for a in (sys.argv[1:] if raw is None else raw))
         super().__init__(*args, **kwargs)
 
     def _report(self, err: ValueError) -> None:
@@ -524,7 +564,8 @@ class LightningPerCLI(LightningCLI):
         in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content
         (:meth:`AtomicCheckpointIO.load_checkpoint`), what Lightning restores from it
         (:func:`check_lightning_checkpoint`), ``--trainer.max_epochs``/``max_steps`` against its counters
-        (:func:`check_loop_limits`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
+        (:func:`check_loop_limits`), ``--seed_everything`` against the checkpoint's (:meth:`_keep_checkpoint_seed`),
+        then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
         version and the type of each of its values, the replay state). A refusal is a one-line error naming the
         file and the key, exit status 2, with ``friendly_errors``.
 
@@ -543,6 +584,7 @@ class LightningPerCLI(LightningCLI):
             except ValueError as err:
                 raise ValueError(f"{ckpt}: {err}") from None
             check_loop_limits(checkpoint, trainer, ckpt)
+            self._keep_checkpoint_seed(checkpoint, ckpt, cfg)
             # the launching process (local rank 0) checks every shard of its node before it starts the others
             first = trainer.node_rank * trainer.num_devices
             node_ranks = range(first, first + trainer.num_devices) if trainer.local_rank == 0 else ()
@@ -554,6 +596,31 @@ class LightningPerCLI(LightningCLI):
         except (ValueError, TypeError, OSError) as err:
             self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
         self._log_run_config(cfg)
+
+    def _keep_checkpoint_seed(self, checkpoint: Mapping[str, Any], ckpt: str, cfg: Any) -> None:
+        """A resumed run's RNG states come from the checkpoint, so its ``seed_everything`` is the one the checkpoint
+        records (:meth:`RunConfigCallback.seed_in`): another seed given on the command line is refused; one that
+        differs only through the config file or the default is replaced by the checkpoint's (what ``config.yaml``
+        and the loggers then record), with one warning. A checkpoint recording no seed changes nothing.
+
+        Raises:
+            ValueError: ``--seed_everything`` given and other than the checkpoint's; a recorded seed of another type.
+        """
+        callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, RunConfigCallback)]
+        try:
+            saved = next((s for s in (cb.seed_in(checkpoint) for cb in callbacks) if s is not None), None)
+        except ValueError as err:  # (check_lightning_checkpoint has refused it already)
+            raise ValueError(f"{ckpt}: callbacks['RunConfigCallback'] is refused: {err}") from None
+        given = cfg.get("seed_everything")
+        if saved is None or given == saved and type(given) is type(saved):
+            return
+        if self._seed_given:
+            raise ValueError(f"--seed_everything={given!r}: the checkpoint {ckpt!r} was trained with seed_everything="
+                             f"{saved!r}, and a resumed run takes its RNG states from the checkpoint; drop the option "
+                             f"to resume, or start a new run")
+        cfg["seed_everything"] = saved  # the Namespace config.yaml and the loggers read
+        warnings.warn(f"resuming from {ckpt!r} with the checkpoint's seed_everything={saved!r} (config: {given!r})",
+                      UserWarning, stacklevel=2)
 
     def _continue_wandb_run(self, checkpoint: Mapping[str, Any], ckpt: str) -> None:
         """Make each :class:`AutoModeWandbLogger` continue the W&B run that the checkpoint's
@@ -869,7 +936,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")  # Lightning's
-    return LightningPerCLI(DQN, seed_everything_default=0, save_config_callback=SaveConfigOnTrainStart,
+    return LightningPerCLI(DQN, seed_everything_default=0, save_config_callback=RunConfigCallback,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
                            run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors,
                            parser_kwargs={"description": _DESCRIPTION, "epilog": _EPILOG})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Trainer
 
 from lightning_per.callbacks import AtomicCheckpointIO
@@ -258,3 +259,27 @@ def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tm
     line = _refused(_fit(run, "--ckpt_path", str(other), epochs=4))
     assert str(other) in line and "is the manifest of last.ckpt" in line and "does not hold" in line, line
     assert _snapshot(run) == before
+
+
+def test_a_resume_with_another_seed_on_the_command_line_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(ckpt), "--seed_everything=7", epochs=4))
+    assert "--seed_everything=7" in line and str(ckpt) in line and "seed_everything=0" in line, line
+    assert _snapshot(run) == before
+
+
+def test_a_resume_whose_config_file_has_another_seed_records_the_checkpoints(finished_run, tmp_path):
+    """The finished run took seed_everything from configs/dqn_cartpole.yaml; a second config file changing it is
+    named in a warning, and config.yaml records the seed the checkpoint's RNG states came from."""
+    seed = yaml.safe_load(Path(CONFIG).read_text())["seed_everything"]
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    extra = tmp_path / "seed.yaml"
+    extra.write_text(f"seed_everything: {seed + 5}\n")
+    proc = _fit(run, "--config", str(extra), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), epochs=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"seed_everything={seed} (config: {seed + 5})" in proc.stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed_everything"] == seed
