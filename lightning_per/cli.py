@@ -12,7 +12,8 @@ offline without credentials (:class:`~lightning_per.callbacks.AutoModeWandbLogge
 :class:`~lightning_per.callbacks.AsyncMetricsCallback` (epoch-level metrics without per-step syncs),
 the :class:`~lightning_per.callbacks.RunArtifactsCallback` (``summary.json``, learning-curve PNG, final
 line), a ``ModelCheckpoint`` saving ``last.ckpt`` every epoch, and atomic checkpoint writes
-(:class:`~lightning_per.callbacks.AtomicCheckpointIO`). A ``save_dir``/``dirpath`` left null in those
+(:class:`~lightning_per.callbacks.AtomicCheckpointIO`); ``config.yaml`` is written when training starts and
+``seed_everything`` recorded in checkpoints (:class:`RunConfigCallback`). A ``save_dir``/``dirpath`` left null in those
 means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` for checkpoints).
 ``--torch_num_threads`` (default 1) sets torch's intra-op CPU threads; ``--float32_matmul_precision``
 (default null: torch's) is ``torch.set_float32_matmul_precision`` (``high``: TF32 tensor cores for float32
