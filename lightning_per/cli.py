@@ -12,7 +12,8 @@ offline without credentials (:class:`~lightning_per.callbacks.AutoModeWandbLogge
 :class:`~lightning_per.callbacks.AsyncMetricsCallback` (epoch-level metrics without per-step syncs),
 the :class:`~lightning_per.callbacks.RunArtifactsCallback` (``summary.json``, learning-curve PNG, final
 line), a ``ModelCheckpoint`` saving ``last.ckpt`` every epoch, and atomic checkpoint writes
-(:class:`~lightning_per.callbacks.AtomicCheckpointIO`). A ``save_dir``/``dirpath`` left null in those
+(:class:`~lightning_per.callbacks.AtomicCheckpointIO`); ``config.yaml`` is written when training starts and
+``seed_everything`` recorded in checkpoints (:class:`RunConfigCallback`). A ``save_dir``/``dirpath`` left null in those
 means the run directory ``trainer.default_root_dir`` (``<run dir>/checkpoints`` for checkpoints).
 ``--torch_num_threads`` (default 1) sets torch's intra-op CPU threads; ``--float32_matmul_precision``
 (default null: torch's) is ``torch.set_float32_matmul_precision`` (``high``: TF32 tensor cores for float32
@@ -37,7 +38,8 @@ from typing import Any, Literal
 
 import torch
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from lightning_per.callbacks.async_metrics import AsyncMetricsCallback
@@ -50,7 +52,8 @@ from lightning_per.integrity import IntegrityError, verify_file
 from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, subcommand_parser
 
 __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
-           "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint"]
+           "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
+           "check_loop_limits", "RunConfigCallback"]
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -260,6 +263,97 @@ def check_lightning_checkpoint(checkpoint: Mapping[str, Any], trainer: Any, mode
                              f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}") from None
 
 
+def check_loop_limits(checkpoint: Mapping[str, Any], trainer: Any, ckpt: str) -> None:
+    """Refuse resuming ``checkpoint`` (read from ``ckpt``, checked by :func:`check_lightning_checkpoint`) under a
+    ``trainer`` whose ``max_epochs`` or ``max_steps`` is below what the checkpoint has done. Lightning's rules, read
+    before ``Trainer.fit`` writes anything: it raises when the checkpoint's ``epoch`` exceeds ``max_epochs`` (after
+    the setup hooks wrote ``config.yaml`` and the logs), and it trains nothing while the epochs the checkpoint has
+    finished (``loops.fit_loop.epoch_progress.current.processed``) reach ``max_epochs`` or its ``global_step``
+    reaches ``max_steps``. A limit equal to what was done is accepted (a finished run resumed trains nothing);
+    -1 is no limit; a ``max_epochs`` of None is Lightning's default (1000 unless ``max_steps`` or a ``Timer`` bounds
+    the run).
+
+    Raises:
+        ValueError: one line naming the option, the checkpoint's count and the smallest value that trains further.
+
+    Example::
+
+        check_loop_limits(torch.load(path), trainer, path)  # max_epochs=2, 3 epochs done: ValueError
+    """
+    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    steps = checkpoint["global_step"]
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_epochs is None:  # Lightning's _parse_loop_limits, at the start of fit
+        max_epochs = 1000 if max_steps == -1 and not any(isinstance(cb, Timer) for cb in trainer.callbacks) else -1
+    if max_epochs >= 0 and max_epochs < epochs:
+        raise ValueError(f"--trainer.max_epochs={max_epochs} is below the {epochs} epochs the checkpoint {ckpt!r} has "
+                         f"finished: give at least {epochs + 1} to train further")
+    if max_steps >= 0 and max_steps < steps:
+        raise ValueError(f"--trainer.max_steps={max_steps} is below the {steps} steps the checkpoint {ckpt!r} has "
+                         f"done: give at least {steps + 1} to train further")
+
+
+class RunConfigCallback(SaveConfigCallback):
+    """Lightning's :class:`~lightning.pytorch.cli.SaveConfigCallback` (``config.yaml`` in the run directory), written
+    when training starts instead of at ``setup``, and the run's ``seed_everything`` recorded in every checkpoint.
+
+    ``Trainer.fit`` restores a checkpoint's loops and optimizer between ``setup`` and the start of training, so a
+    resume that Lightning refuses while restoring leaves an earlier run's ``config.yaml`` as it was; a fit that
+    trains nothing (a finished run resumed) does not rewrite it either. The recorded seed lets a resume refuse or
+    correct a ``seed_everything`` other than the one the checkpoint's RNG states came from
+    (:meth:`LightningPerCLI.before_fit`).
+
+    Raises:
+        RuntimeError: as Lightning's, when ``config.yaml`` exists and ``overwrite`` is false.
+
+    Example::
+
+        LightningCLI(DQN, save_config_callback=RunConfigCallback, save_config_kwargs={"overwrite": True})
+    """
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Nothing yet: the stage is kept for :meth:`on_train_start`."""
+        self.stage = stage
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Write ``config.yaml`` (Lightning's ``setup``; on every rank: it broadcasts)."""
+        super().setup(trainer, pl_module, self.stage)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed_everything": <int, or False: not seeded>}``, the run's seed as the LightningCLI applied it."""
+        return {"seed_everything": self.config.get("seed_everything")}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check a checkpoint's state (:meth:`seed_in`); nothing is restored from it.
+
+        Raises:
+            ValueError: ``seed_everything`` is neither an int nor False.
+        """
+        self.seed_in({"callbacks": {self.state_key: state_dict}})
+
+    def seed_in(self, checkpoint: Mapping[str, Any]) -> int | bool | None:
+        """The ``seed_everything`` that this callback's state in ``checkpoint`` (a loaded Lightning checkpoint)
+        records; None when the checkpoint holds no state of this callback (written before it was recorded).
+
+        Raises:
+            ValueError: the recorded seed is neither an int nor False.
+
+        Example::
+
+            seed = run_config_callback.seed_in(torch.load(path, weights_only=True))
+        """
+        states = checkpoint.get("callbacks")
+        state = states.get(self.state_key) if isinstance(states, Mapping) else None
+        if state is None:
+            return None
+        if not isinstance(state, Mapping):
+            raise ValueError(f"must be a dict, got {describe(state)}")
+        seed = state.get("seed_everything")
+        if seed is not False and type(seed) is not int:
+            raise ValueError(f"seed_everything must be an int or false, got {describe(seed)}")
+        return seed
+
+
 def _run_directories(trainer: Any) -> list[tuple[str, str]]:
     """``(option, directory)`` of every local directory a ``fit`` with the ``trainer`` config writes in (the run
     directory, a logger's ``save_dir``, a callback's ``dirpath``), each directory once, named by its first option."""
@@ -374,6 +468,8 @@ class LightningPerCLI(LightningCLI):
         self.friendly_errors = friendly_errors
         raw = kwargs.get("args")
         self._given = _model_options_given(sys.argv[1:] if raw is None else raw)
+        self._seed_given = any(str(a).split("=", 1)[0] == "--seed_everything"
+                               for a in (sys.argv[1:] if raw is None else raw))
         super().__init__(*args, **kwargs)
 
     def _report(self, err: ValueError) -> None:
@@ -451,9 +547,14 @@ class LightningPerCLI(LightningCLI):
         """The ``fit`` subcommand (LightningCLI runs a method of the CLI named after the subcommand in place of the
         Trainer's): ``trainer.fit``, with a ``ValueError``/``TypeError`` raised before training started (``setup``:
         e.g. a replay capacity no memory holds) reported as a one-line error (exit status 2) with
-        ``friendly_errors``."""
+        ``friendly_errors``, and Lightning's ``sys.exit(1)`` after Ctrl-C raised again as the KeyboardInterrupt it
+        was (its hooks have run: ``summary.json`` says ``interrupted``)."""
         try:
             self.trainer.fit(model, **kwargs)
+        except SystemExit as stop:  # Lightning ends a fit stopped by Ctrl-C with sys.exit(1), its hooks run
+            if type(stop) is SystemExit and stop.code == 1 and self.trainer.interrupted:
+                raise KeyboardInterrupt from None  # main's exit status 130
+            raise
         except (ValueError, TypeError) as err:
             if not self.friendly_errors or getattr(getattr(self, "model", None), "fit_started", True):
                 raise
@@ -463,7 +564,9 @@ class LightningPerCLI(LightningCLI):
         """Everything a resume from ``--ckpt_path`` would refuse, checked before ``Trainer.fit`` writes anything
         in the run directory (config.yaml, summary.json, logs): the checkpoint's manifest and content
         (:meth:`AtomicCheckpointIO.load_checkpoint`), what Lightning restores from it
-        (:func:`check_lightning_checkpoint`), then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
+        (:func:`check_lightning_checkpoint`), ``--trainer.max_epochs``/``max_steps`` against its counters
+        (:func:`check_loop_limits`), ``--seed_everything`` against the checkpoint's (:meth:`_keep_checkpoint_seed`),
+        then :meth:`DQN.check_resume` (this rank's DDP shard, the dqn_state
         version and the type of each of its values, the replay state). A refusal is a one-line error naming the
         file and the key, exit status 2, with ``friendly_errors``.
 
@@ -481,6 +584,8 @@ class LightningPerCLI(LightningCLI):
                 check_lightning_checkpoint(checkpoint, trainer, self.model)
             except ValueError as err:
                 raise ValueError(f"{ckpt}: {err}") from None
+            check_loop_limits(checkpoint, trainer, ckpt)
+            self._keep_checkpoint_seed(checkpoint, ckpt, cfg)
             # the launching process (local rank 0) checks every shard of its node before it starts the others
             first = trainer.node_rank * trainer.num_devices
             node_ranks = range(first, first + trainer.num_devices) if trainer.local_rank == 0 else ()
@@ -492,6 +597,31 @@ class LightningPerCLI(LightningCLI):
         except (ValueError, TypeError, OSError) as err:
             self._report(err if isinstance(err, ValueError) else ValueError(f"{type(err).__name__}: {err}"))
         self._log_run_config(cfg)
+
+    def _keep_checkpoint_seed(self, checkpoint: Mapping[str, Any], ckpt: str, cfg: Any) -> None:
+        """A resumed run's RNG states come from the checkpoint, so its ``seed_everything`` is the one the checkpoint
+        records (:meth:`RunConfigCallback.seed_in`): another seed given on the command line is refused; one that
+        differs only through the config file or the default is replaced by the checkpoint's (what ``config.yaml``
+        and the loggers then record), with one warning. A checkpoint recording no seed changes nothing.
+
+        Raises:
+            ValueError: ``--seed_everything`` given and other than the checkpoint's; a recorded seed of another type.
+        """
+        callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, RunConfigCallback)]
+        try:
+            saved = next((s for s in (cb.seed_in(checkpoint) for cb in callbacks) if s is not None), None)
+        except ValueError as err:  # (check_lightning_checkpoint has refused it already)
+            raise ValueError(f"{ckpt}: callbacks['RunConfigCallback'] is refused: {err}") from None
+        given = cfg.get("seed_everything")
+        if saved is None or given == saved and type(given) is type(saved):
+            return
+        if self._seed_given:
+            raise ValueError(f"--seed_everything={given!r}: the checkpoint {ckpt!r} was trained with seed_everything="
+                             f"{saved!r}, and a resumed run takes its RNG states from the checkpoint; drop the option "
+                             f"to resume, or start a new run")
+        cfg["seed_everything"] = saved  # the Namespace config.yaml and the loggers read
+        warnings.warn(f"resuming from {ckpt!r} with the checkpoint's seed_everything={saved!r} (config: {given!r})",
+                      UserWarning, stacklevel=2)
 
     def _continue_wandb_run(self, checkpoint: Mapping[str, Any], ckpt: str) -> None:
         """Make each :class:`AutoModeWandbLogger` continue the W&B run that the checkpoint's
@@ -807,7 +937,7 @@ def cli_main(args: Sequence[str] | None = None, run: bool = True,
     warnings.filterwarnings("ignore", message=r".*the number of training batches.*smaller than the logging.*",
                             category=Warning)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")  # Lightning's
-    return LightningPerCLI(DQN, seed_everything_default=0,
+    return LightningPerCLI(DQN, seed_everything_default=0, save_config_callback=RunConfigCallback,
                            save_config_kwargs={"overwrite": True}, args=None if args is None else list(args),
                            run=run, auto_configure_optimizers=False, friendly_errors=friendly_errors,
                            parser_kwargs={"description": _DESCRIPTION, "epilog": _EPILOG})
@@ -817,7 +947,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``lightning-per fit ...``: the DQN's LightningCLI on ``argv`` (default ``sys.argv[1:]``, read by the
     LightningCLI itself), a bad configuration value reported in one line (exit status 2). A ``fit`` stopped by
     SIGTERM returns 143 (128 + 15, the shell's convention; its ``summary.json`` says ``interrupted``), one
-    stopped by Ctrl-C exits with 1 (Lightning's). Other commands are :func:`lightning_per.console.main`'s.
+    stopped by Ctrl-C (SIGINT) 130 (128 + 2; ``interrupted`` too). Other commands are
+    :func:`lightning_per.console.main`'s.
 
     Raises:
         SystemExit: the LightningCLI's (``--help``, a command-line error).
@@ -830,6 +961,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli_main(None if argv is None else list(argv), friendly_errors=True)  # None: LightningCLI reads sys.argv
     except SIGTERMException:  # a SystemExit without a code (status 0): say the run was stopped
         return 128 + signal.SIGTERM
+    except KeyboardInterrupt:  # Ctrl-C during the fit (LightningPerCLI.fit), or while it was being built
+        return 128 + signal.SIGINT
     return 0
 
 

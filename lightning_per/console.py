@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``--help`` (or nothing: status 2) prints the commands; an unknown command is a one-line error naming every
     command (status 2); ``ga3c ...`` goes to :func:`lightning_per.cli.ga3c_main` with the rest; ``fit ...`` and bare
-    options go to :func:`lightning_per.cli.main` (a ``fit`` stopped by SIGTERM returns 143).
+    options go to :func:`lightning_per.cli.main` (a ``fit`` stopped by SIGTERM returns 143, by Ctrl-C 130).
 
     Raises:
         SystemExit: the LightningCLI's own exits (``--help``, a command-line error).

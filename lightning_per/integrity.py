@@ -413,6 +413,10 @@ def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[s
     replaced (``"previous"``): the file matching that entry is accepted, and the returned manifest is the
     previous one (its generation and meta).
 
+    The manifest names the file it sealed; a copy of both under other names (``cp last.ckpt bak.ckpt; cp
+    last.ckpt.manifest.json bak.ckpt.manifest.json``) is accepted when its size and SHA-256 are those sealed (the
+    content is the one sealed; the checksums authenticate nothing, so the name would add no protection).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IntegrityError: no manifest, or the file is truncated, damaged or not the one the manifest lists.
@@ -423,17 +427,17 @@ def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[s
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     manifest = _read_manifest(file_manifest_path(path), str(path), kind)
-    entry = manifest["files"].get(path.name)
-    if entry is None or len(manifest["files"]) != 1:
+    if len(manifest["files"]) != 1:
         raise IntegrityError(f"{file_manifest_path(path)}: is the manifest of {sorted(manifest['files'])}, "
                              f"not of {path.name}")
+    (sealed, entry), = manifest["files"].items()  # a copy (bak.ckpt of last.ckpt's manifest): checked by content
     candidates = [(entry, manifest)]
     previous = manifest.get("previous")
     if isinstance(previous, dict) and isinstance(previous.get("generation"), str) and isinstance(
-            previous.get("files"), dict) and _is_entry(previous["files"].get(path.name)):
-        candidates.append((previous["files"][path.name], {**manifest, "generation": previous["generation"],
-                                                          "files": dict(previous["files"]),
-                                                          "meta": previous.get("meta", {})}))
+            previous.get("files"), dict) and _is_entry(previous["files"].get(sealed)):
+        candidates.append((previous["files"][sealed], {**manifest, "generation": previous["generation"],
+                                                       "files": dict(previous["files"]),
+                                                       "meta": previous.get("meta", {})}))
     size, sha = path.stat().st_size, None
     for candidate, listed in candidates:
         if size == candidate["bytes"]:
@@ -441,6 +445,12 @@ def verify_file(path: str | os.PathLike[str], kind: str | None = None) -> dict[s
             if sha == candidate["sha256"]:
                 listed.pop("previous", None)
                 return listed
+    if sealed != path.name:
+        differs = (f"{size} bytes, the manifest says {entry['bytes']}" if size != entry["bytes"] else
+                   f"SHA-256 {sha[:16]}... differs from the manifest's {entry['sha256'][:16]}...")
+        raise IntegrityError(f"{file_manifest_path(path)}: is the manifest of {sealed}, and {path.name} does not hold "
+                             f"the content sealed there ({differs}; a copy is accepted when the file and its "
+                             f"manifest are copied together)")
     _check_entry(path, entry)  # raises: names what differs from the manifest's (new) entry
     return manifest
 

@@ -242,6 +242,24 @@ def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path, damage):
     assert "\n" not in str(err.value)
 
 
+def test_a_checkpoint_copied_with_its_manifest_loads_and_a_manifest_of_other_content_is_refused(tmp_path):
+    """The manifest names the file it sealed; a copy (``cp last.ckpt bak.ckpt`` and its manifest) has the sealed
+    size and SHA-256, so it loads; the same manifest beside a checkpoint of other content is refused."""
+    io, ckpt, backup, other = AtomicCheckpointIO(), tmp_path / "last.ckpt", tmp_path / "bak.ckpt", tmp_path / "o.ckpt"
+    io.save_checkpoint(_checkpoint(1.0, 5), ckpt)
+    io.save_checkpoint(_checkpoint(2.0, 5), other)  # the same size, another content
+    for target in (backup, other):
+        if target == backup:
+            target.write_bytes(ckpt.read_bytes())
+        file_manifest_path(target).write_bytes(file_manifest_path(ckpt).read_bytes())
+    loaded = io.load_checkpoint(backup)
+    assert torch.equal(loaded["state_dict"]["w"], torch.full((64, 64), 1.0)) and loaded["global_step"] == 5
+    with pytest.raises(IntegrityError, match=r"o\.ckpt\.manifest\.json: is the manifest of last\.ckpt, and o\.ckpt "
+                                             r"does not hold the content sealed there \(SHA-256") as err:
+        io.load_checkpoint(other)
+    assert "\n" not in str(err.value)
+
+
 def test_crafted_checkpoint_sealed_with_a_valid_manifest_is_never_unpickled(tmp_path):
     marker = tmp_path / "marker"
     ckpt = tmp_path / "last.ckpt"

@@ -361,21 +361,24 @@ def test_a_ckpt_path_that_is_no_checkpoint_is_a_one_line_error(tmp_path, capsys,
     assert ("is a directory" if kind == "directory" else "is not a checkpoint") in err and "Traceback" not in err
 
 
-def test_sigterm_stops_the_run_with_status_143(tmp_path):
-    """A SIGTERM'd fit is not a success: exit status 128 + 15, summary.json says interrupted. The run is a
-    child process (the signal must not reach pytest, whose SIGTERM handler other tests may have changed)."""
+@pytest.mark.parametrize("signum, status", [(15, 143), (2, 130)])  # SIGTERM, SIGINT (Ctrl-C): 128 + the signal
+def test_a_signal_stops_the_run_with_status_128_plus_its_number(tmp_path, signum, status):
+    """A SIGTERM'd or Ctrl-C'd fit is not a success: exit status 128 + the signal's number, summary.json says
+    interrupted. The run is a child process (the signal must not reach pytest, whose SIGTERM handler other tests may
+    have changed)."""
     import os
     import subprocess
 
     args = ["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"), *TINY,
             f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.max_epochs=4",
-            "--trainer.callbacks+=_interrupt_cb.TermAt", "--trainer.callbacks.epoch=1"]
+            "--trainer.callbacks+=_interrupt_cb.SignalAt", "--trainer.callbacks.epoch=1",
+            f"--trainer.callbacks.signum={signum}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
                                                         os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", "import sys; from lightning_per.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", *args], env=env, capture_output=True, text=True,
                           timeout=300)
-    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Trainer
 
 from lightning_per.callbacks import AtomicCheckpointIO
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
-from lightning_per.integrity import save_torch_file
+from lightning_per.integrity import file_manifest_path, save_torch_file
 
 CONFIG = str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml")
 TINY = ["--model.env.num_envs=4", "--model.replay.capacity=1000", "--model.replay.batch_size=16",
@@ -189,3 +190,96 @@ def test_on_load_checkpoint_names_the_key_of_a_wrongly_typed_dqn_state(tmp_path)
     assert "dqn_state.updates must be an int >= 0, got 2.5" in message and str(ckpt) in message
     assert "\n" not in message
     assert resumed.updates == 0  # nothing restored
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (W&B folders, checkpoints, logs) and its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# the finished run: 2 epochs of 20 updates (TINY), so its checkpoint has finished 2 epochs and 40 steps
+@pytest.mark.parametrize("epochs, option, names", [
+    (0, None, ["--trainer.max_epochs=0", "2 epochs", "at least 3"]),  # Lightning raises: epoch 1 > max_epochs 0
+    (1, None, ["--trainer.max_epochs=1", "2 epochs", "at least 3"]),  # Lightning would train nothing
+    (4, "--trainer.max_steps=39", ["--trainer.max_steps=39", "40 steps", "at least 41"]),
+])
+def test_a_resume_below_the_checkpoints_epochs_or_steps_is_one_line_exit_2_and_changes_nothing(
+        finished_run, tmp_path, epochs, option, names):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(ckpt), *([option] if option else []), epochs=epochs))
+    assert str(ckpt) in line and all(name in line for name in names), line
+    assert _snapshot(run) == before
+
+
+def test_a_resume_failing_after_setup_leaves_config_yaml_as_it_was(finished_run, tmp_path):
+    """config.yaml is written when training starts: a failure where Trainer.fit restores the checkpoint's loops and
+    optimizer (after the setup hooks) leaves the earlier run's file, though this resume's settings differ."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = _sha256(run / "config.yaml")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
+                                                 os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "lightning_per.console", "fit", "--config", CONFIG, *TINY,
+                           f"--trainer.default_root_dir={run}", "--trainer.max_epochs=4", "--trainer.logger=false",
+                           "--trainer.callbacks+=_interrupt_cb.FailAtFitStart",
+                           "--ckpt_path", str(run / "checkpoints" / "last.ckpt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "failed at fit start" in proc.stderr, proc.stderr[-3000:]
+    assert _sha256(run / "config.yaml") == config
+
+
+def _copy_with_manifest(ckpt: Path, copy: Path) -> None:
+    """``cp X.ckpt Y.ckpt; cp X.ckpt.manifest.json Y.ckpt.manifest.json``: a backup made by hand."""
+    shutil.copyfile(ckpt, copy)
+    shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(copy))
+
+
+def test_a_checkpoint_copied_with_its_manifest_resumes(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    backup = run / "bak.ckpt"
+    _copy_with_manifest(run / "checkpoints" / "last.ckpt", backup)
+    proc = _fit(run, "--ckpt_path", str(backup), epochs=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = AtomicCheckpointIO().load_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert (resumed["epoch"], resumed["global_step"]) == (2, 60)  # one epoch of 20 updates on top of 2 x 20
+
+
+def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt, other = run / "checkpoints" / "last.ckpt", run / "other.ckpt"
+    _copy_with_manifest(ckpt, other)
+    _reseal(other, _set("dqn_state.env_steps", 12345))  # another content, sealed under its own name
+    shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(other))  # then last.ckpt's manifest beside it
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(other), epochs=4))
+    assert str(other) in line and "is the manifest of last.ckpt" in line and "does not hold" in line, line
+    assert _snapshot(run) == before
+
+
+def test_a_resume_with_another_seed_on_the_command_line_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    before = _snapshot(run)
+    line = _refused(_fit(run, "--ckpt_path", str(ckpt), "--seed_everything=7", epochs=4))
+    assert "--seed_everything=7" in line and str(ckpt) in line and "seed_everything=0" in line, line
+    assert _snapshot(run) == before
+
+
+def test_a_resume_whose_config_file_has_another_seed_records_the_checkpoints(finished_run, tmp_path):
+    """The finished run took seed_everything from configs/dqn_cartpole.yaml; a second config file changing it is
+    named in a warning, and config.yaml records the seed the checkpoint's RNG states came from."""
+    seed = yaml.safe_load(Path(CONFIG).read_text())["seed_everything"]
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    extra = tmp_path / "seed.yaml"
+    extra.write_text(f"seed_everything: {seed + 5}\n")
+    proc = _fit(run, "--config", str(extra), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), epochs=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"seed_everything={seed} (config: {seed + 5})" in proc.stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed_everything"] == seed

@@ -24,16 +24,24 @@ class StopAfterBatch(Callback):
             trainer.should_stop = True
 
 
-class TermAt(Callback):
-    """Sends this process SIGTERM (what a cluster's preemption or `timeout` sends) after batch ``batch`` of
-    epoch ``epoch``; Lightning's handler, registered for the fit, turns it into a stop."""
+class SignalAt(Callback):
+    """Sends this process the signal ``signum`` (15, SIGTERM: what a cluster's preemption or `timeout` sends; 2,
+    SIGINT: Ctrl-C) after batch ``batch`` of epoch ``epoch``; Lightning's SIGTERM handler turns SIGTERM into a stop,
+    Python's SIGINT handler raises KeyboardInterrupt."""
 
-    def __init__(self, epoch: int = 1, batch: int = 2) -> None:
-        self.epoch, self.batch = epoch, batch
+    def __init__(self, epoch: int = 1, batch: int = 2, signum: int = 15) -> None:
+        self.epoch, self.batch, self.signum = epoch, batch, signum
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.current_epoch == self.epoch and batch_idx == self.batch:
             import os
-            import signal
 
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
+
+
+class FailAtFitStart(Callback):
+    """Raises RuntimeError in ``on_fit_start``: a failure after ``setup`` and before training starts, where
+    ``Trainer.fit`` restores a checkpoint's loops and optimizer."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        raise RuntimeError("failed at fit start")
