@@ -60,8 +60,11 @@ def no_network_key(wandb_env, monkeypatch):
     return wandb_env
 
 
-def _train_rows(path) -> list[dict]:
-    return [r for r in read_wandb_history(path) if "epoch" in r and any(k.startswith("train/") for k in r)]
+def _train_rows(path, timeout_s: float = 0.0) -> list[dict]:
+    """The epoch rows of a run's file; ``timeout_s`` > 0 for a run that finished (its service may still be writing
+    it), 0 for a killed or cut one (no exit record will come)."""
+    return [r for r in read_wandb_history(path, timeout_s=timeout_s)
+            if "epoch" in r and any(k.startswith("train/") for k in r)]
 
 
 def _same(got, want) -> bool:
@@ -104,7 +107,7 @@ def test_console_fit_without_network_exits_0_with_one_line(no_network_key, capfd
     err = capfd.readouterr().err
     assert status == 0 and "Traceback" not in err
     assert sum(FALLBACK in str(w.message) for w in caught) == 1
-    rows = _train_rows(next(run_dir.glob("wandb/offline-run-*")))
+    rows = _train_rows(next(run_dir.glob("wandb/offline-run-*")), READ_TIMEOUT_S)
     assert [r["epoch"] for r in rows] == [0, 1]
     with open(run_dir / "history.csv") as f:
         history = list(csv.DictReader(f))
@@ -298,7 +301,7 @@ def test_resume_warns_in_one_line_when_the_earlier_file_is_gone(wandb_env):
     assert len(ours) == 1 and "\n" not in ours[0], ours
     assert str(old_file) in ours[0] and "epochs 0-2" in ours[0]
     new_file = next(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
-    assert [r["epoch"] for r in _train_rows(new_file)] == [3]  # nothing re-logged
+    assert [r["epoch"] for r in _train_rows(new_file, READ_TIMEOUT_S)] == [3]  # nothing re-logged
 
 
 def test_resume_from_a_checkpoint_that_names_no_wandb_run_warns(wandb_env):
