@@ -505,7 +505,7 @@ def _five_rows() -> TensorDict:
     return TensorDict({"observation": i[:, None].expand(5, 3).clone(), "reward": i + 1}, [5])
 
 
-@pytest.mark.parametrize("prioritized", [True, False])
+@pytest.mark.parametrize("prioritized", [pytest.param(True, marks=pytest.mark.torchrl_tree), False])
 def test_an_unwritten_lazy_tensor_storage_is_replaced_where_torchrl_keeps_it(prioritized):
     """TorchRL's buffer keeps the ``LazyTensorStorage`` it was given and writes into it; ours builds a
     ``GPUTensorStorage`` of its size instead (documented in the class docstring and docs/replay.md), leaves the one
