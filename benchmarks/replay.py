@@ -89,11 +89,10 @@ def graph_step(rb, B: int, device, repeat: int = 1, fused: bool = True, priority
     update, the ``-sample-update`` rows); default the step's ``reward.abs() + 0.01`` of the batch (two more
     kernels, the learner's side)."""
     sampler, storage = rb.sampler, rb.storage
-    gather = fused  # ours, proportional: every sampler that reaches here has sample_gather
 
     def body():
         for _ in range(repeat):
-            if gather:
+            if fused:  # ours, proportional: every sampler that reaches here has sample_gather
                 index, info, data = sampler.sample_gather(storage, B, contiguous=contiguous)
             else:
                 index, info = sampler.sample(storage, B)
