@@ -46,7 +46,7 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
 
     Returns:
         ``(loss, parts)``: 0-d loss on the logits' device, and 0-d detached tensors
-        ``policy_loss``, ``value_loss`` (weighted like the loss), ``entropy`` (batch mean), ``advantage`` (batch mean).
+        ``policy_loss``, ``value_loss`` (weighted like the loss), ``entropy`` (batch mean), ``advantage`` (mean over the kept transitions).
 
     Raises:
         ValueError: mismatched shapes or an unknown reduction.
@@ -106,7 +106,7 @@ def appo_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, advant
 
     Returns:
         ``(loss, parts)``: 0-d loss, and 0-d detached ``policy_loss``, ``value_loss``, ``entropy``, ``advantage``
-        (batch means, the two losses weighted like the loss) and ``clip_frac`` (PPO's diagnostic: the fraction of
+        (batch means, the two losses weighted like the loss, ``advantage`` over weight > 0) and ``clip_frac`` (PPO's diagnostic: the fraction of
         transitions whose ratio lies outside [1 - clip, 1 + clip], over those of weight > 0 when ``weight`` is
         given, i.e. those that reach the gradient).
 
@@ -200,19 +200,24 @@ def _check_batch(logits: Tensor, named: tuple, reduction: str) -> None:
 
 def _reduce(policy_terms: Tensor, value_terms: Tensor, entropy: Tensor, advantage: Tensor, value_coef: float,
             reduction: str, weight: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss from per-transition (N,) terms: weighted (``weight``, mean over weight > 0) and reduced."""
+    """The loss from per-transition (N,) terms: weighted (``weight``, mean over weight > 0) and reduced. The logged
+    ``advantage`` is the mean over the transitions the loss keeps (weight > 0): a dropped one's normalised advantage
+    can be any size (its batch's mean and std are the kept ones'), and it trains nothing."""
     if weight is None:
         reduce = torch.mean if reduction == "mean" else torch.sum
+        advantage_mean = advantage.mean()
     else:
         weight = weight.detach().to(value_terms.dtype)  # [N]
         policy_terms, value_terms = policy_terms * weight, value_terms * weight
-        kept = (weight > 0).sum().clamp_min(1)  # 0-d int64 on the device: no host read
+        kept_mask = weight > 0  # [N]
+        kept = kept_mask.sum().clamp_min(1)  # 0-d int64 on the device: no host read
         reduce = (lambda t: t.sum() / kept) if reduction == "mean" else torch.sum
+        advantage_mean = torch.where(kept_mask, advantage, torch.zeros_like(advantage)).sum() / kept
     policy_loss = reduce(policy_terms)
     value_loss = reduce(value_terms)
     loss = policy_loss + value_coef * value_loss
     parts = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-             "entropy": entropy.detach().mean(), "advantage": advantage.mean()}
+             "entropy": entropy.detach().mean(), "advantage": advantage_mean}
     return loss, parts
 
 

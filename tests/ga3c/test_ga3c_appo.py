@@ -14,7 +14,7 @@ from test_ga3c_vtrace import _random_rollouts, _vtrace_model
 
 from lightning_per.actors.envs import TOY_ENV_ID
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.loss import appo_loss, normalize_advantage, vtrace_targets
+from lightning_per.ga3c.loss import a3c_loss, appo_loss, normalize_advantage, vtrace_targets
 from lightning_per.ga3c.module import GA3C
 
 GAMMA = 0.9
@@ -116,6 +116,26 @@ def test_clip_frac_counts_only_the_transitions_the_lag_bound_keeps():
     clipped = np.abs(np.exp(log_pi - log_mu) - 1.0) > clip  # NumPy's count, over the kept transitions
     assert float(parts["clip_frac"]) == pytest.approx(clipped[w > 0].sum() / (w > 0).sum(), abs=1e-12)
     assert clipped[w > 0].mean() != pytest.approx(clipped.mean())  # the test tells the two counts apart
+
+
+def test_logged_advantage_is_the_mean_over_the_transitions_the_lag_bound_keeps():
+    """A dropped transition's normalised advantage can be any size (its batch's mean and std are the kept ones');
+    the logged mean is NumPy's over weight > 0, for both losses."""
+    rng = np.random.default_rng(5)
+    n = 32
+    adv = rng.normal(0.0, 1.0, n)
+    w = (rng.random(n) > 0.3) * rng.uniform(0.5, 1.0, n)  # about 30% dropped, the rest down-weighted
+    adv[w == 0] = 1e6  # what a dropped transition can carry
+    logits = torch.from_numpy(rng.normal(size=(n, 3)))
+    zeros, action = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.long)
+    a, weight = torch.from_numpy(adv), torch.from_numpy(w)
+    _, parts = appo_loss(logits, zeros, action, zeros, a, torch.full((n,), -1.0, dtype=torch.float64), clip=0.2,
+                         beta=0.0, weight=weight)
+    assert float(parts["advantage"]) == pytest.approx(adv[w > 0].mean(), abs=1e-12)
+    _, parts = a3c_loss(logits, zeros, action, zeros, advantage=a, weight=weight)
+    assert float(parts["advantage"]) == pytest.approx(adv[w > 0].mean(), abs=1e-12)
+    _, parts = a3c_loss(logits, zeros, action, zeros, advantage=a)  # no bound: every transition
+    assert float(parts["advantage"]) == pytest.approx(adv.mean(), rel=1e-12)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
