@@ -207,7 +207,7 @@ class GPUSliceSampler(SliceSampler):
             self.traj_key = self.index.signal[1]  # the probed key, where TorchRL's sampler sets it
         self.rng.follow()  # a buffer generator re-seeded in place replays the same slices
         start, cut = self.index.starts.draw(self.index, self.rng, num, T)
-        return expand(self.index, start, cut if self.spec.left(T) else None, T, storage)
+        return expand(self.index, start, cut, T, storage)
 
     def sample_gather(self, storage, batch_size: int, *, with_info: bool = False):
         """:meth:`sample`, and the batch with the info's entries set in it: ``(index, info, batch)``."""

@@ -82,9 +82,10 @@ class UniformStarts:
         """0-d bool on the device: some trajectory can be drawn."""
         return self.block_sum.sum() > 0
 
-    def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> tuple[Tensor, Tensor]:
-        """``num`` slice starts and their most steps, ``(num,) int64`` each: a trajectory uniformly, then a start
-        uniformly inside it (:func:`~lightning_per.replay.slice_ops.uniform_starts`)."""
+    def draw(self, index: SliceIndex, rng: SamplerRNG, num: int, T: int) -> tuple[Tensor, Tensor | None]:
+        """``num`` slice starts ``(num,) int64`` and their most steps (``(num,) int64``, or None without a left
+        span: every slice may hold ``T`` steps): a trajectory uniformly, then a start uniformly inside it
+        (:func:`~lightning_per.replay.slice_ops.uniform_starts`)."""
         u = rng.rand((num,))
         first, _ = self.ops.sample_proportional(PriorityTree(self.leaves, self.block_sum, self.block_min), u, False,
                                                 "buffer")
