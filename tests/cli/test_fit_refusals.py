@@ -2,8 +2,13 @@
 that is no Lightning checkpoint or whose ``dqn_state`` holds values of the wrong type, a run directory it cannot
 write, and a thread count below 1 -- and leaves the run directory's ``config.yaml`` byte-identical.
 
-Every case runs the real command in a child process (``python -m lightning_per.console fit ...``) on a copy of one
-short run's directory (2 epochs, tiny sizes, W&B offline).
+The short run (2 epochs, tiny sizes, W&B offline) is the real command in a child process (``python -m
+lightning_per.console fit ...``), and so are a refusal's exit status and stderr of a whole process (a run directory
+under a file), a failure after setup (a callback of tests/support) and a resume's warning on stderr. The other cases
+call the console's entry point, :func:`lightning_per.console.main`, with the same argv in this process, on a copy
+of that run's directory: their point is the refusal's one line and the files left, and a child's ~5 s of imports
+each was most of their time. A refusal there is the ``SystemExit(2)`` that is the child's exit status 2, and its
+stderr is read at the file descriptor (``capfd``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 
+from lightning_per import console
 from lightning_per.callbacks import AtomicCheckpointIO
 from lightning_per.dqn import DQN, ReplayConfig
 from lightning_per.envs import EnvConfig
@@ -33,11 +39,38 @@ ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "LIGHTNING
 ENV.pop("WANDB_API_KEY", None)
 
 
+def _argv(run: Path, *extra: str, epochs: int) -> list[str]:
+    """``lightning-per fit``'s arguments on the tiny config."""
+    return ["fit", "--config", CONFIG, *TINY, f"--trainer.default_root_dir={run}", f"--trainer.max_epochs={epochs}",
+            *extra]
+
+
 def _fit(run: Path, *extra: str, epochs: int = 2) -> subprocess.CompletedProcess:
     """``lightning-per fit`` on the tiny config in a child process."""
-    return subprocess.run([sys.executable, "-m", "lightning_per.console", "fit", "--config", CONFIG, *TINY,
-                           f"--trainer.default_root_dir={run}", f"--trainer.max_epochs={epochs}", *extra],
+    return subprocess.run([sys.executable, "-m", "lightning_per.console", *_argv(run, *extra, epochs=epochs)],
                           env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def fit_here(monkeypatch, capfd):
+    """``lightning-per fit`` on the tiny config in this process, through the console's entry point; returns the
+    exit status (``main``'s return value, or the code of the ``SystemExit`` it raised: what ``sys.exit(main())``
+    makes the process's status) and stderr."""
+    for name in ("WANDB_MODE", "WANDB_SILENT", "LIGHTNING_PER_TRACEBACK"):  # the child's: W&B offline, no traceback
+        monkeypatch.setenv(name, ENV[name])
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    threads = torch.get_num_threads()
+
+    def fit(run: Path, *extra: str, epochs: int = 2) -> tuple[int | str | None, str]:
+        capfd.readouterr()
+        try:
+            status = console.main(_argv(run, *extra, epochs=epochs))
+        except SystemExit as stop:
+            status = stop.code
+        finally:
+            torch.set_num_threads(threads)  # --torch_num_threads set this process's: not for the later tests
+        return status, capfd.readouterr().err
+    return fit
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +106,13 @@ def _set(path: str, value):
     return edit
 
 
-def _refused(proc: subprocess.CompletedProcess) -> str:
-    """The last non-empty line of stderr, after checking that the command was refused as a usage error."""
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return [line for line in proc.stderr.splitlines() if line.strip()][-1]
+def _refused(result: subprocess.CompletedProcess | tuple[int | str | None, str]) -> str:
+    """The last non-empty line of stderr, after checking that the command was refused as a usage error; ``result``
+    is a child's (:func:`_fit`) or the exit status and stderr of a command run here (``fit_here``)."""
+    status, stderr = (result.returncode, result.stderr) if isinstance(result, subprocess.CompletedProcess) else result
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return [line for line in stderr.splitlines() if line.strip()][-1]
 
 
 # (case, how the checkpoint is spoilt, what the one line must name besides the file)
@@ -113,14 +148,15 @@ CHECKPOINTS = {
 
 
 @pytest.mark.parametrize("case", list(CHECKPOINTS))
-def test_a_checkpoint_of_the_wrong_structure_is_one_line_exit_2_and_rewrites_nothing(finished_run, tmp_path, case):
+def test_a_checkpoint_of_the_wrong_structure_is_one_line_exit_2_and_rewrites_nothing(finished_run, tmp_path, fit_here,
+                                                                                      case):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     ckpt = run / "checkpoints" / "last.ckpt"
     spoil, names = CHECKPOINTS[case]
     spoil(ckpt)
     config, sealed = _sha256(run / "config.yaml"), _sha256(ckpt)
-    line = _refused(_fit(run, "--ckpt_path", str(ckpt), epochs=4))
+    line = _refused(fit_here(run, "--ckpt_path", str(ckpt), epochs=4))
     assert str(ckpt) in line and all(name in line for name in names), line
     assert _sha256(run / "config.yaml") == config
     assert _sha256(ckpt) == sealed
@@ -128,11 +164,11 @@ def test_a_checkpoint_of_the_wrong_structure_is_one_line_exit_2_and_rewrites_not
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
-def test_torch_num_threads_below_1_is_one_line_naming_the_option_and_range(finished_run, tmp_path, value):
+def test_torch_num_threads_below_1_is_one_line_naming_the_option_and_range(finished_run, tmp_path, fit_here, value):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     config = _sha256(run / "config.yaml")
-    line = _refused(_fit(run, "--torch_num_threads", value))
+    line = _refused(fit_here(run, "--torch_num_threads", value))
     assert "--torch_num_threads" in line and ">= 1" in line and f"got {value}" in line, line
     assert _sha256(run / "config.yaml") == config
 
@@ -146,7 +182,7 @@ def test_a_run_directory_under_a_file_is_one_line_naming_the_option(tmp_path):
     assert parent.read_text() == "not a directory\n"
 
 
-def test_a_read_only_run_directory_is_one_line_naming_the_option(finished_run, tmp_path):
+def test_a_read_only_run_directory_is_one_line_naming_the_option(finished_run, tmp_path, fit_here):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     config = _sha256(run / "config.yaml")
@@ -159,7 +195,7 @@ def test_a_read_only_run_directory_is_one_line_naming_the_option(finished_run, t
         else:
             (run / "probe").unlink()
             pytest.skip("this user writes into a directory of mode 0o555 (root)")
-        line = _refused(_fit(run, epochs=4))
+        line = _refused(fit_here(run, epochs=4))
     finally:
         run.chmod(0o755)
     assert "--trainer.default_root_dir" in line and str(run) in line and "not writable" in line, line
@@ -204,12 +240,12 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     (4, "--trainer.max_steps=39", ["--trainer.max_steps=39", "40 steps", "at least 41"]),
 ])
 def test_a_resume_below_the_checkpoints_epochs_or_steps_is_one_line_exit_2_and_changes_nothing(
-        finished_run, tmp_path, epochs, option, names):
+        finished_run, tmp_path, fit_here, epochs, option, names):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     ckpt = run / "checkpoints" / "last.ckpt"
     before = _snapshot(run)
-    line = _refused(_fit(run, "--ckpt_path", str(ckpt), *([option] if option else []), epochs=epochs))
+    line = _refused(fit_here(run, "--ckpt_path", str(ckpt), *([option] if option else []), epochs=epochs))
     assert str(ckpt) in line and all(name in line for name in names), line
     assert _snapshot(run) == before
 
@@ -237,18 +273,18 @@ def _copy_with_manifest(ckpt: Path, copy: Path) -> None:
     shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(copy))
 
 
-def test_a_checkpoint_copied_with_its_manifest_resumes(finished_run, tmp_path):
+def test_a_checkpoint_copied_with_its_manifest_resumes(finished_run, tmp_path, fit_here):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     backup = run / "bak.ckpt"
     _copy_with_manifest(run / "checkpoints" / "last.ckpt", backup)
-    proc = _fit(run, "--ckpt_path", str(backup), epochs=3)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    status, stderr = fit_here(run, "--ckpt_path", str(backup), epochs=3)
+    assert status == 0, stderr[-3000:]
     resumed = AtomicCheckpointIO().load_checkpoint(run / "checkpoints" / "last.ckpt")
     assert (resumed["epoch"], resumed["global_step"]) == (2, 60)  # one epoch of 20 updates on top of 2 x 20
 
 
-def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tmp_path):
+def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tmp_path, fit_here):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     ckpt, other = run / "checkpoints" / "last.ckpt", run / "other.ckpt"
@@ -256,17 +292,18 @@ def test_a_manifest_copied_beside_another_checkpoint_is_refused(finished_run, tm
     _reseal(other, _set("dqn_state.env_steps", 12345))  # another content, sealed under its own name
     shutil.copyfile(file_manifest_path(ckpt), file_manifest_path(other))  # then last.ckpt's manifest beside it
     before = _snapshot(run)
-    line = _refused(_fit(run, "--ckpt_path", str(other), epochs=4))
+    line = _refused(fit_here(run, "--ckpt_path", str(other), epochs=4))
     assert str(other) in line and "is the manifest of last.ckpt" in line and "does not hold" in line, line
     assert _snapshot(run) == before
 
 
-def test_a_resume_with_another_seed_on_the_command_line_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path):
+def test_a_resume_with_another_seed_on_the_command_line_is_one_line_exit_2_and_changes_nothing(finished_run, tmp_path,
+                                                                                                fit_here):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     ckpt = run / "checkpoints" / "last.ckpt"
     before = _snapshot(run)
-    line = _refused(_fit(run, "--ckpt_path", str(ckpt), "--seed_everything=7", epochs=4))
+    line = _refused(fit_here(run, "--ckpt_path", str(ckpt), "--seed_everything=7", epochs=4))
     assert "--seed_everything=7" in line and str(ckpt) in line and "seed_everything=0" in line, line
     assert _snapshot(run) == before
 
