@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,9 +46,22 @@ def _assert_ranks_consistent(ranks: dict[int, dict], updates: int) -> None:
     assert not torch.equal(ranks[0]["ring"].nan_to_num(), ranks[1]["ring"].nan_to_num())
 
 
-def test_two_rank_gloo_fit_through_the_cli(tmp_path):
-    run = tmp_path / "run"
-    ranks = _fit(run, epochs=2)
+@pytest.fixture(scope="module")
+def two_epoch_run(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+    """One 2-rank fit of 2 epochs (~10 s, most of it the two processes' start-up) and what its ranks saved: read
+    by the test of the fit, copied by those that resume or spoil its checkpoint."""
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    return run, _fit(run, epochs=2)
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def test_two_rank_gloo_fit_through_the_cli(two_epoch_run):
+    run, ranks = two_epoch_run
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "done" and summary["world_size"] == 2
     assert summary["updates"] == 40 and summary["epochs"] == 2  # 20 updates per epoch on *each* rank
@@ -89,9 +103,8 @@ def test_two_rank_graph_mode_code_path_all_reduces_itself(tmp_path):
     _assert_ranks_consistent(ranks, updates=40)
 
 
-def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
-    run = tmp_path / "run"
-    _fit(run, epochs=2)
+def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(two_epoch_run, tmp_path):
+    run = _copy(two_epoch_run[0], tmp_path)
     ckpt = run / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=False)["dqn_state"]
     assert state["shards"] == 2 and "replay" not in state
@@ -116,11 +129,12 @@ def test_two_rank_checkpoint_holds_every_shard_and_resumes_per_rank(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["missing", "damaged"])
-def test_a_missing_or_damaged_shard_is_one_error_before_any_other_rank_starts(tmp_path, damage):
+def test_a_missing_or_damaged_shard_is_one_error_before_any_other_rank_starts(two_epoch_run, tmp_path, damage):
     """The launching process verifies its node's shards before Lightning starts rank 1: a missing or damaged
-    shard was found by rank 1 after its start, and Lightning's launcher then killed every process (exit 137)."""
-    run = tmp_path / "run"
-    _fit(run, epochs=1)
+    shard was found by rank 1 after its start, and Lightning's launcher then killed every process (exit 137).
+    The checkpoint is the shared run's (2 epochs: the previous save's shards are still beside the current ones,
+    and do not stand in for the spoilt one); the resume asks for a third epoch, so that it would train."""
+    run = _copy(two_epoch_run[0], tmp_path)
     ckpt = run / "checkpoints" / "last.ckpt"
     generation = torch.load(ckpt, weights_only=False)["dqn_state"]["generation"]
     shard = Path(dqn_ddp.replay_shard_path(ckpt, 1, generation))
@@ -135,7 +149,7 @@ def test_a_missing_or_damaged_shard_is_one_error_before_any_other_rank_starts(tm
     before = sorted(p.name for p in run.rglob("*"))
     args = [sys.executable, str(ROOT / "tests" / "support" / "_ddp_dqn_script.py"), "fit",
             "--config", str(ROOT / "configs" / "dqn_cartpole.yaml"), *TINY, *DDP,
-            f"--trainer.default_root_dir={run}", "--trainer.max_epochs=2", f"--ckpt_path={ckpt}"]
+            f"--trainer.default_root_dir={run}", "--trainer.max_epochs=3", f"--ckpt_path={ckpt}"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(args, cwd=run.parent, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])  # the error, not a SIGKILL (-9)
