@@ -75,9 +75,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
                "beyond_spread"]
     worse = [r["impl"] + "".join(f" {k}={r[k]:g}" for k in sizes if k in r) for r in rows if r["beyond_spread"]]
     direction = "higher is better" if args.higher_is_better else "lower is better"
-    env = {**first["environment"], "command": "python -m benchmarks tool compare " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}" for k, v in vars(args).items()
-        if v not in (None, False) and k != "higher_is_better") + (" --higher-is-better" if args.higher_is_better else "")}
+    options = " ".join(f"--{k.replace('_', '-')} {' '.join(v) if isinstance(v, list) else v}"
+                       for k, v in vars(args).items() if v not in (None, False) and k != "higher_is_better")
+    flag = " --higher-is-better" if args.higher_is_better else ""
+    env = {**first["environment"], "command": f"python -m benchmarks tool compare {options}{flag}"}
     results = Results(
         rows=rows, name=args.name, metric="after_over_before",
         table=_table(rows, columns),

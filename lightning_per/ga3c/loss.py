@@ -46,7 +46,8 @@ def a3c_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, beta: f
 
     Returns:
         ``(loss, parts)``: 0-d loss on the logits' device, and 0-d detached tensors
-        ``policy_loss``, ``value_loss`` (weighted like the loss), ``entropy`` (batch mean), ``advantage`` (mean over the kept transitions).
+        ``policy_loss``, ``value_loss`` (weighted like the loss), ``entropy`` (batch mean), ``advantage`` (mean over
+        the kept transitions: weight > 0).
 
     Raises:
         ValueError: mismatched shapes or an unknown reduction.
@@ -106,9 +107,9 @@ def appo_loss(logits: Tensor, value: Tensor, action: Tensor, ret: Tensor, advant
 
     Returns:
         ``(loss, parts)``: 0-d loss, and 0-d detached ``policy_loss``, ``value_loss``, ``entropy``, ``advantage``
-        (batch means, the two losses weighted like the loss, ``advantage`` over weight > 0) and ``clip_frac`` (PPO's diagnostic: the fraction of
-        transitions whose ratio lies outside [1 - clip, 1 + clip], over those of weight > 0 when ``weight`` is
-        given, i.e. those that reach the gradient).
+        (batch means, the two losses weighted like the loss, ``advantage`` over weight > 0) and ``clip_frac`` (PPO's
+        diagnostic: the fraction of transitions whose ratio lies outside [1 - clip, 1 + clip], over those of
+        weight > 0 when ``weight`` is given, i.e. those that reach the gradient).
 
     Raises:
         ValueError: mismatched shapes, an unknown reduction or ``clip`` outside (0, 1).
