@@ -100,7 +100,7 @@ def test_a_checkpoint_resumes_learner_replay_and_counters_and_the_actors_restart
     assert resumed.feed.actors.error is None
 
 
-def test_sigterm_to_the_process_group_stops_the_run_within_5_s_and_its_checkpoint_resumes(tmp_path):
+def test_sigterm_to_the_process_group_stops_the_run_with_status_143_and_its_checkpoint_resumes(tmp_path):
     import json
     import subprocess
     import sys
@@ -126,15 +126,14 @@ def test_sigterm_to_the_process_group_stops_the_run_within_5_s_and_its_checkpoin
         while ckpt.stat().st_mtime_ns == first:  # rewritten at the second epoch's end
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not finish two epochs"
             time.sleep(0.1)
-        t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        stopped_s = time.monotonic() - t0
+        proc.wait(timeout=60)  # a hang (an agent or the feed never joined) fails here
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert stopped_s < 5.0, stopped_s
+    # the CLI's graceful path (128 + SIGTERM), not the signal's default action (-SIGTERM) nor a crash
+    assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
     done = subprocess.run([*base, "--trainer.max_epochs=4", f"--ckpt_path={ckpt}"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=180)
