@@ -60,21 +60,21 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
             return super().extend(data)
         return self._write_checked(data)
 
-    def _slots(self, data) -> tuple[int, torch.Tensor]:
-        """``(n, slots)`` of a write of ``data`` at the cursor (which does not move here): ``slots`` ``(n,)`` int64 on
-        ``data``'s device (CPU if it has none), ``arange(cursor, cursor + n) % max_size`` as in TorchRL's
+    def _slots(self, data) -> tuple[int, int, torch.Tensor]:
+        """``(n, cursor, slots)`` of a write of ``data`` at the cursor (which does not move here): ``slots`` ``(n,)``
+        int64 on ``data``'s device (CPU if it has none), ``arange(cursor, cursor + n) % max_size`` as in TorchRL's
         ``extend``."""
         n, max_size = data.batch_size[0], self._storage.max_size
         cursor = writer_cursor(self)
         index = torch.arange(cursor, cursor + n, dtype=torch.long, device=data.device or "cpu")
-        return n, (index % max_size if cursor + n > max_size else index)
+        return n, cursor, (index % max_size if cursor + n > max_size else index)
 
     def _write_checked(self, data) -> torch.Tensor:
         """TorchRL's ``extend`` of a batch our ring storage checked (:meth:`GPUTensorStorage.check_spec`) but cannot
         write directly (the first write, nested or reordered keys, generation stamps, a subclass's storage): the
         ``"index"`` tag, the storage's ``set``, and only then the cursor and write count, the generations and the
         ``mark_update`` calls; so a write that raises leaves all of them as they were."""
-        n, index = self._slots(data)
+        n, _, index = self._slots(data)
         data.set("index", expand_as_right(index, data))
         self._storage.set(index, data)
         advance_writer(self, n, self._storage.max_size)
@@ -94,8 +94,7 @@ class GPURoundRobinWriter(TensorDictRoundRobinWriter):
         """Write ``pairs`` at the ``n = len(data)`` slots from the cursor, then move the cursor by ``n`` (a write that
         raises leaves cursor and write count as they were); returns the slots, ``(n,)`` int64 on ``data``'s device
         (CPU if it has none), as TorchRL's ``extend``: ``arange(cursor, cursor + n) % max_size``."""
-        n, index = self._slots(data)
-        cursor = writer_cursor(self)
+        n, cursor, index = self._slots(data)
         self._storage.write_direct(index, pairs, None if cursor + n > self._storage.max_size else cursor)
         advance_writer(self, n, self._storage.max_size)
         return index
