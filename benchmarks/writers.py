@@ -25,7 +25,13 @@ synchronisation raises; ``syncs_per_step`` counts the steps that raised); on a C
 runs the step eagerly, timed with ``time.perf_counter``. TorchRL's rows keep their learner on the CPU (its
 shared buffer is a host memmap storage), timed with ``time.perf_counter``.
 
-Columns: ``rows_per_s`` (transitions made sampleable per second of the run), ``lat_p50_ms`` / ``lat_p99_ms``
+Each writer sends as fast as it can (its ring or its credits full: the rate a transport sustains), or, with
+``--rate R``, one batch every ``W * B / R`` seconds (R transitions/s offered by the W writers together; a writer
+that falls behind sends at once): the write-to-sampleable latency of a load below capacity. A saturated row's
+latency is the depth of the full rings over the rate (Little's law), whatever the owner's speed.
+
+Columns: ``offered_per_s`` (``--rate``; null: saturated), ``rows_per_s`` (transitions made sampleable per second
+of the run), ``lat_p50_ms`` / ``lat_p99_ms``
 (from the writer's timestamp to the end of the owner's call that made the row sampleable; both clocks are the
 host's CLOCK_MONOTONIC; at most the last capacity rows of a loop are still stored to be read),
 ``learn_idle_us`` / ``learn_idle_p99_us`` (learner step p50 / p99 with no writer running) and ``learn_busy_us``
@@ -35,6 +41,7 @@ our ``sample()`` ingests what arrived since, a CUDA-graph replay runs no host co
     python -m benchmarks run writers --device cpu                  # tiny; W = 1, 2, 4, 8, 16; B = 64, 1024
     python -m benchmarks run writers --quick --device cpu           # tiny; W = 1, 2; B = 64 (CI)
     python -m benchmarks run writers --device cuda                  # small (B = 64, 1024) and pong (B = 64)
+    python -m benchmarks run writers --device cuda --transition small --writers 16 --batches 64 --rate 100000
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
     parser.add_argument("--transition", nargs="+", default=None, choices=list(TRANSITIONS),
                         help="transition kinds (default: tiny on a CPU, small and pong on CUDA)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="transitions/s offered by all the writers together, each writer pacing its batches "
+                             "(default: as fast as each can send, the rings full)")
 
 
 def _fields(kind: Transition, b: int, wid: int, obs: torch.Tensor, next_obs: torch.Tensor | None):
@@ -171,7 +181,7 @@ def _worker(wid: int, kind: Transition, commands, results, running, torchrl_rb) 
         cmd = commands.get()
         if cmd is None:
             return
-        transport, run_id, b, arg = cmd
+        transport, run_id, b, interval, arg = cmd
         if b not in sources:
             sources[b] = _Batches(kind, b, wid)
         source = sources[b]
@@ -188,7 +198,13 @@ def _worker(wid: int, kind: Transition, commands, results, running, torchrl_rb) 
         while running.value not in (run_id, -1):
             time.sleep(1e-3)
         rows = 0
+        due = time.monotonic()
         while running.value == run_id:
+            if interval:  # paced: one batch every `interval` s; a writer that falls behind sends at once, no burst
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                due = max(due, time.monotonic() - interval) + interval
             td = source.next()
             td["t_ns"].fill_(time.monotonic_ns())
             sink(td)
@@ -399,7 +415,7 @@ def _stamps(rb, seen: int, count: int, capacity: int) -> torch.Tensor:
 
 
 def _row(kind: Transition, transport: str, pool: _Pool, writers: int, b: int, seconds: float, run_id: int,
-         torchrl_rb, device: torch.device, quick: bool):
+         torchrl_rb, device: torch.device, quick: bool, rate: float | None):
     from lightning_per import RemoteIngress
 
     example = _example(kind)
@@ -415,8 +431,9 @@ def _row(kind: Transition, transport: str, pool: _Pool, writers: int, b: int, se
     if transport == "gloo":
         port = _free_port()
         args = [(writers, port)] * writers
+    interval = writers * b / rate if rate else 0.0  # seconds between one writer's batches
     for w in range(writers):
-        pool.commands[w].put((transport, run_id, b, args[w]))
+        pool.commands[w].put((transport, run_id, b, interval, args[w]))
     if transport == "gloo":
         owner = RemoteIngress(rb, writers, example=example, addr="127.0.0.1", port=port, timeout=120.0)
     for _ in range(writers):
@@ -468,12 +485,13 @@ def _row(kind: Transition, transport: str, pool: _Pool, writers: int, b: int, se
         lat = ((now_ns - t_ns)[t_ns > 0]).double() / 1e6
     name = transport if kind.name == "tiny" else f"{transport}-{kind.name}"
     learner_kind = "cuda-graph" if learner.on_cuda else "cpu"
-    return {"impl": f"{name}-W{writers}-B{b}", "transport": transport, "writers": writers, "batch": b,
+    offered = f"-R{rate:g}" if rate else ""
+    return {"impl": f"{name}-W{writers}-B{b}{offered}", "transport": transport, "writers": writers, "batch": b,
             "rows_per_s": round((seen - first) / elapsed), "lat_p50_ms": round(float(lat.quantile(0.5)), 3),
             "lat_p99_ms": round(float(lat.quantile(0.99)), 3), "learn_idle_us": round(idle_p50, 1),
             "learn_busy_us": round(busy_p50, 1), "learn_idle_p99_us": round(idle_p99, 1),
             "learn_busy_p99_us": round(busy_p99, 1), "syncs_per_step": syncs, "transition": kind.name,
-            "learner": learner_kind}
+            "learner": learner_kind, "offered_per_s": rate}
 
 
 def _torchrl_buffer(scratch: str, kind: Transition):
@@ -529,6 +547,8 @@ def run(args) -> Results:
     kinds = [TRANSITIONS[k] for k in (args.transition or (["tiny"] if device.type == "cpu" else ["small", "pong"]))]
     writers = args.writers or ([1, 2] if args.quick else [1, 2, 4, 8, 16])
     seconds = args.seconds or (0.5 if args.quick else 2.0)
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise SystemExit(f"writers: --rate must be a number of transitions/s > 0, got {args.rate}")
     torch.set_num_threads(1)
     load_start = os.getloadavg()[0]
     rows = []
@@ -549,16 +569,20 @@ def run(args) -> Results:
                         for w in writers:
                             run_id += 1
                             rows.append(_row(kind, transport, pool, w, b, seconds, run_id, torchrl_rb, device,
-                                             args.quick))
+                                             args.quick, args.rate))
                             print(rows[-1], flush=True)
             finally:
                 pool.close()
     table = markdown_table(rows)
     by = {(r["transition"], r["transport"], r["writers"], r["batch"]): r for r in rows}
     gpu = device.type == "cuda"
+    offered = (f"The writers offer {args.rate:g} transitions/s together (`offered_per_s`), each sending a batch every "
+               "W x B / rate seconds" if args.rate else "Each writer sends as fast as it can (`offered_per_s` null)")
     notes = [f"{os.cpu_count()} CPU cores shared by the owner and every writer process; {seconds} s of writing per "
-             "row. Latency: writer's timestamp to the end of the owner's call that made the row sampleable "
-             "(ours: `rb.ingest()` / `RemoteIngress.ingest()`; TorchRL: the catch-up inside `sample()`). Other "
+             f"row. {offered}: a saturated run keeps every ring full, so its latency is the rings' depth over "
+             "the rate, and the latency of a load below capacity needs `--rate`. Latency: writer's timestamp to "
+             "the end of the owner's call that made the row sampleable (ours: `rb.ingest()` / "
+             "`RemoteIngress.ingest()`; TorchRL: the catch-up inside `sample()`). Other "
              "jobs on the host move the rows: the host's 1-minute load average was "
              f"{load_start:.1f} at the start and {os.getloadavg()[0]:.1f} at the end of this run."]
     if gpu:

@@ -59,6 +59,24 @@ def test_writers_quick_on_cpu_writes_the_canonical_files(tmp_path):
     assert "| impl | transport | writers | batch | rows_per_s |" in (out / "writers-cpu.md").read_text()
 
 
+def test_writers_at_an_offered_rate_send_no_more_than_it(tmp_path):
+    """``--rate``: the writers pace their batches to the offered load (here 2,000 transitions/s, far below what a
+    saturated shared-memory writer sends on any CPU), so the rows made sampleable stay near the rate, not the
+    transport's capacity; the row records the offered load."""
+    out = tmp_path / "results"
+    rate = 2000.0
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "writers", "--quick", "--device", "cpu",
+                           "--transports", "shm", "--writers", "2", "--seconds", "1", "--rate", str(rate),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((out / "writers-cpu.json").read_text())["rows"]
+    assert row["offered_per_s"] == rate and row["impl"] == "shm-W2-B64-R2000"
+    # one batch per writer at the start on top of the paced ones: 2 x 64 rows over a 1 s run
+    assert 0 < row["rows_per_s"] <= rate + 2 * 64 / 1.0 + 0.1 * rate, row
+    assert "The writers offer 2000 transitions/s together" in (out / "writers-cpu.md").read_text()
+
+
 def test_unknown_suite_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "nope"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
