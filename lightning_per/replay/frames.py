@@ -199,7 +199,8 @@ class FrameStackStorage(GPUTensorStorage):
             ValueError: a stacked key missing or of another stack size or frame shape; other keys; a leaf on the
                 ``"meta"`` device.
         """
-        check_dense(data)  # the stacked keys too (super() sees the others only)
+        if isinstance(data, TensorDictBase):  # the stacked keys; super() checks the others (not a TensorDict: below)
+            check_dense(data.select(*self._keys_of(data), strict=False))
         self._check_frames(data)
         super().check_spec(self._rest(data))
 

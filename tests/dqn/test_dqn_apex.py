@@ -160,7 +160,9 @@ def test_atari_frames_reach_the_replay_as_uint8_stacks_with_true_final_frames(tm
     assert n >= 160 and n // 20 >= 6  # at least six cut episodes among the rows
     assert torch.equal(nxt[:, :3], obs[:, 1:]), "a next observation is not its observation one frame on"
     moving = (nxt[:, 3] != obs[:, 3]).flatten(1).any(1)
-    assert moving.float().mean() > 0.5  # the frames are the game's, not a constant
+    # the frames are the game's, not a constant. Pong holds the screen still before each serve, which takes a large
+    # share of these 20-step episodes: 48-81% of the rows moved over repeated runs, so the bound leaves room
+    assert moving.float().mean() > 0.2
 
 
 def test_each_actor_logs_its_return_and_its_rung_of_the_annealed_ladder(tmp_path):

@@ -195,6 +195,12 @@ def test_bad_input_is_a_clear_error_and_changes_nothing():
         rb.extend(_td(obs[..., :2], nxt[..., :2], ids))
     with pytest.raises(ValueError, match="no stacked-frame key 'next_observation'"):
         rb.extend(TensorDict({"observation": torch.from_numpy(obs), "tid": torch.from_numpy(ids)}, [2]))
+    # a sparse leaf, stacked or not, names its key and layout (rows.check_dense)
+    for key in ("observation", "tid"):
+        sparse = _td(obs, nxt, ids)
+        sparse[key] = sparse[key].to_sparse()
+        with pytest.raises(TypeError, match=rf"data\['{key}'\] has layout torch.sparse_coo"):
+            rb.extend(sparse)
     after = (len(rb), int(storage.frames_written), storage.frames, storage.frame_positions,
              rb.sampler.probabilities())
     assert before[:2] == after[:2]
