@@ -6,6 +6,11 @@ STAMP := $(VENV)/.installed
 CONFIG ?= configs/dqn_cartpole.yaml
 ARGS ?=
 OLDEST_TESTS ?= tests/replay tests/checkpoints tests/graphs/test_graphs_capture.py
+# pytest-xdist workers of the CPU test targets (a file's tests stay on one worker: module fixtures are built once).
+# Many tests wait on processes they start: on two cores two workers take `make test` from 1,009 s to 745 s.
+# JOBS=0 runs the tests in one process.
+JOBS ?= 2
+XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 .PHONY: train test test-oldest test-newest test-gpu bench lint clean-venv
 
@@ -21,7 +26,7 @@ train: $(STAMP)
 	$(BIN)/lightning-per fit --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(ARGS)
 
 # The replay, checkpoint and capture tests again under the oldest torchrl / tensordict that pyproject.toml accepts,
 # installed beside the venv's (TorchRL's C++ tree, an oracle of some tests, may not load against this torch: those
@@ -33,7 +38,7 @@ $(OLDEST)/.installed: $(STAMP)
 	touch $@
 
 test-oldest: $(OLDEST)/.installed
-	PYTHONPATH=$(OLDEST) $(BIN)/python -m pytest -q $(ARGS) $(OLDEST_TESTS)
+	PYTHONPATH=$(OLDEST) $(BIN)/python -m pytest -q $(XDIST) $(ARGS) $(OLDEST_TESTS)
 
 # The kernel, replay, capture and config tests under the newest torch, Triton and tensordict the package index serves,
 # in a venv of their own (.venv-newest; the main venv keeps what pyproject.toml resolves to). PIP_CONSTRAINT=/dev/null
@@ -68,7 +73,7 @@ $(NEWEST)/.installed: pyproject.toml
 	touch $@
 
 test-newest: $(NEWEST)/.installed
-	$(NEWEST)/bin/python -m pytest -q $(ARGS) $(NEWEST_TESTS) $(NEWEST_DESELECT)
+	$(NEWEST)/bin/python -m pytest -q $(XDIST) $(ARGS) $(NEWEST_TESTS) $(NEWEST_DESELECT)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu $(ARGS)

@@ -207,6 +207,10 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
                # (s), the slots the actors' ingest found the queue full for (the learner too slow), the weights' lag
                learner_wait_s=metrics.get("learner_wait_s"), actor_queue_full=metrics.get("actor_queue_full"),
                actor_weight_lag=metrics.get("actor_weight_lag"),
+               # the agents' time in the last epoch (both learners): stepping envs, waiting for answers, for slots
+               agent_env_share=metrics.get("agent_env_share"),
+               agent_answer_wait_share=metrics.get("agent_answer_wait_share"),
+               agent_slot_wait_share=metrics.get("agent_slot_wait_share"),
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
 
@@ -229,9 +233,12 @@ def table(rows: list[dict], target: float, window: int) -> str:
     feed = not learner and any(r.get("learner_wait_s") is not None for r in rows)
     extra = (" | updates/s | policy lag (mean, p95) | entropy" if learner else
              " | updates/s | learner waiting (% of wall) | actor queue full (slots) | actor weight lag" if feed else "")
+    # where the agents' time went in the last epoch, when the summaries have it (agent processes of either learner)
+    shares = any(r.get("agent_env_share") is not None for r in rows)
+    extra += " | agents: env / answer wait / slot wait (% of their time)" if shares else ""
     lines = [f"| seed | reached {target:g} | time to target (s) | env steps to target | final mean (last {window}) "
              f"| best mean | episodes | env steps | env steps/s{extra} | wall (s) | stop |",
-             "|---" * (14 if learner else 15 if feed else 11) + "|"]
+             "|---" * ((14 if learner else 15 if feed else 11) + shares) + "|"]
     for r in rows:
         lag = f(r.get("policy_lag"), ".1f") + (f", {r['policy_lag_p95']:.0f}" if r.get("policy_lag_p95") is not None
                                                else "")
@@ -241,6 +248,9 @@ def table(rows: list[dict], target: float, window: int) -> str:
                       if r.get("learner_wait_s") is not None and r.get("wall_time_s") else None)
             cells = (f" | {f(r.get('updates_per_s'), ',.0f')} | {f(waited, '.1f')} "
                      f"| {f(r.get('actor_queue_full'), ',.0f')} | {f(r.get('actor_weight_lag'), '.1f')}")
+        if shares:
+            cells += " | " + ("" if r.get("agent_env_share") is None else " / ".join(
+                f(100 * r[k], ".0f") for k in ("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share")))
         lines.append(f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {f(r['time_to_target_s'], '.1f')} "
                      f"| {f(r['env_steps_to_target'], ',')} | {f(r['final_mean_return'], '.2f')} "
                      f"| {f(r['best_mean_return'], '.2f')} | {r['episodes']:,} | {f(r['env_steps'], ',')} "

@@ -13,6 +13,8 @@ holds, a writer (:mod:`lightning_per.actors.writers`: GA3C's rollouts or Ape-X's
 - per step and per 0.1 s of waiting (for an answer or a free slot): it counts its ``heartbeat`` up and polls its
   stop flags; the learner's supervisor takes an agent whose heartbeat stands still for ``agent_stall_timeout_s``
   as stopped or hung (:mod:`lightning_per.actors.supervisor`);
+- per step: it adds the seconds it ran, stepped its envs and waited (for the answer, for a free slot) to its row
+  of ``agent_time`` (``AGENT_TIME``): what bounds the agents, for the learner's metrics;
 - per finished slot: the writer publishes it (``ready`` set last, the learner's ready semaphore released) with the
   episodes that ended in it (``ep_count/ep_return/ep_length``, unclipped returns); the learner copies it out,
   clears ``busy`` and releases the agent's free-slot semaphore. An agent whose slots are all taken waits:
@@ -23,16 +25,18 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 
 from lightning_per.actors.envs import make_env_group
-from lightning_per.actors.shared import SharedRollouts
+from lightning_per.actors.shared import AGENT_TIME, SharedRollouts
 from lightning_per.actors.writers import AgentWriter, make_writer
 
 __all__ = ["agent_main"]
 
 _POLL_S = 0.1
+_ENV, _ANSWER, _SLOT = (AGENT_TIME.index(k) for k in ("env", "answer_wait", "slot_wait"))  # agent_time columns
 
 
 class _Stopped(Exception):
@@ -84,6 +88,8 @@ class _AgentSlots:
         self.flags, self.stop_all = shared.flags, shared.flags.shape[0] - 1
         self.busy, self.ready, self.ep_count = shared.busy[index], shared.ready[index], shared.ep_count[index]
         self.heartbeat = shared.heartbeat[index:index + 1]  # a view: the supervisor reads it
+        self.times = shared.agent_time[index]  # [running, env, answer_wait, slot_wait] seconds, learner reads it
+        self._mark = time.perf_counter()
 
     def check(self) -> None:
         """Count a heartbeat (every step and every ``_POLL_S`` of waiting); raise :class:`_Stopped` when asked to
@@ -92,12 +98,30 @@ class _AgentSlots:
         if self.flags[self.index] or self.flags[self.stop_all] or os.getppid() != self.parent_pid:
             raise _Stopped
 
-    def wait(self, sem) -> None:
+    def start_clock(self) -> None:
+        """Count this agent's time (``agent_time``) from now."""
+        self._mark = time.perf_counter()
+
+    def spend(self, column: int = 0) -> None:
+        """Add the seconds since the last call to this agent's running time and to ``column`` of ``agent_time``
+        (0: running only, the agent's own work)."""
+        now = time.perf_counter()
+        spent, self._mark = now - self._mark, now
+        self.times[0] += spent
+        if column:
+            self.times[column] += spent
+
+    def wait(self, sem, column: int) -> None:
+        """Acquire ``sem``, counting the wait to ``column`` of ``agent_time`` as it goes (each poll), so an agent
+        blocked for good shows as waiting."""
+        self.spend()
         while not sem.acquire(timeout=_POLL_S):
+            self.spend(column)
             self.check()
+        self.spend(column)
 
     def take(self) -> int:
-        self.wait(self.free_sem)
+        self.wait(self.free_sem, _SLOT)
         slot = int(np.flatnonzero(self.busy == 0)[0])
         self.busy[slot] = 1
         self.ep_count[slot] = 0
@@ -116,14 +140,17 @@ def _run(index: int, env, shared: SharedRollouts, slots: _AgentSlots, writer: Ag
     ep_len = np.zeros(env.num_envs, dtype=np.int64)
     obs = env.reset(seed=seed)  # (ALE: seconds on a busy machine, with make_env_group; no flag polls)
     shared.started[index] = 1  # from here on it polls its flags and beats: close() waits for it to exit
+    slots.start_clock()
     writer.begin()
     while True:
         writer.request(obs)
         pending[index] = 1  # after the data it describes; the semaphore below is a memory barrier
         pred_sem.release()
-        slots.wait(response_sem)
+        slots.wait(response_sem, _ANSWER)
         action = writer.act()  # [E] int64
+        slots.spend()
         next_obs, reward, terminated, truncated = env.step(action)
+        slots.spend(_ENV)
         ep_ret += reward
         ep_len += 1
         slot = writer.slot  # episodes that end now belong to the slot this step is recorded in
@@ -132,6 +159,7 @@ def _run(index: int, env, shared: SharedRollouts, slots: _AgentSlots, writer: Ag
             ep_return[slot, n], ep_length[slot, n] = ep_ret[k], ep_len[k]
             ep_count[slot] = n + 1
             ep_ret[k], ep_len[k] = 0.0, 0
-        writer.record(obs, action, next_obs, env.final_obs, reward, terminated, truncated)
+        writer.record(obs, action, next_obs, env.final_obs, reward, terminated, truncated)  # may wait for a slot
         obs = next_obs
+        slots.spend()
         slots.check()

@@ -23,6 +23,10 @@ S = ``rollout_slots`` rollouts per agent, T = ``t_max`` steps, E = ``envs_per_ag
     pending    (A,)                      uint8              1: agent i waits for a prediction
     started    (A,)                      uint8              1: agent i reset its envs and polls its flags
     heartbeat  (A,)                      int64              agent i's count of steps and 0.1 s waits (liveness)
+    agent_time (A, 4)                    float64            seconds agent index i spent (all its incarnations, from
+                                                            its envs' first reset): running, stepping its envs,
+                                                            waiting for an answer, waiting for a free slot
+                                                            (``AGENT_TIME``)
     flags      (A + 1,)                  uint8              flags[i] = 1: agent i exits; flags[A] = 1: all
     next_obs   (A, S, E, *obs_shape)     as obs             s_T, the observation after the rollout's last step
                                                             (``vtrace=True`` only: V-trace's bootstrap state)
@@ -47,7 +51,11 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-__all__ = ["SharedRollouts", "make_layout", "make_transition_layout"]
+__all__ = ["AGENT_TIME", "SharedRollouts", "make_layout", "make_transition_layout"]
+
+#: the columns of ``agent_time``: seconds an agent ran, and of those, stepped its envs, waited for a predictor's
+#: answer and waited for a free slot (the learner's backpressure); the rest is its own work (the writer)
+AGENT_TIME = ("running", "env", "answer_wait", "slot_wait")
 
 _ALIGN = 64
 _STILL_MAPPED: list = []  # segments closed while views were alive: unmapped at process exit
@@ -78,6 +86,7 @@ def make_layout(max_agents: int, slots: int, t_max: int, num_envs: int, obs_shap
         "pending": ((a,), "uint8"),
         "started": ((a,), "uint8"),
         "heartbeat": ((a,), "int64"),
+        "agent_time": ((a, len(AGENT_TIME)), "float64"),
         "flags": ((a + 1,), "uint8"),
     }
     if vtrace:
@@ -105,7 +114,7 @@ def make_transition_layout(max_agents: int, slots: int, steps: int, num_envs: in
 
     plus ``ep_count``, ``ep_return``, ``ep_length`` (room for (T + n_step) * E episodes a slot: an agent's first
     slot also sees the n - 1 steps that fill its window), ``busy``, ``ready``, ``pending``, ``started``,
-    ``heartbeat`` and ``flags`` as in :func:`make_layout`.
+    ``heartbeat``, ``agent_time`` and ``flags`` as in :func:`make_layout`.
     """
     a, s, t, e = max_agents, slots, steps, num_envs
     dt = str(np.dtype(obs_dtype))
@@ -128,6 +137,7 @@ def make_transition_layout(max_agents: int, slots: int, steps: int, num_envs: in
         "pending": ((a,), "uint8"),
         "started": ((a,), "uint8"),
         "heartbeat": ((a,), "int64"),
+        "agent_time": ((a, len(AGENT_TIME)), "float64"),
         "flags": ((a + 1,), "uint8"),
     }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LAG_BINS", "Stats", "Snapshot", "lag_max", "lag_quantile", "rates"]
+__all__ = ["LAG_BINS", "Stats", "Snapshot", "agent_time_shares", "lag_max", "lag_quantile", "rates"]
 
 #: bins of the per-transition policy-lag histogram: lags 0 .. LAG_BINS - 2 exactly, larger ones in the last bin
 LAG_BINS = 4096
@@ -80,6 +80,28 @@ def rates(a: Snapshot, b: Snapshot, frame_skip: int = 1) -> dict[str, float]:
         "policy_lag_max": lag_max(hist),
         "lag_dropped_frac": (b.lag_dropped - a.lag_dropped) / trained if trained else float("nan"),
     }
+
+
+def agent_time_shares(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
+    """Where the agents' time went between two reads of the shared ``agent_time`` (A, 4) float64 seconds
+    (:data:`~lightning_per.actors.shared.AGENT_TIME`: running, env, answer_wait, slot_wait): ``agent_env_share``,
+    ``agent_answer_wait_share`` and ``agent_slot_wait_share``, each the agents' summed seconds of it over their summed
+    running seconds (the rest is the agents' own work); NaN when no agent ran in between. A share near 1 names the
+    bound: the envs (add agents or cores), the predictors' answers (bigger or more predictor batches) or free slots
+    (the learner consumes too slowly).
+
+    Example::
+
+        >>> import numpy as np
+        >>> agent_time_shares(np.zeros((2, 4)), np.array([[2.0, 0.5, 1.5, 0.0], [2.0, 1.5, 0.0, 0.25]]))
+        {'agent_env_share': 0.5, 'agent_answer_wait_share': 0.375, 'agent_slot_wait_share': 0.0625}
+    """
+    spent = (after - before).sum(axis=0)  # [running, env, answer_wait, slot_wait] summed over agents
+    running = float(spent[0])
+    if running <= 0.0:
+        return dict.fromkeys(("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share"), float("nan"))
+    return {"agent_env_share": float(spent[1]) / running, "agent_answer_wait_share": float(spent[2]) / running,
+            "agent_slot_wait_share": float(spent[3]) / running}
 
 
 class Stats:

@@ -30,6 +30,7 @@ from torchrl.envs import EnvBase
 
 from lightning_per import make_replay_buffer
 from lightning_per.actors.apex import ApexConfig
+from lightning_per.actors.stats import agent_time_shares
 from lightning_per.dqn.apex import ApexFeed, actor_env_spec
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.config import ReplayConfig, validate_dqn_arguments
@@ -60,7 +61,9 @@ _METRICS = {"loss": "mean", "td_abs_mean": "mean", "td_abs_max": "max", "q_mean"
             "beta": "last"}
 #: with ``collector: actors``: mean actor weight lag (updates), updates per inserted transition, throughput
 _ACTOR_METRICS = {"actor_weight_lag": "mean", "replay_ratio_achieved": "last", "env_steps_per_s": "last",
-                  "updates_per_s": "last", "learner_wait_s": "last", "actor_queue_full": "last"}
+                  "updates_per_s": "last", "learner_wait_s": "last", "actor_queue_full": "last",
+                  # the epoch's shares of the agents' time (lightning_per.actors.stats.agent_time_shares)
+                  "agent_env_share": "last", "agent_answer_wait_share": "last", "agent_slot_wait_share": "last"}
 
 
 class StepIndices(Dataset):
@@ -358,6 +361,7 @@ class DQN(CheckpointHooks, LightningModule):
             self._record_actor_steps()
             self._inserted0 = self.feed.counters.inserted  # the replay ratio counts from here
             self._actor_returns_read = self.feed.actors.agent_returns.copy()  # (agents, 2): [sum, count] logged
+            self._agent_time_read = self.feed.actors.shared.agent_time.copy()  # (agents, 4) seconds (AGENT_TIME)
             return
         while self.env_steps < self.hparams.warmup_steps or len(self.rb) < batch:
             self._collect(random=True)
@@ -495,6 +499,11 @@ class DQN(CheckpointHooks, LightningModule):
                 if n:
                     m.add(f"actor{i}_return", ret_sum, count=n)
             self._actor_returns_read = totals
+            spent = self.feed.actors.shared.agent_time.copy()  # where the agents' time went this epoch
+            for name, share in agent_time_shares(self._agent_time_read, spent).items():
+                if share == share:  # NaN: no agent ran
+                    m.add(name, share)
+            self._agent_time_read = spent
             for i, eps in enumerate(self.actors_config.epsilons_at(self.updates)):
                 m.add(f"actor{i}_epsilon", eps)
 

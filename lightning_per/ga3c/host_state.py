@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from lightning_per.actors.stats import lag_max, lag_quantile, rates
+from lightning_per.actors.stats import agent_time_shares, lag_max, lag_quantile, rates
 from lightning_per.metrics.episodes import episode_table
 
 if TYPE_CHECKING:
@@ -47,6 +48,12 @@ class HostState:
         m.add("nt", counts.trainers)
         for name, size in self.system.queue_sizes().items():
             m.add(name, size)
+        spent = self.system.shared.agent_time.copy()  # (max_agents, 4) seconds, from zero at the system's start
+        before = np.zeros_like(spent) if self._agent_time_read is None else self._agent_time_read
+        for name, share in agent_time_shares(before, spent).items():
+            if share == share:  # NaN: no agent ran
+                m.add(name, share)
+        self._agent_time_read = spent
         new = snap.episodes - self._epoch_snap.episodes
         if new > 0:
             recent = self.stats.recent_returns(new)

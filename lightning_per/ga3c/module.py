@@ -51,6 +51,8 @@ _METRICS = {
     "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
     "batch_queue": "last", "env_steps": "last", "updates": "last", "episodes": "last",
     "policy_lag_p50": "last", "policy_lag_p95": "last", "policy_lag_max": "last", "lag_dropped_frac": "last",
+    # the epoch's shares of the agents' time (lightning_per.actors.stats.agent_time_shares)
+    "agent_env_share": "last", "agent_answer_wait_share": "last", "agent_slot_wait_share": "last",
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _VTRACE_KEYS = ("log_prob", "reward", "terminated", "truncated", "next_obs")  # and those of V-trace
@@ -127,6 +129,7 @@ class GA3C(HostState, pl.LightningModule):
         self._ring_synced = -1
         self._target_checked = -1  # episode count at the last target_return check
         self._epoch_snap = self.stats.snapshot()
+        self._agent_time_read: np.ndarray | None = None  # the agents' time at the last epoch end (AGENT_TIME)
         self._epoch_episodes = 0
         self._wall_end: float | None = None
         self._stop_reason: str | None = None  # why training stopped (summary's stop_reason)
@@ -230,6 +233,7 @@ class GA3C(HostState, pl.LightningModule):
         self._log_synced = 0
         self.episode_log_count.zero_()
         self._epoch_snap = self.stats.snapshot()
+        self._agent_time_read = None
         self._target_checked = -1
         self._stop_reason = self._stop_time = None
         self.episode_rows = []

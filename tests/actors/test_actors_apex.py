@@ -227,3 +227,43 @@ def test_agents_explore_on_the_annealed_epsilon_of_the_weights_version_that_answ
     p = (1.0 - version[~late] / 100.0) * (2.0 / 3.0)  # [n] P(action != 0) of each early transition
     got, want, sd = int((action[~late] != 0).sum()), float(p.sum()), float(np.sqrt((p * (1 - p)).sum()))
     assert abs(got - want) <= 5 * sd, (got, want, sd)
+
+
+@pytest.mark.parametrize("bound", ["answers", "slots"])
+def test_agent_time_names_what_the_agents_wait_for(bound):
+    """Two agents whose predictor takes 30 ms an answer (the probe env steps in microseconds), or whose learner
+    stops taking slots after the first: once each agent has run 1 s, the waiting share of that bound is most of
+    their time (> 0.7), the others are small, and no agent counts more running time than the wall clock gave it."""
+    import torch
+
+    from lightning_per.actors.shared import AGENT_TIME
+    from lightning_per.actors.stats import agent_time_shares
+
+    release = threading.Event()
+
+    def slow_policy(obs):
+        time.sleep(0.03)  # the predictor the agents wait for
+        return _greedy_policy(obs)
+
+    def blocking_sink(batch):
+        release.wait()  # the learner that takes no more slots: the agents fill theirs, then wait for one
+
+    cfg = ApexConfig(agents=2, envs_per_agent=2, epsilon=0.0, slot_steps=4, slots=2)
+    actors = ApexActors(cfg=cfg, env_spec=SPEC, obs_shape=(3,), obs_dtype="float32", n_step=N, gamma=GAMMA,
+                        policy=slow_policy if bound == "answers" else _greedy_policy, version_fn=lambda: 0,
+                        device="cpu", sink=blocking_sink if bound == "slots" else lambda b: None, seed=3)
+    assert AGENT_TIME == ("running", "env", "answer_wait", "slot_wait")
+    with actors:
+        t_start = time.monotonic()
+        try:
+            _wait(lambda: (actors.shared.agent_time[:, 0] >= 1.0).all(), 60, actors)
+            spent = actors.shared.agent_time.copy()  # [2, 4] seconds
+            elapsed = time.monotonic() - t_start
+        finally:
+            release.set()
+    assert (spent[:, 0] <= elapsed).all() and (spent[:, 1:].sum(axis=1) <= spent[:, 0] + 1e-6).all(), spent
+    shares = agent_time_shares(np.zeros_like(spent), spent)
+    waited = "agent_answer_wait_share" if bound == "answers" else "agent_slot_wait_share"
+    other = "agent_slot_wait_share" if bound == "answers" else "agent_answer_wait_share"
+    assert shares[waited] > 0.7 and shares[other] < 0.2 and shares["agent_env_share"] < 0.2, shares
+    assert torch.tensor(list(shares.values())).sum() <= 1.0 + 1e-9

@@ -186,3 +186,6 @@ def test_each_actor_logs_its_return_and_its_rung_of_the_annealed_ladder(tmp_path
     assert sums[:, 1].sum() == model.feed.actors.stats.snapshot().episodes > 0
     finished = [r for row in rows for r in (row.get("actor0_return"), row.get("actor1_return")) if r == r and r]
     assert finished and all(8.0 <= r <= 500.0 for r in finished)  # CartPole-v1's returns
+    for row in rows:  # each epoch's shares of the agents' time: fractions of their running time, at most all of it
+        shares = [row[k] for k in ("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share")]
+        assert all(0.0 <= x <= 1.0 for x in shares) and sum(shares) <= 1.0 + 1e-9, shares

@@ -39,6 +39,9 @@ def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
     assert summary["tps"] > 0 and summary["steps_per_s"] > 0 and summary["updates"] > 0
     assert summary["fps"] == pytest.approx(summary["steps_per_s"])  # frame_skip 1
     assert summary["episodes"] > 0 and summary["status"] == "done"
+    # the last epoch's shares of the agents' time: fractions of their running time, together at most all of it
+    shares = [summary["metrics"][k] for k in ("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share")]
+    assert all(0.0 <= x <= 1.0 for x in shares) and sum(shares) <= 1.0 + 1e-9, shares
     assert (run_dir / "learning_curve.png").stat().st_size > 0
     assert (run_dir / "config.yaml").exists()
     # every episode the agents finished is a row of episodes.csv; a CartPole return is the episode's length

@@ -219,3 +219,19 @@ def test_apex_runs_add_the_feeds_columns(seeds):
     assert "|  |  |  |  |" in rows[2]  # the seed whose summary has none
     assert [r["learner_wait_s"] for r in res.rows] == [3.75, 0.0, None]
 
+
+
+def test_runs_with_the_agents_time_add_its_column(seeds):
+    """The last epoch's shares of the agents' time (env, answer wait, slot wait) in summary.json's metrics, of either
+    learner, are one column in percent; a seed whose summary has none leaves it empty."""
+    for seed, shares in {0: (0.3125, 0.625, 0.0), 1: (0.05, 0.004, 0.9)}.items():
+        path = seeds[seed] / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "updates_per_s": 900.0, "metrics": {
+            "learner_wait_s": 1.5, "agent_env_share": shares[0], "agent_answer_wait_share": shares[1],
+            "agent_slot_wait_share": shares[2]}}))
+    res = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    header, rule, *rows = res.table.splitlines()
+    assert "| actor weight lag | agents: env / answer wait / slot wait (% of their time) | wall (s) |" in header
+    assert rule == "|---" * 16 + "|"
+    assert "| 31 / 62 / 0 |" in rows[0] and "| 5 / 0 / 90 |" in rows[1] and " / " not in rows[2]
+    assert [r["agent_slot_wait_share"] for r in res.rows] == [0.0, 0.9, None]
