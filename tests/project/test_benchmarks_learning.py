@@ -235,3 +235,31 @@ def test_runs_with_the_agents_time_add_its_column(seeds):
     assert rule == "|---" * 16 + "|"
     assert "| 31 / 62 / 0 |" in rows[0] and "| 5 / 0 / 90 |" in rows[1] and " / " not in rows[2]
     assert [r["agent_slot_wait_share"] for r in res.rows] == [0.0, 0.9, None]
+
+
+def test_pooled_calls_give_the_table_of_one_call_over_every_seed(seeds, tmp_path):
+    """Seeds run in two calls (two results files), pooled by ``tool pool_learning``: the rows, table, median / worst
+    line, aggregate and curves are those of the suite's one call over all three seeds; files of another target or a
+    seed twice are refused."""
+    from benchmarks import UsageError, pool_learning
+
+    env = {"gpu": None, "cpu": "test", "command": "python -m benchmarks run learning", "utc": "now"}
+    paths = []
+    for part, name in (({0: seeds[0], 2: seeds[2]}, "a"), ({1: seeds[1]}, "b")):
+        res = learning.summarise(part, TARGET, WINDOW, "toy")
+        paths.append(write("learning", res, tmp_path / name, env, machine="cpu")[0])
+    out = pool_learning.main(["--name", "toy", "--out", str(tmp_path / "pooled"), *map(str, paths)])
+    pooled = json.loads(out[0].read_text())
+    whole = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    assert [r["seed"] for r in pooled["rows"]] == [0, 1, 2]
+    assert pooled["rows"] == json.loads(json.dumps(whole.rows))
+    assert pooled["aggregate"] == whole.extra["aggregate"] and pooled["aggregate"]["seeds_reached"] == 2
+    assert pooled["curves"] == json.loads(json.dumps(whole.extra["curves"]))
+    md = out[1].read_text()
+    assert whole.table in md and whole.notes.split("\n\n")[0] in md  # the table and the median / worst line
+    assert out[2].stat().st_size > 0
+    other = {**json.loads(paths[1].read_text()), "target": 30.0}
+    with pytest.raises(UsageError, match="target"):
+        pool_learning.pool([json.loads(paths[0].read_text()), other], "toy")
+    with pytest.raises(UsageError, match="seed"):
+        pool_learning.pool([json.loads(paths[0].read_text())] * 2, "toy")
