@@ -49,13 +49,13 @@ class BatchStream(IterableDataset):
         while yielded < per_epoch:
             left = deadline - time.monotonic()
             if single and left <= 0:
-                m.publish_host_state()
+                m.bookkeeping.publish(m.system, m.episode_buffers)
                 m.request_stop("max_time_s")
                 return
             # DDP: Lightning's Timer stops every rank at the same step; this only ends a stalled pipeline
             batch = m.system.get_batch(timeout=left if single else max(left, 0.0) + DDP_STALL_GRACE_S)
             if batch is None:
-                m.publish_host_state()
+                m.bookkeeping.publish(m.system, m.episode_buffers)
                 m.request_stop("system_stopped" if m.system.stopping.is_set() else "max_time_s")
                 return
             yield from self._reuse(batch, m.cfg.updates_per_batch, per_epoch - yielded)

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 from lightning_per.actors.envs import probe_env
 from lightning_per.actors.stats import Stats
 from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
+from lightning_per.ga3c.bookkeeping import RING, EpisodeBuffers, HostBookkeeping
 from lightning_per.ga3c.config import GA3CConfig
-from lightning_per.ga3c.host_state import RING, HostState
 from lightning_per.ga3c.loss import a3c_loss, appo_loss, lag_weights, normalize_advantage, vtrace_targets
 from lightning_per.ga3c.networks import make_network
 from lightning_per.ga3c.optim import RMSpropTF, linear_schedule
@@ -60,7 +60,7 @@ _STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  #
 _APPO_METRICS = (*_STEP_METRICS, "clip_frac")  # loss: appo adds PPO's clipped fraction (empty for a3c)
 
 
-class GA3C(HostState, pl.LightningModule):
+class GA3C(pl.LightningModule):
     """GA3C actor-critic (Babaeizadeh et al., ICLR 2017) trained with ``Trainer.fit``.
 
     Args:
@@ -82,6 +82,8 @@ class GA3C(HostState, pl.LightningModule):
     clipped ratio over the V-trace advantages, optionally against :attr:`target_net`).
 
     Attributes:
+        bookkeeping: the host side (:class:`~lightning_per.ga3c.bookkeeping.HostBookkeeping`): host counters into
+            :attr:`metrics`, the episode ring and log synced once an epoch, the run's summary.
         graph_captures: CUDA-graph captures of the update (graph mode: one per ``fit``).
         lag_clock: 0-d int64 on the module's device, :attr:`policy_version` kept on the device (set at
             ``on_fit_start``, incremented after each update) for the lag bound's weights.
@@ -121,15 +123,12 @@ class GA3C(HostState, pl.LightningModule):
         log, log_count = new_episode_log(_EPISODE_LOG)
         self.register_buffer("episode_log", log, persistent=False)
         self.register_buffer("episode_log_count", log_count, persistent=False)
-        self._log_synced = 0
         self.policy_version = 0  # optimizer steps so far (host int, read by predictor threads)
         self.stats = Stats()
         self.system: GA3CSystem | None = None
+        self.bookkeeping = HostBookkeeping(cfg, self.stats, self.metrics)
         self.time_to_target_s: float | None = None
-        self._ring_synced = -1
         self._target_checked = -1  # episode count at the last target_return check
-        self._epoch_snap = self.stats.snapshot()
-        self._agent_time_read: np.ndarray | None = None  # the agents' time at the last epoch end (AGENT_TIME)
         self._epoch_episodes = 0
         self._wall_end: float | None = None
         self._stop_reason: str | None = None  # why training stopped (summary's stop_reason)
@@ -168,6 +167,12 @@ class GA3C(HostState, pl.LightningModule):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.net(obs)
+
+    @property
+    def episode_buffers(self) -> EpisodeBuffers:
+        """The episode ring and log buffers as registered now (``.to(device)`` replaces them: read at each call)."""
+        return EpisodeBuffers(self.episode_returns_ring, self.episode_returns_count, self.episode_log,
+                              self.episode_log_count)
 
     # ---- host counters read by RunArtifactsCallback ------------------------------------------
     @property
@@ -230,10 +235,7 @@ class GA3C(HostState, pl.LightningModule):
         self.lag_clock.fill_(self.policy_version)  # a fill from a host int: no read
         self._follow_schedules()
         self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
-        self._log_synced = 0
-        self.episode_log_count.zero_()
-        self._epoch_snap = self.stats.snapshot()
-        self._agent_time_read = None
+        self.bookkeeping.start(self.stats, self.episode_buffers)
         self._target_checked = -1
         self._stop_reason = self._stop_time = None
         self.episode_rows = []
@@ -317,7 +319,7 @@ class GA3C(HostState, pl.LightningModule):
         else:
             loss, parts = a3c_loss(logits, value, b["action"], ret, advantage=advantage, **common)
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
-        # numbers, folded in once an epoch from self.stats (publish_host_state)
+        # numbers, folded in once an epoch from self.stats (HostBookkeeping.publish)
         names = _APPO_METRICS if c.loss == "appo" else _STEP_METRICS
         values = torch.stack([loss.detach(), *(parts[k] for k in names[1:])])  # [5] or [6]
         self.metrics.add_vector(names, values)
@@ -409,7 +411,7 @@ class GA3C(HostState, pl.LightningModule):
         if c.max_env_steps is not None and self.stats.snapshot().steps >= c.max_env_steps:  # host counters
             self.request_stop("max_env_steps")
         if batch_idx == c.updates_per_epoch - 1 or self.trainer.should_stop:
-            self.publish_host_state()
+            self.bookkeeping.publish(self.system, self.episode_buffers)
 
     def _follow_schedules(self) -> None:
         """After ``policy_version`` updates: the entropy weight of the schedule (``beta_final``), filled into
@@ -487,6 +489,7 @@ class GA3C(HostState, pl.LightningModule):
         counts = system.counts()
         t_close = time.monotonic()
         system.close()
-        self.system_summary = self._summarise(system, counts.as_tuple(), t_close)
+        self.system_summary, self.episode_rows = self.bookkeeping.summarise(
+            system, counts.as_tuple(), t_close, self._stop_reason, self._stop_time, self.time_to_target_s)
         if system.error is not None:
             raise RuntimeError(f"GA3C system failed: {system.error}") from system.error

@@ -67,10 +67,10 @@ def test_episode_log_copies_the_stats_episodes_in_order():
     model.episode_log, model.episode_log_count = new_episode_log(4)  # small: the copy wraps around
     stats = model.stats
     stats.add_rollout(10, [(1.0, 3), (2.0, 4)])
-    model._sync_log(stats.episodes)
+    model.bookkeeping.sync_log(stats.episodes, model.episode_buffers)
     stats.add_rollout(10, [(3.0, 5)])
     stats.add_rollout(10, [(4.0, 6), (5.0, 7), (6.0, 8)])
-    model._sync_log(stats.episodes)
+    model.bookkeeping.sync_log(stats.episodes, model.episode_buffers)
     t0 = stats.t0
     expected = [(float(steps), t0 + t, ret) for t, steps, ret, _ in stats.episode_log]
     assert [(s, r) for s, _, r in expected] == [(10.0, 1.0), (10.0, 2.0), (20.0, 3.0), (30.0, 4.0), (30.0, 5.0),
@@ -89,8 +89,8 @@ def test_episode_log_takes_the_episodes_the_count_names_when_more_end_meanwhile(
     stats.add_rollout(10, [(1.0, 3), (2.0, 4)])
     counted = stats.episodes  # the epoch's snapshot counts 2 episodes ...
     stats.add_rollout(10, [(3.0, 5)])  # ... and an agent's rollout ends a third before the copy
-    model._sync_log(counted)
-    model._sync_log(stats.episodes)
+    model.bookkeeping.sync_log(counted, model.episode_buffers)
+    model.bookkeeping.sync_log(stats.episodes, model.episode_buffers)
     # each episode once, in the order they ended: (env steps, return) from the rollouts above
     rows, dropped = episode_log_rows(model.episode_log, int(model.episode_log_count))
     assert dropped == 0 and [(s, r) for s, _, r in rows] == [(10.0, 1.0), (10.0, 2.0), (20.0, 3.0)]
