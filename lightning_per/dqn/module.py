@@ -15,7 +15,9 @@ state :mod:`lightning_per.dqn.state`. Graph mode, blocks and DDP: docs/dqn.md, d
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -31,12 +33,13 @@ from torchrl.envs import EnvBase
 from lightning_per import make_replay_buffer
 from lightning_per.actors.apex import ApexConfig
 from lightning_per.actors.stats import agent_time_shares
+from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
 from lightning_per.dqn.apex import ApexFeed, actor_env_spec
 from lightning_per.dqn.collector import NStepCollector
 from lightning_per.dqn.config import ReplayConfig, validate_dqn_arguments
 from lightning_per.dqn.ddp import WholeEpochPerRank, all_ranks_reached, bypass_ddp_reducer, setup_ddp
 from lightning_per.dqn.networks import make_q_network
-from lightning_per.dqn.state import CheckpointHooks
+from lightning_per.dqn.state import check_resume_state, loaded_state, restore_state, saved_state
 from lightning_per.dqn.targets import hard_update, linear_schedule
 from lightning_per.dqn.updates import Learner, UpdateStrategy, choose_update
 from lightning_per.dqn.user import UserEnv, check_user_env, check_user_objects, user_q_network
@@ -79,7 +82,7 @@ class StepIndices(Dataset):
         return i
 
 
-class DQN(CheckpointHooks, LightningModule):
+class DQN(LightningModule):
     """Deep Q-learning with prioritized replay on the learner's device.
 
     DQN (Mnih et al. 2015) with double-DQN targets (van Hasselt et al. 2016, arXiv:1509.06461), n-step
@@ -249,6 +252,7 @@ class DQN(CheckpointHooks, LightningModule):
         self._grad_world_size = 1  # > 1: graph mode under DDP all-reduces the gradients itself
         self._pending_state: dict[str, Any] | None = None
         self._shard_state: dict[str, Any] | None = None  # this rank's state, written next to a DDP checkpoint
+        self._run_id: str | None = None  # the generation ids' prefix, set at setup (one on every DDP rank)
         self.fit_started = False  # on_train_start ran: a failure before is a bad setting (the CLI's one-line error)
         self._host_recorded = False  # host counters recorded in the current step
         self.env_steps = 0  # host counters: deterministic, never read from the device
@@ -321,6 +325,69 @@ class DQN(CheckpointHooks, LightningModule):
         if self._pending_state is not None:
             self._load_dqn_state(self._pending_state)
             self._pending_state = None
+
+    # ------------------------------------------------------------------ checkpoints (dqn/state.py)
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Put this module's ``dqn_state`` (:func:`lightning_per.dqn.state.saved_state`) and its generation id
+        in ``checkpoint``; under DDP this rank's whole state waits in ``_shard_state`` for its shard file."""
+        keep_replay = self.hparams.checkpoint_replay and self.rb is not None
+        run_id = self._run_id or new_generation()
+        state, shard = saved_state(
+            env_steps=self.env_steps, updates=self.updates, credit=self._credit,
+            metrics=self.metrics.state_dict(),
+            collector=self.collector.state_dict() if self.collector is not None else None,
+            replay=self.rb.state_dict() if keep_replay else None,
+            replay_rng=self._replay_rng.get_state() if keep_replay else None,
+            generation=f"{run_id}-step{checkpoint.get('global_step', self.updates)}",
+            world_size=self.trainer.world_size if self._trainer is not None else 1)
+        checkpoint[GENERATION_KEY] = state["generation"]  # the checkpoint's manifest carries it too
+        if shard is not None:  # written by the strategy hook of ddp.write_shards_with_checkpoints
+            self._shard_state = shard
+        checkpoint["dqn_state"] = state
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Check ``checkpoint``'s ``dqn_state`` (:func:`lightning_per.dqn.state.loaded_state`) and restore it, or
+        keep it for :meth:`build_runtime` where the runtime is not built yet (``DQN.load_from_checkpoint``).
+
+        Raises:
+            ValueError, FileNotFoundError, IntegrityError: see :func:`lightning_per.dqn.state.loaded_state`.
+        """
+        trainer = self._trainer
+        state = loaded_state(
+            checkpoint.get("dqn_state"), ckpt_path=trainer.ckpt_path if trainer is not None else None,
+            world_size=trainer.world_size if trainer is not None else 1, global_rank=self.global_rank,
+            metrics=self.metrics.state_dict(),
+            collector_rng_bytes=self.collector.rng.get_state().numel() if self.collector is not None else None)
+        if state is None:
+            return
+        if self.learner is None:  # runtime not built (e.g. DQN.load_from_checkpoint): applied by build_runtime()
+            self._pending_state = state
+            return
+        self._load_dqn_state(state)
+
+    def _load_dqn_state(self, state: dict[str, Any]) -> None:
+        """Restore a checked ``dqn_state`` into the built runtime: the host counters here, the metrics, RNGs,
+        collector and replay by :func:`lightning_per.dqn.state.restore_state`."""
+        self.env_steps, self.updates, self._credit = state["env_steps"], state["updates"], state["credit"]
+        restore_state(state, metrics=self.metrics, collector=self.collector, rb=self.rb, replay_rng=self._replay_rng,
+                      warmup=self.hparams.warmup_steps > 0)
+
+    def check_resume(self, checkpoint: dict[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
+                     global_rank: int, node_ranks: Sequence[int] = (), collector_rng_bytes: int | None = None,
+                     env_device: torch.device | str = "cpu") -> None:
+        """Raise what resuming this model from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way,
+        before anything is built or written (the command line calls it before ``Trainer.fit``):
+        :func:`lightning_per.dqn.state.check_resume_state` with this model's metrics, an env of its config on
+        ``env_device`` and its replay configuration (where ``checkpoint_replay``).
+
+        Raises:
+            FileNotFoundError, IntegrityError, TypeError, ValueError: naming the file or the part.
+        """
+        check_resume_state(checkpoint, ckpt_path, world_size, global_rank, metrics=self.metrics.state_dict(),
+                           make_env=functools.partial(self.make_env, env_device, seed=0),
+                           env_owned=self.user_env is None or self.user_env.owned,
+                           replay=self.replay_config if self.hparams.checkpoint_replay else None,
+                           node_ranks=node_ranks, collector_rng_bytes=collector_rng_bytes)
 
     def train_dataloader(self) -> DataLoader:
         steps = StepIndices(self._steps_per_epoch)

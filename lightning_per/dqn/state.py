@@ -5,6 +5,11 @@ credit), the metric accumulator, torch's CPU (and CUDA) RNG states, the collecto
 with ``checkpoint_replay=True`` the replay buffer (storage + sampler) and its generator. Under DDP each
 rank's state goes to its shard next to the checkpoint (:mod:`lightning_per.dqn.ddp`), and the checkpoint
 keeps rank 0's state without the replay plus ``shards: world_size``.
+
+The module's checkpoint hooks hand these functions the values they need: :func:`saved_state` builds the state
+to save, :func:`loaded_state` checks a checkpoint's state (and reads this rank's DDP shard),
+:func:`restore_state` restores the checked state into the module's parts, and :func:`check_resume_state` runs the
+command line's checks before anything is built.
 """
 
 from __future__ import annotations
@@ -12,20 +17,28 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lightning_per import make_replay_buffer
-from lightning_per.callbacks.checkpoint_io import GENERATION_KEY
 from lightning_per.dqn.ddp import SHARD_KIND, load_replay_shard, replay_shard_path
 from lightning_per.envs import check_env_state
-from lightning_per.integrity import IntegrityError, new_generation, verify_file
+from lightning_per.integrity import IntegrityError, verify_file
 from lightning_per.replay.buffer_checkpoint import checked_state
 from lightning_per.schema import check, stamp
 
-__all__ = ["STATE_VERSION", "CheckpointHooks", "check_state_types", "describe"]
+if TYPE_CHECKING:
+    from torchrl.envs import EnvBase
+
+    from lightning_per.dqn.collector import NStepCollector
+    from lightning_per.dqn.config import ReplayConfig
+    from lightning_per.metrics.accumulator import MetricAccumulator
+    from lightning_per.replay.buffer import GPUPrioritizedReplayBuffer, GPUReplayBuffer
+
+__all__ = ["STATE_VERSION", "check_resume_state", "check_state_types", "describe", "loaded_state", "restore_state",
+           "saved_state"]
 
 STATE_VERSION = 1
 """The ``dqn_state`` version this code writes and reads."""
@@ -127,151 +140,213 @@ def check_state_types(state: Mapping[str, Any], metrics: Mapping[str, torch.Tens
         refuse("shards", "an int >= 1 (the DDP world size that wrote it)", state["shards"])
 
 
-class CheckpointHooks:
-    """The DQN module's checkpoint hooks (a mixin of :class:`~lightning_per.dqn.DQN`; it reads the module's
-    ``env_steps``, ``updates``, ``metrics``, ``collector``, ``rb`` and ``hparams``)."""
+def saved_state(*, env_steps: int, updates: int, credit: float, metrics: dict[str, torch.Tensor],
+                collector: dict[str, Any] | None, replay: dict[str, Any] | None, replay_rng: torch.Tensor | None,
+                generation: str, world_size: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``dqn_state`` a checkpoint keeps and, under DDP, this rank's whole state for its replay shard.
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = stamp({
-            "env_steps": self.env_steps, "updates": self.updates, "credit": self._credit,
-            "metrics": self.metrics.state_dict(), "torch_rng": torch.get_rng_state(),
-            "collector": self.collector.state_dict() if self.collector is not None else None,
-        }, "dqn_state", STATE_VERSION)
-        if torch.cuda.is_available():
-            state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        if self.hparams.checkpoint_replay and self.rb is not None:
-            state["replay"] = self.rb.state_dict()
-            state["replay_rng"] = self._replay_rng.get_state()
-        run_id = getattr(self, "_run_id", None) or new_generation()
-        state["generation"] = f"{run_id}-step{checkpoint.get('global_step', self.updates)}"
-        checkpoint[GENERATION_KEY] = state["generation"]  # the checkpoint's manifest carries it too
-        world_size = self.trainer.world_size if self._trainer is not None else 1
-        if world_size > 1:
-            # each rank's state goes to <ckpt>.rank{r}.replay.pt (written by the strategy hook of
-            # ddp.write_shards_with_checkpoints); the checkpoint keeps rank 0's state without the replay
-            self._shard_state = state
-            state = {k: v for k, v in state.items() if k not in ("replay", "replay_rng")}
-            state["shards"] = world_size
-        checkpoint["dqn_state"] = state
+    torch's CPU RNG state (and with CUDA every device's) is read here, after the arguments.
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("dqn_state")
-        if state is None:
-            warnings.warn("checkpoint has no 'dqn_state': replay, counters and RNG start fresh", stacklevel=2)
-            return
-        where = f"checkpoint {self.trainer.ckpt_path}: " if self._trainer is not None and self.trainer.ckpt_path else ""
-        if not isinstance(state, dict):
-            raise ValueError(f"{where}dqn_state must be a dict (the DQN module's state), got {describe(state)}")
-        state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
-        shards = state.get("shards")
-        if shards is not None:
-            world_size = self.trainer.world_size if self._trainer is not None else 1
-            path = self.trainer.ckpt_path if self._trainer is not None else None
-            if path is not None and world_size == shards:
-                state = load_replay_shard(path, self.global_rank, state)
-            elif path is not None and world_size > 1:
-                raise ValueError(f"checkpoint {path} was written by {shards} DDP ranks (one replay shard "
-                                 f"each); resume it with {shards} devices, not {world_size}")
-            else:
-                warnings.warn(f"checkpoint holds {shards} DDP replay shards next to it; using rank 0's "
-                              "counters and RNG without a replay buffer", stacklevel=2)
-        collector_rng = self.collector.rng.get_state().numel() if self.collector is not None else None
-        try:  # every value's type before any is restored
-            check_state_types(state, self.metrics.state_dict(), collector_rng)
-        except ValueError as err:
-            raise ValueError(f"{where}{err}") from None
-        if self.learner is None:  # runtime not built (e.g. DQN.load_from_checkpoint): applied by build_runtime()
-            self._pending_state = state
-            return
-        self._load_dqn_state(state)
+    Args:
+        env_steps: env steps taken (host int >= 0).
+        updates: gradient updates made (host int >= 0).
+        credit: env steps the updates still owe (host float >= 0).
+        metrics: the metric accumulator's ``state_dict()`` (tensors on the learner's device).
+        collector: the collector's ``state_dict()``; None without one (``collector="actors"``).
+        replay: the replay buffer's ``state_dict()`` (storage + sampler, on its device); None: not checkpointed.
+        replay_rng: the replay generator's ``get_state()`` (``(n,) uint8``, CPU), given with ``replay``.
+        generation: this save's id (``<run id>-step<global step>``).
+        world_size: the number of processes saving (1: no DDP).
 
-    def check_resume(self, checkpoint: dict[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
-                     global_rank: int, node_ranks: Sequence[int] = (), collector_rng_bytes: int | None = None,
-                     env_device: torch.device | str = "cpu") -> None:
-        """Raise what resuming from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way, before
-        anything is built or written (the command line calls it before ``Trainer.fit``): another ``dqn_state``
-        version, a DDP checkpoint of another world size, this rank's shard missing, damaged or from another
-        save, and a replay state this model's buffer refuses (checked against a CPU buffer of the configured
-        capacity: priorities are 8 bytes a slot, transitions are not allocated).
+    Returns:
+        ``(state, shard)``: with ``world_size > 1`` the state without ``replay`` / ``replay_rng`` plus
+        ``shards: world_size``, and the whole state for ``<ckpt>.rank{r}.replay.pt`` (written by the strategy hook
+        of :func:`lightning_per.dqn.ddp.write_shards_with_checkpoints`); else the whole state and None.
+    """
+    state = stamp({
+        "env_steps": env_steps, "updates": updates, "credit": credit, "metrics": metrics,
+        "torch_rng": torch.get_rng_state(), "collector": collector,
+    }, "dqn_state", STATE_VERSION)
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    if replay is not None:
+        state["replay"] = replay
+        state["replay_rng"] = replay_rng
+    state["generation"] = generation
+    if world_size <= 1:
+        return state, None
+    # the checkpoint keeps rank 0's state without the replay; each rank's whole state goes to its shard
+    kept = {k: v for k, v in state.items() if k not in ("replay", "replay_rng")}
+    kept["shards"] = world_size
+    return kept, state
 
-        Every value of the ``dqn_state`` (this rank's shard under DDP) must have the type this code writes
-        (:func:`check_state_types`; ``collector_rng_bytes``: the state size of the exploration generator on the
-        run's device, None: not checked). The env state is checked against an env of this model's config made on
-        ``env_device`` (:func:`lightning_per.envs.check_env_state`: dynamic state only, constants never restored).
 
-        ``node_ranks``: the global ranks of this node, whose shards must match their manifests too. The launching
-        process checks them before it starts the others: a rank that found its shard missing or damaged after the start
-        would make Lightning's launcher kill every process (exit 137) instead of one error.
+def loaded_state(dqn_state: Any, *, ckpt_path: str | os.PathLike[str] | None, world_size: int, global_rank: int,
+                 metrics: Mapping[str, torch.Tensor], collector_rng_bytes: int | None) -> dict[str, Any] | None:
+    """A checkpoint's ``dqn_state`` checked before any of it is restored: its version, a DDP checkpoint's shard
+    for this rank in its place, every value's type (:func:`check_state_types`).
 
-        Raises:
-            FileNotFoundError, IntegrityError, TypeError, ValueError: naming the file or the part.
-        """
-        state = checkpoint.get("dqn_state")
-        if state is None:
-            return
-        if not isinstance(state, dict):
-            raise ValueError(f"{os.fspath(ckpt_path)}: dqn_state must be a dict (the DQN module's state), got "
-                             f"{describe(state)}")
-        try:
-            state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
-        except ValueError as err:
-            raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
-        shards = state.get("shards")
-        if shards is not None:
-            if world_size != shards:  # one process too: training on would drop every rank's replay
-                raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
-                                 f"shard each); resume it with {shards} processes, not {world_size}")
-            for rank in node_ranks:  # the launching process reads each shard's manifest before the others start
-                path = replay_shard_path(ckpt_path, rank, state.get("generation"))
-                try:
-                    manifest = verify_file(path, SHARD_KIND)
-                except FileNotFoundError:
-                    raise FileNotFoundError(f"{path}: missing (checkpoint {os.fspath(ckpt_path)} was written by "
-                                            f"{shards} DDP ranks, one replay shard each); resume from a "
-                                            f"checkpoint with every shard") from None
-                if manifest["generation"] != state.get("generation"):
-                    raise IntegrityError(f"{path}: from another save than {os.fspath(ckpt_path)} (shard generation "
-                                         f"{manifest['generation']!r}, checkpoint {state.get('generation')!r})")
+    Nothing is unpickled here: the checkpoint was loaded by Lightning's checkpoint IO, a shard by
+    :func:`lightning_per.dqn.ddp.load_replay_shard` (``weights_only=True``, checked against its manifest).
+
+    Args:
+        dqn_state: ``checkpoint.get("dqn_state")``: None warns and returns None (replay, counters and RNG start
+            fresh).
+        ckpt_path: the checkpoint's path (the Trainer's ``ckpt_path``), named in errors; None: not known (no
+            Trainer, or ``load_from_checkpoint``): a DDP checkpoint then gives rank 0's counters without a replay.
+        world_size: the number of processes resuming (1 without a Trainer).
+        global_rank: this process's global rank, whose shard is read.
+        metrics: the live metric accumulator's ``state_dict()`` (keys, shapes and dtypes the saved one must have).
+        collector_rng_bytes: the exploration generator's state size; None: any (no collector).
+
+    Returns:
+        The checked state (this rank's shard's under DDP) for :func:`restore_state`, or None.
+
+    Raises:
+        ValueError: not a dict, another version, a DDP checkpoint resumed by another number of processes, or a
+            value of another type (naming ``dqn_state.<key>`` and, where known, the checkpoint).
+        FileNotFoundError, IntegrityError: this rank's shard is missing, damaged or from another save.
+    """
+    state = dqn_state
+    if state is None:
+        warnings.warn("checkpoint has no 'dqn_state': replay, counters and RNG start fresh", stacklevel=3)
+        return None
+    where = f"checkpoint {ckpt_path}: " if ckpt_path else ""
+    if not isinstance(state, dict):
+        raise ValueError(f"{where}dqn_state must be a dict (the DQN module's state), got {describe(state)}")
+    state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
+    shards = state.get("shards")
+    if shards is not None:
+        if ckpt_path is not None and world_size == shards:
             state = load_replay_shard(ckpt_path, global_rank, state)
+        elif ckpt_path is not None and world_size > 1:
+            raise ValueError(f"checkpoint {ckpt_path} was written by {shards} DDP ranks (one replay shard "
+                             f"each); resume it with {shards} devices, not {world_size}")
+        else:
+            warnings.warn(f"checkpoint holds {shards} DDP replay shards next to it; using rank 0's "
+                          "counters and RNG without a replay buffer", stacklevel=3)
+    try:  # every value's type before any is restored
+        check_state_types(state, metrics, collector_rng_bytes)
+    except ValueError as err:
+        raise ValueError(f"{where}{err}") from None
+    return state
+
+
+def restore_state(state: Mapping[str, Any], *, metrics: MetricAccumulator, collector: NStepCollector | None,
+                  rb: GPUPrioritizedReplayBuffer | GPUReplayBuffer | None, replay_rng: torch.Generator | None,
+                  warmup: bool) -> None:
+    """Restore a :func:`loaded_state` result into the module's parts (its host counters are the module's to set).
+
+    Sets torch's CPU RNG state (and every CUDA device's, where saved and CUDA is available).
+
+    Args:
+        state: the checked ``dqn_state``.
+        metrics: the metric accumulator (on the learner's device).
+        collector: the n-step collector; None without one (then the state's ``collector`` must be None).
+        rb: the replay buffer (on the learner's device; used where the state holds ``replay``).
+        replay_rng: the replay generator (CPU; the buffer derives its device generator from it).
+        warmup: the run warms up (``warmup_steps > 0``): a state without its replay warns that the buffer refills.
+
+    Raises:
+        ValueError, TypeError: a part refuses its state (the replay buffer's and the env's checks).
+    """
+    metrics.load_state_dict(state["metrics"])
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    if state["collector"] is not None:
+        collector.load_state_dict(state["collector"])
+    if "replay" in state:
+        rb.load_state_dict(state["replay"])
+        replay_rng.set_state(state["replay_rng"])
+    elif "shards" in state:
+        # rank 0's state of a DDP checkpoint loaded by a different number of processes: its replay
+        # (if checkpoint_replay was on) is in the shard files, and loaded_state already said so
+        pass
+    elif warmup:
+        warnings.warn("checkpoint has no replay buffer (checkpoint_replay=False): it refills during a "
+                      "new warm-up", stacklevel=3)
+
+
+def check_resume_state(checkpoint: Mapping[str, Any], ckpt_path: str | os.PathLike[str], world_size: int,
+                       global_rank: int, *, metrics: Mapping[str, torch.Tensor], make_env: Callable[[], EnvBase],
+                       env_owned: bool, replay: ReplayConfig | None, node_ranks: Sequence[int] = (),
+                       collector_rng_bytes: int | None = None) -> None:
+    """Raise what resuming from ``checkpoint`` (read from ``ckpt_path``) would refuse part-way, before
+    anything is built or written (the command line calls it before ``Trainer.fit``): another ``dqn_state``
+    version, a DDP checkpoint of another world size, this rank's shard missing, damaged or from another
+    save, and a replay state this model's buffer refuses (checked against a CPU buffer of the configured
+    capacity: priorities are 8 bytes a slot, transitions are not allocated).
+
+    Every value of the ``dqn_state`` (this rank's shard under DDP) must have the type this code writes
+    (:func:`check_state_types`). The env state is checked against an env ``make_env()`` makes
+    (:func:`lightning_per.envs.check_env_state`: dynamic state only, constants never restored).
+
+    Args:
+        checkpoint: the checkpoint, loaded by the checkpoint IO (its manifest verified).
+        ckpt_path: where it was read from (named in errors; its DDP shards lie next to it).
+        world_size: the number of processes resuming.
+        global_rank: this process's global rank, whose shard is read.
+        metrics: the live metric accumulator's ``state_dict()``.
+        make_env: makes an env of this run's config (called only where the state holds an env state).
+        env_owned: the env ``make_env`` returns is ours to close (False: a user's own env instance stays open).
+        replay: the model's replay configuration where it checkpoints its replay (``checkpoint_replay=True``),
+            else None (a saved replay is not checked).
+        node_ranks: the global ranks of this node, whose shards must match their manifests too. The launching
+            process checks them before it starts the others: a rank that found its shard missing or damaged after
+            the start would make Lightning's launcher kill every process (exit 137) instead of one error.
+        collector_rng_bytes: the state size of the exploration generator on the run's device; None: not checked.
+
+    Raises:
+        FileNotFoundError, IntegrityError, TypeError, ValueError: naming the file or the part.
+    """
+    state = checkpoint.get("dqn_state")
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise ValueError(f"{os.fspath(ckpt_path)}: dqn_state must be a dict (the DQN module's state), got "
+                         f"{describe(state)}")
+    try:
+        state = check(state, "dqn_state", STATE_VERSION, **_SCHEMA)
+    except ValueError as err:
+        raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
+    shards = state.get("shards")
+    if shards is not None:
+        if world_size != shards:  # one process too: training on would drop every rank's replay
+            raise ValueError(f"checkpoint {os.fspath(ckpt_path)} was written by {shards} DDP ranks (one replay "
+                             f"shard each); resume it with {shards} processes, not {world_size}")
+        for rank in node_ranks:  # the launching process reads each shard's manifest before the others start
+            path = replay_shard_path(ckpt_path, rank, state.get("generation"))
+            try:
+                manifest = verify_file(path, SHARD_KIND)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{path}: missing (checkpoint {os.fspath(ckpt_path)} was written by "
+                                        f"{shards} DDP ranks, one replay shard each); resume from a "
+                                        f"checkpoint with every shard") from None
+            if manifest["generation"] != state.get("generation"):
+                raise IntegrityError(f"{path}: from another save than {os.fspath(ckpt_path)} (shard generation "
+                                     f"{manifest['generation']!r}, checkpoint {state.get('generation')!r})")
+        state = load_replay_shard(ckpt_path, global_rank, state)
+    try:
+        check_state_types(state, metrics, collector_rng_bytes)
+    except ValueError as err:
+        raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
+    env_state = state["collector"].get("env") if isinstance(state.get("collector"), Mapping) else None
+    if env_state is not None:  # against an env of this run's config, before anything is built
+        env = make_env()
         try:
-            check_state_types(state, self.metrics.state_dict(), collector_rng_bytes)
+            check_env_state(env, env_state)
         except ValueError as err:
             raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
-        env_state = state["collector"].get("env") if isinstance(state.get("collector"), Mapping) else None
-        if env_state is not None:  # against an env of this run's config, before anything is built
-            env = self.make_env(env_device, seed=0)
-            try:
-                check_env_state(env, env_state)
-            except ValueError as err:
-                raise ValueError(f"{os.fspath(ckpt_path)}: {err}") from None
-            finally:
-                if self.user_env is None or self.user_env.owned:  # a user's own env instance stays open
-                    env.close()
-        if "replay" in state and self.hparams.checkpoint_replay:
-            r = self.replay_config
-            extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
-            probe = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device="cpu", alpha=r.alpha,
-                                       beta=r.beta, eps=r.eps, packed=r.packed, eager_graphs=False, seed=0, **extra)
-            try:
-                checked_state(probe, state["replay"])
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"{os.fspath(ckpt_path)}: the replay buffer refuses it: {err}") from None
-
-    def _load_dqn_state(self, state: dict[str, Any]) -> None:
-        self.env_steps, self.updates, self._credit = state["env_steps"], state["updates"], state["credit"]
-        self.metrics.load_state_dict(state["metrics"])
-        torch.set_rng_state(state["torch_rng"])
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        if state["collector"] is not None:
-            self.collector.load_state_dict(state["collector"])
-        if "replay" in state:
-            self.rb.load_state_dict(state["replay"])
-            self._replay_rng.set_state(state["replay_rng"])
-        elif "shards" in state:
-            # rank 0's state of a DDP checkpoint loaded by a different number of processes: its replay
-            # (if checkpoint_replay was on) is in the shard files, and on_load_checkpoint already said so
-            pass
-        elif self.hparams.warmup_steps > 0:
-            warnings.warn("checkpoint has no replay buffer (checkpoint_replay=False): it refills during a "
-                          "new warm-up", stacklevel=2)
+        finally:
+            if env_owned:  # a user's own env instance stays open
+                env.close()
+    if "replay" in state and replay is not None:
+        r = replay
+        extra = {} if r.sampler == "uniform" else {"weight_normalization": r.weight_normalization}
+        probe = make_replay_buffer(r.capacity, r.batch_size, sampler=r.sampler, device="cpu", alpha=r.alpha,
+                                   beta=r.beta, eps=r.eps, packed=r.packed, eager_graphs=False, seed=0, **extra)
+        try:
+            checked_state(probe, state["replay"])
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{os.fspath(ckpt_path)}: the replay buffer refuses it: {err}") from None

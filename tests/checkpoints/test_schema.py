@@ -155,14 +155,14 @@ def test_sampler_dumps_are_atomic(tmp_path, monkeypatch):
 
 
 def test_dqn_state_version_1_loads_and_newer_or_older_are_refused():
-    hooks = DQN(replay=ReplayConfig(capacity=64, batch_size=8), hidden_sizes=[8])  # its checkpoint hooks
-    old = {"version": 1, "env_steps": 10, "updates": 2, "credit": 0.0, "metrics": hooks.metrics.state_dict(),
+    model = DQN(replay=ReplayConfig(capacity=64, batch_size=8), hidden_sizes=[8])  # its resume checks
+    old = {"version": 1, "env_steps": 10, "updates": 2, "credit": 0.0, "metrics": model.metrics.state_dict(),
            "torch_rng": torch.get_rng_state(), "collector": None}
-    assert hooks.check_resume({"dqn_state": old}, "run.ckpt", 1, 0) is None
+    assert model.check_resume({"dqn_state": old}, "run.ckpt", 1, 0) is None
     with pytest.raises(ValueError, match=r"run\.ckpt: dqn_state version 2 is newer than this code's \(it reads 1\)"):
-        hooks.check_resume({"dqn_state": {**old, "_schema_version": 2}}, "run.ckpt", 1, 0)
+        model.check_resume({"dqn_state": {**old, "_schema_version": 2}}, "run.ckpt", 1, 0)
     with pytest.raises(ValueError, match="dqn_state version None is not supported"):
-        hooks.check_resume({"dqn_state": {"env_steps": 1}}, "run.ckpt", 1, 0)
+        model.check_resume({"dqn_state": {"env_steps": 1}}, "run.ckpt", 1, 0)
 
 
 def test_async_metrics_state_old_layouts_load_and_a_newer_is_refused():
