@@ -79,7 +79,7 @@ class HostBookkeeping:
         """Begin a fit counted by ``stats`` (new, from zero).
 
         The epoch snapshot and the agents' time start over, and so does the episode log (``buffers.log_count``
-        zeroed in place: a fill, no read). The episode ring is kept until the next sync refills it.
+        zeroed in place: a fill, no read). The episode ring is refilled at the next sync, whatever the new count.
 
         Args:
             stats: the new fit's host counters.
@@ -87,6 +87,7 @@ class HostBookkeeping:
         """
         self.stats = stats
         self.log_synced = 0
+        self.ring_synced = -1  # the new fit's count may equal the last fit's: refill all the same
         buffers.log_count.zero_()
         self.epoch_snap = stats.snapshot()
         self.agent_time_read = None
