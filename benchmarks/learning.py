@@ -207,12 +207,28 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
                # (s), the slots the actors' ingest found the queue full for (the learner too slow), the weights' lag
                learner_wait_s=metrics.get("learner_wait_s"), actor_queue_full=metrics.get("actor_queue_full"),
                actor_weight_lag=metrics.get("actor_weight_lag"),
-               # the agents' time in the last epoch (both learners): stepping envs, waiting for answers, for slots
-               agent_env_share=metrics.get("agent_env_share"),
-               agent_answer_wait_share=metrics.get("agent_answer_wait_share"),
-               agent_slot_wait_share=metrics.get("agent_slot_wait_share"),
+               # where the agents' time went (both learners): stepping envs, waiting for answers, for free slots
+               **agent_shares(files, metrics),
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
+
+
+AGENT_SHARES = ("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share")
+
+
+def agent_shares(files: Path, metrics: dict) -> dict[str, float | None]:
+    """The shares of the agents' time (``AGENT_SHARES``, fractions of their running time): the median over the
+    epochs of the run's ``history.csv`` (a run's first epoch holds the warm-up fill and its last may be a few
+    seconds at the stop), else the last epoch's in ``metrics``; None when the run logged none."""
+    history = files / "history.csv"
+    if history.exists():
+        with open(history, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        series = {k: [float(r[k]) for r in rows if r.get(k) not in (None, "") and float(r[k]) == float(r[k])]
+                  for k in AGENT_SHARES}
+        if all(series.values()):
+            return {k: statistics.median(v) for k, v in series.items()}
+    return {k: metrics.get(k) for k in AGENT_SHARES}
 
 
 def _curves(files: Path, window: int) -> dict:
@@ -233,9 +249,9 @@ def table(rows: list[dict], target: float, window: int) -> str:
     feed = not learner and any(r.get("learner_wait_s") is not None for r in rows)
     extra = (" | updates/s | policy lag (mean, p95) | entropy" if learner else
              " | updates/s | learner waiting (% of wall) | actor queue full (slots) | actor weight lag" if feed else "")
-    # where the agents' time went in the last epoch, when the summaries have it (agent processes of either learner)
+    # where the agents' time went, when the runs logged it (agent processes of either learner; agent_shares)
     shares = any(r.get("agent_env_share") is not None for r in rows)
-    extra += " | agents: env / answer wait / slot wait (% of their time)" if shares else ""
+    extra += " | agents: env / answer wait / slot wait (% of their time, median epoch)" if shares else ""
     lines = [f"| seed | reached {target:g} | time to target (s) | env steps to target | final mean (last {window}) "
              f"| best mean | episodes | env steps | env steps/s{extra} | wall (s) | stop |",
              "|---" * ((14 if learner else 15 if feed else 11) + shares) + "|"]
@@ -250,7 +266,7 @@ def table(rows: list[dict], target: float, window: int) -> str:
                      f"| {f(r.get('actor_queue_full'), ',.0f')} | {f(r.get('actor_weight_lag'), '.1f')}")
         if shares:
             cells += " | " + ("" if r.get("agent_env_share") is None else " / ".join(
-                f(100 * r[k], ".0f") for k in ("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share")))
+                f(100 * r[k], ".0f") for k in AGENT_SHARES))
         lines.append(f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {f(r['time_to_target_s'], '.1f')} "
                      f"| {f(r['env_steps_to_target'], ',')} | {f(r['final_mean_return'], '.2f')} "
                      f"| {f(r['best_mean_return'], '.2f')} | {r['episodes']:,} | {f(r['env_steps'], ',')} "

@@ -222,19 +222,29 @@ def test_apex_runs_add_the_feeds_columns(seeds):
 
 
 def test_runs_with_the_agents_time_add_its_column(seeds):
-    """The last epoch's shares of the agents' time (env, answer wait, slot wait) in summary.json's metrics, of either
-    learner, are one column in percent; a seed whose summary has none leaves it empty."""
-    for seed, shares in {0: (0.3125, 0.625, 0.0), 1: (0.05, 0.004, 0.9)}.items():
+    """The shares of the agents' time (env, answer wait, slot wait) of either learner are one column in percent: the
+    median over the epochs of history.csv when the run wrote one (a warm-up first epoch and a short stop epoch do
+    not move it), else the last epoch's in summary.json's metrics; a seed with neither leaves it empty."""
+    epochs = [(0.03, 0.17, 0.80), (0.28, 0.69, 0.0), (0.30, 0.68, 0.01), (0.27, 0.70, 0.0), (0.25, 0.74, 0.0)]
+    with open(seeds[0] / "history.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["epoch", "agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share", "loss"])
+        w.writerow([-1, "", "", "", 0.5])  # a row of another metric only
+        for k, (env, answer, slot) in enumerate(epochs):
+            w.writerow([k, env, answer, slot, 0.1])
+    for seed in (0, 1):
         path = seeds[seed] / "summary.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "updates_per_s": 900.0, "metrics": {
-            "learner_wait_s": 1.5, "agent_env_share": shares[0], "agent_answer_wait_share": shares[1],
-            "agent_slot_wait_share": shares[2]}}))
+            "learner_wait_s": 1.5, "agent_env_share": 0.05, "agent_answer_wait_share": 0.004,
+            "agent_slot_wait_share": 0.9}}))
     res = learning.summarise(seeds, TARGET, WINDOW, "toy")
     header, rule, *rows = res.table.splitlines()
-    assert "| actor weight lag | agents: env / answer wait / slot wait (% of their time) | wall (s) |" in header
+    assert ("| actor weight lag | agents: env / answer wait / slot wait (% of their time, median epoch) | wall (s) |"
+            in header)
     assert rule == "|---" * 16 + "|"
-    assert "| 31 / 62 / 0 |" in rows[0] and "| 5 / 0 / 90 |" in rows[1] and " / " not in rows[2]
-    assert [r["agent_slot_wait_share"] for r in res.rows] == [0.0, 0.9, None]
+    # seed 0: medians of the five epochs 0.27 / 0.69 / 0.0; seed 1: no history.csv, its summary's last epoch
+    assert "| 27 / 69 / 0 |" in rows[0] and "| 5 / 0 / 90 |" in rows[1] and " / " not in rows[2]
+    assert [r["agent_answer_wait_share"] for r in res.rows] == [0.69, 0.004, None]
 
 
 def test_pooled_calls_give_the_table_of_one_call_over_every_seed(seeds, tmp_path):
