@@ -323,16 +323,22 @@ def summarise(seed_dirs: dict[int, Path], target: float, window: int, name: str,
     rows = [seed_row(seed, files, target, window) for seed, files in sorted(seed_dirs.items())]
     agg = aggregate(rows)
     curves = {seed: _curves(files, window) for seed, files in seed_dirs.items()}
-    worst = agg["worst_time_to_target_s"]
-    line = (f"{agg['seeds_reached']} of {agg['seeds']} seeds reached {target:g}; median time to target "
-            f"{_fmt(agg['median_time_to_target_s'], '.1f')} s, worst {_fmt(worst, '.1f')} s; median env steps "
-            f"{_fmt(agg['median_env_steps_to_target'], ',.0f')}, worst {_fmt(agg['worst_env_steps_to_target'], ',')}.")
+    line = aggregate_line(agg, target)
     title = (f"{name}: time and env steps until the mean return of the last {window} episodes reaches {target:g}, "
              f"one run per seed (time: seconds since Trainer.fit started).")
     return Results(rows=rows, table=table(rows, target, window), title=title,
                    notes="\n\n".join(p for p in (line, notes) if p), name=f"learning-{name}",
                    plot=lambda path: plot(curves, target, window, name, path),
                    extra={"target": target, "window": window, "aggregate": agg, "curves": curves})
+
+
+def aggregate_line(agg: dict, target: float) -> str:
+    """The line under the table: seeds that reached ``target``, median and worst time and env steps (:func:`aggregate`'s
+    dict)."""
+    return (f"{agg['seeds_reached']} of {agg['seeds']} seeds reached {target:g}; median time to target "
+            f"{_fmt(agg['median_time_to_target_s'], '.1f')} s, worst {_fmt(agg['worst_time_to_target_s'], '.1f')} s; "
+            f"median env steps {_fmt(agg['median_env_steps_to_target'], ',.0f')}, worst "
+            f"{_fmt(agg['worst_env_steps_to_target'], ',')}.")
 
 
 def _fmt(v, spec: str) -> str:

@@ -18,8 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks import UsageError
-from benchmarks import learning
+from benchmarks import UsageError, learning
 from benchmarks._results import Results, write
 
 
@@ -44,10 +43,7 @@ def pool(results: list[dict], name: str) -> Results:
     curves = {int(seed): c for r in results for seed, c in r["curves"].items()}
     target, window = first["target"], first["window"]
     agg = learning.aggregate(rows)
-    line = (f"{agg['seeds_reached']} of {agg['seeds']} seeds reached {target:g}; median time to target "
-            f"{_fmt(agg['median_time_to_target_s'], '.1f')} s, worst {_fmt(agg['worst_time_to_target_s'], '.1f')} s; "
-            f"median env steps {_fmt(agg['median_env_steps_to_target'], ',.0f')}, worst "
-            f"{_fmt(agg['worst_env_steps_to_target'], ',')}.")
+    line = learning.aggregate_line(agg, target)
     sources = "\n".join(f"- seeds {', '.join(str(row['seed']) for row in r['rows'])}: "
                         f"`{r['environment'].get('command')}` at {r['environment'].get('utc')} (UTC)"
                         for r in results)
@@ -58,10 +54,6 @@ def pool(results: list[dict], name: str) -> Results:
                    notes=f"{line}\n\nThe runs pooled:\n\n{sources}", name=f"learning-{name}",
                    plot=lambda path: learning.plot(curves, target, window, name, path),
                    extra={"target": target, "window": window, "aggregate": agg, "curves": curves})
-
-
-def _fmt(v, spec: str) -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
