@@ -1,5 +1,4 @@
-"""One learning table from seeds run in separate calls: the ``learning`` suite's results files of one config on one
-machine, pooled.
+"""Pool the learning suite's results files of one config and machine (seeds run in separate calls) into one table.
 
 A device call has a time limit, so five seeds of a 150 s run take several calls, each writing its own
 ``learning-<name>-<machine>.json``. This reads them (rows and curves), refuses files that differ in target, window

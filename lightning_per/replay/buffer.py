@@ -617,8 +617,12 @@ class GPUPrioritizedReplayBuffer(TensorDictPrioritizedReplayBuffer):
         re-packing) on the hot path; otherwise it defers to TorchRL's ``sample``. ``return_info=True`` also
         returns the info dict. Batches of writer handles that are ready are ingested first (:meth:`ingest`).
         With a :attr:`rate_limit`, ``wait`` and ``timeout`` (seconds or None) say whether to wait for its budget
-        (:meth:`SamplesPerInsert.reserve`: RuntimeError without ``wait``, TimeoutError after ``timeout``).
+        (:meth:`SamplesPerInsert.reserve`: RuntimeError without ``wait``, TimeoutError after ``timeout``). A given
+        ``batch_size`` is checked first (an int >= 1: ValueError otherwise, before the warning about a batch size that
+        differs from the buffer's).
         """
+        if batch_size is not None:
+            check_batch_size(batch_size)
         _ingest(self)
         _reserve(self, batch_size, wait, timeout)
         if not (self._direct_sample and include_info is None and not len(self._transform)

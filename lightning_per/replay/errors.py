@@ -16,7 +16,7 @@ from torch import Tensor
 
 __all__ = ["MAX_CAPACITY", "EmptyBufferError", "check_batch_size", "check_bool", "check_capacity", "check_draw",
            "check_eps", "check_exponent", "check_generator", "check_index", "check_index_priority", "check_key",
-           "check_seed", "eps_limit", "stored_fits"]
+           "check_reduction", "check_seed", "eps_limit", "stored_fits"]
 
 #: Largest finite float32: no stored priority ``(p + eps)^alpha`` exceeds it (see ``GPUPrioritizedSampler``).
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -145,6 +145,22 @@ def check_seed(seed) -> int | None:
         raise ValueError(f"seed must be None or an int in [-2**63, 2**64) (torch.Generator.manual_seed's range), "
                          f"got {seed!r}")
     return seed
+
+
+#: the reductions of an item's priorities that TorchRL's buffers apply (``torchrl.data.replay_buffers.utils._reduce``)
+REDUCTIONS = ("max", "min", "mean", "median", "sum")
+
+
+def check_reduction(reduction) -> str:
+    """``reduction`` unless it is none of ``REDUCTIONS`` (TorchRL would fail only at the first ``extend`` that carries
+    priorities).
+
+    Raises:
+        ValueError: another value, naming ``reduction`` and the values it may take.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
+    return reduction
 
 
 def check_bool(name: str, value) -> bool:

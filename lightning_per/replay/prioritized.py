@@ -32,7 +32,7 @@ from lightning_per.replay.adapter import (
     max_priority,
     new_core,
 )
-from lightning_per.replay.errors import check_bool, check_kind
+from lightning_per.replay.errors import check_bool, check_kind, check_reduction
 from lightning_per.replay.rules import Proportional
 
 __all__ = ["GPUPrioritizedSampler"]
@@ -127,7 +127,7 @@ class GPUPrioritizedSampler(PrioritizedSampler):
         check_bool("shuffle_strata", shuffle_strata)
         if rule is None:
             rule = Proportional(stratified, shuffle_strata, weight_normalization)
-        self.reduction, self.dtype = reduction, dtype
+        self.reduction, self.dtype = check_reduction(reduction), dtype
         #: priorities, draws, IS weights and the random streams (:class:`~lightning_per.replay.core.PriorityCore`)
         self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
                              seed=seed, dtype=dtype, eager_graphs=eager_graphs,

@@ -33,7 +33,7 @@ from lightning_per.replay.adapter import (
     max_priority,
     new_core,
 )
-from lightning_per.replay.errors import check_bool, check_kind
+from lightning_per.replay.errors import check_bool, check_kind, check_reduction
 from lightning_per.replay.priority import PriorityState
 from lightning_per.replay.rules import generator_uniforms
 
@@ -190,7 +190,7 @@ class GPURankBasedSampler(PrioritizedSampler):
         check_bool("shuffle_strata", shuffle_strata)
         rule = RankIndex(sort_every=sort_every, stratified=stratified, shuffle_strata=shuffle_strata,
                          weight_normalization=weight_normalization)
-        self.reduction, self.dtype = reduction, dtype
+        self.reduction, self.dtype = check_reduction(reduction), dtype
         #: priorities, the ranking (``core.rule``), draws, IS weights and the random streams
         self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps, rule, device=device, backend=backend,
                              seed=seed, dtype=dtype, eager_graphs=eager_graphs,

@@ -14,7 +14,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler
 from lightning_per.graphs.protocol import CapturableSampler, SamplerCapture
 from lightning_per.replay import priority, sampler_checkpoint
 from lightning_per.replay.adapter import capture_view, checked_update, dump, mark_written, max_priority, new_core
-from lightning_per.replay.errors import check_bool, check_kind
+from lightning_per.replay.errors import check_bool, check_kind, check_reduction
 from lightning_per.replay.rules import Proportional
 from lightning_per.replay.slice_index import SliceIndex, whole_rows
 from lightning_per.replay.slice_output import expand, slice_batch
@@ -102,7 +102,7 @@ class GPUPrioritizedSliceSampler(PrioritizedSliceSampler):
             num_slices=num_slices, slice_len=slice_len, end_key=end_key, end_keys=end_keys, traj_key=traj_key,
             ends=ends, trajectories=trajectories, cache_values=cache_values, truncated_key=truncated_key,
             init_key=init_key, strict_length=strict_length, pad_output=pad_output, compile=compile, span=span)
-        self.reduction, self.dtype = reduction, dtype
+        self.reduction, self.dtype = check_reduction(reduction), dtype
         #: the starts' priorities, draws, IS weights and random streams (:class:`PriorityCore`)
         self.core = new_core(type(self).__name__, max_capacity, alpha, beta, eps,
                              Proportional(stratified, True, weight_normalization), device=device, backend=backend,

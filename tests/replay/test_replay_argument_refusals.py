@@ -182,6 +182,11 @@ _PSLICE = dict(sampler="prioritized_slice", slice_len=2)
     (dict(device="meta"), ValueError, "device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), or None; got "
                                       "'meta'"),
     (dict(sampler="uniform", device="meta"), ValueError, "device must be 'cpu' or a CUDA device"),
+    # TorchRL's reductions of an item's priorities (torchrl.data.replay_buffers.utils._reduce): its own only
+    (dict(reduction="bogus"), ValueError, "reduction must be one of ['max', 'min', 'mean', 'median', 'sum'], got "
+                                          "'bogus'"),
+    (dict(sampler="rank", reduction="avg"), ValueError, "reduction must be one of"),
+    (dict(_PSLICE, reduction="avg"), ValueError, "reduction must be one of"),
 ])
 def test_make_replay_buffer_refuses_naming_the_argument(kwargs, error, message):
     kwargs = dict(kwargs)
@@ -296,3 +301,16 @@ def test_an_empty_batch_of_another_spec_is_still_refused(kind):
     with pytest.raises(ValueError, match="obs"):
         rb.extend(bad)
     assert len(rb) == 5
+
+
+@pytest.mark.parametrize("sampler", ["proportional", "rank", "uniform"])
+@pytest.mark.parametrize("batch_size", [0, -3, 2.0])
+def test_a_bad_sample_batch_size_is_one_error_and_no_warning(sampler, batch_size):
+    import warnings
+
+    rb = make_replay_buffer(64, 8, sampler=sampler, device="cpu")
+    rb.extend(TensorDict({"x": torch.arange(16.0)[:, None]}, [16]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the batch-size-differs warning must not come first
+        with pytest.raises(ValueError, match=f"batch_size must be an int >= 1, got {batch_size!r}"):
+            rb.sample(batch_size)
