@@ -1,6 +1,6 @@
 """Pool the learning suite's results files of one config and machine (seeds run in separate calls) into one table.
 
-A device call has a time limit, so five seeds of a 150 s run take several calls, each writing its own
+Seeds of one config may run in several calls of the suite (a job time limit, say), each writing its own
 ``learning-<name>-<machine>.json``. This reads them (rows and curves), refuses files that differ in target, window
 or machine, or that repeat a seed, and writes the table, the median / worst line and the plot of all the seeds, as
 the suite does for one call (:func:`benchmarks.learning.summarise`); the notes list each file's command and time.

@@ -86,9 +86,9 @@ def agent_time_shares(before: np.ndarray, after: np.ndarray) -> dict[str, float]
     """Where the agents' time went between two reads of the shared ``agent_time`` (A, 4) float64 seconds
     (:data:`~lightning_per.actors.shared.AGENT_TIME`: running, env, answer_wait, slot_wait): ``agent_env_share``,
     ``agent_answer_wait_share`` and ``agent_slot_wait_share``, each the agents' summed seconds of it over their summed
-    running seconds (the rest is the agents' own work); NaN when no agent ran in between. A share near 1 names the
-    bound: the envs (add agents or cores), the predictors' answers (bigger or more predictor batches) or free slots
-    (the learner consumes too slowly).
+    running seconds (the rest is the agents' own work); an empty dict when no agent ran in between. A share near 1
+    names the bound: the envs (add agents or cores), the predictors' answers (a faster prediction path) or free
+    slots (the learner consumes too slowly).
 
     Example::
 
@@ -99,7 +99,7 @@ def agent_time_shares(before: np.ndarray, after: np.ndarray) -> dict[str, float]
     spent = (after - before).sum(axis=0)  # [running, env, answer_wait, slot_wait] summed over agents
     running = float(spent[0])
     if running <= 0.0:
-        return dict.fromkeys(("agent_env_share", "agent_answer_wait_share", "agent_slot_wait_share"), float("nan"))
+        return {}
     return {"agent_env_share": float(spent[1]) / running, "agent_answer_wait_share": float(spent[2]) / running,
             "agent_slot_wait_share": float(spent[3]) / running}
 

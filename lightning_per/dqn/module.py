@@ -568,8 +568,7 @@ class DQN(LightningModule):
             self._actor_returns_read = totals
             spent = self.feed.actors.shared.agent_time.copy()  # where the agents' time went this epoch
             for name, share in agent_time_shares(self._agent_time_read, spent).items():
-                if share == share:  # NaN: no agent ran
-                    m.add(name, share)
+                m.add(name, share)
             self._agent_time_read = spent
             for i, eps in enumerate(self.actors_config.epsilons_at(self.updates)):
                 m.add(f"actor{i}_epsilon", eps)

@@ -124,8 +124,7 @@ class HostBookkeeping:
         spent = system.shared.agent_time.copy()  # (max_agents, 4) seconds, from zero at the system's start
         before = np.zeros_like(spent) if self.agent_time_read is None else self.agent_time_read
         for name, share in agent_time_shares(before, spent).items():
-            if share == share:  # NaN: no agent ran
-                m.add(name, share)
+            m.add(name, share)
         self.agent_time_read = spent
         new = snap.episodes - self.epoch_snap.episodes
         if new > 0:

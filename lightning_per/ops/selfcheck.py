@@ -68,15 +68,15 @@ def fresh_state(leaves: Tensor, capacity: int = 0, alpha: Tensor | float = 1.0, 
 
 def _equal(name: str, got: Tensor, want: Tensor) -> None:
     # sync-ok: the self-check runs once per device, when the backend is chosen
-    if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):
+    if got.shape != want.shape or got.dtype != want.dtype or not torch.equal(got.cpu(), want.cpu()):  # sync-ok: once
         raise RuntimeError(f"self-check failed: {name} differs from the reference "
-                           f"(got {got.cpu().tolist()[:8]}..., want {want.cpu().tolist()[:8]}...)")
+                           f"(got {got.cpu().tolist()[:8]}..., want {want.cpu().tolist()[:8]}...)")  # sync-ok: failed
 
 
 def _close(name: str, got: Tensor, want: Tensor, rtol: float) -> None:
     # sync-ok: the self-check runs once per device, when the backend is chosen
     if got.shape != want.shape or got.dtype != want.dtype or not torch.allclose(
-            got.cpu(), want.cpu(), rtol=rtol, atol=0.0, equal_nan=True):
+            got.cpu(), want.cpu(), rtol=rtol, atol=0.0, equal_nan=True):  # sync-ok: once per device
         raise RuntimeError(f"self-check failed: {name} differs from the reference beyond rtol={rtol}")
 
 
