@@ -25,7 +25,7 @@ SUITES: dict[str, str] = {
 #: Profiling and analysis tools (modules of this package run as scripts): diagnostics, not published tables.
 TOOLS: tuple[str, ...] = ("profile_step", "profile_kernels", "profile_dqn", "host_floor", "replay_host",
                           "replay_eager", "replay_kernels", "tune_warps", "gather", "fit_runs", "profile_loop",
-                          "compare", "pool_learning")
+                          "compare", "pool_learning", "first_updates")
 
 
 class UsageError(ValueError):

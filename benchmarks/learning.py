@@ -37,7 +37,6 @@ config's file name.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import os
 import statistics
@@ -86,27 +85,6 @@ def add_arguments(ap) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def config_kind(path: str | os.PathLike[str]) -> str:
-    """``"ga3c"`` for a config whose ``model:`` section holds only fields of
-    :class:`~lightning_per.ga3c.config.GA3CConfig` (or the old flat GA3C layout, no sections), else ``"dqn"``.
-
-    Raises:
-        ValueError: the file is not a YAML mapping.
-    """
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected a YAML mapping, got {type(data).__name__}")
-    from lightning_per.ga3c.config import GA3CConfig
-
-    if "model" not in data and "trainer" not in data:
-        return "ga3c"
-    model = data.get("model") or {}
-    fields = {f.name for f in dataclasses.fields(GA3CConfig)}
-    return "ga3c" if isinstance(model, dict) and model and set(model) <= fields else "dqn"
-
-
 def run_command(kind: str, config: str, seed: int, target: float, run_dir: Path, budget_s: float | None,
                 extra: list[str], window: int = 20, budget_steps: int | None = None) -> list[str]:
     """The command line of one seed's run (``python -m lightning_per.console ...``); ``budget_s`` (seconds) and
@@ -355,6 +333,8 @@ def run(args) -> Results:
         raise UsageError(f"learning: --target is required with --config ({config})")
     if not Path(config).is_file():
         raise UsageError(f"learning: --config {config}: no such file")
+    from lightning_per.cli import config_kind
+
     kind = config_kind(config)
     budget_steps = getattr(args, "budget_steps", None)
     if budget_steps is not None and budget_steps < 1:

@@ -740,6 +740,60 @@ GA3C_TRAINER_FROM_MODEL = {
 }
 
 
+def config_kind(path: str | os.PathLike[str]) -> str:
+    """``"ga3c"`` for a config whose ``model:`` section holds only fields of
+    :class:`~lightning_per.ga3c.config.GA3CConfig` (or the old flat GA3C layout, no sections), else ``"dqn"``.
+
+    Raises:
+        ValueError: the file is not a YAML mapping.
+        OSError: it cannot be read.
+
+    Example::
+
+        >>> config_kind("configs/ga3c_cartpole.yaml"), config_kind("configs/dqn_cartpole.yaml")  # doctest: +SKIP
+        ('ga3c', 'dqn')
+    """
+    import yaml
+
+    from lightning_per.ga3c.config import GA3CConfig
+
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a YAML mapping, got {type(data).__name__}")
+    if "model" not in data and "trainer" not in data:
+        return "ga3c"
+    model = data.get("model") or {}
+    fields = {f.name for f in dataclasses.fields(GA3CConfig)}
+    return "ga3c" if isinstance(model, dict) and model and set(model) <= fields else "dqn"
+
+
+def wrong_command_for_config(command: str, argv: Sequence[str]) -> str | None:
+    """One line when a ``--config`` file of ``argv`` belongs to the other command (a DQN config given to
+    ``lightning-per ga3c``, a GA3C config to ``lightning-per fit``), naming the command that takes it; None otherwise
+    (a file that cannot be read or parsed is left to the command's own parser, which reports it)."""
+    import yaml
+
+    args = [str(a) for a in argv]
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            path = args[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.partition("=")[2]
+        else:
+            continue
+        try:
+            kind = config_kind(path)
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+            continue
+        other = {"fit": "ga3c", "ga3c": "dqn"}[command]
+        if kind == other:
+            right, what = ("lightning-per ga3c", "a GA3C") if kind == "ga3c" else ("lightning-per fit", "a DQN")
+            takes = "a DQN config (configs/dqn_*.yaml)" if command == "fit" else "a GA3C config (configs/ga3c_*.yaml)"
+            return (f"--config {path} is {what} config: run it with `{right} --config {path}`; "
+                    f"lightning-per {command} takes {takes}")
+    return None
+
+
 def ga3c_new_spelling(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """``lightning-per ga3c``'s command line in the LightningCLI layout, and what was spelt the old way.
 
@@ -881,7 +935,11 @@ def ga3c_main(argv: Sequence[str] | None = None) -> int:
     """
     from lightning_per.ga3c.cli import RunDirError, train
 
-    args, notes = ga3c_new_spelling(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    wrong = wrong_command_for_config("ga3c", given)
+    if wrong is not None:
+        return _ga3c_error(ValueError(wrong))
+    args, notes = ga3c_new_spelling(given)
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help: each field's docstring
     # the command line, rewritten, is given to the LightningCLI as `args` (sys.argv holds the old spelling)
     warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -957,6 +1015,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         main(["fit", "--config", "configs/dqn_cartpole.yaml", "--trainer.max_epochs", "1"])
     """
+    wrong = wrong_command_for_config("fit", sys.argv[1:] if argv is None else argv)
+    if wrong is not None:
+        sys.stderr.write(f"lightning-per fit: error: {wrong}\n")
+        return 2
     try:
         cli_main(None if argv is None else list(argv), friendly_errors=True)  # None: LightningCLI reads sys.argv
     except SIGTERMException:  # a SystemExit without a code (status 0): say the run was stopped

@@ -157,7 +157,8 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
                                "seed_everything": cfg.seed, **run_metadata()})
         loggers.append(wandb)
     artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None,
-                                     panels=[("policy_loss", "value_loss"), ("entropy",), ("tps",), ("pps",)])
+                                     panels=[("policy_loss", "value_loss"), ("entropy", "dead_unit_frac"), ("tps",),
+                                             ("pps",)])
     trainer = build_trainer(cfg, cuda, [*loggers, history], [metrics, artifacts], run_dir, trainer_extra)
     log.info("GA3C run %s: %s, obs %s %s, %d actions, device %s", run_dir, cfg.env, model.obs_shape,
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")

@@ -171,6 +171,11 @@ class GA3CConfig:
     """RMSProp epsilon (GA3C uses 0.1)."""
     adam_eps: float = 1e-8
     """Adam's epsilon (``optimizer: adam``; PPO implementations often take 1e-5)."""
+    adam_betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's (beta1, beta2), each in [0, 1) (``optimizer: adam``). ``[0.0, alpha]`` is RMSProp with a bias-corrected
+    square average: no momentum, each step lr g / (sqrt(v / (1 - alpha^t)) + eps) (Kingma & Ba 2015, algorithm 1),
+    where torch's ``rmsprop`` divides by sqrt(v) + eps with v started at 0, so its first step is about
+    lr / sqrt(1 - alpha) per weight (10 lr at alpha 0.99)."""
     anneal_updates: int | None = None
     """Updates (int >= 1) over which ``lr`` falls linearly to ``lr_final`` and ``beta`` to ``beta_final`` (each
     then stays there); None: both constant. The learning rate goes through torch's ``LambdaLR`` stepped every
@@ -307,6 +312,10 @@ class GA3CConfig:
                                  "cuda_graph: true (a captured update replays one batch size); set one of them off")
         _check_float(self, "ppo_clip", low=0.0, high=1.0, low_open=True, high_open=True)
         _check_float(self, "adam_eps", low=0.0, low_open=True)
+        betas = self.adam_betas
+        if (not isinstance(betas, (list, tuple)) or len(betas) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"adam_betas must be two numbers in [0, 1), [beta1, beta2], got {betas!r}")
         if self.loss == "appo" and not self.vtrace:
             raise ValueError("loss='appo' needs vtrace: true (its targets and advantages are V-trace's)")
         if self.appo_target_update is not None:

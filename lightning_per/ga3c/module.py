@@ -33,7 +33,7 @@ from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.bookkeeping import RING, EpisodeBuffers, HostBookkeeping
 from lightning_per.ga3c.config import GA3CConfig
 from lightning_per.ga3c.loss import a3c_loss, appo_loss, lag_weights, normalize_advantage, vtrace_targets
-from lightning_per.ga3c.networks import make_network
+from lightning_per.ga3c.networks import dead_unit_fraction, make_network
 from lightning_per.ga3c.optim import RMSpropTF, linear_schedule
 from lightning_per.ga3c.system import GA3CSystem
 from lightning_per.graphs import CapturedStep, capture, count_optimizer_step
@@ -45,7 +45,7 @@ log = logging.getLogger("lightning_per.ga3c")
 _EPISODE_LOG = 8192  # per-episode rows (env steps, time, return) kept between two epoch-end reads
 _METRICS = {
     "loss": "mean", "policy_loss": "mean", "value_loss": "mean", "entropy": "mean", "advantage": "mean",
-    "clip_frac": "mean",
+    "dead_unit_frac": "mean", "clip_frac": "mean",
     "batch_size": "mean", "policy_lag": "mean", "episode_return": "mean", "mean_return": "last",
     "tps": "last", "pps": "last", "steps_per_s": "last", "fps": "last", "predict_batch": "last",
     "na": "last", "np": "last", "nt": "last", "pred_queue": "last", "train_queue": "last",
@@ -56,7 +56,9 @@ _METRICS = {
 }
 _DEVICE_KEYS = ("obs", "action", "ret")  # the batch tensors training_step reads
 _VTRACE_KEYS = ("log_prob", "reward", "terminated", "truncated", "next_obs")  # and those of V-trace
-_STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage")  # declared consecutively above
+# declared consecutively above; dead_unit_frac: the share of the last hidden layer's units that no transition of the
+# batch activates (lightning_per.ga3c.networks.dead_unit_fraction)
+_STEP_METRICS = ("loss", "policy_loss", "value_loss", "entropy", "advantage", "dead_unit_frac")
 _APPO_METRICS = (*_STEP_METRICS, "clip_frac")  # loss: appo adds PPO's clipped fraction (empty for a3c)
 
 
@@ -212,16 +214,17 @@ class GA3C(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def make_optimizer(self, capturable: bool = False) -> torch.optim.Optimizer:
-        """The configured optimizer (``optimizer``, ``lr``, ``rmsprop_*``, ``adam_eps``) over the network's parameters
-        (not the target network's); ``capturable=True`` (graph mode) keeps its step counts on the device, so its
-        step can be captured."""
+        """The configured optimizer (``optimizer``, ``lr``, ``rmsprop_*``, ``adam_eps``, ``adam_betas``) over the
+        network's parameters (not the target network's); ``capturable=True`` (graph mode) keeps its step counts on
+        the device, so its step can be captured."""
         c, params = self.cfg, self.net.parameters()
         if c.optimizer == "rmsprop_tf":
             return RMSpropTF(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps, capturable=capturable)
         if c.optimizer == "rmsprop":
             return torch.optim.RMSprop(params, lr=c.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps,
                                        capturable=capturable)
-        return torch.optim.Adam(params, lr=c.lr, eps=c.adam_eps, capturable=capturable)
+        return torch.optim.Adam(params, lr=c.lr, betas=tuple(float(b) for b in c.adam_betas), eps=c.adam_eps,
+                                capturable=capturable)
 
     def configure_callbacks(self):
         return [SystemGuard()]
@@ -297,10 +300,11 @@ class GA3C(pl.LightningModule):
         place; the 0-d loss, attached to the graph of ``net``."""
         c = self.cfg
         if not c.vtrace:
-            logits, value = self.net(b["obs"])  # [N, A], [N]
+            h = self.net.features(b["obs"])  # [N, H]
+            logits, value = self.net.heads(h)  # [N, A], [N]
             ret, advantage = b["ret"], None
         else:
-            logits, value, ret, advantage = self._vtrace_forward(b)
+            logits, value, ret, advantage, h = self._vtrace_forward(b)
         weight = (None if c.max_policy_lag is None else  # [N]: 0 for a transition beyond the lag bound
                   lag_weights(self.lag_clock - b["lag_version"], c.max_policy_lag, c.lag_policy))
         if c.normalize_advantage:
@@ -321,17 +325,20 @@ class GA3C(pl.LightningModule):
         # one stack + 2 in-place adds (not ~3 launches per metric); batch_size and policy_lag are host
         # numbers, folded in once an epoch from self.stats (HostBookkeeping.publish)
         names = _APPO_METRICS if c.loss == "appo" else _STEP_METRICS
-        values = torch.stack([loss.detach(), *(parts[k] for k in names[1:])])  # [5] or [6]
+        parts = dict(parts, dead_unit_frac=dead_unit_fraction(h.detach()))
+        values = torch.stack([loss.detach(), *(parts[k] for k in names[1:])])  # [6] or [7]
         self.metrics.add_vector(names, values)
         return loss
 
-    def _vtrace_forward(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _vtrace_forward(self, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """One forward of the batch's observations and its rollouts' s_T; V-trace's targets and advantages
         from them (:func:`~lightning_per.ga3c.loss.vtrace_targets`). Rows are whole rollouts, time-major:
-        ``obs`` (R*T*E, ...), ``next_obs`` (R*E, ...). Returns logits (N, A), V (N,), v_s (N,), advantages (N,)."""
+        ``obs`` (R*T*E, ...), ``next_obs`` (R*E, ...). Returns logits (N, A), V (N,), v_s (N,), advantages (N,)
+        and the features of the N observations (N, H)."""
         c = self.cfg
         n, e = b["obs"].shape[0], c.envs_per_agent
-        logits, value = self.net(torch.cat([b["obs"], b["next_obs"]]))  # [N + R*E, A], [N + R*E]
+        h = self.net.features(torch.cat([b["obs"], b["next_obs"]]))  # [N + R*E, H]
+        logits, value = self.net.heads(h)  # [N + R*E, A], [N + R*E]
         logits, value, bootstrap = logits[:n], value[:n], value[n:]
         log_pi = torch.log_softmax(logits.detach().float(), dim=-1).gather(1, b["action"].unsqueeze(1))  # [N, 1]
 
@@ -341,7 +348,7 @@ class GA3C(pl.LightningModule):
         v, advantage = vtrace_targets(rollouts(log_pi), rollouts(b["log_prob"]), rollouts(value),
                                       bootstrap.reshape(-1, e), rollouts(b["reward"]), rollouts(b["terminated"]),
                                       rollouts(b["truncated"]), c.gamma, self.vtrace_clips[0], self.vtrace_clips[1])
-        return logits, value, v.reshape(n), advantage.reshape(n)
+        return logits, value, v.reshape(n), advantage.reshape(n), h[:n]
 
     def _graph_update(self, batch: dict) -> Tensor:
         """Graph mode: copy the pinned tensors the update reads (``obs``, ``action``, ``ret``; with ``vtrace``

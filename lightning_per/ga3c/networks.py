@@ -1,4 +1,9 @@
-"""Policy/value networks: one trunk, two heads (A3C, Mnih et al. 2016; GA3C section 3.2)."""
+"""Policy/value networks: one trunk, two heads (A3C, Mnih et al. 2016; GA3C section 3.2).
+
+Each network splits its ``forward`` into ``features(obs) -> h`` (N, H), the last hidden layer after its ReLU, and
+``heads(h) -> (logits (N, A), value (N,))``, so that the learner can watch the units of ``h``
+(:func:`dead_unit_fraction`) without a second forward.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MLPActorCritic", "A3CConvNet", "MinAtarConvNet", "make_network"]
+__all__ = ["MLPActorCritic", "A3CConvNet", "MinAtarConvNet", "dead_unit_fraction", "make_network"]
 
 
 class MLPActorCritic(nn.Module):
@@ -34,9 +39,16 @@ class MLPActorCritic(nn.Module):
         nn.init.orthogonal_(self.policy.weight, gain=0.01)  # near-uniform initial policy
         nn.init.zeros_(self.policy.bias)
 
+    def features(self, obs: Tensor) -> Tensor:
+        """The last hidden layer after its ReLU: (N, H) float32."""
+        return self.trunk(obs.flatten(1).float())  # [N, H]
+
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logits (N, A), value (N,))`` of the features ``h`` (N, H)."""
+        return self.policy(h), self.value(h).squeeze(-1)
+
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.trunk(obs.flatten(1).float())  # [N, H]
-        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+        return self.heads(self.features(obs))
 
 
 class A3CConvNet(nn.Module):
@@ -75,10 +87,17 @@ class A3CConvNet(nn.Module):
             nn.init.orthogonal_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def features(self, obs: Tensor) -> Tensor:
+        """The FC layer after its ReLU: (N, 256) float32."""
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs  # [N, C, H, W]
-        h = self.fc(self.trunk(x))  # [N, 256]
-        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+        return self.fc(self.trunk(x))  # [N, 256]
+
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logits (N, A), value (N,))`` of the features ``h`` (N, 256)."""
+        return self.policy(h), self.value(h).squeeze(-1)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.heads(self.features(obs))
 
 
 class MinAtarConvNet(nn.Module):
@@ -119,10 +138,45 @@ class MinAtarConvNet(nn.Module):
             nn.init.orthogonal_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def features(self, obs: Tensor) -> Tensor:
+        """The FC layer after its ReLU: (N, 128) float32."""
         x = obs.float().permute(0, 3, 1, 2)  # [N, C, H, W]
-        h = torch.relu(self.fc(torch.relu(self.conv(x)).flatten(1)))  # [N, 128]
-        return self.policy(h), self.value(h).squeeze(-1)  # [N, A], [N]
+        return torch.relu(self.fc(torch.relu(self.conv(x)).flatten(1)))  # [N, 128]
+
+    def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logits (N, A), value (N,))`` of the features ``h`` (N, 128)."""
+        return self.policy(h), self.value(h).squeeze(-1)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.heads(self.features(obs))
+
+
+def dead_unit_fraction(h: Tensor) -> Tensor:
+    """The share of the units of ``h`` that are 0 on every row: ReLU units that no input of the batch activates.
+
+    A unit i is tau-dormant when its mean |activation| over the inputs, divided by the layer's mean over its
+    units, is <= tau (Sokar et al. 2023, "The Dormant Neuron Phenomenon in Deep Reinforcement Learning", ICML,
+    definition 3.1); this is tau = 0, the units that pass no gradient to the weights before them on this batch.
+    A trunk whose units all die leaves the heads a constant input: a policy and value that no longer depend on
+    the state. Tensor ops only (no host read), so it can be part of a captured update.
+
+    Args:
+        h: (N, H) activations after a ReLU, N >= 1 rows, any float dtype and device.
+
+    Returns:
+        0-d float32 tensor on ``h``'s device, in [0, 1].
+
+    Raises:
+        ValueError: ``h`` is not 2-D with at least one row and one unit.
+
+    Example::
+
+        >>> dead_unit_fraction(torch.tensor([[0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 0.0, 3.0]]))
+        tensor(0.5000)
+    """
+    if h.dim() != 2 or h.shape[0] < 1 or h.shape[1] < 1:
+        raise ValueError(f"h must be (N, H) with N, H >= 1, got shape {tuple(h.shape)}")
+    return (h > 0).any(dim=0).logical_not().float().mean()
 
 
 def make_network(kind: str, obs_shape: Sequence[int], n_actions: int,

@@ -71,3 +71,30 @@ def test_fit_hands_its_arguments_over_as_given(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning-per", "fit", "--config", "x.yaml"])
     assert console.main() == 0 and console.main(["fit", "--help"]) == 0
     assert got == [None, ["fit", "--help"]]
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("command, config, right", [
+    ("ga3c", "configs/dqn_cartpole.yaml", "lightning-per fit"),
+    ("ga3c", "configs/dqn_pong_apex.yaml", "lightning-per fit"),
+    ("fit", "configs/ga3c_cartpole.yaml", "lightning-per ga3c"),
+    ("fit", "configs/ga3c_pong.yaml", "lightning-per ga3c"),
+])
+@pytest.mark.parametrize("spelling", ["split", "equals"])
+def test_a_config_of_the_other_command_is_one_line_naming_the_right_one(capsys, command, config, right, spelling):
+    path = str(ROOT / config)
+    args = ["--config", path] if spelling == "split" else [f"--config={path}"]
+    assert console.main([command, *args, "--trainer.max_epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"lightning-per {command}: error: --config {path} is ")
+    assert f"`{right} --config {path}`" in err
+
+
+def test_the_old_flat_ga3c_layout_is_a_ga3c_config_for_fit_too(capsys, tmp_path):
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("env: CartPole-v1\nagents: 2\n")  # GA3C's flat layout of the last release: no sections
+    assert console.main(["fit", "--config", str(flat)]) == 2
+    assert f"`lightning-per ga3c --config {flat}`" in capsys.readouterr().err

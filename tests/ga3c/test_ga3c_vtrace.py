@@ -146,11 +146,13 @@ def test_module_forward_scores_whole_rollouts_and_their_bootstrap_states():
          "action": torch.randint(0, 6, (n,), generator=g), "log_prob": -torch.rand(n, generator=g) * 2,
          "reward": torch.randn(n, generator=g), "terminated": torch.tensor([0, 0, 1, 0, 0, 0] * R).bool(),
          "truncated": torch.tensor([0, 0, 0, 0, 1, 0] * R).bool()}
-    logits, value, v, adv = m._vtrace_forward(b)
+    logits, value, v, adv, h = m._vtrace_forward(b)
     with torch.no_grad():
         ref_logits, ref_value = m.net(b["obs"])
         _, boot = m.net(b["next_obs"])
+        ref_h = m.net.features(b["obs"])
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-5)  # the features of the rows alone, not of s_T
     log_pi = torch.log_softmax(ref_logits, -1).gather(1, b["action"][:, None]).squeeze(1)
 
     def tte(t):  # rows (r, t, e) in that order -> (R, T, E)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks import SUITES, learning  # noqa: E402
 from benchmarks._results import write  # noqa: E402
+from lightning_per.cli import config_kind  # noqa: E402
 
 WINDOW, TARGET = 5, 20.0
 
@@ -83,8 +84,8 @@ def test_table_figure_and_files(seeds, tmp_path):
 
 
 def test_config_kind_and_commands(tmp_path):
-    assert learning.config_kind(ROOT / "configs/dqn_pong.yaml") == "dqn"
-    assert learning.config_kind(ROOT / "configs/ga3c_pong.yaml") == "ga3c"
+    assert config_kind(ROOT / "configs/dqn_pong.yaml") == "dqn"
+    assert config_kind(ROOT / "configs/ga3c_pong.yaml") == "ga3c"
     dqn = learning.run_command("dqn", "c.yaml", 2, 18.0, tmp_path, 110.0, ["--x"])
     assert dqn[1:4] == ["-m", "lightning_per.console", "fit"] and dqn[-1] == "--x"
     assert {"--model.seed", "--model.target_return", "--trainer.max_time"} <= set(dqn)
