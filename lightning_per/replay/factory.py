@@ -84,9 +84,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
         sample TensorDicts ``[B]`` on the device with ``"index"``; prioritized ones add ``"priority_weight"``.
 
     Raises:
-        ValueError: an unknown ``sampler``, a size, seed, device, ``eps`` or exponent out of range, ``frames`` /
-            ``frame_keys`` without ``frame_stack``, or an instance whose capacity, device, alpha, beta or eps
-            differs from the one given (named in the message).
+        ValueError: an unknown ``sampler``, a size, seed, device, ``eps`` or exponent out of range, ``seed`` with
+            ``generator``, ``frames`` / ``frame_keys`` without ``frame_stack``, or an instance whose capacity, device,
+            alpha, beta or eps differs from the one given (named in the message).
         TypeError: a keyword the chosen sampler does not take (the message lists the ones it does; an instance
             takes none), a ``sampler`` that is neither a name nor a TorchRL sampler, or a flag
             (``packed``, ``fallback``, ``pinned_host``, ``stratified``, ...) that is not a bool.
@@ -111,6 +111,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
     check_batch_size(batch_size)
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
+    if generator is not None and sampler_kwargs.get("seed") is not None:  # the generator would draw: seed unused
+        raise ValueError(f"seed={sampler_kwargs['seed']!r} and generator= both given: the buffer's generator draws "
+                         "every sample, so the seed would be ignored; give one of them")
     rate = {} if samples_per_insert is None else {"samples_per_insert": samples_per_insert}
     for name, flag in (("fallback", fallback), ("packed", packed), ("pinned_host", pinned_host)):
         check_bool(name, flag)

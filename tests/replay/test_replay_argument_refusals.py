@@ -179,6 +179,11 @@ _PSLICE = dict(sampler="prioritized_slice", slice_len=2)
                                    "range), got 1180591620717411303424"),
     (dict(sampler="uniform", seed=2**70), ValueError, "seed must be None or an int in [-2**63, 2**64)"),
     (dict(_SLICE, seed=-2**64), ValueError, "seed must be None or an int in [-2**63, 2**64)"),
+    # a buffer's generator draws every sample (TorchRL's set_rng): a seed beside it would be ignored
+    (dict(seed=0, generator=torch.Generator()), ValueError, "seed=0 and generator= both given: the buffer's generator "
+                                                            "draws every sample, so the seed would be ignored"),
+    (dict(sampler="uniform", seed=3, generator=torch.Generator()), ValueError, "seed=3 and generator= both given"),
+    (dict(_SLICE, seed=1, generator=torch.Generator()), ValueError, "seed=1 and generator= both given"),
     (dict(device="meta"), ValueError, "device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), or None; got "
                                       "'meta'"),
     (dict(sampler="uniform", device="meta"), ValueError, "device must be 'cpu' or a CUDA device"),

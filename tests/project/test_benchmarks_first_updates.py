@@ -1,0 +1,42 @@
+"""``python -m benchmarks tool first_updates``: its table's first-step sizes against RMSProp's formula (torch's square
+average started at 0: lr / sqrt(1 - alpha) per weight where |g| >> eps; bias-corrected: lr), its refusals, its files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import UsageError, first_updates  # noqa: E402
+
+
+def test_first_steps_follow_the_formula_and_the_files_are_written(tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs/ga3c_cartpole.yaml").read_text())
+    cfg["model"]["rmsprop_eps"] = 1e-8  # the largest gradient's step is then lr / sqrt(1 - alpha) within 0.1%
+    config = tmp_path / "ga3c_cartpole.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    paths = first_updates.main(["--config", str(config), "--optimizers", "rmsprop",
+                                "adam:0.0,0.99", "--seeds", "0", "--updates", "3", "--steps", "320",
+                                "--out", str(tmp_path)])
+    assert [p.name for p in paths] == [f"first_updates-ga3c_cartpole-cpu.{e}" for e in ("json", "md", "png")]
+    rows = {r["optimizer"]: r for r in json.loads(paths[0].read_text())["rows"]}
+    alpha = 0.99  # configs/ga3c_cartpole.yaml's rmsprop_alpha (the dataclass default)
+    assert rows["rmsprop"]["first_update_max_step_lr"] == pytest.approx(1 / (1 - alpha) ** 0.5, rel=0.02)
+    assert rows["adam:0.0,0.99"]["first_update_max_step_lr"] == pytest.approx(1.0, rel=0.02)
+    for r in rows.values():
+        assert r["curves"]["updates"] == [0, 1, 2, 3]
+        assert all(0.0 <= d <= 1.0 for d in r["curves"]["dead_unit_frac"])
+    assert "| rmsprop | 0 |" in paths[1].read_text()
+
+
+@pytest.mark.parametrize("spec", ["sgd", "rmsprop:0.9,0.9", "adam:0.9", "adam:a,b"])
+def test_bad_optimizers_are_refused(spec):
+    with pytest.raises(UsageError, match=r"^--optimizers: "):
+        first_updates.parse_optimizer(spec)
