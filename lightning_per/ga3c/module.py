@@ -126,9 +126,8 @@ class GA3C(pl.LightningModule):
         self.register_buffer("episode_log", log, persistent=False)
         self.register_buffer("episode_log_count", log_count, persistent=False)
         self.policy_version = 0  # optimizer steps so far (host int, read by predictor threads)
-        self.stats = Stats()
         self.system: GA3CSystem | None = None
-        self.bookkeeping = HostBookkeeping(cfg, self.stats, self.metrics)
+        self.bookkeeping = HostBookkeeping(cfg, Stats(), self.metrics)  # holds the fit's host counters (stats)
         self.time_to_target_s: float | None = None
         self._target_checked = -1  # episode count at the last target_return check
         self._epoch_episodes = 0
@@ -169,6 +168,12 @@ class GA3C(pl.LightningModule):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         return self.net(obs)
+
+    @property
+    def stats(self) -> Stats:
+        """This fit's host counters (env steps, episodes, updates, lag), which :attr:`bookkeeping` holds: the
+        predictor and trainer threads add to them, the module reads them for its stop decisions."""
+        return self.bookkeeping.stats
 
     @property
     def episode_buffers(self) -> EpisodeBuffers:
@@ -237,8 +242,8 @@ class GA3C(pl.LightningModule):
         self.metrics.to(self.device)
         self.lag_clock.fill_(self.policy_version)  # a fill from a host int: no read
         self._follow_schedules()
-        self.stats = Stats()  # its t0 starts the max_time_s clock (module docstring, "Run length")
-        self.bookkeeping.start(self.stats, self.episode_buffers)
+        # new host counters: their t0 starts the max_time_s clock (module docstring, "Run length")
+        self.bookkeeping.start(Stats(), self.episode_buffers)
         self._target_checked = -1
         self._stop_reason = self._stop_time = None
         self.episode_rows = []
