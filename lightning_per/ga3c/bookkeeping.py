@@ -59,9 +59,13 @@ class HostBookkeeping:
 
     Attributes:
         stats: the host counters read.
-        epoch_snap: the stats' snapshot at the last :meth:`publish` (or :meth:`start`): rates and means since it.
-        agent_time_read: (max_agents, 4) float64 seconds, the agents' time at the last :meth:`publish`
-            (``AGENT_TIME``); None before the first one of a fit.
+        epoch_snap: the stats' snapshot where this epoch's window began (:meth:`begin_epoch`, :meth:`start`): the
+            rates, lag quantiles and agents' time shares of a :meth:`publish` cover the whole window, so a second
+            publish in one epoch (a stop inside it) replaces the first one's with the longer window's.
+        published_snap: the stats' snapshot at the last :meth:`publish` (or :meth:`start`): the sums of the mean
+            metrics (batch size, policy lag, episode returns) are added from it, each once.
+        epoch_agent_time, agent_time_read: (max_agents, 4) float64 seconds, the agents' time (``AGENT_TIME``) where
+            the epoch's window began and at the last :meth:`publish`; None: zero (the system's start).
         ring_synced: episodes counted into the episode ring (-1: never synced).
         log_synced: episodes copied into the episode log.
     """
@@ -71,6 +75,8 @@ class HostBookkeeping:
         self.metrics = metrics
         self.stats = stats
         self.epoch_snap: Snapshot = stats.snapshot()
+        self.published_snap: Snapshot = self.epoch_snap
+        self.epoch_agent_time: np.ndarray | None = None
         self.agent_time_read: np.ndarray | None = None
         self.ring_synced = -1
         self.log_synced = 0
@@ -89,8 +95,12 @@ class HostBookkeeping:
         self.log_synced = 0
         self.ring_synced = -1  # the new fit's count may equal the last fit's: refill all the same
         buffers.log_count.zero_()
-        self.epoch_snap = stats.snapshot()
-        self.agent_time_read = None
+        self.epoch_snap = self.published_snap = stats.snapshot()
+        self.epoch_agent_time = self.agent_time_read = None
+
+    def begin_epoch(self) -> None:
+        """Start the next epoch's window where the last :meth:`publish` ended (windows tile the run)."""
+        self.epoch_snap, self.epoch_agent_time = self.published_snap, self.agent_time_read
 
     def publish(self, system: GA3CSystem | None, buffers: EpisodeBuffers) -> None:
         """Fold host counters into the metrics, the episode ring and the episode log once an epoch.
@@ -104,17 +114,19 @@ class HostBookkeeping:
         if system is None:
             return
         snap = self.stats.snapshot()
-        r = rates(self.epoch_snap, snap, self.cfg.frame_skip)
+        r = rates(self.epoch_snap, snap, self.cfg.frame_skip)  # over the epoch's whole window
         m = self.metrics
         for name in ("tps", "pps", "steps_per_s", "fps", "predict_batch"):
             m.add(name, r[name])
-        updates = snap.updates - self.epoch_snap.updates
-        if updates > 0:  # means over this window's updates, as if added at each step
-            m.add("batch_size", snap.batch_transitions - self.epoch_snap.batch_transitions, count=updates)
-            m.add("policy_lag", snap.lag_sum - self.epoch_snap.lag_sum, count=updates)
+        if snap.updates > self.epoch_snap.updates:
             for name in ("policy_lag_p50", "policy_lag_p95", "policy_lag_max", "lag_dropped_frac"):
                 if r[name] == r[name]:  # NaN when no update carried per-transition versions
                     m.add(name, r[name])
+        last = self.published_snap
+        updates = snap.updates - last.updates
+        if updates > 0:  # means over the updates since the last publish, as if added at each step
+            m.add("batch_size", snap.batch_transitions - last.batch_transitions, count=updates)
+            m.add("policy_lag", snap.lag_sum - last.lag_sum, count=updates)
         counts = system.counts()
         m.add("na", counts.agents)
         m.add("np", counts.predictors)
@@ -122,11 +134,11 @@ class HostBookkeeping:
         for name, size in system.queue_sizes().items():
             m.add(name, size)
         spent = system.shared.agent_time.copy()  # (max_agents, 4) seconds, from zero at the system's start
-        before = np.zeros_like(spent) if self.agent_time_read is None else self.agent_time_read
+        before = np.zeros_like(spent) if self.epoch_agent_time is None else self.epoch_agent_time
         for name, share in agent_time_shares(before, spent).items():
             m.add(name, share)
         self.agent_time_read = spent
-        new = snap.episodes - self.epoch_snap.episodes
+        new = snap.episodes - last.episodes
         if new > 0:
             recent = self.stats.recent_returns(new)
             m.add("episode_return", sum(recent), count=len(recent))
@@ -134,7 +146,7 @@ class HostBookkeeping:
         m.add("env_steps", snap.steps)
         m.add("updates", snap.updates)
         m.add("episodes", snap.episodes)
-        self.epoch_snap = snap
+        self.published_snap = snap
         self.sync_ring(snap.episodes, buffers)
         self.sync_log(snap.episodes, buffers)
 

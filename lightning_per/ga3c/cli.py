@@ -23,8 +23,8 @@ environment probe; ``max_time_s`` counts on it, and so do the status lines' ``[T
 ``summary.json`` keys: ``stopped_at_s`` (when training was told to stop; ``stop_reason`` says why:
 ``max_time_s``, ``max_updates``, ``max_env_steps``, ``target_return``, ``system_stopped``, or null for an interruption
 or failure) and ``wall_time_s`` (to the end of the shutdown, which took ``shutdown_s``; the rates
-divide by it). ``train_loop_time_s`` is the other clock, that of the ``done: ...`` line: Lightning's
-training loop only (``on_train_start`` to ``on_train_end``). Lightning's own "Time limit reached.
+divide by it); the ``done: ...`` line prints ``summary.json``'s numbers on this clock (:func:`done_line`).
+``train_loop_time_s`` is the other clock: Lightning's training loop only (``on_train_start`` to ``on_train_end``). Lightning's own "Time limit reached.
 Elapsed time is ..." (its ``max_time``, whole seconds) also counts from ``on_train_start``.
 """
 
@@ -156,7 +156,9 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
                                                             "default_root_dir": str(run_dir)},
                                "seed_everything": cfg.seed, **run_metadata()})
         loggers.append(wandb)
-    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None,
+    # verbose=False: the "done: ..." line is printed below, from the final summary.json (the callback's would come
+    # before the shutdown, with the numbers of that moment)
+    artifacts = RunArtifactsCallback(dirpath=str(run_dir), window=cfg.return_window, history_name=None, verbose=False,
                                      panels=[("policy_loss", "value_loss"), ("entropy", "dead_unit_frac"), ("tps",),
                                              ("pps",)])
     trainer = build_trainer(cfg, cuda, [*loggers, history], [metrics, artifacts], run_dir, trainer_extra)
@@ -188,16 +190,27 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
             if is_rank_zero:
                 write_episodes_csv(rows, csv_path)  # first: the summary names it
                 atomic_write_text(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
-            log.info("summary: mean_return %s over %s episodes, %.1f TPS, %.1f PPS, %.1f steps/s, lag %s "
+                if artifacts.summary is not None:  # the training loop ran: the "done: ..." line of summary.json
+                    log.info("%s", done_line(summary, run_dir / "summary.json"))
+            log.info("summary: mean_return %s (last %s of %s episodes), %.1f TPS, %.1f PPS, %.1f steps/s, lag %s "
                      "(p95 %s, dropped %s); since the GA3C system started: stopped after %s s (%s), wall %s s with "
                      "the %s s shutdown; Lightning's training loop: %s s -> %s", _fmt(summary.get("mean_return")),
-                     summary.get("episodes"), summary.get("tps") or 0.0, summary.get("pps") or 0.0,
+                     summary.get("mean_return_episodes"), summary.get("episodes"), summary.get("tps") or 0.0, summary.get("pps") or 0.0,
                      summary.get("steps_per_s") or 0.0, _fmt(summary.get("policy_lag_mean")),
                      _fmt(summary.get("policy_lag_p95"), 0), _fmt(summary.get("lag_dropped_frac"), 3),
                      _fmt(summary.get("stopped_at_s"), 1), summary.get("stop_reason") or summary.get("status") or "n/a",
                      _fmt(summary.get("wall_time_s"), 1), _fmt(summary.get("shutdown_s")),
                      _fmt(summary.get("train_loop_time_s"), 1), run_dir / "summary.json")
     return summary
+
+
+def done_line(summary: dict[str, Any], path: str | os.PathLike[str]) -> str:
+    """The ``done: ...`` line of a GA3C run's final ``summary``: its status, epochs, env steps, mean return (of
+    ``mean_return_episodes``), ``wall_time_s`` and ``tps`` as updates/s, the numbers ``summary.json`` holds
+    (:func:`~lightning_per.callbacks.run_artifacts.format_final_line`'s layout)."""
+    from lightning_per.callbacks.run_artifacts import format_final_line
+
+    return format_final_line({**summary, "updates_per_s": summary.get("tps")}, path)
 
 
 _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"

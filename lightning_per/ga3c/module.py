@@ -397,6 +397,9 @@ class GA3C(pl.LightningModule):
         self.graph_captures += 1
         return captured
 
+    def on_train_epoch_start(self) -> None:
+        self.bookkeeping.begin_epoch()  # the epoch's metrics window begins where the last one was published
+
     def on_train_batch_end(self, outputs: Any, batch: dict, batch_idx: int) -> None:
         self.policy_version += 1
         if self.cfg.max_policy_lag is not None:
