@@ -24,8 +24,9 @@ environment probe; ``max_time_s`` counts on it, and so do the status lines' ``[T
 ``max_time_s``, ``max_updates``, ``max_env_steps``, ``target_return``, ``system_stopped``, or null for an interruption
 or failure) and ``wall_time_s`` (to the end of the shutdown, which took ``shutdown_s``; the rates
 divide by it); the ``done: ...`` line prints ``summary.json``'s numbers on this clock (:func:`done_line`).
-``train_loop_time_s`` is the other clock: Lightning's training loop only (``on_train_start`` to ``on_train_end``). Lightning's own "Time limit reached.
-Elapsed time is ..." (its ``max_time``, whole seconds) also counts from ``on_train_start``.
+``train_loop_time_s`` is the other clock: Lightning's training loop only (``on_train_start`` to ``on_train_end``).
+Lightning's own "Time limit reached. Elapsed time is ..." (its ``max_time``, whole seconds) also counts from
+``on_train_start``.
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
             log.info("summary: mean_return %s (last %s of %s episodes), %.1f TPS, %.1f PPS, %.1f steps/s, lag %s "
                      "(p95 %s, dropped %s); since the GA3C system started: stopped after %s s (%s), wall %s s with "
                      "the %s s shutdown; Lightning's training loop: %s s -> %s", _fmt(summary.get("mean_return")),
-                     summary.get("mean_return_episodes"), summary.get("episodes"), summary.get("tps") or 0.0, summary.get("pps") or 0.0,
+                     summary.get("mean_return_episodes"), summary.get("episodes"), summary.get("tps") or 0.0,
+                     summary.get("pps") or 0.0,
                      summary.get("steps_per_s") or 0.0, _fmt(summary.get("policy_lag_mean")),
                      _fmt(summary.get("policy_lag_p95"), 0), _fmt(summary.get("lag_dropped_frac"), 3),
                      _fmt(summary.get("stopped_at_s"), 1), summary.get("stop_reason") or summary.get("status") or "n/a",
