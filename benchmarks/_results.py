@@ -13,12 +13,13 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata as _md
 from pathlib import Path
+
+from lightning_per.utils import atomic_write_text
 
 __all__ = ["Results", "environment", "machine_name", "markdown_table", "write"]
 
@@ -160,11 +161,6 @@ def _bar_plot(rows: list[dict], metric: str, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def write(suite: str, results: Results, out: Path | str, env: dict, machine: str | None = None) -> list[Path]:
@@ -180,7 +176,7 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
     stem = f"{results.name or suite}-{machine}"  # may hold dots (a name made of an lr): no with_suffix
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     payload = {"suite": suite, "machine": machine, "environment": env, "rows": results.rows, **results.extra}
-    _atomic_write(paths[0], json.dumps(payload, indent=1, default=str) + "\n")
+    atomic_write_text(paths[0], json.dumps(payload, indent=1, default=str) + "\n")
     def v(key: str) -> str:
         return "not recorded" if env.get(key) is None else str(env[key])
 
@@ -193,7 +189,7 @@ def write(suite: str, results: Results, out: Path | str, env: dict, machine: str
     table = results.table if results.table is not None else markdown_table(results.rows)
     parts = [f"# {results.name or suite} ({machine})", results.title, meta, table.rstrip(), results.notes.strip(),
              f"Reproduce: `{env.get('command')}`"]
-    _atomic_write(paths[1], "\n\n".join(p for p in parts if p) + "\n")
+    atomic_write_text(paths[1], "\n\n".join(p for p in parts if p) + "\n")
     if results.plot is not None:
         results.plot(paths[2])
     else:

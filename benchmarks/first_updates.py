@@ -166,6 +166,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     colours: dict[str, str] = {}
@@ -175,9 +176,13 @@ def plot(rows: list[dict], path: Path) -> None:
         for ax, key in zip(axes, ("dead_unit_frac", "entropy", "feature_std")):
             ax.plot(x, r["curves"][key], color=c, alpha=0.7, label=r["optimizer"] if r["seed"] == rows[0]["seed"]
                     else None)
+    last = max(max(r["curves"]["updates"]) for r in rows)
+    ticks = [0.5] + [t for t in (1, 10, 100, 1000) if t <= last]
     for ax, title in zip(axes, ("dead units (share)", "policy entropy (nats)", "feature std across frames")):
         ax.set_xscale("log")
-        ax.set_xlabel("updates (0 drawn at 0.5)")
+        ax.set_xticks(ticks, ["0"] + [str(t) for t in ticks[1:]])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("updates (log scale; 0 drawn at 0.5)")
         ax.set_title(title)
     axes[0].legend()
     fig.tight_layout()
@@ -195,14 +200,16 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--steps", type=int, default=700, help="vector steps of random play (default 700)")
     ap.add_argument("--name", default=None, help="the files' name: first_updates-<name>-<machine>.* "
                                                  "(default: the config's file name)")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results",
+                    help="directory of the files (default %(default)s, where the committed results are)")
     args = ap.parse_args(argv)
     if args.updates < 1 or args.steps < 1:
         raise UsageError(f"--updates and --steps must be >= 1, got {args.updates} and {args.steps}")
     from lightning_per.ga3c.config import load_config
 
     cfg = load_config(args.config)
-    if cfg.adam_eps == 1e-8:  # the dataclass default: compare the RMSProps at the config's eps
+    eps_from_rmsprop = cfg.adam_eps == 1e-8  # the dataclass default: compare the RMSProps at the config's eps
+    if eps_from_rmsprop:
         cfg = dataclasses.replace(cfg, adam_eps=cfg.rmsprop_eps)
     specs = [parse_optimizer(s) for s in args.optimizers]
     data = random_play(cfg, args.steps, seed=0)
@@ -211,14 +218,23 @@ def main(argv: list[str] | None = None) -> list[Path]:
                          f"{int(3 / (1 - cfg.gamma))} steps; take more steps")
     rows = [study(cfg, label, fields, data, seed, args.updates) for label, fields in specs for seed in args.seeds]
     name = args.name or Path(args.config).stem
-    title = (f"First updates of `{args.config}`'s optimizers on a fixed set of {data[0].shape[0]:,} random-play "
-             f"frames ({cfg.env}, {cfg.envs_per_agent} envs x {args.steps} steps), batches of "
-             f"{cfg.train_min_batch_size}, lr {cfg.lr:g}; measured on {held_out(data[0].shape[0])} held-out frames.")
+    frames, horizon = data[0].shape[0], int(3 / (1 - cfg.gamma))
+    adam_eps_note = ": the config leaves it at its default, so RMSProp's is used" if eps_from_rmsprop else ""
+    title = (f"The first updates of `{args.config}`'s network and A3C loss under each optimizer (config: "
+             f"`optimizer: {cfg.optimizer}`), on a fixed set of {frames:,} random-play frames of {cfg.env} "
+             f"({cfg.envs_per_agent} envs x {args.steps} steps, less the last {horizon} steps of each env so that "
+             f"every return sees {horizon} steps ahead), batches of {cfg.train_min_batch_size}, lr {cfg.lr:g}; "
+             f"measured on {held_out(frames)} of those frames, which no update uses.")
     notes = ("dead units: the share of the last hidden layer's units that no held-out frame activates "
              "(`lightning_per.ga3c.networks.dead_unit_fraction`). feature std: the mean over units of each unit's "
              "standard deviation across the held-out frames. largest first step: max |delta p| of the first update "
              "over every parameter, in units of lr (torch's RMSprop: about 1 / sqrt(1 - alpha); bias-corrected: "
-             f"about 1). The discounted returns' mean / std: {float(data[2].mean()):.3f} / {float(data[2].std()):.3f}.")
+             f"about 1). Every optimizer takes alpha = {cfg.rmsprop_alpha:g} (RMSProp's decay; `adam:B1,B2` its "
+             f"own betas), eps = {cfg.rmsprop_eps:g} (RMSProp's) and {cfg.adam_eps:g} (Adam's{adam_eps_note}). "
+             f"The targets are each frame's discounted return (gamma {cfg.gamma:g}) of the rewards "
+             f"{'unclipped' if cfg.reward_clip is None else f'clipped to +-{cfg.reward_clip:g}'}, cut at episode "
+             f"ends: mean {float(data[2].mean()):.3f}, standard deviation "
+             f"{float(data[2].std()):.3f} over the frames.")
     env = {**environment("cpu"), "command": "python -m benchmarks tool first_updates " + " ".join(argv or [])}
     results = Results(rows=rows, table=table(rows, args.updates), title=title, notes=notes,
                       name=f"first_updates-{name}", plot=lambda path: plot(rows, path))

@@ -316,6 +316,9 @@ class GA3CConfig:
         if (not isinstance(betas, (list, tuple)) or len(betas) != 2
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
             raise ValueError(f"adam_betas must be two numbers in [0, 1), [beta1, beta2], got {betas!r}")
+        if self.optimizer != "adam" and [float(b) for b in betas] != [0.9, 0.999]:
+            raise ValueError(f"adam_betas={list(betas)!r} is an option of optimizer: adam (optimizer is "
+                             f"{self.optimizer!r}); set optimizer: adam, or leave adam_betas at its default")
         if self.loss == "appo" and not self.vtrace:
             raise ValueError("loss='appo' needs vtrace: true (its targets and advantages are V-trace's)")
         if self.appo_target_update is not None:

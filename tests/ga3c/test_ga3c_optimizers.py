@@ -75,3 +75,11 @@ def test_bad_adam_betas_are_refused_naming_the_field(betas):
     with pytest.raises(ValueError, match=r"^adam_betas must be two numbers in \[0, 1\)") as err:
         GA3CConfig(adam_betas=betas).validate()
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "rmsprop_tf"])
+def test_adam_betas_without_adam_are_refused_naming_both_fields(optimizer):
+    GA3CConfig(optimizer=optimizer).validate()  # the default betas: nothing to say
+    with pytest.raises(ValueError, match=r"^adam_betas=\[0.0, 0.99\] is an option of optimizer: adam \(optimizer is "
+                                         rf"'{optimizer}'\)"):
+        GA3CConfig(optimizer=optimizer, adam_betas=[0.0, 0.99]).validate()
