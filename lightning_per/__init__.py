@@ -68,4 +68,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names, ``__version__`` and the subpackages imported so far (not this module's helpers)."""
+    loaded = {name for name, value in globals().items()
+              if getattr(value, "__name__", "").startswith("lightning_per.") and type(value).__name__ == "module"}
+    return sorted(set(__all__) | {"__version__"} | loaded)

@@ -54,6 +54,11 @@ def test_public_names_import_on_first_use():
     assert out.split() == ["False", "True", "True", "True"]
 
 
+def test_dir_lists_the_public_names_not_the_modules_helpers():
+    out = _fresh("import lightning_per\nprint(' '.join(dir(lightning_per)))").split()
+    assert set(out) == set(__import__("lightning_per").__all__) | {"__version__"}  # nothing imported yet
+
+
 def test_unknown_attribute_is_an_attribute_error():
     import lightning_per
 
