@@ -742,7 +742,8 @@ GA3C_TRAINER_FROM_MODEL = {
 
 def config_kind(path: str | os.PathLike[str]) -> str:
     """``"ga3c"`` for a config whose ``model:`` section holds only fields of
-    :class:`~lightning_per.ga3c.config.GA3CConfig` (or the old flat GA3C layout, no sections), else ``"dqn"``.
+    :class:`~lightning_per.ga3c.config.GA3CConfig`, or the old flat GA3C layout (no sections, every key a field),
+    else ``"dqn"`` (a file of other top-level keys, such as ``seed_everything`` alone, too).
 
     Raises:
         ValueError: the file is not a YAML mapping.
@@ -760,10 +761,10 @@ def config_kind(path: str | os.PathLike[str]) -> str:
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a YAML mapping, got {type(data).__name__}")
-    if "model" not in data and "trainer" not in data:
-        return "ga3c"
-    model = data.get("model") or {}
     fields = {f.name for f in dataclasses.fields(GA3CConfig)}
+    if "model" not in data and "trainer" not in data:
+        return "ga3c" if data and set(data) <= fields else "dqn"
+    model = data.get("model") or {}
     return "ga3c" if isinstance(model, dict) and model and set(model) <= fields else "dqn"
 
 

@@ -52,7 +52,8 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
         device: default the sampler instance's device, else CUDA when available, else CPU.
         alpha, beta, eps: PER exponents and offset of a sampler built by name (default 0.6, 0.4, 1e-6; ignored by
             ``"uniform"`` and ``"slice"``); with a prioritized instance left unset or equal to its own.
-        generator: the buffer's ``torch.Generator`` (reproducible draws; see ``set_rng``).
+        generator: the buffer's ``torch.Generator`` (reproducible draws; see ``set_rng``). Given, it draws every
+            sample and a ``seed`` in ``sampler_kwargs`` has no effect on the draws.
         priority_key: key of raw priorities read by ``update_tensordict_priority``.
         fallback: on CUDA OOM at allocation use the CPU (one warning) instead of raising.
         packed: store each transition as one row (:class:`GPUTensorStorage` ``packed=True``): a batch read
@@ -84,9 +85,9 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
         sample TensorDicts ``[B]`` on the device with ``"index"``; prioritized ones add ``"priority_weight"``.
 
     Raises:
-        ValueError: an unknown ``sampler``, a size, seed, device, ``eps`` or exponent out of range, ``seed`` with
-            ``generator``, ``frames`` / ``frame_keys`` without ``frame_stack``, or an instance whose capacity, device,
-            alpha, beta or eps differs from the one given (named in the message).
+        ValueError: an unknown ``sampler``, a size, seed, device, ``eps`` or exponent out of range, ``frames`` /
+            ``frame_keys`` without ``frame_stack``, or an instance whose capacity, device, alpha, beta or eps
+            differs from the one given (named in the message).
         TypeError: a keyword the chosen sampler does not take (the message lists the ones it does; an instance
             takes none), a ``sampler`` that is neither a name nor a TorchRL sampler, or a flag
             (``packed``, ``fallback``, ``pinned_host``, ``stratified``, ...) that is not a bool.
@@ -111,9 +112,6 @@ def make_replay_buffer(capacity: int, batch_size: int, *, sampler: str | Sampler
     check_batch_size(batch_size)
     check_generator(generator)
     check_seed(sampler_kwargs.get("seed"))
-    if generator is not None and sampler_kwargs.get("seed") is not None:  # the generator would draw: seed unused
-        raise ValueError(f"seed={sampler_kwargs['seed']!r} and generator= both given: the buffer's generator draws "
-                         "every sample, so the seed would be ignored; give one of them")
     rate = {} if samples_per_insert is None else {"samples_per_insert": samples_per_insert}
     for name, flag in (("fallback", fallback), ("packed", packed), ("pinned_host", pinned_host)):
         check_bool(name, flag)

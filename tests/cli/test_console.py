@@ -103,3 +103,18 @@ def test_the_old_flat_ga3c_layout_is_a_ga3c_config_for_fit_too(capsys, tmp_path)
     flat.write_text("env: CartPole-v1\nagents: 2\n")  # GA3C's flat layout of the last release: no sections
     assert console.main(["fit", "--config", str(flat)]) == 2
     assert f"`lightning-per ga3c --config {flat}`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("seed_everything: 3\n", "dqn"),  # a partial fit config (the resume tests' seed.yaml): not GA3C's flat layout
+    ("trainer:\n  max_epochs: 2\n", "dqn"),
+    ("env: CartPole-v1\nagents: 2\n", "ga3c"),  # GA3C's old flat layout: every key a GA3CConfig field
+    ("model:\n  agents: 2\n  t_max: 5\n", "ga3c"),
+    ("model:\n  replay:\n    alpha: 0.6\n", "dqn"),
+])
+def test_config_kind_of_partial_and_flat_files(tmp_path, text, kind):
+    from lightning_per.cli import config_kind
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert config_kind(path) == kind

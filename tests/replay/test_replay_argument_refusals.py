@@ -179,11 +179,6 @@ _PSLICE = dict(sampler="prioritized_slice", slice_len=2)
                                    "range), got 1180591620717411303424"),
     (dict(sampler="uniform", seed=2**70), ValueError, "seed must be None or an int in [-2**63, 2**64)"),
     (dict(_SLICE, seed=-2**64), ValueError, "seed must be None or an int in [-2**63, 2**64)"),
-    # a buffer's generator draws every sample (TorchRL's set_rng): a seed beside it would be ignored
-    (dict(seed=0, generator=torch.Generator()), ValueError, "seed=0 and generator= both given: the buffer's generator "
-                                                            "draws every sample, so the seed would be ignored"),
-    (dict(sampler="uniform", seed=3, generator=torch.Generator()), ValueError, "seed=3 and generator= both given"),
-    (dict(_SLICE, seed=1, generator=torch.Generator()), ValueError, "seed=1 and generator= both given"),
     (dict(device="meta"), ValueError, "device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), or None; got "
                                       "'meta'"),
     (dict(sampler="uniform", device="meta"), ValueError, "device must be 'cpu' or a CUDA device"),
@@ -319,3 +314,22 @@ def test_a_bad_sample_batch_size_is_one_error_and_no_warning(sampler, batch_size
         warnings.simplefilter("error")  # the batch-size-differs warning must not come first
         with pytest.raises(ValueError, match=f"batch_size must be an int >= 1, got {batch_size!r}"):
             rb.sample(batch_size)
+
+
+@pytest.mark.parametrize("kwargs", [dict(sampler="proportional"), dict(sampler="rank"), dict(sampler="uniform"),
+                                    _SLICE, _PSLICE])
+def test_a_given_generator_draws_and_a_seed_beside_it_changes_nothing(kwargs):
+    """make_replay_buffer's documented precedence: the buffer's generator draws every sample (TorchRL's set_rng), so the
+    draws of two buffers with one generator seed are equal whatever the sampler's seed, and a second generator seed
+    changes them."""
+    from tensordict import TensorDict
+
+    def draws(seed, generator_seed):
+        rb = make_replay_buffer(64, 8, device="cpu", seed=seed,
+                                generator=torch.Generator().manual_seed(generator_seed), **kwargs)
+        episode = torch.arange(64) // 8  # 8 trajectories of 8 steps (the slice samplers' episode key)
+        rb.extend(TensorDict({"x": torch.arange(64.0), "episode": episode}, batch_size=[64]))
+        return torch.cat([rb.sample()["x"] for _ in range(3)])
+
+    assert torch.equal(draws(0, 1), draws(5, 1))
+    assert not torch.equal(draws(0, 1), draws(0, 2))
