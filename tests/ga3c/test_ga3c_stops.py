@@ -11,7 +11,6 @@
 import csv
 import itertools
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -184,26 +183,6 @@ def _wait(predicate, timeout: float) -> bool:
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.02)
     return predicate()
-
-
-class _Records(logging.Handler):
-    """The warnings of the ``lightning_per.ga3c`` logger (the CLI turns its propagation off: caplog misses them)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def ga3c_warnings():
-    handler = _Records()
-    logger = logging.getLogger("lightning_per.ga3c")
-    logger.addHandler(handler)
-    yield handler.lines
-    logger.removeHandler(handler)
 
 
 def test_a_sigstopped_agent_is_reported_killed_and_replaced(ga3c_warnings):

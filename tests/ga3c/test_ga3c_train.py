@@ -3,7 +3,6 @@
 
 import csv
 import json
-import logging
 import os
 import signal
 import threading
@@ -28,30 +27,11 @@ def _trainer(cfg, **kw):
                       enable_model_summary=False, **kw)
 
 
-class _Lines(logging.Handler):
-    """The messages of a logger, as logged."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
-    ga3c_log, lines = logging.getLogger("lightning_per.ga3c"), _Lines()
-    level = ga3c_log.level
-    ga3c_log.addHandler(lines)
-    ga3c_log.setLevel(logging.INFO)
-    try:
-        # cuda_graph true on the CPU: the run trains eagerly (configs are shared between machines)
-        assert ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_time_s", "8",
-                          "--model.updates_per_epoch", "50", "--model.agents", "2", "--model.run_dir", str(tmp_path),
-                          "--model.target_return", "null", "--model.cuda_graph", "true"]) == 0
-    finally:
-        ga3c_log.removeHandler(lines)
-        ga3c_log.setLevel(level)
+def test_short_cartpole_run_writes_summary_and_curve(tmp_path, ga3c_info):
+    # cuda_graph true on the CPU: the run trains eagerly (configs are shared between machines)
+    assert ga3c_main(["--config", str(ROOT / "configs/ga3c_cartpole.yaml"), "--model.max_time_s", "8",
+                      "--model.updates_per_epoch", "50", "--model.agents", "2", "--model.run_dir", str(tmp_path),
+                      "--model.target_return", "null", "--model.cuda_graph", "true"]) == 0
     (run_dir,) = list(tmp_path.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in GA3C_KEYS:
@@ -77,7 +57,7 @@ def test_short_cartpole_run_writes_summary_and_curve(tmp_path):
     tail = returns[-summary["mean_return_episodes"]:]
     assert sum(tail) / len(tail) == pytest.approx(summary["mean_return"])
     # the "done: ..." line prints summary.json's numbers (written after the shutdown), not those of an earlier moment
-    done = [line for line in lines.lines if line.startswith("done: ")]
+    done = [line for line in ga3c_info if line.startswith("done: ")]
     assert len(done) == 1, done
     assert (f"{summary['epochs']} epochs, {summary['env_steps']:,} env steps, mean return {summary['mean_return']:.1f} "
             f"(last {summary['mean_return_episodes']})") in done[0]
