@@ -375,7 +375,10 @@ def test_a_signal_stops_the_run_with_status_128_plus_its_number(tmp_path, signum
             f"--trainer.callbacks.signum={signum}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "support"),
                                                         os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from lightning_per.cli import main; "
+    # Python's Ctrl-C handler, as in a terminal: a process started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then keeps it ignored (the run would finish its epochs)
+    proc = subprocess.run([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+                           "signal.default_int_handler); from lightning_per.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", *args], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == status, proc.stderr[-3000:]
