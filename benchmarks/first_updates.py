@@ -52,6 +52,11 @@ def parse_optimizer(spec: str) -> tuple[str, dict]:
     return spec, fields
 
 
+def return_horizon(gamma: float) -> int:
+    """Steps kept out at the end of each env's play so that every return sees this far ahead: 3 / (1 - gamma)."""
+    return int(3 / (1 - gamma))
+
+
 def random_play(cfg, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``steps`` vector steps of uniformly random actions in ``envs_per_agent`` envs of ``cfg``'s env: (obs (M, *obs),
     action (M,) int64, discounted return (M,) float32 of the rewards clipped to ``reward_clip``), M = E x (steps -
@@ -78,7 +83,7 @@ def random_play(cfg, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.
     for t in range(steps - 1, -1, -1):
         run = rewards[t] + cfg.gamma * run * (1.0 - ends[t])
         ret[t] = run
-    keep = max(1, steps - int(3 / (1 - cfg.gamma)))
+    keep = max(1, steps - return_horizon(cfg.gamma))
     obs_arr = np.stack(obs[:keep])  # [T, E, *obs]
     return (obs_arr.reshape(-1, *obs_arr.shape[2:]), np.stack(actions[:keep]).reshape(-1).astype(np.int64),
             ret[:keep].reshape(-1))
@@ -215,10 +220,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     data = random_play(cfg, args.steps, seed=0)
     if held_out(data[0].shape[0]) < 1:
         raise UsageError(f"--steps {args.steps}: {data[0].shape[0]} frames after the returns' horizon of "
-                         f"{int(3 / (1 - cfg.gamma))} steps; take more steps")
+                         f"{return_horizon(cfg.gamma)} steps; take more steps")
     rows = [study(cfg, label, fields, data, seed, args.updates) for label, fields in specs for seed in args.seeds]
     name = args.name or Path(args.config).stem
-    frames, horizon = data[0].shape[0], int(3 / (1 - cfg.gamma))
+    frames, horizon = data[0].shape[0], return_horizon(cfg.gamma)
     adam_eps_note = ": the config leaves it at its default, so RMSProp's is used" if eps_from_rmsprop else ""
     title = (f"The first updates of `{args.config}`'s network and A3C loss under each optimizer (config: "
              f"`optimizer: {cfg.optimizer}`), on a fixed set of {frames:,} random-play frames of {cfg.env} "

@@ -526,7 +526,7 @@ class RemoteWriter:
         work.wait()
         self.acknowledged += slots.shape[0]
         if self.keep_slots:
-            self.slots.append(slots.cpu())
+            self.slots.append(slots.cpu())  # sync-ok: writer side, keep_slots only (a record for tests), after wait()
 
     def flush(self) -> int:
         """Wait until the owner has ingested every batch sent; returns the rows acknowledged in all.
