@@ -187,6 +187,7 @@ def seed_row(seed: int, files: Path, target: float, window: int) -> dict:
                actor_weight_lag=metrics.get("actor_weight_lag"),
                # where the agents' time went (both learners): stepping envs, waiting for answers, for free slots
                **agent_shares(files, metrics),
+               **dead_units(files),
                status=summary.get("status"), stop_reason=summary.get("stop_reason"), run_dir=str(files))
     return row
 
@@ -207,6 +208,24 @@ def agent_shares(files: Path, metrics: dict) -> dict[str, float | None]:
         if all(series.values()):
             return {k: statistics.median(v) for k, v in series.items()}
     return {k: metrics.get(k) for k in AGENT_SHARES}
+
+
+DEAD_UNITS = ("dead_units_first", "dead_units_max", "dead_units_last")
+
+
+def dead_units(files: Path) -> dict[str, float | None]:
+    """GA3C's ``dead_unit_frac`` (the share of the last hidden layer's units that no transition of a batch activates,
+    an epoch's mean) over the epochs of the run's ``history.csv``: the first epoch's, the largest and the last
+    epoch's (``DEAD_UNITS``); None when the run logged none (DQN runs, runs from before the metric)."""
+    history = files / "history.csv"
+    values = []
+    if history.exists():
+        with open(history, newline="") as fh:
+            values = [r.get("dead_unit_frac") for r in csv.DictReader(fh)]
+    series = [float(v) for v in values if v not in (None, "") and not math.isnan(float(v))]
+    if not series:
+        return dict.fromkeys(DEAD_UNITS)
+    return dict(zip(DEAD_UNITS, (series[0], max(series), series[-1])))
 
 
 def _curves(files: Path, window: int) -> dict:
@@ -230,9 +249,12 @@ def table(rows: list[dict], target: float, window: int) -> str:
     # where the agents' time went, when the runs logged it (agent processes of either learner; agent_shares)
     shares = any(r.get("agent_env_share") is not None for r in rows)
     extra += " | agents: env / answer wait / slot wait (% of their time, median epoch)" if shares else ""
+    # GA3C's dead units of the last hidden layer, when the runs logged them (dead_units)
+    dead = any(r.get("dead_units_first") is not None for r in rows)
+    extra += " | hidden units dead: first / most / last epoch" if dead else ""
     lines = [f"| seed | reached {target:g} | time to target (s) | env steps to target | final mean (last {window}) "
              f"| best mean | episodes | env steps | env steps/s{extra} | wall (s) | stop |",
-             "|---" * ((14 if learner else 15 if feed else 11) + shares) + "|"]
+             "|---" * ((14 if learner else 15 if feed else 11) + shares + dead) + "|"]
     for r in rows:
         lag = f(r.get("policy_lag"), ".1f") + (f", {r['policy_lag_p95']:.0f}" if r.get("policy_lag_p95") is not None
                                                else "")
@@ -245,6 +267,9 @@ def table(rows: list[dict], target: float, window: int) -> str:
         if shares:
             cells += " | " + ("" if r.get("agent_env_share") is None else " / ".join(
                 f(100 * r[k], ".0f") for k in AGENT_SHARES))
+        if dead:
+            cells += " | " + ("" if r.get("dead_units_first") is None else " / ".join(
+                f(r[k], ".2f") for k in DEAD_UNITS))
         lines.append(f"| {r['seed']} | {'yes' if r['reached'] else 'no'} | {f(r['time_to_target_s'], '.1f')} "
                      f"| {f(r['env_steps_to_target'], ',')} | {f(r['final_mean_return'], '.2f')} "
                      f"| {f(r['best_mean_return'], '.2f')} | {r['episodes']:,} | {f(r['env_steps'], ',')} "

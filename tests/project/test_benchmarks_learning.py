@@ -248,6 +248,30 @@ def test_runs_with_the_agents_time_add_its_column(seeds):
     assert [r["agent_answer_wait_share"] for r in res.rows] == [0.69, 0.004, None]
 
 
+def test_ga3c_runs_with_dead_units_add_their_column(seeds):
+    """GA3C's dead_unit_frac (an epoch's mean share of dead hidden units) is one column: the first epoch's, the
+    largest and the last epoch's over history.csv's epochs (rows of other metrics and NaN epochs skipped); a seed
+    whose history has none leaves it empty."""
+    with open(seeds[0] / "history.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["epoch", "dead_unit_frac", "loss"])
+        w.writerow([-1, "", 0.5])  # a row of another metric only
+        for k, dead in enumerate([0.84, 0.99, "nan", 0.54, 0.37]):
+            w.writerow([k, dead, 0.1])
+    with open(seeds[1] / "history.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([["epoch", "loss"], [0, 0.2]])
+    for seed in (0, 1):
+        path = seeds[seed] / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "tps": 150.0, "policy_lag_mean": 13.0}))
+    res = learning.summarise(seeds, TARGET, WINDOW, "toy")
+    header, rule, *rows = res.table.splitlines()
+    assert "| entropy | hidden units dead: first / most / last epoch | wall (s) |" in header
+    assert rule == "|---" * 15 + "|"
+    assert "| 0.84 / 0.99 / 0.37 |" in rows[0] and " / " not in rows[1] and " / " not in rows[2]
+    assert [(r["dead_units_first"], r["dead_units_max"], r["dead_units_last"]) for r in res.rows] == [
+        (0.84, 0.99, 0.37), (None, None, None), (None, None, None)]
+
+
 def test_pooled_calls_give_the_table_of_one_call_over_every_seed(seeds, tmp_path):
     """Seeds run in two calls (two results files), pooled by ``tool pool_learning``: the rows, table, median / worst
     line, aggregate and curves are those of the suite's one call over all three seeds; files of another target or a
