@@ -925,7 +925,8 @@ def ga3c_main(argv: Sequence[str] | None = None) -> int:
     """``lightning-per ga3c ...``: parse with :class:`GA3CCLI` and train (:func:`lightning_per.ga3c.cli.train`:
     SIGTERM stops the run as Ctrl-C does, summary and CSVs written). The old flat spelling (``--agents 4``, a
     flat config file) is accepted for this release with one deprecation line naming the new spelling
-    (:func:`ga3c_new_spelling`). Returns the exit status: 0, or 2 with one line for a setting error.
+    (:func:`ga3c_new_spelling`). Returns the exit status: 0, 2 with one line for a setting error, 130 after Ctrl-C
+    and 143 after SIGTERM (the run's files written: ``summary.json`` says ``interrupted``).
 
     Raises:
         SystemExit: ``--help``, a command-line error (status 2, one usage line and one error line).

@@ -167,7 +167,12 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
              model.obs_dtype, model.n_actions, "cuda" if cuda else "cpu")
     summary: dict[str, Any] = {}
     try:
-        trainer.fit(model)
+        try:
+            trainer.fit(model)
+        except SystemExit as stop:  # Lightning ends a fit stopped by Ctrl-C or SIGTERM with sys.exit(1), hooks run
+            if type(stop) is SystemExit and stop.code == 1 and trainer.interrupted:
+                raise KeyboardInterrupt from None  # train's exit status 130 or 143
+            raise
         if artifacts.summary is None:
             # Lightning fetches the first batch before on_train_start; when the run stopped before any batch
             # came (max_time_s while the agents were still starting), it skips its training loop and with
@@ -249,10 +254,6 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _sigterm(signum, frame) -> None:
-    raise KeyboardInterrupt  # same clean shutdown as Ctrl-C
-
-
 def parse_config(argv: Sequence[str]):
     """The validated :class:`~lightning_per.ga3c.config.GA3CConfig` of ``--config`` / ``--model.<field>`` options
     (:func:`~lightning_per.ga3c.config.config_parser`; the command is :class:`lightning_per.cli.GA3CCLI`).
@@ -267,15 +268,25 @@ def parse_config(argv: Sequence[str]):
 
 
 def train(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> int:
-    """:func:`run` with SIGTERM handled as an interrupt (Ctrl-C's clean shutdown; main thread only); 0 on success.
+    """:func:`run` with SIGTERM handled as an interrupt (Ctrl-C's clean shutdown; main thread only). Returns the
+    exit status, as ``lightning-per fit``'s: 0 on success, 130 (128 + SIGINT) after Ctrl-C and 143 (128 + SIGTERM)
+    after SIGTERM, the run's files written either way (``summary.json``'s ``status``: ``interrupted``).
 
     Raises:
         RunDirError: the run directory cannot be written (before training; nothing was written).
     """
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _sigterm) if in_main else None
+    received: list[int] = []
+
+    def on_sigterm(signum, frame) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt  # the same clean shutdown as Ctrl-C
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
     try:
         run(cfg, model, trainer_extra)
+    except KeyboardInterrupt:
+        return 128 + (signal.SIGTERM if received else signal.SIGINT)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)

@@ -65,6 +65,7 @@ def test_sigterm_to_the_process_group_stops_without_replacing_agents(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["agents_replaced"] == 0
     assert summary["status"] == "interrupted"
+    assert proc.returncode == 128 + signal.SIGTERM, out
     deadline = time.monotonic() + 5
     while _group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)

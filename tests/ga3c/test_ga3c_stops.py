@@ -106,6 +106,8 @@ def test_a_signal_to_the_group_leaves_a_summary_that_agrees_with_episodes_csv(tm
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary, rows = _assert_agree(run_dir)
     assert summary["status"] == "interrupted" and len(rows) > 0, "".join(lines)
+    assert summary["stop_reason"] is None  # no budget or target stopped it
+    assert proc.returncode == 128 + signum, "".join(lines)  # the shell's convention, as lightning-per fit's
 
 
 def test_max_updates_end_leaves_files_that_agree(tmp_path):
