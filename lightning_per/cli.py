@@ -55,6 +55,8 @@ __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling
            "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
            "check_loop_limits", "RunConfigCallback"]
 
+_MAX_SEED = 2**32 - 1  # NumPy's seeds (np.random.seed), which Lightning's seed_everything sets
+
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
     "default_root_dir": "runs/dqn",
@@ -435,6 +437,17 @@ class LightningPerCLI(LightningCLI):
                             help="torch.set_float32_matmul_precision for this process: 'high' runs float32 "
                                  "matmuls on TF32 tensor cores (docs/dqn.md, 'Pong'); null leaves torch's "
                                  "default ('highest').")
+
+    def parse_arguments(self, parser, args) -> None:
+        """Lightning's parse, then ``--seed_everything`` checked before Lightning seeds with it: an int outside
+        [0, 2**32 - 1] (what NumPy's seeding accepts) is a one-line error naming it (exit status 2)."""
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        cfg = self.config.get(sub) if sub else self.config
+        seed = cfg.get("seed_everything") if cfg is not None else None
+        if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= _MAX_SEED:
+            self._report(ValueError(f"--seed_everything must be an int in [0, {_MAX_SEED}] (NumPy's seeds), true "
+                                    f"(a random seed) or false (no seeding), got {seed}"))
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config

@@ -11,6 +11,10 @@ from lightning_per.replay.errors import check_eps
 __all__ = ["ReplayConfig", "check_range", "validate_dqn_arguments"]
 
 
+#: The largest ``seed`` a DQN takes: rank r seeds with seed + 1000 r (+ 0, 1, 2), within NumPy's 2**32 - 1.
+MAX_SEED = 2**31 - 1
+
+
 def check_range(name: str, value: float | int | None, *, low: float | None = None, high: float | None = None,
                 low_open: bool = False, allow_none: bool = False) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``low <= value <= high``
@@ -94,6 +98,7 @@ def validate_dqn_arguments(a: dict[str, Any]) -> None:
         ValueError: naming the first argument out of range.
     """
     check_range("gamma", a["gamma"], low=0.0, high=1.0)
+    check_range("seed", a["seed"], low=0, high=MAX_SEED)
     check_range("n_step", a["n_step"], low=1)
     check_range("lr", a["lr"], low=0.0, low_open=True)
     check_range("adam_eps", a["adam_eps"], low=0.0, low_open=True)

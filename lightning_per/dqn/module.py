@@ -130,7 +130,7 @@ class DQN(LightningModule):
         max_env_steps: stop training once this many env steps were taken (None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
-        seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r).
+        seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r); in [0, 2**31 - 1].
         compile: capture the learner update in a CUDA graph (CUDA only; docs/dqn.md); under DDP
             (``strategy="ddp"``, NCCL) the captured update all-reduces the gradients itself (docs/ddp.md).
         inductor: run the update's pure-tensor parts through ``torch.compile`` (``dqn/compiled.py``; with

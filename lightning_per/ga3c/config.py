@@ -274,6 +274,8 @@ class GA3CConfig:
             raise ValueError(f"max_env_steps={self.max_env_steps} needs one process, got devices x num_nodes="
                              f"{self.devices * self.num_nodes} (each rank counts its own env steps; use max_updates)")
         _check_int(self, "seed", low=0)
+        if self.seed > 2**31 - 1:  # env seeds add 1000 x rank and the agent's index, within NumPy's 2**32 - 1
+            raise ValueError(f"seed must be an int in [0, {2**31 - 1}], got {self.seed}")
         for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),
                              ("trainers", "max_trainers")):
             if getattr(self, count) > getattr(self, bound):

@@ -91,6 +91,10 @@ def test_torch_env_backend_runs_through_the_cli(tmp_path):
     ("--model.replay.capacity=10", r"replay.batch_size \(16\) must not exceed replay.capacity \(10\)"),
     ("--model.env.num_envs=0", "env.num_envs"),
     ("--torch_num_threads=0", "torch_num_threads"),
+    ("--model.seed=-1", r"seed must be in \[0, 2147483647\], got -1"),  # rank r seeds seed + 1000 r + 2 < 2**32
+    ("--model.seed=2147483648", r"seed must be in \[0, 2147483647\]"),
+    ("--seed_everything=-1", r"--seed_everything must be an int in \[0, 4294967295\]"),  # np.random.seed's range
+    ("--seed_everything=4294967296", r"--seed_everything must be an int in \[0, 4294967295\]"),
 ])
 def test_bad_config_values_raise_value_errors_naming_the_argument(tmp_path, arg, match):
     with pytest.raises(ValueError, match=match):
@@ -112,6 +116,17 @@ def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "gamma" in err and "Traceback" not in err
     assert "fit --help" in err  # the subcommand's usage and tip, not the top level's
+
+
+@pytest.mark.parametrize("arg", ["--model.seed=-1", "--seed_everything=-1"])
+def test_console_command_reports_a_bad_seed_in_one_line_and_writes_nothing(tmp_path, capsys, arg):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"),
+                  f"--trainer.default_root_dir={tmp_path / 'run'}", arg])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "seed" in err and "got -1" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_console_command_reports_a_bad_choice_without_the_option_listing(tmp_path, capsys):

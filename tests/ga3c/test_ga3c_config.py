@@ -24,7 +24,7 @@ def test_shipped_configs_load(name):
     ("env_backend", "ray"), ("device", "tpu"), ("reward_clip", 0.0), ("rmsprop_eps", 0.0),
     ("max_time_s", 0.0), ("adjust_window_s", 0.0), ("hidden_sizes", []), ("envs_per_agent", True),
     ("wandb_mode", "maybe"), ("env", ""), ("cuda_graph", 1), ("cuda_graph", "yes"), ("max_env_steps", 0),
-    ("max_env_steps", 2.5), ("max_env_steps", True), ("network", "resnet"),
+    ("max_env_steps", 2.5), ("max_env_steps", True), ("network", "resnet"), ("seed", -1), ("seed", 2**31),
 ])
 def test_bad_values_raise_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
