@@ -50,8 +50,9 @@ from benchmarks._results import Results
 
 QUICK_CONFIG = "configs/dqn_cartpole.yaml"
 # --quick: CartPole DQN, short: a few epochs of 40 updates after 256 random steps, 8 s at most per seed
-QUICK_DQN_ARGS = ["--model.warmup_steps", "256", "--model.updates_per_epoch", "40", "--model.env.num_envs", "8",
-                  "--trainer.max_time", "00:00:00:08"]
+QUICK_DQN_ARGS = ["--model.warmup_steps", "256", "--model.updates_per_epoch", "40", "--model.env.num_envs", "8"]
+QUICK_BUDGET_S = 8.0  # --quick's time budget per seed, unless --budget-s gives one
+QUICK_GA3C_ARGS = ["--model.agents", "2", "--model.updates_per_epoch", "20"]
 QUICK_TARGET = 25.0
 DEFAULT_CONFIG, DEFAULT_TARGET = "configs/dqn_pong.yaml", 18.0  # what the published table measures (GPU)
 
@@ -364,12 +365,17 @@ def run(args) -> Results:
     budget_steps = getattr(args, "budget_steps", None)
     if budget_steps is not None and budget_steps < 1:
         raise UsageError(f"learning: --budget-steps must be >= 1 (env steps), got {budget_steps}")
+    budget_s = args.budget_s
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
+        raise UsageError(f"learning: --budget-s must be a number of seconds > 0, got {budget_s:g}")
+    if args.quick and budget_s is None:
+        budget_s = QUICK_BUDGET_S
+    if any(seed < 0 for seed in seeds):
+        raise UsageError(f"learning: --seeds must be ints >= 0, got {' '.join(map(str, seeds))}")
     name = getattr(args, "name", None) or Path(config).stem
     extra = list(args.run_arg)
-    if args.quick and kind == "dqn":
-        extra = QUICK_DQN_ARGS + extra
-    if args.quick and kind == "ga3c":
-        extra = ["--model.max_time_s", "8", "--model.agents", "2", "--model.updates_per_epoch", "20"] + extra
+    if args.quick:
+        extra = (QUICK_DQN_ARGS if kind == "dqn" else QUICK_GA3C_ARGS) + extra
     if args.device == "cpu" and kind == "dqn":
         extra = ["--trainer.accelerator", "cpu"] + extra
     env = {**os.environ}
@@ -383,13 +389,17 @@ def run(args) -> Results:
             print(f"learning: seed {seed}: reusing {find_run_files(run_dir)}", flush=True)
             seed_dirs[seed] = find_run_files(run_dir)
             continue
-        cmd = run_command(kind, config, seed, target, run_dir, args.budget_s, extra, args.window, budget_steps)
+        cmd = run_command(kind, config, seed, target, run_dir, budget_s, extra, args.window, budget_steps)
         print(f"learning: seed {seed}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         code = launch(cmd, env, quiet=args.quick)
         print(f"learning: seed {seed}: exit {code} after {time.monotonic() - t0:.1f} s", flush=True)
-        seed_dirs[seed] = find_run_files(run_dir)
-    shown = run_command(kind, config, seeds[0], target, base / "seed<k>", args.budget_s, extra, args.window,
+        try:
+            seed_dirs[seed] = find_run_files(run_dir)
+        except FileNotFoundError:
+            raise UsageError(f"learning: seed {seed}: the run exited with status {code} and wrote no episodes.csv "
+                             f"under {run_dir} (its errors are above)") from None
+    shown = run_command(kind, config, seeds[0], target, base / "seed<k>", budget_s, extra, args.window,
                         budget_steps)
     notes = f"Each run: `python {' '.join(shown[1:])}` (seed {seeds[0]} shown; `<k>`: the seed)."
     return summarise(seed_dirs, target, args.window, name, notes=notes)

@@ -105,11 +105,12 @@ def test_quick_suite_runs_a_real_cartpole_seed(tmp_path, monkeypatch):
 
     def in_process(cmd, env, quiet=False):
         monkeypatch.setenv("WANDB_MODE", env.get("WANDB_MODE", ""))
-        args = cmd[3:] + ["--trainer.max_time", "00:00:00:04"]  # after the suite's own budget: the last wins
-        return main(args)
+        limits = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--trainer.max_time"]
+        assert limits == ["00:00:00:04"], cmd  # --budget-s, not --quick's 8 s
+        return main(cmd[3:])
 
     monkeypatch.setattr(learning, "launch", in_process)
-    args = argparse.Namespace(quick=True, config=None, seeds=[0], target=None, window=20, budget_s=None,
+    args = argparse.Namespace(quick=True, config=None, seeds=[0], target=None, window=20, budget_s=4.0,
                               run_arg=[], wandb=False, device="cpu", out=str(tmp_path), reuse_runs=False)
     res = learning.run(args)
     (row,) = res.rows
@@ -176,8 +177,24 @@ def test_profile_loop_tool_times_an_overlapped_env(tmp_path, monkeypatch):
     assert phases["env step"] > 0 and phases["act"] > 0 and phases["replay write"] > 0
 
 
+def test_a_run_that_wrote_no_episodes_is_one_error_naming_the_seed(tmp_path, monkeypatch):
+    """A seed's run that exits before writing episodes.csv (a refused setting, say) stops the suite with one line
+    naming the seed, its exit status and where it looked."""
+    from benchmarks import UsageError
+
+    monkeypatch.setattr(learning, "launch", lambda cmd, env, quiet=False: 2)
+    args = argparse.Namespace(quick=True, config=None, seeds=[3], target=None, window=20, budget_s=None,
+                              run_arg=[], wandb=False, device="cpu", out=str(tmp_path), reuse_runs=False)
+    with pytest.raises(UsageError, match=r"seed 3: the run exited with status 2 and wrote no episodes.csv under "):
+        learning.run(args)
+
+
 @pytest.mark.parametrize(("argv", "match"), [(["--config", "configs/nope.yaml", "--target", "25"], "no such file"),
-                                             (["--config", "configs/dqn_cartpole.yaml"], "--target is required")])
+                                             (["--config", "configs/dqn_cartpole.yaml"], "--target is required"),
+                                             (["--quick", "--budget-s", "-5"], "--budget-s must be a number of "
+                                                                               "seconds > 0, got -5"),
+                                             (["--quick", "--budget-s", "nan"], "--budget-s must be"),
+                                             (["--quick", "--seeds", "0", "-1"], "--seeds must be ints >= 0")])
 def test_learning_options_that_cannot_run_are_one_line_and_exit_2(argv, match, capsys):
     from benchmarks.__main__ import main
 
