@@ -210,9 +210,18 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = ap.parse_args(argv)
     if args.updates < 1 or args.steps < 1:
         raise UsageError(f"--updates and --steps must be >= 1, got {args.updates} and {args.steps}")
+    if not Path(args.config).is_file():
+        raise UsageError(f"--config {args.config}: no such file")
+    from lightning_per.cli import config_kind
     from lightning_per.ga3c.config import load_config
 
+    if config_kind(args.config) != "ga3c":
+        raise UsageError(f"--config {args.config}: a GA3C config is needed (this tool trains GA3C's network and "
+                         "A3C loss), got a DQN config")
     cfg = load_config(args.config)
+    if args.steps <= return_horizon(cfg.gamma):
+        raise UsageError(f"--steps must exceed the returns' horizon of {return_horizon(cfg.gamma)} steps "
+                         f"(3 / (1 - gamma), gamma {cfg.gamma:g}), got {args.steps}")
     eps_from_rmsprop = cfg.adam_eps == 1e-8  # the dataclass default: compare the RMSProps at the config's eps
     if eps_from_rmsprop:
         cfg = dataclasses.replace(cfg, adam_eps=cfg.rmsprop_eps)
@@ -252,5 +261,6 @@ if __name__ == "__main__":
     try:
         for path in main(sys.argv[1:]):
             print("wrote", path)
-    except UsageError as err:
-        raise SystemExit(f"error: {err}") from None
+    except UsageError as err:  # a usage error: one line, exit status 2 (as the suites' in benchmarks.__main__)
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

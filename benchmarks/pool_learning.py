@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from benchmarks import UsageError, learning
@@ -61,7 +62,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--name", required=True, help="the pooled files' name: learning-<name>-<machine>.*")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
-    results = [json.loads(Path(p).read_text()) for p in args.files]
+    results = []
+    for path in map(Path, args.files):
+        try:
+            results.append(json.loads(path.read_text()))
+        except OSError as err:
+            raise UsageError(f"pool_learning: {path}: {err.strerror or err}") from None
+        except json.JSONDecodeError as err:
+            raise UsageError(f"pool_learning: {path}: not a results file (JSON: {err})") from None
     pooled = pool(results, args.name)
     env = {**results[0]["environment"], "utc": ", ".join(str(r["environment"].get("utc")) for r in results),
            "command": f"python -m benchmarks tool pool_learning --name {args.name} --out {args.out} "
@@ -73,5 +81,6 @@ if __name__ == "__main__":
     try:
         for path in main():
             print("wrote", path)
-    except UsageError as err:
-        raise SystemExit(f"error: {err}") from None
+    except UsageError as err:  # a usage error: one line, exit status 2 (as the suites' in benchmarks.__main__)
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

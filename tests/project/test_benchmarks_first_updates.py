@@ -40,3 +40,18 @@ def test_first_steps_follow_the_formula_and_the_files_are_written(tmp_path):
 def test_bad_optimizers_are_refused(spec):
     with pytest.raises(UsageError, match=r"^--optimizers: "):
         first_updates.parse_optimizer(spec)
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--config", "configs/dqn_cartpole.yaml"], "a GA3C config is needed"),
+    (["--config", "configs/nope.yaml"], "no such file"),
+    (["--config", "configs/ga3c_cartpole.yaml", "--steps", "20"], "--steps must exceed the returns' horizon of 299"),
+])
+def test_a_config_it_cannot_study_is_one_line_and_exit_2(argv, match, tmp_path):
+    """Run as users run it (``python -m benchmarks tool first_updates``): one error line, status 2, nothing written."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tool", "first_updates", *argv, "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and match in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

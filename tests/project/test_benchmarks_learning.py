@@ -315,3 +315,9 @@ def test_pooled_calls_give_the_table_of_one_call_over_every_seed(seeds, tmp_path
         pool_learning.pool([json.loads(paths[0].read_text()), other], "toy")
     with pytest.raises(UsageError, match="seed"):
         pool_learning.pool([json.loads(paths[0].read_text())] * 2, "toy")
+    # a file that is missing or not JSON: one error naming it, nothing written
+    (tmp_path / "broken.json").write_text("{")
+    for bad, match in ((tmp_path / "missing.json", "No such file"), (tmp_path / "broken.json", "not a results file")):
+        with pytest.raises(UsageError, match=f"pool_learning: {bad}: {match}"):
+            pool_learning.main(["--name", "bad", "--out", str(tmp_path / "bad-out"), str(paths[0]), str(bad)])
+    assert not (tmp_path / "bad-out").exists()
