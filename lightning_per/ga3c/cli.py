@@ -24,7 +24,8 @@ environment probe; ``max_time_s`` counts on it, and so do the status lines' ``[T
 ``max_time_s``, ``max_updates``, ``max_env_steps``, ``target_return``, ``system_stopped``, or null for an interruption
 or failure) and ``wall_time_s`` (to the end of the shutdown, which took ``shutdown_s``; the rates
 divide by it); the ``done: ...`` line prints ``summary.json``'s numbers on this clock (:func:`done_line`).
-``train_loop_time_s`` is the other clock: Lightning's training loop only (``on_train_start`` to ``on_train_end``).
+``train_loop_time_s`` is the other clock: Lightning's training loop only (``on_train_start`` to ``on_train_end``;
+``train_loop_updates_per_s`` divides by it, ``updates_per_s`` = ``tps`` by ``wall_time_s``).
 Lightning's own "Time limit reached. Elapsed time is ..." (its ``max_time``, whole seconds) also counts from
 ``on_train_start``.
 """
@@ -189,8 +190,10 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
             summary = {**(artifacts.summary or {}), "episodes": len(rows), "last_episode_env_steps": None,
                        **model.system_summary, "run_dir": str(run_dir), "episodes_csv": str(csv_path),
                        "history": str(history.path) if history.path.is_file() else None}
-            if artifacts.summary is not None:  # its wall_time_s (the "done:" line's) is replaced by GA3C's
+            if artifacts.summary is not None:  # its wall_time_s and updates_per_s are replaced by GA3C's clock's
                 summary["train_loop_time_s"] = artifacts.summary.get("wall_time_s")
+                summary["train_loop_updates_per_s"] = artifacts.summary.get("updates_per_s")
+            summary["updates_per_s"] = summary.get("tps")  # updates / wall_time_s, as every rate of the file
             if inherited is None:
                 os.environ.pop(_RUN_DIR_ENV, None)  # a later run in this process starts its own directory
             if is_rank_zero:
@@ -213,11 +216,11 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
 
 def done_line(summary: dict[str, Any], path: str | os.PathLike[str]) -> str:
     """The ``done: ...`` line of a GA3C run's final ``summary``: its status, epochs, env steps, mean return (of
-    ``mean_return_episodes``), ``wall_time_s`` and ``tps`` as updates/s, the numbers ``summary.json`` holds
+    ``mean_return_episodes``), ``wall_time_s`` and ``updates_per_s`` (``tps``), the numbers ``summary.json`` holds
     (:func:`~lightning_per.callbacks.run_artifacts.format_final_line`'s layout)."""
     from lightning_per.callbacks.run_artifacts import format_final_line
 
-    return format_final_line({**summary, "updates_per_s": summary.get("tps")}, path)
+    return format_final_line(summary, path)
 
 
 _RUN_DIR_ENV = "LIGHTNING_PER_GA3C_RUN_DIR"

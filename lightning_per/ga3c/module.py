@@ -417,7 +417,7 @@ class GA3C(pl.LightningModule):
             recent = self.stats.recent_returns(c.return_window)
             if len(recent) >= c.return_window and sum(recent) / len(recent) >= c.target_return:
                 self.time_to_target_s = time.monotonic() - self.stats.t0
-                log.info("mean return of the last %d episodes reached %.2f after %.1f s and %d updates: "
+                log.info("mean return of the last %d episodes reached %.2f after %.1f s and %d updates so far: "
                          "stopping", c.return_window, sum(recent) / len(recent), self.time_to_target_s,
                          self.policy_version)
                 self.request_stop("target_return")
@@ -451,7 +451,7 @@ class GA3C(pl.LightningModule):
         mean = total[0] / world_size
         if total[1] == world_size and mean >= c.target_return and self.time_to_target_s is None:
             self.time_to_target_s = time.monotonic() - self.stats.t0
-            log.info("mean return over %d ranks reached %.2f after %.1f s and %d updates: stopping",
+            log.info("mean return over %d ranks reached %.2f after %.1f s and %d updates so far: stopping",
                      world_size, mean, self.time_to_target_s, self.policy_version)
             self.request_stop("target_return")
 
@@ -461,7 +461,7 @@ class GA3C(pl.LightningModule):
         if self._stop_reason is None:
             self._stop_reason, self._stop_time = reason, time.monotonic()
             if reason == "max_time_s":
-                log.info("max_time_s=%g s reached %.1f s after the GA3C system started, %d updates: stopping",
+                log.info("max_time_s=%g s reached %.1f s after the GA3C system started, %d updates so far: stopping",
                          self.cfg.max_time_s, self._stop_time - self.stats.t0, self.policy_version)
         self.trainer.should_stop = True
 

@@ -62,6 +62,11 @@ def test_short_cartpole_run_writes_summary_and_curve(tmp_path, ga3c_info):
     assert (f"{summary['epochs']} epochs, {summary['env_steps']:,} env steps, mean return {summary['mean_return']:.1f} "
             f"(last {summary['mean_return_episodes']})") in done[0]
     assert f"{summary['tps']:,.0f} updates/s -> {run_dir / 'summary.json'}" in done[0]
+    # one clock for every rate of the file: updates_per_s is TPS, updates over wall_time_s
+    assert summary["updates_per_s"] == summary["tps"] == pytest.approx(summary["updates"] / summary["wall_time_s"],
+                                                                       rel=1e-6)
+    assert summary["train_loop_updates_per_s"] == pytest.approx(summary["updates"] / summary["train_loop_time_s"],
+                                                                rel=1e-6)
     # each epoch's rates cover the epoch (the last one too, which the stop cuts short): its env steps over its time
     with open(run_dir / "history.csv") as fh:
         epochs = list(csv.DictReader(fh))
