@@ -127,7 +127,8 @@ class DQN(LightningModule):
         updates_per_graph: graph mode with our proportional sampler on CUDA: consecutive updates captured
             in one CUDA graph (a divisor of ``updates_per_step``); beta is annealed once per block and a
             hard target copy due inside a block runs after it (docs/dqn.md, "Graph mode").
-        max_env_steps: stop training once this many env steps were taken (None: no limit).
+        max_env_steps: stop training at the first update after this many env steps were taken (the
+            ``warmup_steps`` of random play run in full before it; None: no limit).
         target_return: stop at an epoch end once the mean return of the last 20 episodes reaches
             this value (None: never); one host read per epoch.
         seed: seeds the envs, the exploration RNG and the replay RNG (rank r adds 1000 r); in [0, 2**31 - 1].
