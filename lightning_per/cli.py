@@ -967,6 +967,8 @@ def ga3c_main(argv: Sequence[str] | None = None) -> int:
         cli = GA3CCLI(args, friendly_errors=True)
     except ValueError as err:  # a setting: nothing was written
         return _ga3c_error(err)
+    except KeyboardInterrupt:  # Ctrl-C while the command was being built: nothing started
+        return 128 + signal.SIGINT
     try:
         return train(cli.ga3c_config, cli.model, cli.trainer_extra)
     except RunDirError as err:  # before training: nothing was written

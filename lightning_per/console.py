@@ -8,6 +8,7 @@ imports); ``fit ...`` (and options for the LightningCLI) go to :func:`lightning_
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -61,13 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"lightning-per: error: unknown command {args[0]!r} (commands: {', '.join(COMMANDS)}; "
                          f"see lightning-per --help)\n")
         return 2
+    try:
+        from lightning_per import cli  # torch, TorchRL and Lightning from here on
+    except KeyboardInterrupt:  # Ctrl-C while they load: nothing started, nothing written
+        return 128 + signal.SIGINT
     if args[0] == "ga3c":
-        from lightning_per.cli import ga3c_main  # torch, TorchRL and Lightning from here on
-
-        return ga3c_main(args[1:])
-    from lightning_per.cli import main as cli_main  # torch, TorchRL and Lightning from here on
-
-    return cli_main(argv)  # None: the LightningCLI reads sys.argv itself (given both, it warns)
+        return cli.ga3c_main(args[1:])
+    return cli.main(argv)  # None: the LightningCLI reads sys.argv itself (given both, it warns)
 
 
 if __name__ == "__main__":  # pragma: no cover
