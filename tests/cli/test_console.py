@@ -118,3 +118,20 @@ def test_config_kind_of_partial_and_flat_files(tmp_path, text, kind):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     assert config_kind(path) == kind
+
+
+@pytest.mark.parametrize("command", ["fit", "ga3c"])
+def test_ctrl_c_while_the_libraries_load_exits_130_without_a_traceback(monkeypatch, command):
+    """Ctrl-C during the seconds of imports (torch, TorchRL, Lightning) is the shell's 130, as during a run."""
+    import lightning_per
+
+    class InterruptTheImport:
+        def find_spec(self, name, path=None, target=None):
+            if name == "lightning_per.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "lightning_per.cli", raising=False)
+    monkeypatch.delattr(lightning_per, "cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [InterruptTheImport(), *sys.meta_path])
+    assert console.main([command, "--config", "configs/dqn_cartpole.yaml"]) == 130
