@@ -108,23 +108,25 @@ def test_a_refused_fit_leaves_no_run_directory(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
+def _refusal(capsys, root, *args: str) -> str:
+    """The stderr of ``lightning-per fit --config configs/dqn_cartpole.yaml`` with ``args``, refused with exit
+    status 2."""
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"),
-                  f"--trainer.default_root_dir={tmp_path}", "--model.gamma=2"])
+                  f"--trainer.default_root_dir={root}", *args])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_console_command_reports_a_bad_value_in_one_line(tmp_path, capsys):
+    err = _refusal(capsys, tmp_path, "--model.gamma=2")
     assert "gamma" in err and "Traceback" not in err
     assert "fit --help" in err  # the subcommand's usage and tip, not the top level's
 
 
 @pytest.mark.parametrize("arg", ["--model.seed=-1", "--seed_everything=-1"])
 def test_console_command_reports_a_bad_seed_in_one_line_and_writes_nothing(tmp_path, capsys, arg):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"),
-                  f"--trainer.default_root_dir={tmp_path / 'run'}", arg])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = _refusal(capsys, tmp_path / "run", arg)
     assert "seed" in err and "got -1" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
@@ -297,11 +299,7 @@ def test_setup_errors_are_one_line_and_leave_the_run_dir_alone(tmp_path, capsys,
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 @pytest.mark.parametrize("arg", ["--trainer.accelerator=gpu", "--model.compile=true"])
 def test_gpu_settings_without_a_gpu_are_one_line_errors(tmp_path, capsys, arg):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["fit", "--config", str(Path(__file__).parents[2] / "configs" / "dqn_cartpole.yaml"),
-                  f"--trainer.default_root_dir={tmp_path}", arg])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = _refusal(capsys, tmp_path, arg)
     assert "--trainer.accelerator cpu" in err or "--model.compile false" in err
     assert not (tmp_path / "summary.json").exists()
 
