@@ -49,7 +49,7 @@ from lightning_per.dqn import DQN
 from lightning_per.dqn.state import describe
 from lightning_per.envs import check_checkpoint_env_id
 from lightning_per.integrity import IntegrityError, verify_file
-from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, subcommand_parser
+from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, raise_interrupt, subcommand_parser
 
 __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
            "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
@@ -564,10 +564,8 @@ class LightningPerCLI(LightningCLI):
         was (its hooks have run: ``summary.json`` says ``interrupted``)."""
         try:
             self.trainer.fit(model, **kwargs)
-        except SystemExit as stop:  # Lightning ends a fit stopped by Ctrl-C with sys.exit(1), its hooks run
-            if type(stop) is SystemExit and stop.code == 1 and self.trainer.interrupted:
-                raise KeyboardInterrupt from None  # main's exit status 130
-            raise
+        except SystemExit as stop:  # after Ctrl-C: the KeyboardInterrupt it was (main's exit status 130)
+            raise_interrupt(stop, self.trainer)
         except (ValueError, TypeError) as err:
             if not self.friendly_errors or getattr(getattr(self, "model", None), "fit_started", True):
                 raise

@@ -17,7 +17,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 __all__ = ["OVERRIDDEN_HOOKS", "apply_checkpoint_hparams", "ddp_kwargs", "option_strings", "parser_actions",
-           "subcommand_parser", "wrap_sigterm_broadcast"]
+           "raise_interrupt", "subcommand_parser", "wrap_sigterm_broadcast"]
 
 #: Private Lightning methods that a class of ours overrides (Lightning offers no public hook at that point),
 #: by the Lightning class that defines them. ``LightningCLI._parse_ckpt_path``: the step of ``LightningCLI.__init__``
@@ -34,6 +34,27 @@ def apply_checkpoint_hparams(cli: LightningCLI) -> None:
         pickle.UnpicklingError, RuntimeError, OSError: as ``torch.load`` of the file.
     """
     LightningCLI._parse_ckpt_path(cli)
+
+
+def raise_interrupt(stop: SystemExit, trainer: Any) -> None:
+    """Raise again what ended ``trainer.fit`` with ``stop``: Lightning ends a fit stopped by Ctrl-C (or a SIGTERM
+    handler that raises ``KeyboardInterrupt``) with ``sys.exit(1)`` after its exception hooks ran; that becomes the
+    ``KeyboardInterrupt`` it was (exit status 130 or 143 for the caller to choose), any other exit is ``stop``.
+
+    Raises:
+        KeyboardInterrupt: ``stop`` is Lightning's exit after an interrupt (``trainer.interrupted``).
+        SystemExit: ``stop`` itself otherwise.
+
+    Example::
+
+        try:
+            trainer.fit(model)
+        except SystemExit as stop:
+            raise_interrupt(stop, trainer)
+    """
+    if type(stop) is SystemExit and stop.code == 1 and trainer.interrupted:
+        raise KeyboardInterrupt from None
+    raise stop
 
 
 def ddp_kwargs(strategy: Any) -> dict[str, Any]:

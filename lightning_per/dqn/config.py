@@ -7,12 +7,9 @@ from typing import Any, Literal
 
 from lightning_per.dqn.compiled import INDUCTOR_MODES
 from lightning_per.replay.errors import check_eps
+from lightning_per.utils import MAX_SEED
 
 __all__ = ["ReplayConfig", "check_range", "validate_dqn_arguments"]
-
-
-#: The largest ``seed`` a DQN takes: rank r seeds with seed + 1000 r (+ 0, 1, 2), within NumPy's 2**32 - 1.
-MAX_SEED = 2**31 - 1
 
 
 def check_range(name: str, value: float | int | None, *, low: float | None = None, high: float | None = None,

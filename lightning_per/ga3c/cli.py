@@ -111,6 +111,7 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
     from lightning_per.callbacks import AsyncMetricsCallback, RunArtifactsCallback, make_wandb_logger, run_metadata
     from lightning_per.callbacks.run_artifacts import write_episodes_csv
     from lightning_per.ga3c.history import EpochCSVLogger
+    from lightning_per.lightning_compat import raise_interrupt
     from lightning_per.utils import atomic_write_text, json_safe
 
     _setup_logging()
@@ -170,10 +171,8 @@ def run(cfg, model=None, trainer_extra: dict[str, Any] | None = None) -> dict[st
     try:
         try:
             trainer.fit(model)
-        except SystemExit as stop:  # Lightning ends a fit stopped by Ctrl-C or SIGTERM with sys.exit(1), hooks run
-            if type(stop) is SystemExit and stop.code == 1 and trainer.interrupted:
-                raise KeyboardInterrupt from None  # train's exit status 130 or 143
-            raise
+        except SystemExit as stop:  # after Ctrl-C or SIGTERM: the KeyboardInterrupt it was (train's 130 or 143)
+            raise_interrupt(stop, trainer)
         if artifacts.summary is None:
             # Lightning fetches the first batch before on_train_start; when the run stopped before any batch
             # came (max_time_s while the agents were still starting), it skips its training loop and with

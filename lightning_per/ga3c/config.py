@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lightning_per.utils import MAX_SEED
+
 __all__ = ["GA3CConfig", "load_config", "config_parser", "parse_args", "field_docs", "UnknownOption"]
 
 _OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam")
@@ -274,8 +276,8 @@ class GA3CConfig:
             raise ValueError(f"max_env_steps={self.max_env_steps} needs one process, got devices x num_nodes="
                              f"{self.devices * self.num_nodes} (each rank counts its own env steps; use max_updates)")
         _check_int(self, "seed", low=0)
-        if self.seed > 2**31 - 1:  # env seeds add 1000 x rank and the agent's index, within NumPy's 2**32 - 1
-            raise ValueError(f"seed must be an int in [0, {2**31 - 1}], got {self.seed}")
+        if self.seed > MAX_SEED:  # env seeds add 1000 x rank and the agent's index
+            raise ValueError(f"seed must be an int in [0, {MAX_SEED}], got {self.seed}")
         for count, bound in (("agents", "max_agents"), ("predictors", "max_predictors"),
                              ("trainers", "max_trainers")):
             if getattr(self, count) > getattr(self, bound):
