@@ -6,10 +6,14 @@ updates of the config's A3C loss (its ``beta``, ``value_coef``, ``loss_reduction
 ``train_min_batch_size`` drawn from those frames, and records, on held-out frames, after 0, 1, 2, 5, 10, 25, ...
 updates: the share of the last hidden layer's units that no frame activates (``dead_unit_fraction``), the mean
 policy entropy, the mean over units of each unit's standard deviation across frames (how much the features still
-depend on the state), and the largest parameter change of the first update in units of ``lr``.
+depend on the state), the mean cosine similarity of two frames' features (how alike the network sees them), and the
+largest parameter change of the first update in units of ``lr``. ``--obs-center-steps`` repeats each optimizer with
+the config's ``obs_center_steps`` set to each value (0: the input as the env gives it).
 
     python -m benchmarks tool first_updates --config configs/ga3c_pong.yaml --optimizers rmsprop adam:0.0,0.99 \
         adam --seeds 0 1 2 3 --updates 200 --out benchmarks/results
+    python -m benchmarks tool first_updates --config configs/ga3c_pong.yaml --optimizers rmsprop \
+        --obs-center-steps 0 128 --seeds 0 1 2 3 --updates 200 --name ga3c_pong-center --out benchmarks/results
 
 ``adam:B1,B2`` is Adam with ``adam_betas: [B1, B2]`` (``adam:0.0,0.99``: RMSProp with a bias-corrected square
 average at the config's alpha); every optimizer takes the config's ``lr``, ``rmsprop_alpha``, ``rmsprop_eps`` and
@@ -112,7 +116,8 @@ def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
     train[held] = False
     train_idx = train.nonzero().squeeze(1)
     n = run_cfg.train_min_batch_size
-    points: dict[str, list] = {"updates": [], "dead_unit_frac": [], "entropy": [], "feature_std": []}
+    points: dict[str, list] = {"updates": [], "dead_unit_frac": [], "entropy": [], "feature_std": [],
+                               "feature_cos": []}
     first_step = None
 
     def measure(u: int) -> None:
@@ -124,6 +129,8 @@ def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
             points["dead_unit_frac"].append(float(dead_unit_fraction(h)))
             points["entropy"].append(float(-(logp.exp() * logp).sum(-1).mean()))
             points["feature_std"].append(float(h.std(0).mean()))
+            unit = h / h.norm(dim=1, keepdim=True).clamp_min(1e-12)  # [H_out, units]; a dead row stays 0
+            points["feature_cos"].append(float((unit @ unit.T).mean()))
 
     for u in range(updates + 1):
         if u in CHECKPOINTS or u == updates:
@@ -144,7 +151,8 @@ def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
             first_step = max(float((p.detach() - b).abs().max()) for p, b in zip(net.parameters(), before)) / run_cfg.lr
     at = {u: k for k, u in enumerate(points["updates"])}
     row = {"impl": f"{label} seed {seed}", "optimizer": label, "seed": seed,
-           "first_update_max_step_lr": first_step}
+           "obs_center_steps": run_cfg.obs_center_steps, "first_update_max_step_lr": first_step,
+           "feature_cos_at_0": points["feature_cos"][0]}
     for u in (0, 1, updates):
         row[f"dead_at_{u}"] = points["dead_unit_frac"][at[u]]
         row[f"entropy_at_{u}"] = points["entropy"][at[u]]
@@ -154,12 +162,14 @@ def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
 
 
 def table(rows: list[dict], updates: int) -> str:
-    head = ("| optimizer | seed | largest first step (x lr) | dead units: start / after 1 / after "
-            f"{updates} | entropy: start / 1 / {updates} | feature std: start / 1 / {updates} |")
-    lines = [head, "|---|---|---|---|---|---|"]
+    head = ("| optimizer | obs_center_steps | seed | feature cosine at start | largest first step (x lr) | dead "
+            f"units: start / after 1 / after {updates} | entropy: start / 1 / {updates} | feature std: start / 1 / "
+            f"{updates} |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['optimizer']} | {r['seed']} | {r['first_update_max_step_lr']:.2f} | "
+            f"| {r['optimizer']} | {r['obs_center_steps']} | {r['seed']} | {r['feature_cos_at_0']:.3f} | "
+            f"{r['first_update_max_step_lr']:.2f} | "
             f"{r['dead_at_0']:.2f} / {r['dead_at_1']:.2f} / {r[f'dead_at_{updates}']:.2f} | "
             f"{r['entropy_at_0']:.3f} / {r['entropy_at_1']:.3f} / {r[f'entropy_at_{updates}']:.3f} | "
             f"{r['feature_std_at_0']:.4f} / {r['feature_std_at_1']:.4f} / {r[f'feature_std_at_{updates}']:.4f} |")
@@ -176,11 +186,12 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     colours: dict[str, str] = {}
     for r in rows:
-        c = colours.setdefault(r["optimizer"], f"C{len(colours)}")
+        arm = r["optimizer"] + (f", centered ({r['obs_center_steps']} steps)" if r["obs_center_steps"] else "")
+        first = arm not in colours
+        c = colours.setdefault(arm, f"C{len(colours)}")
         x = np.maximum(np.array(r["curves"]["updates"]), 0.5)  # update 0 on a log axis
         for ax, key in zip(axes, ("dead_unit_frac", "entropy", "feature_std")):
-            ax.plot(x, r["curves"][key], color=c, alpha=0.7, label=r["optimizer"] if r["seed"] == rows[0]["seed"]
-                    else None)
+            ax.plot(x, r["curves"][key], color=c, alpha=0.7, label=arm if first else None)
     last = max(max(r["curves"]["updates"]) for r in rows)
     ticks = [0.5] + [t for t in (1, 10, 100, 1000) if t <= last]
     for ax, title in zip(axes, ("dead units (share)", "policy entropy (nats)", "feature std across frames")):
@@ -200,6 +211,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--config", required=True, help="a GA3C config file (its model: section)")
     ap.add_argument("--optimizers", nargs="+", default=["rmsprop", "adam:0.0,0.99"],
                     help="rmsprop, rmsprop_tf, adam or adam:B1,B2 (default: %(default)s)")
+    ap.add_argument("--obs-center-steps", type=int, nargs="+", default=[0],
+                    help="the config's obs_center_steps for each optimizer: random-play steps whose mean observation "
+                         "the network subtracts, 0: none (default: %(default)s)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="network seeds (default 0 1 2 3)")
     ap.add_argument("--updates", type=int, default=200, help="updates per optimizer and seed (default 200)")
     ap.add_argument("--steps", type=int, default=700, help="vector steps of random play (default 700)")
@@ -210,6 +224,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = ap.parse_args(argv)
     if args.updates < 1 or args.steps < 1:
         raise UsageError(f"--updates and --steps must be >= 1, got {args.updates} and {args.steps}")
+    if min(args.obs_center_steps) < 0:
+        raise UsageError(f"--obs-center-steps must be >= 0 (0: no centering), got {args.obs_center_steps}")
     if not Path(args.config).is_file():
         raise UsageError(f"--config {args.config}: no such file")
     from lightning_per.cli import config_kind
@@ -230,7 +246,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if held_out(data[0].shape[0]) < 1:
         raise UsageError(f"--steps {args.steps}: {data[0].shape[0]} frames after the returns' horizon of "
                          f"{return_horizon(cfg.gamma)} steps; take more steps")
-    rows = [study(cfg, label, fields, data, seed, args.updates) for label, fields in specs for seed in args.seeds]
+    rows = [study(cfg, label, {**fields, "obs_center_steps": c}, data, seed, args.updates)
+            for label, fields in specs for c in args.obs_center_steps for seed in args.seeds]
     name = args.name or Path(args.config).stem
     frames, horizon = data[0].shape[0], return_horizon(cfg.gamma)
     adam_eps_note = ": the config leaves it at its default, so RMSProp's is used" if eps_from_rmsprop else ""
@@ -241,7 +258,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
              f"measured on {held_out(frames)} of those frames, which no update uses.")
     notes = ("dead units: the share of the last hidden layer's units that no held-out frame activates "
              "(`lightning_per.ga3c.networks.dead_unit_fraction`). feature std: the mean over units of each unit's "
-             "standard deviation across the held-out frames. largest first step: max |delta p| of the first update "
+             "standard deviation across the held-out frames. feature cosine: the mean cosine similarity of two held-out frames' "
+             "last hidden layers (1: the network sees every frame alike). obs_center_steps: the random-play steps "
+             "whose mean observation the network subtracts from its input (0: none). largest first step: max |delta p| of the first update "
              "over every parameter, in units of lr (torch's RMSprop: about 1 / sqrt(1 - alpha); bias-corrected: "
              f"about 1). Every optimizer takes alpha = {cfg.rmsprop_alpha:g} (RMSProp's decay; `adam:B1,B2` its "
              f"own betas), eps = {cfg.rmsprop_eps:g} (RMSProp's) and {cfg.adam_eps:g} (Adam's{adam_eps_note}). "

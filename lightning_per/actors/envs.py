@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 __all__ = ["ENV_BACKENDS", "EnvGroup", "GymEnvGroup", "AleVectorGroup", "TerminalRewardEnv", "make_env_group",
-           "probe_env", "TOY_ENV_ID"]
+           "mean_observation", "probe_env", "TOY_ENV_ID"]
 
 TOY_ENV_ID = "GA3CTerminalReward-v0"
 ENV_BACKENDS = ("gym", "ale_vector")  # the spec's "backend": GymEnvGroup, AleVectorGroup
@@ -224,5 +224,44 @@ def probe_env(spec: dict) -> tuple[tuple[int, ...], np.dtype, int]:
     group = make_env_group({**spec, "num_envs": 1})
     try:
         return group.obs_shape, group.obs_dtype, group.n_actions
+    finally:
+        group.close()
+
+
+def mean_observation(spec: dict, steps: int, seed: int = 0) -> np.ndarray:
+    """The mean observation of ``steps`` steps of uniformly random play in the group ``spec`` describes.
+
+    The location of TorchRL's ``ObservationNorm`` as its ``init_stats`` estimates it (the mean over a random
+    rollout's observations), for a GA3C network's ``obs_loc``: on Atari most of a frame is background that every
+    observation shares, and subtracting this mean leaves what moves. The group is reset with ``seed`` and the
+    actions drawn from ``numpy.random.default_rng(seed)``, so the same spec, steps and seed give the same mean.
+
+    Args:
+        spec: an environment spec (the module docstring), with its ``num_envs`` E.
+        steps: vector steps of random play (>= 1): E x steps observations, the reset's included.
+        seed: the reset's and the actions' seed.
+
+    Returns:
+        (*obs_shape) float32 array in the observation's units (pixels 0-255 for uint8 frames).
+
+    Raises:
+        ValueError: ``steps`` below 1.
+
+    Example::
+
+        >>> spec = {"env": "CartPole-v1", "backend": "gym", "num_envs": 2, "kwargs": {}}
+        >>> mean_observation(spec, 10).shape
+        (4,)
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    group = make_env_group(spec)
+    try:
+        rng = np.random.default_rng(seed)
+        total = group.reset(seed=seed).astype(np.float64).sum(axis=0)  # [*obs_shape]
+        for _ in range(steps - 1):
+            obs, _, _, _ = group.step(rng.integers(0, group.n_actions, group.num_envs))
+            total += obs.sum(axis=0, dtype=np.float64)
+        return (total / (steps * group.num_envs)).astype(np.float32)
     finally:
         group.close()

@@ -162,6 +162,12 @@ class GA3CConfig:
     MinAtar paper's net on (H, H, C) frames; ``auto`` picks by shape (``lightning_per.ga3c.networks.make_network``)."""
     hidden_sizes: list = field(default_factory=lambda: [128, 128])
     """MLP hidden layer widths."""
+    obs_center_steps: int = 0
+    """Center the network's input: before training, play this many vector steps of uniformly random actions in
+    ``envs_per_agent`` envs (seeded by ``seed``) and subtract their mean observation from every observation, in
+    the predictors and the update alike (the network's ``obs_loc``; TorchRL's ``ObservationNorm`` location from
+    ``init_stats``). 0: no centering. On Pong the A3C net's FC inputs of different frames are 99.5% alike (cosine)
+    and its units live or die together; centered, 30% (docs/ga3c.md, "Dead units")."""
     optimizer: str = "rmsprop_tf"
     """``rmsprop_tf`` (TF semantics: eps inside the sqrt, square average starts at 1), ``rmsprop``
     (torch), ``adam``."""
@@ -351,6 +357,9 @@ class GA3CConfig:
             raise ValueError(f"env must be a non-empty Gymnasium id, got {self.env!r}")
         if not isinstance(self.env_kwargs, dict):
             raise ValueError(f"env_kwargs must be a mapping, got {type(self.env_kwargs).__name__}")
+        if isinstance(self.obs_center_steps, bool) or not isinstance(self.obs_center_steps, int) \
+                or self.obs_center_steps < 0:
+            raise ValueError(f"obs_center_steps must be an int >= 0 (0: no centering), got {self.obs_center_steps!r}")
         if (not isinstance(self.hidden_sizes, (list, tuple)) or not self.hidden_sizes
                 or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1
                            for h in self.hidden_sizes)):

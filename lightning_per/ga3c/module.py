@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lightning_per.actors.envs import probe_env
+from lightning_per.actors.envs import mean_observation, probe_env
 from lightning_per.actors.stats import Stats
 from lightning_per.ga3c.batches import BatchStream, SystemGuard, identity
 from lightning_per.ga3c.bookkeeping import RING, EpisodeBuffers, HostBookkeeping
@@ -115,6 +115,9 @@ class GA3C(pl.LightningModule):
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             self.net = make_network(cfg.network, obs_shape, n_actions, cfg.hidden_sizes)
+        if cfg.obs_center_steps:
+            loc = mean_observation({**self.env_spec, "num_envs": cfg.envs_per_agent}, cfg.obs_center_steps, cfg.seed)
+            self.net.obs_loc.copy_(torch.from_numpy(loc).reshape(self.net.obs_loc.shape))
         # APPO's target network: a lagging copy (no gradient), refreshed every appo_target_update updates
         self.target_net = None if cfg.appo_target_update is None else copy.deepcopy(self.net).requires_grad_(False)
         self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates", "episodes"))

@@ -3,6 +3,11 @@
 Each network splits its ``forward`` into ``features(obs) -> h`` (N, H), the last hidden layer after its ReLU, and
 ``heads(h) -> (logits (N, A), value (N,))``, so that the learner can watch the units of ``h``
 (:func:`dead_unit_fraction`) without a second forward.
+
+Every network holds ``obs_loc``, a buffer of the observation's shape in its units (pixels 0-255 for uint8 frames),
+subtracted from each observation before any scaling: TorchRL's ``ObservationNorm`` location, zeros unless set
+(``GA3CConfig.obs_center_steps`` fills it with the mean observation of random play,
+:func:`lightning_per.actors.envs.mean_observation`). It is part of the ``state_dict``, so a checkpoint carries it.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ class MLPActorCritic(nn.Module):
         self.value = nn.Linear(width, 1)
         nn.init.orthogonal_(self.policy.weight, gain=0.01)  # near-uniform initial policy
         nn.init.zeros_(self.policy.bias)
+        self.register_buffer("obs_loc", torch.zeros(obs_dim))  # [obs_dim], subtracted from each observation
 
     def features(self, obs: Tensor) -> Tensor:
         """The last hidden layer after its ReLU: (N, H) float32."""
-        return self.trunk(obs.flatten(1).float())  # [N, H]
+        return self.trunk(obs.flatten(1).float() - self.obs_loc)  # [N, H]
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """``(logits (N, A), value (N,))`` of the features ``h`` (N, H)."""
@@ -86,10 +92,12 @@ class A3CConvNet(nn.Module):
                             (self.policy, 0.01), (self.value, 1.0)):
             nn.init.orthogonal_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
+        # [C, H, W] pixels, subtracted before the scaling (the module docstring)
+        self.register_buffer("obs_loc", torch.zeros(in_channels, image_size, image_size))
 
     def features(self, obs: Tensor) -> Tensor:
         """The FC layer after its ReLU: (N, 256) float32."""
-        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs  # [N, C, H, W]
+        x = (obs.float() - self.obs_loc) / 255.0 if obs.dtype == torch.uint8 else obs - self.obs_loc  # [N, C, H, W]
         return self.fc(self.trunk(x))  # [N, 256]
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,10 +145,11 @@ class MinAtarConvNet(nn.Module):
         for layer, gain in ((self.conv, 2**0.5), (self.fc, 2**0.5), (self.policy, 0.01), (self.value, 1.0)):
             nn.init.orthogonal_(layer.weight, gain=gain)
             nn.init.zeros_(layer.bias)
+        self.register_buffer("obs_loc", torch.zeros(image_size, image_size, in_channels))  # [H, W, C]
 
     def features(self, obs: Tensor) -> Tensor:
         """The FC layer after its ReLU: (N, 128) float32."""
-        x = obs.float().permute(0, 3, 1, 2)  # [N, C, H, W]
+        x = (obs.float() - self.obs_loc).permute(0, 3, 1, 2)  # [N, C, H, W]
         return torch.relu(self.fc(torch.relu(self.conv(x)).flatten(1)))  # [N, 128]
 
     def heads(self, h: Tensor) -> tuple[Tensor, Tensor]:
