@@ -181,6 +181,30 @@ def test_graph_updates_equal_eager_updates(optimizer, extra, exact_cuda_math):
 
 
 @pytest.mark.gpu
+def test_graph_updates_read_the_networks_input_location(exact_cuda_math):
+    """A centered network (``obs_loc``, set as ``obs_center_steps`` sets it: before the first update): the replays
+    match eager updates of the same centered network, and both differ from the uncentered one's."""
+    pong = {"optimizer": "rmsprop", "grad_clip": 0.5, "lr": 7e-4, "rmsprop_eps": 1e-5, "value_coef": 0.5}
+    eager, graph, plain = (_module(device="cuda", cuda_graph=g, **pong) for g in (False, True, False))
+    loc = torch.rand(OBS, generator=torch.Generator().manual_seed(1)) * 255
+    for m in (eager, graph):
+        m.net.obs_loc.copy_(loc)
+    opts = [_start(m, "cuda") for m in (eager, graph, plain)]
+    for i, batch in enumerate(_batches(3, 40, pin=True)):
+        expected = _eager_update(eager, opts[0], batch, i)
+        torch.testing.assert_close(graph.training_step(batch, i), expected, rtol=1e-5, atol=1e-6)
+        uncentered = _eager_update(plain, opts[2], batch, i)
+        assert not torch.allclose(uncentered, expected)
+        for m in (eager, graph, plain):
+            m.policy_version += 1
+            m.lag_clock.add_(1)
+    for p, q in zip(eager.parameters(), graph.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert graph.graph_captures == 1 and torch.equal(graph.net.obs_loc.cpu(), loc)
+    graph.teardown("fit")
+
+
+@pytest.mark.gpu
 def test_capture_while_a_predictor_thread_acts_and_pins_memory():
     """What the predictor and trainer threads do during the first update's capture: forward passes and
     sampling on their own stream, blocking device-to-host copies, pinned allocations. The capture
