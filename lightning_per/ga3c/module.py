@@ -211,6 +211,13 @@ class GA3C(pl.LightningModule):
         self.automatic_optimization = not self._graph_mode
         self._act_generator = torch.Generator(device).manual_seed(self.cfg.seed) if self._graph_mode else None
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint from before the networks held ``obs_loc`` loads as an uncentered network (``obs_loc`` 0)."""
+        state = checkpoint.get("state_dict", {})
+        for name, loc in self.state_dict().items():
+            if name.endswith("obs_loc") and name not in state:
+                state[name] = torch.zeros_like(loc)
+
     def configure_optimizers(self):
         optimizer = self.make_optimizer(capturable=self._graph_mode)
         c = self.cfg

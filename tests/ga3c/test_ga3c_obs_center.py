@@ -126,3 +126,18 @@ def test_a_centered_run_acts_and_trains_on_centered_frames_and_its_checkpoint_ke
     restored = GA3C(_cfg())  # uncentered until the checkpoint's state is loaded
     restored.load_state_dict(torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"])
     assert torch.equal(restored.net.obs_loc, loc)
+
+
+def test_a_checkpoint_without_a_location_loads_uncentered(tmp_path):
+    model = GA3C(_cfg(obs_center_steps=3))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(tmp_path / "new.ckpt")
+    old = torch.load(tmp_path / "new.ckpt", weights_only=True)
+    del old["state_dict"]["net.obs_loc"]  # as the networks wrote it before they held one
+    torch.save(old, tmp_path / "old.ckpt")
+    loaded = GA3C.load_from_checkpoint(tmp_path / "old.ckpt", map_location="cpu")  # its config centers: 3 steps
+    assert torch.equal(loaded.net.obs_loc, torch.zeros(4, 84, 84))
+    for name, value in old["state_dict"].items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0, equal_nan=True)
