@@ -8,7 +8,7 @@ updates: the share of the last hidden layer's units that no frame activates (``d
 policy entropy, the mean over units of each unit's standard deviation across frames (how much the features still
 depend on the state), the mean cosine similarity of two frames' features (how alike the network sees them), and the
 largest parameter change of the first update in units of ``lr``. ``--obs-center-steps`` repeats each optimizer with
-the config's ``obs_center_steps`` set to each value (0: the input as the env gives it).
+the config's ``obs_center_steps`` set to each value (0: the input as the env gives it; default: the config's).
 
     python -m benchmarks tool first_updates --config configs/ga3c_pong.yaml --optimizers rmsprop adam:0.0,0.99 \
         adam --seeds 0 1 2 3 --updates 200 --out benchmarks/results
@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     ap.add_argument("--config", required=True, help="a GA3C config file (its model: section)")
     ap.add_argument("--optimizers", nargs="+", default=["rmsprop", "adam:0.0,0.99"],
                     help="rmsprop, rmsprop_tf, adam or adam:B1,B2 (default: %(default)s)")
-    ap.add_argument("--obs-center-steps", type=int, nargs="+", default=[0],
-                    help="the config's obs_center_steps for each optimizer: random-play steps whose mean observation "
-                         "the network subtracts, 0: none (default: %(default)s)")
+    ap.add_argument("--obs-center-steps", type=int, nargs="+", default=None,
+                    help="obs_center_steps to run each optimizer with: random-play steps whose mean observation "
+                         "the network subtracts, 0: none (default: the config's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3], help="network seeds (default 0 1 2 3)")
     ap.add_argument("--updates", type=int, default=200, help="updates per optimizer and seed (default 200)")
     ap.add_argument("--steps", type=int, default=700, help="vector steps of random play (default 700)")
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = ap.parse_args(argv)
     if args.updates < 1 or args.steps < 1:
         raise UsageError(f"--updates and --steps must be >= 1, got {args.updates} and {args.steps}")
-    if min(args.obs_center_steps) < 0:
+    if args.obs_center_steps is not None and min(args.obs_center_steps) < 0:
         raise UsageError(f"--obs-center-steps must be >= 0 (0: no centering), got {args.obs_center_steps}")
     if not Path(args.config).is_file():
         raise UsageError(f"--config {args.config}: no such file")
@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
         raise UsageError(f"--steps {args.steps}: {data[0].shape[0]} frames after the returns' horizon of "
                          f"{return_horizon(cfg.gamma)} steps; take more steps")
     rows = [study(cfg, label, {**fields, "obs_center_steps": c}, data, seed, args.updates)
-            for label, fields in specs for c in args.obs_center_steps for seed in args.seeds]
+            for label, fields in specs for c in (args.obs_center_steps or [cfg.obs_center_steps])
+            for seed in args.seeds]
     name = args.name or Path(args.config).stem
     frames, horizon = data[0].shape[0], return_horizon(cfg.gamma)
     adam_eps_note = ": the config leaves it at its default, so RMSProp's is used" if eps_from_rmsprop else ""

@@ -36,6 +36,26 @@ def test_first_steps_follow_the_formula_and_the_files_are_written(tmp_path):
     assert "| rmsprop | 0 |" in paths[1].read_text()
 
 
+def test_each_obs_center_steps_is_a_row_per_seed_and_the_default_is_the_configs(tmp_path):
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs/ga3c_cartpole.yaml").read_text())
+    cfg["model"]["obs_center_steps"] = 7
+    config = tmp_path / "ga3c_cartpole.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    common = ["--config", str(config), "--optimizers", "rmsprop", "--seeds", "0", "1", "--updates", "2",
+              "--steps", "320", "--out", str(tmp_path)]
+    rows = json.loads(first_updates.main([*common, "--obs-center-steps", "0", "5"])[0].read_text())["rows"]
+    assert [(r["obs_center_steps"], r["seed"]) for r in rows] == [(0, 0), (0, 1), (5, 0), (5, 1)]
+    assert all(-1.0 <= r["feature_cos_at_0"] <= 1.0 + 1e-6 for r in rows)
+    # the same network seed, centered or not: the first update starts from the same weights but another input
+    assert rows[0]["feature_cos_at_0"] != rows[2]["feature_cos_at_0"]
+    rows = json.loads(first_updates.main(common)[0].read_text())["rows"]
+    assert [r["obs_center_steps"] for r in rows] == [7, 7]
+    with pytest.raises(UsageError, match=r"^--obs-center-steps must be >= 0"):
+        first_updates.main([*common, "--obs-center-steps", "-1"])
+
+
 @pytest.mark.parametrize("spec", ["sgd", "rmsprop:0.9,0.9", "adam:0.9", "adam:a,b"])
 def test_bad_optimizers_are_refused(spec):
     with pytest.raises(UsageError, match=r"^--optimizers: "):
