@@ -8,7 +8,8 @@ updates: the share of the last hidden layer's units that no frame activates (``d
 policy entropy, the mean over units of each unit's standard deviation across frames (how much the features still
 depend on the state), the mean cosine similarity of two frames' features (how alike the network sees them), and the
 largest parameter change of the first update in units of ``lr``. ``--obs-center-steps`` repeats each optimizer with
-the config's ``obs_center_steps`` set to each value (0: the input as the env gives it; default: the config's).
+the config's ``obs_center_steps`` set to each value (0: the input as the env gives it; default: the config's); the
+network seed also seeds the centering's random play, as ``seed`` does in a run.
 
     python -m benchmarks tool first_updates --config configs/ga3c_pong.yaml --optimizers rmsprop adam:0.0,0.99 \
         adam --seeds 0 1 2 3 --updates 200 --out benchmarks/results
@@ -98,6 +99,17 @@ def held_out(frames: int) -> int:
     return min(_HELD_OUT, frames // 4)
 
 
+def feature_cosine(h) -> float:
+    """The mean cosine similarity of two different rows of ``h`` (N, units), N >= 2: 1 when the network sees every
+    frame alike. A row of zeros (every unit dead on that frame) counts as similarity 0 with any other."""
+    import torch
+
+    n = h.shape[0]
+    unit = h.double() / h.double().norm(dim=1, keepdim=True).clamp_min(1e-300)  # [N, units]
+    gram = unit @ unit.T  # [N, N]
+    return float((gram.sum() - torch.diagonal(gram).sum()) / (n * (n - 1)))
+
+
 def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
     """One optimizer and network seed: the checkpoints' measures (see the module docstring) as a row."""
     import torch
@@ -129,8 +141,7 @@ def study(cfg, label: str, fields: dict, data, seed: int, updates: int) -> dict:
             points["dead_unit_frac"].append(float(dead_unit_fraction(h)))
             points["entropy"].append(float(-(logp.exp() * logp).sum(-1).mean()))
             points["feature_std"].append(float(h.std(0).mean()))
-            unit = h / h.norm(dim=1, keepdim=True).clamp_min(1e-12)  # [H_out, units]; a dead row stays 0
-            points["feature_cos"].append(float((unit @ unit.T).mean()))
+            points["feature_cos"].append(feature_cosine(h))
 
     for u in range(updates + 1):
         if u in CHECKPOINTS or u == updates:
@@ -226,6 +237,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
         raise UsageError(f"--updates and --steps must be >= 1, got {args.updates} and {args.steps}")
     if args.obs_center_steps is not None and min(args.obs_center_steps) < 0:
         raise UsageError(f"--obs-center-steps must be >= 0 (0: no centering), got {args.obs_center_steps}")
+    if args.obs_center_steps is not None and len(set(args.obs_center_steps)) < len(args.obs_center_steps):
+        raise UsageError(f"--obs-center-steps: each value once, got {args.obs_center_steps}")
     if not Path(args.config).is_file():
         raise UsageError(f"--config {args.config}: no such file")
     from lightning_per.cli import config_kind
@@ -260,8 +273,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     notes = ("dead units: the share of the last hidden layer's units that no held-out frame activates "
              "(`lightning_per.ga3c.networks.dead_unit_fraction`). feature std: the mean over units of each unit's "
              "standard deviation across the held-out frames. feature cosine: the mean cosine similarity of two "
-             "held-out frames' last hidden layers (1: the network sees every frame alike). obs_center_steps: the "
-             "random-play steps whose mean observation the network subtracts from its input (0: none). largest "
+             "different held-out frames' last hidden layers (1: the network sees every frame alike). "
+             "obs_center_steps: the random-play observations per env whose mean the network subtracts from its "
+             "input (0: none). largest "
              "first step: max |delta p| of the first update over every parameter, in units of lr (torch's RMSprop: "
              "about 1 / sqrt(1 - alpha); bias-corrected: "
              f"about 1). Every optimizer takes alpha = {cfg.rmsprop_alpha:g} (RMSProp's decay; `adam:B1,B2` its "

@@ -229,7 +229,8 @@ def probe_env(spec: dict) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def mean_observation(spec: dict, steps: int, seed: int = 0) -> np.ndarray:
-    """The mean observation of ``steps`` steps of uniformly random play in the group ``spec`` describes.
+    """The mean of ``steps`` observations of uniformly random play per env of the group ``spec`` describes: the
+    reset's and those of ``steps - 1`` random vector steps.
 
     The location of TorchRL's ``ObservationNorm`` as its ``init_stats`` estimates it (the mean over a random
     rollout's observations), for a GA3C network's ``obs_loc``: on Atari most of a frame is background that every
@@ -238,7 +239,8 @@ def mean_observation(spec: dict, steps: int, seed: int = 0) -> np.ndarray:
 
     Args:
         spec: an environment spec (the module docstring), with its ``num_envs`` E.
-        steps: vector steps of random play (>= 1): E x steps observations, the reset's included.
+        steps: observations per env (>= 1), the reset's included: E x steps in all. A reset's frame stack is
+            zero-padded, which darkens the older frames of those observations (a 1/steps share of the mean).
         seed: the reset's and the actions' seed.
 
     Returns:

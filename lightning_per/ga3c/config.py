@@ -163,11 +163,12 @@ class GA3CConfig:
     hidden_sizes: list = field(default_factory=lambda: [128, 128])
     """MLP hidden layer widths."""
     obs_center_steps: int = 0
-    """Center the network's input: before training, play this many vector steps of uniformly random actions in
-    ``envs_per_agent`` envs (seeded by ``seed``) and subtract their mean observation from every observation, in
-    the predictors and the update alike (the network's ``obs_loc``; TorchRL's ``ObservationNorm`` location from
-    ``init_stats``). 0: no centering. On Pong the A3C net's FC units see two frames 99.5-99.7% alike (mean cosine)
-    and live or die together; centered with 128 steps, 51-56% (docs/ga3c.md, "Dead units")."""
+    """Center the network's input: before training, take this many observations of uniformly random play in each of
+    ``envs_per_agent`` envs (the reset's and those of N - 1 random steps, seeded by ``seed``) and subtract their
+    mean from every observation, in the predictors and the update alike (the network's ``obs_loc``; TorchRL's
+    ``ObservationNorm`` location from ``init_stats``). 0: no centering. On Pong the A3C net's FC units see two
+    frames 99.5-99.7% alike (mean cosine) and live or die together; centered with 128, 51-56% (docs/ga3c.md,
+    "Dead units")."""
     optimizer: str = "rmsprop_tf"
     """``rmsprop_tf`` (TF semantics: eps inside the sqrt, square average starts at 1), ``rmsprop``
     (torch), ``adam``."""

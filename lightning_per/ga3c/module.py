@@ -115,9 +115,12 @@ class GA3C(pl.LightningModule):
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             self.net = make_network(cfg.network, obs_shape, n_actions, cfg.hidden_sizes)
-        if cfg.obs_center_steps:
+        if cfg.obs_center_steps:  # before Trainer.fit: outside the run's time and env steps
+            started = time.monotonic()
             loc = mean_observation({**self.env_spec, "num_envs": cfg.envs_per_agent}, cfg.obs_center_steps, cfg.seed)
             self.net.obs_loc.copy_(torch.from_numpy(loc).reshape(self.net.obs_loc.shape))
+            log.info("input centered on the mean of %d x %d random-play observations (%.1f s)", cfg.obs_center_steps,
+                     cfg.envs_per_agent, time.monotonic() - started)
         # APPO's target network: a lagging copy (no gradient), refreshed every appo_target_update updates
         self.target_net = None if cfg.appo_target_update is None else copy.deepcopy(self.net).requires_grad_(False)
         self.metrics = MetricAccumulator(_METRICS, persistent=("env_steps", "updates", "episodes"))
@@ -125,8 +128,8 @@ class GA3C(pl.LightningModule):
         self.register_buffer("episode_returns_ring", ring)
         self.register_buffer("episode_returns_count", count)
         # the learning curves' per-episode series (lightning_per.metrics), filled from Stats once an epoch
-        log, log_count = new_episode_log(_EPISODE_LOG)
-        self.register_buffer("episode_log", log, persistent=False)
+        episode_log, log_count = new_episode_log(_EPISODE_LOG)
+        self.register_buffer("episode_log", episode_log, persistent=False)
         self.register_buffer("episode_log_count", log_count, persistent=False)
         self.policy_version = 0  # optimizer steps so far (host int, read by predictor threads)
         self.system: GA3CSystem | None = None
@@ -212,11 +215,16 @@ class GA3C(pl.LightningModule):
         self._act_generator = torch.Generator(device).manual_seed(self.cfg.seed) if self._graph_mode else None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint from before the networks held ``obs_loc`` loads as an uncentered network (``obs_loc`` 0)."""
+        """A checkpoint from before the networks held ``obs_loc`` loads as an uncentered network (``obs_loc`` 0), with
+        a warning where this config centers."""
         state = checkpoint.get("state_dict", {})
-        for name, loc in self.state_dict().items():
-            if name.endswith("obs_loc") and name not in state:
-                state[name] = torch.zeros_like(loc)
+        missing = [name for name in self.state_dict() if name.endswith("obs_loc") and name not in state]
+        for name in missing:
+            state[name] = torch.zeros_like(self.state_dict()[name])
+        if missing and self.cfg.obs_center_steps:
+            warnings.warn(f"the checkpoint has no {missing[0]} (written before the networks held one): the network "
+                          f"loads uncentered although obs_center_steps={self.cfg.obs_center_steps}", UserWarning,
+                          stacklevel=2)
 
     def configure_optimizers(self):
         optimizer = self.make_optimizer(capturable=self._graph_mode)

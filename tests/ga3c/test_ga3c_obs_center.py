@@ -41,6 +41,20 @@ def test_mean_observation_is_the_mean_of_the_recorded_play(spec, steps, seed):
     assert np.array_equal(got, mean_observation(spec, steps, seed))  # same spec, steps and seed: same mean
 
 
+def test_mean_observation_counts_the_reset_and_steps_minus_one_random_steps():
+    # Gymnasium's CartPole stepped by hand: env k reset with seed + k, then one vector step of the actions
+    # numpy.random.default_rng(seed) draws; 2 observations per env, 6 in all
+    import gymnasium as gym
+
+    seed, envs = 4, [gym.make("CartPole-v1") for _ in range(3)]
+    first = [env.reset(seed=seed + k)[0] for k, env in enumerate(envs)]
+    actions = np.random.default_rng(seed).integers(0, 2, 3)
+    second = [env.step(int(a))[0] for env, a in zip(envs, actions)]
+    want = np.mean(np.stack(first + second).astype(np.float64), axis=0)
+    got = mean_observation({"env": "CartPole-v1", "backend": "gym", "num_envs": 3, "kwargs": {}}, 2, seed)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_mean_observation_of_a_lit_half_is_its_share_of_episodes():
     # the toy's frame lights the cue's half at 200 (rows above the time line halved): at the reset every row is
     # full, so over many envs each half's mean tends to 200 x the share of episodes whose cue lit it
@@ -137,7 +151,8 @@ def test_a_checkpoint_without_a_location_loads_uncentered(tmp_path):
     old = torch.load(tmp_path / "new.ckpt", weights_only=True)
     del old["state_dict"]["net.obs_loc"]  # as the networks wrote it before they held one
     torch.save(old, tmp_path / "old.ckpt")
-    loaded = GA3C.load_from_checkpoint(tmp_path / "old.ckpt", map_location="cpu")  # its config centers: 3 steps
+    with pytest.warns(UserWarning, match=r"no net\.obs_loc .* loads uncentered although obs_center_steps=3"):
+        loaded = GA3C.load_from_checkpoint(tmp_path / "old.ckpt", map_location="cpu")  # its config centers
     assert torch.equal(loaded.net.obs_loc, torch.zeros(4, 84, 84))
     for name, value in old["state_dict"].items():
         torch.testing.assert_close(loaded.state_dict()[name], value, rtol=0, atol=0, equal_nan=True)

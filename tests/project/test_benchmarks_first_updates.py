@@ -54,6 +54,23 @@ def test_each_obs_center_steps_is_a_row_per_seed_and_the_default_is_the_configs(
     assert [r["obs_center_steps"] for r in rows] == [7, 7]
     with pytest.raises(UsageError, match=r"^--obs-center-steps must be >= 0"):
         first_updates.main([*common, "--obs-center-steps", "-1"])
+    with pytest.raises(UsageError, match=r"^--obs-center-steps: each value once"):
+        first_updates.main([*common, "--obs-center-steps", "0", "0"])
+
+
+def test_feature_cosine_is_numpys_mean_over_pairs_of_different_rows():
+    import numpy as np
+    import torch
+
+    assert first_updates.feature_cosine(torch.ones(5, 3)) == pytest.approx(1.0)  # every frame alike
+    assert first_updates.feature_cosine(torch.eye(4)) == pytest.approx(0.0)  # no two alike
+    rng = np.random.default_rng(0)
+    h = np.maximum(rng.normal(size=(7, 16)), 0.0)
+    h[2] = 0.0  # a frame on which every unit is dead
+    want = np.mean([0.0 if not (h[i].any() and h[j].any()) else
+                    h[i] @ h[j] / (np.linalg.norm(h[i]) * np.linalg.norm(h[j]))
+                    for i in range(7) for j in range(7) if i != j])
+    assert first_updates.feature_cosine(torch.from_numpy(h).float()) == pytest.approx(want, rel=1e-6)
 
 
 @pytest.mark.parametrize("spec", ["sgd", "rmsprop:0.9,0.9", "adam:0.9", "adam:a,b"])
