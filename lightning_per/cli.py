@@ -50,12 +50,11 @@ from lightning_per.dqn.state import describe
 from lightning_per.envs import check_checkpoint_env_id
 from lightning_per.integrity import IntegrityError, verify_file
 from lightning_per.lightning_compat import apply_checkpoint_hparams, option_strings, raise_interrupt, subcommand_parser
+from lightning_per.utils import NUMPY_MAX_SEED
 
 __all__ = ["LightningPerCLI", "GA3CCLI", "main", "ga3c_main", "ga3c_new_spelling", "TRAINER_DEFAULTS",
            "GA3C_TRAINER_FROM_MODEL", "RESUME_OVERRIDABLE", "LIGHTNING_CHECKPOINT_KEYS", "check_lightning_checkpoint",
            "check_loop_limits", "RunConfigCallback"]
-
-_MAX_SEED = 2**32 - 1  # NumPy's seeds (np.random.seed), which Lightning's seed_everything sets
 
 _CB = "lightning_per.callbacks."
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -445,8 +444,8 @@ class LightningPerCLI(LightningCLI):
         sub = self.config.get("subcommand")
         cfg = self.config.get(sub) if sub else self.config
         seed = cfg.get("seed_everything") if cfg is not None else None
-        if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= _MAX_SEED:
-            self._report(ValueError(f"--seed_everything must be an int in [0, {_MAX_SEED}] (NumPy's seeds), true "
+        if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= NUMPY_MAX_SEED:
+            self._report(ValueError(f"--seed_everything must be an int in [0, {NUMPY_MAX_SEED}] (NumPy's seeds), true "
                                     f"(a random seed) or false (no seeding), got {seed}"))
 
     def before_instantiate_classes(self) -> None:

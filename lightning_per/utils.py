@@ -19,11 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["MAX_SEED", "atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text", "json_safe"]
+__all__ = ["MAX_SEED", "NUMPY_MAX_SEED", "atomic_torch_save", "atomic_write", "atomic_write_bytes", "atomic_write_text",
+           "json_safe"]
 
+
+#: The largest seed NumPy's seeding (``np.random.seed``) takes, and so Lightning's ``seed_everything``.
+NUMPY_MAX_SEED = 2**32 - 1
 
 #: The largest seed the learners take (the DQN's and GA3C's ``seed``): ranks add 1000 x rank and the actors their
-#: index, and every sum must stay within NumPy's seeds (0 to 2**32 - 1).
+#: index, and every sum must stay within NumPy's seeds (0 to ``NUMPY_MAX_SEED``).
 MAX_SEED = 2**31 - 1
 
 

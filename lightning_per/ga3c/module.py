@@ -217,10 +217,10 @@ class GA3C(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint from before the networks held ``obs_loc`` loads as an uncentered network (``obs_loc`` 0), with
         a warning where this config centers."""
-        state = checkpoint.get("state_dict", {})
-        missing = [name for name in self.state_dict() if name.endswith("obs_loc") and name not in state]
+        state, own = checkpoint.get("state_dict", {}), self.state_dict()
+        missing = [name for name in own if name.endswith("obs_loc") and name not in state]
         for name in missing:
-            state[name] = torch.zeros_like(self.state_dict()[name])
+            state[name] = torch.zeros_like(own[name])
         if missing and self.cfg.obs_center_steps:
             warnings.warn(f"the checkpoint has no {missing[0]} (written before the networks held one): the network "
                           f"loads uncentered although obs_center_steps={self.cfg.obs_center_steps}", UserWarning,
